@@ -1,0 +1,59 @@
+"""safejit: compile device kernels at run time, cache them safely, load and launch.
+
+>>> import safejit
+>>> rt = safejit.Runtime()                                   # doctest: +SKIP
+>>> src = safejit.Source("int add(int a, int b) { return a + b; }", "add")
+>>> rt.compile(src).kernel("add")(2, 3)                      # doctest: +SKIP
+5
+"""
+
+from __future__ import annotations
+
+from . import faults
+from ._version import __version__
+from .config import Config
+from .errors import (
+    CacheError,
+    CompileError,
+    CompileTimeout,
+    ConfigError,
+    FlagPolicyError,
+    KernelNotFoundError,
+    KeyDeclarationError,
+    LimitExceededError,
+    LoadError,
+    PathConfinementError,
+    PolicyError,
+    SafejitError,
+    SandboxUnavailableError,
+    UndeclaredDependencyError,
+)
+from .kernel import Artifact, Kernel, Module
+from .runtime import Explanation, Runtime
+from .spec import Source
+
+__all__ = [
+    "Artifact",
+    "CacheError",
+    "CompileError",
+    "CompileTimeout",
+    "Config",
+    "ConfigError",
+    "Explanation",
+    "FlagPolicyError",
+    "Kernel",
+    "KernelNotFoundError",
+    "KeyDeclarationError",
+    "LimitExceededError",
+    "LoadError",
+    "Module",
+    "PathConfinementError",
+    "PolicyError",
+    "Runtime",
+    "SafejitError",
+    "SandboxUnavailableError",
+    "Source",
+    "UndeclaredDependencyError",
+    "__version__",
+    "faults",
+]

@@ -1,0 +1,79 @@
+"""The Backend protocol every backend implements, and what it exchanges.
+
+Backends never import ``policy`` or ``cache``: the runtime hands them a
+:class:`Runner` (the sandbox) and the anchors' ``expand_text``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..spec import BuildSpec, Source, Toolchain
+
+__all__ = ["Backend", "CompileOutput", "LoadedLibrary", "RunOutcome", "Runner"]
+
+
+class RunOutcome(Protocol):
+    @property
+    def returncode(self) -> int: ...
+    @property
+    def log(self) -> str: ...
+    @property
+    def seconds(self) -> float: ...
+
+
+class Runner(Protocol):
+    def __call__(
+        self, argv: Sequence[str], *, cwd: str, timeout: float | None = None, extra_read: Sequence[str] = ()
+    ) -> RunOutcome: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CompileOutput:
+    artifact: bytes
+    #: Absolute paths the compiler reported reading, the staged source excluded.
+    deps: tuple[str, ...]
+    kernels: tuple[str, ...]
+    log: str
+    argv: tuple[str, ...]
+    seconds: float
+    #: False when the dependency scan missed the source itself (never published).
+    complete: bool = True
+
+
+class LoadedLibrary(Protocol):
+    def function(self, name: str, **options: Any) -> Any: ...
+    def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    name: str
+    artifact_ext: str
+    #: Bumped when the backend changes how it builds argv or artifacts.
+    abi: int
+
+    def toolchain(self, source: Source, run: Runner) -> Toolchain: ...
+
+    def language(self, source: Source) -> str: ...
+
+    def argv(
+        self,
+        *,
+        toolchain: Toolchain,
+        language: str,
+        flags: Sequence[str],
+        defines: Sequence[tuple[str, str | None]],
+        include_dirs: Sequence[str],
+        quote_dir: str | None,
+        arch: str | None,
+    ) -> tuple[str, ...]: ...
+
+    def compile(
+        self, spec: BuildSpec, *, workdir: str, expand: Callable[[str], str], run: Runner, timeout: float
+    ) -> CompileOutput: ...
+
+    def kernels(self, artifact: bytes) -> tuple[str, ...]: ...
+
+    def load(self, artifact: bytes, *, name: str, options: Mapping[str, Any] | None = None) -> LoadedLibrary: ...

@@ -1,0 +1,272 @@
+"""Host backend: C/C++ through the system compiler into a shared object,
+loaded from the verified bytes (memfd + dlopen) and called through ctypes."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import io
+import json
+import os
+import shutil
+import stat
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from .. import faults
+from ..deps import hash_file, parse_depfile
+from ..errors import CompileError, ConfigError, LoadError
+from ..spec import BuildSpec, Source, Toolchain
+from .base import CompileOutput, Runner
+
+__all__ = ["HostBackend", "HostLibrary", "elf_exported_functions"]
+
+_SYSTEM_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
+_SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
+_PROBE_SCHEMA: Final = 1
+
+
+class HostBackend:
+    name = "host"
+    artifact_ext = "so"
+    abi = 1
+
+    def __init__(self, *, cc: str | None = None, cxx: str | None = None, state_dir: str | None = None) -> None:
+        self._compilers = {"c": cc, "c++": cxx}
+        self._state_dir = state_dir
+        self._probed: dict[str, Toolchain] = {}
+        self._lock = threading.Lock()
+
+    # -- toolchain -----------------------------------------------------------
+    def language(self, source: Source) -> str:
+        return "c++" if source.is_cxx() else "c"
+
+    def compiler_path(self, language: str) -> str:
+        given = self._compilers[language]
+        found = given or shutil.which("c++" if language == "c++" else "cc", path=_SYSTEM_PATH)
+        if not found:
+            raise ConfigError(f"no {language} compiler found on {_SYSTEM_PATH}; set Config.host_cc/host_cxx")
+        if not os.path.isabs(found):
+            raise ConfigError(f"host compiler {found!r} must be an absolute path")
+        return os.path.realpath(found)
+
+    def toolchain(self, source: Source, run: Runner) -> Toolchain:
+        language = self.language(source)
+        tc = self._probed.get(language)
+        if tc is not None:
+            return tc
+        with self._lock:
+            tc = self._probed.get(language)
+            if tc is None:
+                tc = self._probe(language, run)
+                self._probed[language] = tc
+        return tc
+
+    def _probe(self, language: str, run: Runner) -> Toolchain:
+        compiler = self.compiler_path(language)
+        try:
+            st = os.stat(compiler)
+        except OSError as exc:
+            raise ConfigError(f"host compiler {compiler} cannot be used: {exc}") from exc
+        ident = [compiler, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, _PROBE_SCHEMA, language]
+        cached = self._read_probe(ident)
+        if cached is not None:
+            return cached
+        version = _run_text(run, [compiler, "--version"]).strip()
+        verbose = _run_text(run, [compiler, "-E", "-v", "-x", language, "/dev/null", "-o", "/dev/null"])
+        roots = _search_dirs(verbose)
+        cc1 = _run_text(run, [compiler, f"-print-prog-name={'cc1plus' if language == 'c++' else 'cc1'}"]).strip()
+        digests = [hash_file(compiler)[0]]
+        if os.path.isabs(cc1) and os.path.exists(cc1):
+            digests.append(hash_file(cc1)[0])
+            roots.append(os.path.dirname(os.path.realpath(cc1)))
+        tc = Toolchain(compiler=compiler, version=version, digest=":".join(digests), roots=tuple(dict.fromkeys(roots)))
+        self._write_probe(ident, tc)
+        return tc
+
+    def _probe_path(self, ident: list[Any]) -> Path | None:
+        if not self._state_dir:
+            return None
+        from ..keys import digest_bytes, encode
+
+        return Path(self._state_dir) / f"probe-{digest_bytes(encode(ident))[:32]}.json"
+
+    def _read_probe(self, ident: list[Any]) -> Toolchain | None:
+        path = self._probe_path(ident)
+        if path is None:
+            return None
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                return None
+            data = json.loads(path.read_text())
+            if data.get("ident") != ident:
+                return None
+            return Toolchain(
+                compiler=data["compiler"], version=data["version"], digest=data["digest"], roots=tuple(data["roots"])
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _write_probe(self, ident: list[Any], tc: Toolchain) -> None:
+        path = self._probe_path(ident)
+        if path is None:
+            return
+        data = {
+            "ident": ident,
+            "compiler": tc.compiler,
+            "version": tc.version,
+            "digest": tc.digest,
+            "roots": list(tc.roots),
+        }
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(data))
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+    # -- compile -------------------------------------------------------------
+    def argv(
+        self,
+        *,
+        toolchain: Toolchain,
+        language: str,
+        flags: Sequence[str],
+        defines: Sequence[tuple[str, str | None]],
+        include_dirs: Sequence[str],
+        quote_dir: str | None,
+        arch: str | None,
+    ) -> tuple[str, ...]:
+        if arch is not None:
+            raise ConfigError("the host backend takes no arch; pass -march=… in flags")
+        argv = [toolchain.compiler, "-shared", "-fPIC", "-O2", *flags]
+        argv += [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines]
+        argv += [f"-I{d}" for d in include_dirs]
+        if quote_dir is not None:
+            argv += ["-iquote", quote_dir]
+        argv += ["-MD", "-MF", "{DEP}", "-o", "{OUT}", "-x", language, "{SRC}"]
+        return tuple(argv)
+
+    def compile(
+        self, spec: BuildSpec, *, workdir: str, expand: Callable[[str], str], run: Runner, timeout: float
+    ) -> CompileOutput:
+        src = os.path.join(workdir, "src", spec.filename)
+        os.makedirs(os.path.dirname(src), exist_ok=True)
+        with open(src, "wb") as fh:
+            fh.write(spec.code)
+        out = os.path.join(workdir, f"{spec.name}.so")
+        dep = os.path.join(workdir, f"{spec.name}.d")
+        slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep}
+        argv = tuple(slots.get(a) or expand(a) for a in spec.argv)
+        result = run(argv, cwd=workdir, timeout=timeout)
+        if result.returncode != 0:
+            raise CompileError(
+                f"{spec.name}: compiler exited with {result.returncode}\n{result.log}",
+                log=result.log,
+                argv=list(argv),
+                returncode=result.returncode,
+            )
+        try:
+            with open(out, "rb") as fh:
+                artifact = fh.read()
+            with open(dep, encoding="utf-8", errors="surrogateescape") as fh:
+                reported = parse_depfile(fh.read())
+        except OSError as exc:
+            raise CompileError(f"{spec.name}: compiler output missing: {exc}", log=result.log, argv=list(argv)) from exc
+        absolute = [os.path.normpath(os.path.join(workdir, p)) for p in reported]
+        # A scan that does not even name the source is incomplete: never publish it.
+        complete = src in absolute
+        deps = tuple(p for p in absolute if p != src)
+        return CompileOutput(artifact, deps, self.kernels(artifact), result.log, argv, result.seconds, complete)
+
+    # -- artifacts -----------------------------------------------------------
+    def kernels(self, artifact: bytes) -> tuple[str, ...]:
+        return elf_exported_functions(artifact)
+
+    def load(self, artifact: bytes, *, name: str, options: Mapping[str, Any] | None = None) -> HostLibrary:
+        faults.point("load")
+        return HostLibrary(artifact, name)
+
+
+def _run_text(run: Runner, argv: list[str]) -> str:
+    result = run(argv, cwd="", timeout=60)
+    if result.returncode != 0:
+        raise ConfigError(f"probing {argv[0]} failed ({result.returncode}): {result.log[-2000:]}")
+    return result.log
+
+
+def _search_dirs(verbose: str) -> list[str]:
+    dirs: list[str] = []
+    inside = False
+    for line in verbose.splitlines():
+        if line.startswith(("#include <...> search starts here:", '#include "..." search')):
+            inside = True
+            continue
+        if line.startswith("End of search list."):
+            break
+        if inside and line.startswith(" "):
+            path = line.strip().removesuffix(" (framework directory)")
+            dirs.append(os.path.normpath(path))
+    return dirs
+
+
+def elf_exported_functions(artifact: bytes) -> tuple[str, ...]:
+    """Defined global functions in an ELF shared object's dynamic symbol table."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    try:
+        elf = ELFFile(io.BytesIO(artifact))
+        section = elf.get_section_by_name(".dynsym")
+        if not isinstance(section, SymbolTableSection):
+            return ()
+        names = {
+            sym.name
+            for sym in section.iter_symbols()
+            if sym["st_info"]["type"] == "STT_FUNC"
+            and sym["st_info"]["bind"] in ("STB_GLOBAL", "STB_WEAK")
+            and sym["st_shndx"] != "SHN_UNDEF"
+            and sym.name not in ("_init", "_fini")
+        }
+    except (ELFError, ValueError, KeyError) as exc:
+        raise LoadError(f"artifact is not a readable ELF shared object: {exc}") from exc
+    return tuple(sorted(names))
+
+
+class HostLibrary:
+    """A shared object loaded from bytes through a sealed memfd."""
+
+    def __init__(self, artifact: bytes, name: str) -> None:
+        started = time.perf_counter()
+        fd = os.memfd_create(f"safejit-{name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            view = memoryview(artifact)
+            while view:
+                view = view[os.write(fd, view) :]
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+            self._lib: ctypes.CDLL | None = ctypes.CDLL(f"/proc/self/fd/{fd}", mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        except OSError as exc:
+            raise LoadError(f"{name}: dlopen of the verified artifact failed: {exc}", name=name) from exc
+        finally:
+            os.close(fd)
+        self.seconds = time.perf_counter() - started
+
+    def function(self, name: str, **options: Any) -> Any:
+        if self._lib is None:
+            raise LoadError("library is closed")
+        return self._lib[name]
+
+    def close(self) -> None:
+        lib, self._lib = self._lib, None
+        if lib is not None:
+            import _ctypes
+
+            _ctypes.dlclose(lib._handle)

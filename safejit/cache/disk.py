@@ -1,0 +1,356 @@
+"""The disk tier: layout, self-verifying leaves, lookup and the publish protocol.
+
+Layout under each root (DESIGN.md §5)::
+
+    <root>/v1/tmp/<uuid>/                       staging and compile work dirs
+    <root>/v1/locks/<build_key>.lock
+    <root>/v1/quarantine/<uuid>/                leaves that failed verification
+    <root>/v1/<tenant>/<backend>/<K[:2]>/build-<K>/deps-<D>/
+          artifact.<ext>   manifest.json   .committed
+
+A leaf is a hit only if ``.committed`` holds the digest of ``manifest.json``,
+the manifest parses under the strict schema and names this leaf, its deps
+rehashed *now* reproduce ``<D>``, the artifact bytes match the manifest and
+(when a key is configured) the signature verifies. Readers take no lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final, NamedTuple, Protocol
+
+import filelock
+
+from .. import faults
+from ..deps import Anchors, Snapshot, hash_file
+from ..keys import deps_key as compute_deps_key
+from ..keys import digest_bytes
+from .fsio import fsync_dir, makedirs_durable, read_bytes, remove_tree, rename, write_file
+from .manifest import Manifest, ManifestError, parse_manifest
+
+__all__ = ["LAYOUT", "DepState", "DiskCache", "Rejection", "Signer", "VerifiedLeaf"]
+
+logger = logging.getLogger(__name__)
+
+LAYOUT: Final = "v1"
+MARKER: Final = ".committed"
+MANIFEST: Final = "manifest.json"
+_MANIFEST_LIMIT: Final = 64 << 20
+#: Reasons that mean the leaf itself is damaged (quarantined), not merely outdated.
+CORRUPT_REASONS: Final = frozenset({"marker", "manifest", "mismatch", "artifact"})
+
+DepState = tuple[str, Snapshot, str]  # absolute path, stat snapshot, digest
+
+
+class Signer(Protocol):
+    def sign(self, message: bytes) -> str: ...
+    def verify(self, message: bytes, signature: str) -> bool: ...
+
+
+class Rejection(NamedTuple):
+    root: str
+    leaf: str
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedLeaf:
+    path: str
+    root: str
+    manifest: Manifest
+    artifact: bytes
+    dep_states: tuple[DepState, ...] = field(repr=False)
+
+
+class DiskCache:
+    """Lookup and publish over an ordered list of roots (first writable wins)."""
+
+    def __init__(
+        self,
+        roots: Sequence[str],
+        *,
+        tenant: str,
+        backend: str,
+        signer: Signer | None = None,
+        require_signed: bool = False,
+        max_artifact_bytes: int = 512 << 20,
+        max_leaves: int = 64,
+    ) -> None:
+        self.roots = tuple(os.path.realpath(os.path.expanduser(r)) for r in roots)
+        self.tenant = tenant
+        self.backend = backend
+        self.signer = signer
+        self.require_signed = require_signed
+        self.max_artifact_bytes = max_artifact_bytes
+        self.max_leaves = max_leaves
+        self._writable: str | bool | None = False  # False: not probed yet
+
+    # -- layout --------------------------------------------------------------
+    @staticmethod
+    def base(root: str) -> str:
+        return os.path.join(root, LAYOUT)
+
+    def build_dir(self, root: str, build_key: str) -> str:
+        return os.path.join(root, LAYOUT, self.tenant, self.backend, build_key[:2], f"build-{build_key}")
+
+    def writable_root(self) -> str | None:
+        """The first root that can take new entries (probed once)."""
+        if self._writable is False:
+            self._writable = None
+            for root in self.roots:
+                try:
+                    makedirs_durable(os.path.join(root, LAYOUT, "tmp"))
+                    makedirs_durable(os.path.join(root, LAYOUT, "locks"))
+                except OSError:
+                    continue
+                if os.access(os.path.join(root, LAYOUT, "tmp"), os.W_OK | os.X_OK):
+                    self._writable = root
+                    break
+        return self._writable if isinstance(self._writable, str) else None
+
+    def new_workdir(self, root: str) -> str:
+        path = os.path.join(root, LAYOUT, "tmp", uuid.uuid4().hex)
+        os.mkdir(path, 0o700)
+        return path
+
+    def discard(self, path: str, root: str) -> None:
+        with contextlib.suppress(OSError):
+            remove_tree(path, within=os.path.join(root, LAYOUT))
+
+    # -- lookup --------------------------------------------------------------
+    def candidates(self, root: str, build_key: str) -> list[str]:
+        """Leaves under ``build-<K>`` in one root, newest first."""
+        bdir = self.build_dir(root, build_key)
+        try:
+            entries = [
+                (e.stat(follow_symlinks=False).st_mtime_ns, e.path)
+                for e in os.scandir(bdir)
+                if e.name.startswith("deps-") and e.is_dir(follow_symlinks=False)
+            ]
+        except OSError:
+            return []
+        entries.sort(reverse=True)
+        return [path for _, path in entries[: self.max_leaves]]
+
+    def lookup_root(
+        self, root: str, build_key: str, anchors: Anchors, rejections: list[Rejection]
+    ) -> VerifiedLeaf | None:
+        memo: dict[str, tuple[str, Snapshot] | None] = {}
+        for leaf in self.candidates(root, build_key):
+            result = self.verify(leaf, root, build_key, anchors, memo)
+            if isinstance(result, VerifiedLeaf):
+                with contextlib.suppress(OSError):
+                    os.utime(leaf)  # best effort: read-only roots still hit
+                return result
+            rejections.append(result)
+            if result.reason in CORRUPT_REASONS and root == self.writable_root():
+                self.quarantine(leaf, root)
+        return None
+
+    def lookup(
+        self, build_key: str, anchors: Anchors, rejections: list[Rejection] | None = None
+    ) -> VerifiedLeaf | None:
+        sink: list[Rejection] = [] if rejections is None else rejections
+        for root in self.roots:
+            leaf = self.lookup_root(root, build_key, anchors, sink)
+            if leaf is not None:
+                return leaf
+        return None
+
+    def verify(
+        self,
+        leaf: str,
+        root: str,
+        build_key: str,
+        anchors: Anchors | None,
+        memo: dict[str, tuple[str, Snapshot] | None] | None = None,
+    ) -> VerifiedLeaf | Rejection:
+        """Check a leaf completely; a :class:`Rejection` says why it is not a hit.
+
+        With ``anchors=None`` only the leaf's own integrity is checked (marker,
+        manifest, name, signature, artifact), not its dependencies.
+        """
+        memo = {} if memo is None else memo
+
+        def reject(reason: str, detail: str) -> Rejection:
+            return Rejection(root, leaf, reason, detail)
+
+        name = os.path.basename(leaf)
+        try:
+            marker = read_bytes(os.path.join(leaf, MARKER), 1024).decode("ascii", "replace").strip()
+        except OSError as exc:
+            return reject("marker", f"no commit marker ({exc.strerror})")
+        try:
+            raw = read_bytes(os.path.join(leaf, MANIFEST), _MANIFEST_LIMIT)
+        except OSError as exc:
+            return reject("manifest", f"unreadable manifest ({exc.strerror})")
+        if digest_bytes(raw) != marker:
+            return reject("manifest", "manifest does not match its commit marker")
+        try:
+            man = parse_manifest(raw)
+        except ManifestError as exc:
+            return reject("manifest", str(exc))
+        if (
+            man.build_key != build_key
+            or f"deps-{man.deps_key}" != name
+            or man.tenant != self.tenant
+            or man.backend != self.backend
+        ):
+            return reject("mismatch", "manifest names another leaf")
+        if compute_deps_key(man.deps, man.negatives) != man.deps_key:
+            return reject("mismatch", "the listed dependencies do not reproduce the leaf name")
+        if self.signer is not None and (man.signature is not None or self.require_signed):
+            message = man.signed_message(f"build-{build_key}/{name}")
+            if man.signature is None or not self.signer.verify(message, man.signature):
+                return reject("signature", "missing or bad signature")
+        states = []
+        if anchors is None:
+            return self._read_artifact(leaf, root, man, ())
+        for anchor, rel, want in man.deps:
+            state = self._rehash(anchors, anchor, rel, memo)
+            where = anchors.expand(anchor, rel) or f"{anchor}:{rel}"
+            if state is None:
+                return reject("dep_missing", where)
+            if isinstance(state, str):
+                return reject(state, where)
+            if state[2] != want:
+                return reject("dep_changed", where)
+            states.append(state)
+        for anchor, rel in man.negatives:
+            path = anchors.expand(anchor, rel)
+            if path is None or os.path.lexists(path):
+                return reject("dep_shadowed", path or f"{anchor}:{rel}")
+        return self._read_artifact(leaf, root, man, tuple(states))
+
+    def _read_artifact(
+        self, leaf: str, root: str, man: Manifest, states: tuple[DepState, ...]
+    ) -> VerifiedLeaf | Rejection:
+        try:
+            limit = min(self.max_artifact_bytes, man.artifact_size)
+            artifact = read_bytes(os.path.join(leaf, man.artifact_file), limit)
+        except OSError as exc:
+            return Rejection(root, leaf, "artifact", f"artifact unreadable ({exc.strerror})")
+        if len(artifact) != man.artifact_size or digest_bytes(artifact) != man.artifact_digest:
+            return Rejection(root, leaf, "artifact", "artifact bytes do not match the manifest")
+        return VerifiedLeaf(leaf, root, man, artifact, states)
+
+    @staticmethod
+    def _rehash(
+        anchors: Anchors, anchor: str, rel: str, memo: dict[str, tuple[str, Snapshot] | None]
+    ) -> DepState | str | None:
+        """The current state of an anchored dependency, confined to its roots."""
+        path = anchors.expand(anchor, rel)
+        if path is None:
+            return "anchor"
+        if path in memo:
+            got = memo[path]
+            return None if got is None else (path, got[1], got[0])
+        try:
+            try:
+                digest, snap = hash_file(path, nofollow=True)
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                real = os.path.realpath(path)
+                if not any(real == r or real.startswith(r.rstrip("/") + "/") for r in anchors.roots.values()):
+                    return "confinement"
+                digest, snap = hash_file(real)
+        except OSError:
+            memo[path] = None
+            return None
+        memo[path] = (digest, snap)
+        return (path, snap, digest)
+
+    # -- publish -------------------------------------------------------------
+    def publish(
+        self,
+        root: str,
+        build_key: str,
+        manifest: Manifest,
+        artifact: bytes,
+        dep_states: tuple[DepState, ...],
+        anchors: Anchors,
+    ) -> tuple[VerifiedLeaf, str]:
+        """Publish a leaf; returns it with the outcome ``published`` or ``adopted``.
+
+        Raises ``OSError`` when nothing could be published; a failed publish
+        never reports success and never leaves a partial leaf visible.
+        """
+        name = f"deps-{manifest.deps_key}"
+        if self.signer is not None:
+            sig = self.signer.sign(manifest.signed_message(f"build-{build_key}/{name}"))
+            manifest = _with_signature(manifest, sig)
+        raw = manifest.to_json()
+        bdir = self.build_dir(root, build_key)
+        leaf = os.path.join(bdir, name)
+        stage = self.new_workdir(root)
+        try:
+            write_file(os.path.join(stage, manifest.artifact_file), artifact)
+            write_file(os.path.join(stage, MANIFEST), raw)
+            faults.point("publish.before_commit")
+            write_file(os.path.join(stage, MARKER), digest_bytes(raw).encode() + b"\n")
+            fsync_dir(stage)
+            os.chmod(stage, 0o755)
+            makedirs_durable(bdir)
+            for attempt in (1, 2):
+                faults.point("publish.before_rename")
+                try:
+                    rename(stage, leaf)
+                except OSError as exc:
+                    if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                        raise
+                    winner = self.verify(leaf, root, build_key, anchors)
+                    if isinstance(winner, VerifiedLeaf):
+                        return winner, "adopted"
+                    if attempt == 2:
+                        raise
+                    logger.warning("quarantining %s before publishing over it: %s", leaf, winner.detail)
+                    self.quarantine(leaf, root)
+                    continue
+                faults.point("publish.after_rename")
+                fsync_dir(bdir)
+                stage = ""
+                return VerifiedLeaf(leaf, root, manifest, artifact, dep_states), "published"
+            raise AssertionError("unreachable")  # pragma: no cover
+        finally:
+            if stage:
+                self.discard(stage, root)
+
+    def quarantine(self, leaf: str, root: str) -> None:
+        """Move a damaged leaf aside (same filesystem rename); best effort."""
+        qdir = os.path.join(root, LAYOUT, "quarantine")
+        try:
+            makedirs_durable(qdir)
+            rename(leaf, os.path.join(qdir, f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}"))
+        except OSError as exc:
+            logger.debug("could not quarantine %s: %s", leaf, exc)
+
+    def acquire_lock(self, root: str, build_key: str, timeout: float) -> filelock.BaseFileLock | None:
+        """Take the per-build-key lock; None when it timed out or is unusable (compile anyway:
+        the publish protocol is safe without it)."""
+        path = os.path.join(root, LAYOUT, "locks", f"{build_key}.lock")
+        lock = filelock.FileLock(path, timeout=timeout, thread_local=False)
+        try:
+            faults.point("lock.acquire")
+            lock.acquire()
+        except filelock.Timeout:
+            logger.warning("lock %s not acquired in %.1fs; compiling without it", path, timeout)
+            return None
+        except OSError as exc:
+            logger.warning("lock %s unusable (%s); compiling without it", path, exc)
+            return None
+        return lock
+
+
+def _with_signature(man: Manifest, sig: str) -> Manifest:
+    import dataclasses
+
+    return dataclasses.replace(man, signature=sig)

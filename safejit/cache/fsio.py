@@ -1,0 +1,106 @@
+"""Low-level file operations with fault points, fsyncs and no symlink following."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from typing import Final
+
+from .. import faults
+
+__all__ = ["fsync_dir", "makedirs_durable", "read_bytes", "remove_tree", "rename", "write_file"]
+
+_O_DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def write_file(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Create ``path`` (must not exist), write ``data`` and fsync it."""
+    faults.point("disk.write")
+    data = faults.mangle("disk.write", data)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        faults.point("disk.fsync")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str) -> None:
+    faults.point("disk.fsync")
+    fd = os.open(path, _O_DIR)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rename(src: str, dst: str) -> None:
+    faults.point("disk.rename")
+    os.rename(src, dst)
+
+
+def read_bytes(path: str, limit: int) -> bytes:
+    """Read a regular file (not through a symlink), at most ``limit`` bytes."""
+    faults.point("disk.read")
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        if st.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
+        chunks = []
+        remaining = st.st_size + 1
+        while remaining > 0:
+            chunk = os.read(fd, remaining)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def makedirs_durable(path: str, mode: int = 0o755) -> None:
+    """``mkdir -p`` that fsyncs each parent whose entries it changed."""
+    missing = []
+    cur = path
+    while not os.path.isdir(cur):
+        missing.append(cur)
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            break
+        cur = parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(d, mode)
+        fsync_dir(os.path.dirname(d))
+
+
+def remove_tree(path: str, *, within: str) -> None:
+    """Delete ``path`` recursively without following symlinks, only inside ``within``."""
+    real_within = os.path.realpath(within)
+    parent = os.path.realpath(os.path.dirname(path))
+    if not (parent == real_within or parent.startswith(real_within.rstrip("/") + "/")):
+        raise OSError(errno.EPERM, f"refusing to delete outside {within}", path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            remove_tree(entry.path, within=within)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(path)

@@ -1,0 +1,250 @@
+"""The ``safejit`` command: demo, ls, stats, verify."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .cache import maintenance
+from .cache.disk import LAYOUT
+from .cache.fsio import remove_tree
+from .config import Config
+from .errors import SafejitError
+from .runtime import Runtime
+from .spec import Source
+
+__all__ = ["main"]
+
+DEMO_SOURCE = r"""
+#include <stddef.h>
+
+/* y <- a*x + y, returns the number of elements written */
+int saxpy(double a, const double *x, double *y, size_t n) {
+    for (size_t i = 0; i < n; ++i) y[i] = a * x[i] + y[i];
+    return (int)n;
+}
+
+double dot(const double *x, const double *y, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; ++i) s += x[i] * y[i];
+    return s;
+}
+"""
+
+console = Console(highlight=False)
+
+
+def _config(cache_dir: str | None) -> Config:
+    cfg = Config.from_env()
+    return cfg.replace(cache_dirs=(cache_dir,)) if cache_dir else cfg
+
+
+def _demo_compile(rt: Runtime, nonce: str) -> tuple[float, Any]:
+    started = time.perf_counter()
+    mod = rt.compile(Source(DEMO_SOURCE, "demo"), defines={"SAFEJIT_DEMO_RUN": nonce})
+    dot = mod.kernel("dot", argtypes=(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t), restype=ctypes.c_double)
+    return time.perf_counter() - started, (mod, dot)
+
+
+def _cmd_demo_child(args: argparse.Namespace) -> int:
+    rt = Runtime(config=_config(args.cache_dir))
+    seconds, (mod, dot) = _demo_compile(rt, args.nonce)
+    n = 100
+    x = (ctypes.c_double * n)(*range(n))
+    print(json.dumps({"seconds": seconds, "tier": mod.artifact.source, "dot": dot(x, x, n), "stats": dict(rt.stats())}))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    exporter = None
+    if args.trace:
+        from .telemetry.setup import setup
+
+        exporter = setup(memory=True)
+    cfg = _config(args.cache_dir)
+    rt = Runtime(config=cfg)
+    nonce = uuid.uuid4().hex[:16]
+    console.print("[bold]safejit demo[/] — host backend, kernel [cyan]saxpy[/]/[cyan]dot[/]")
+    cold, (mod, dot) = _demo_compile(rt, nonce)
+    leaf = mod.artifact.path
+    console.print(f"  cache root      {cfg.resolved_cache_dirs()[0]}")
+    console.print(f"  cold compile    {cold * 1e3:9.1f} ms   ({mod.artifact.source}; leaf {_short(leaf)})")
+    hits = []
+    for _ in range(1000):
+        t0 = time.perf_counter()
+        rt.compile(Source(DEMO_SOURCE, "demo"), defines={"SAFEJIT_DEMO_RUN": nonce})
+        hits.append(time.perf_counter() - t0)
+    hits.sort()
+    console.print(f"  memory hit      {hits[len(hits) // 2] * 1e6:9.2f} µs   (p50 of 1000 calls)")
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "safejit",
+            "_demo-child",
+            nonce,
+            *(["--cache-dir", args.cache_dir] if args.cache_dir else []),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    if child.returncode != 0:
+        console.print(f"[red]fresh process failed[/]: {child.stderr.strip()}")
+        return 1
+    report = json.loads(child.stdout.strip().splitlines()[-1])
+    console.print(
+        f"  fresh process   {report['seconds'] * 1e3:9.2f} ms   ({report['tier']} hit, verified;"
+        f" compiles there: {report['stats']['compiles']})"
+    )
+    n = 100
+    x = (ctypes.c_double * n)(*range(n))
+    y = (ctypes.c_double * n)(*([1.0] * n))
+    saxpy = mod.kernel("saxpy", argtypes=(ctypes.c_double, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t))
+    saxpy(2.0, x, y, n)
+    expected = sum(2.0 * i + 1.0 for i in range(n))
+    got = sum(y)
+    console.print(f"  saxpy check     sum(2x+1) = {got:.1f} (expected {expected:.1f}); dot(x,x) = {dot(x, x, n):.1f}")
+    console.print(f"  stats           {dict(rt.stats())}")
+    if exporter is not None:
+        from .telemetry.setup import render_span_tree
+
+        console.print(render_span_tree(exporter.get_finished_spans()))
+    rt.close()
+    if not args.keep and leaf:
+        _remove_build(leaf)
+    ok = got == expected and report["tier"] == "disk" and report["stats"]["compiles"] == 0
+    console.print("[green]demo ok[/]" if ok else "[red]demo failed[/]")
+    return 0 if ok else 1
+
+
+def _remove_build(leaf: str) -> None:
+    """Remove the demo's own build directory (its nonce makes it unique)."""
+    build = os.path.dirname(leaf)
+    root = build.split(f"/{LAYOUT}/")[0]
+    try:
+        remove_tree(build, within=os.path.join(root, LAYOUT))
+    except OSError as exc:
+        console.print(f"[yellow]could not remove demo entry {build}: {exc}[/]")
+
+
+def _short(path: str) -> str:
+    return "…/" + "/".join(path.split("/")[-2:]) if path else "(not cached)"
+
+
+def _roots(args: argparse.Namespace) -> tuple[str, ...]:
+    return (args.cache_dir,) if args.cache_dir else Config.from_env().resolved_cache_dirs()
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    table = Table("tenant", "backend", "build key", "deps key", "bytes", "age", title="safejit cache")
+    count = 0
+    for root in _roots(args):
+        for info in maintenance.iter_leaves(root):
+            count += 1
+            table.add_row(
+                info.tenant,
+                info.backend,
+                info.build_key[:16],
+                info.deps_key[:16],
+                f"{info.size:,}",
+                _age(time.time() - info.mtime),
+            )
+    console.print(table)
+    console.print(f"{count} leaves")
+    return 0
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    table = Table("root", "tenant", "backend", "leaves", "bytes", "quarantined", "staging dirs")
+    for root in _roots(args):
+        groups: dict[tuple[str, str], list[int]] = {}
+        for info in maintenance.iter_leaves(root):
+            g = groups.setdefault((info.tenant, info.backend), [0, 0])
+            g[0] += 1
+            g[1] += info.size
+        quarantined = _count_dir(os.path.join(root, LAYOUT, "quarantine"))
+        staging = _count_dir(os.path.join(root, LAYOUT, "tmp"))
+        for (tenant, backend), (n, size) in sorted(groups.items()) or [(("-", "-"), [0, 0])]:
+            table.add_row(root, tenant, backend, str(n), f"{size:,}", str(quarantined), str(staging))
+    console.print(table)
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    failed = total = 0
+    for root in _roots(args):
+        for info, bad in maintenance.verify_all(root, fix=args.fix):
+            total += 1
+            if bad is not None:
+                failed += 1
+                action = " (quarantined)" if args.fix else ""
+                console.print(f"[red]FAIL[/] {info.path}: {bad.reason}: {bad.detail}{action}")
+    console.print(f"{total - failed}/{total} leaves verify")
+    return 1 if failed else 0
+
+
+def _count_dir(path: str) -> int:
+    try:
+        return sum(1 for _ in os.scandir(path))
+    except OSError:
+        return 0
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="safejit", description="Run-time kernel compilation with a verified cache.")
+    sub = p.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="compile a kernel on the host backend and show each cache tier")
+    demo.add_argument("--trace", action="store_true", help="print the span tree (needs safejit[otel])")
+    demo.add_argument("--keep", action="store_true", help="keep the demo's cache entry")
+    child = sub.add_parser("_demo-child")
+    child.add_argument("nonce")
+    for cmd in (demo, child):
+        cmd.add_argument("--cache-dir")
+    for name, text in (
+        ("ls", "list cache leaves"),
+        ("stats", "cache size by tenant and backend"),
+        ("verify", "rehash every leaf; exit 0 only when all verify"),
+    ):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("--cache-dir")
+        if name == "verify":
+            cmd.add_argument("--fix", action="store_true", help="quarantine leaves that fail")
+    return p
+
+
+_COMMANDS = {
+    "demo": _cmd_demo,
+    "_demo-child": _cmd_demo_child,
+    "ls": _cmd_ls,
+    "stats": _cmd_stats,
+    "verify": _cmd_verify,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except SafejitError as exc:
+        console.print(f"[red]error[/]: {type(exc).__name__}: {exc}")
+        return 2

@@ -1,0 +1,115 @@
+"""Config: roots, cache dirs, limits, trust and staleness — frozen, no I/O."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from . import _env
+from .errors import ConfigError
+
+__all__ = ["BACKENDS", "Config"]
+
+BACKENDS = ("host", "cuda", "ascend")
+_TENANT = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}\Z")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_MiB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything a :class:`~safejit.Runtime` needs to know, fixed at creation.
+
+    Paths are kept as given; they are resolved (and confined) lazily on the
+    first compile, so building a Config touches nothing.
+    """
+
+    backend: str = "host"
+    #: Cache roots. The first writable one takes new entries; the rest are read-only.
+    cache_dirs: tuple[str, ...] = ()
+    #: Directories the compiler may read user files from (include dirs, sources).
+    source_roots: tuple[str, ...] = ()
+    #: Environment variables the compiler may see; their values enter the key.
+    env_passthrough: tuple[str, ...] = ()
+    #: Names of non-file key inputs every compile must supply through ``extras``.
+    declared_extras: tuple[str, ...] = ()
+    #: Seconds a memory-tier entry is trusted before its dependencies are re-stat'ed.
+    max_staleness_s: float = 1.0
+    tenant: str = "default"
+    compile_timeout_s: float = 300.0
+    lock_timeout_s: float = 600.0
+    memory_max_entries: int = 1024
+    memory_max_bytes: int = 1 << 30
+    sandbox: Literal["auto", "required", "off"] = "auto"
+    on_cache_error: Literal["raise", "bypass"] = "raise"
+    trace_memory_hits: bool = False
+    max_source_bytes: int = 4 * _MiB
+    max_artifact_bytes: int = 512 * _MiB
+    max_deps: int = 20_000
+    #: Host compilers (absolute paths); None: ``cc``/``c++`` from a fixed system PATH.
+    host_cc: str | None = None
+    host_cxx: str | None = None
+    #: Optional HMAC key; with ``require_signed`` unsigned leaves are misses.
+    signing_key: bytes | None = field(default=None, repr=False)
+    require_signed: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("cache_dirs", "source_roots", "env_passthrough", "declared_extras"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not isinstance(value, (tuple, list)):
+                raise ConfigError(f"Config.{name} must be a tuple of strings, got {value!r}")
+            if not all(isinstance(v, str) and v for v in value):
+                raise ConfigError(f"Config.{name} holds an empty or non-string item: {value!r}")
+            object.__setattr__(self, name, tuple(value))
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"Config.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if not _TENANT.match(self.tenant):
+            raise ConfigError(f"Config.tenant {self.tenant!r} must match {_TENANT.pattern}")
+        for name in self.declared_extras:
+            if not _IDENT.match(name):
+                raise ConfigError(f"declared extra {name!r} is not an identifier")
+        for name in self.env_passthrough:
+            if not _ENV_NAME.match(name):
+                raise ConfigError(f"env_passthrough name {name!r} is not a variable name")
+        self._check_numbers()
+        if self.sandbox not in ("auto", "required", "off"):
+            raise ConfigError(f"Config.sandbox must be auto|required|off, got {self.sandbox!r}")
+        if self.on_cache_error not in ("raise", "bypass"):
+            raise ConfigError(f"Config.on_cache_error must be raise|bypass, got {self.on_cache_error!r}")
+        if self.require_signed and not self.signing_key:
+            raise ConfigError("Config.require_signed needs Config.signing_key")
+
+    def _check_numbers(self) -> None:
+        positive = (
+            "compile_timeout_s",
+            "lock_timeout_s",
+            "memory_max_entries",
+            "memory_max_bytes",
+            "max_source_bytes",
+            "max_artifact_bytes",
+            "max_deps",
+        )
+        for name in (*positive, "max_staleness_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"Config.{name} must be a finite number, got {value!r}")
+            if value < 0 or (name in positive and value == 0):
+                raise ConfigError(f"Config.{name} must be positive, got {value!r}")
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Config:
+        """A Config from ``SAFEJIT_*`` variables; keyword overrides win."""
+        values = _env.config_overrides()
+        values.update(overrides)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Config:
+        return dataclasses.replace(self, **changes)
+
+    def resolved_cache_dirs(self) -> tuple[str, ...]:
+        """``cache_dirs``, or the per-user default when none is configured."""
+        return self.cache_dirs or (str(_env.default_cache_dir()),)

@@ -1,0 +1,192 @@
+"""Dependency closures: depfile parsing, anchors, file digests, stat snapshots.
+
+A dependency is recorded as ``(anchor, relpath, digest)``. Anchors name the
+declared roots (``s0``, ``s1``… for source roots, ``t0``… for toolchain
+roots), so a second checkout at another path records the same closure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import blake3
+
+__all__ = [
+    "RACY_WINDOW_NS",
+    "Anchors",
+    "Dep",
+    "Snapshot",
+    "hash_file",
+    "parse_depfile",
+    "snapshot_of",
+]
+
+#: A file whose mtime/ctime is this close to "now" may still change within the
+#: same filesystem timestamp tick, so its stat cannot vouch for its content
+#: (git's "racily clean" problem). Such files are rehashed, never stat-trusted.
+RACY_WINDOW_NS: Final = 2_000_000_000
+_TOKEN = re.compile("\0([a-z][0-9]+)\0")
+
+Snapshot = tuple[int, int, int, int, int]  # dev, ino, size, mtime_ns, ctime_ns
+
+
+def snapshot_of(st: os.stat_result) -> Snapshot:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def is_racy(snap: Snapshot, now_ns: int | None = None) -> bool:
+    now = time.time_ns() if now_ns is None else now_ns
+    return now - max(snap[3], snap[4]) < RACY_WINDOW_NS
+
+
+@dataclass(frozen=True, slots=True)
+class Dep:
+    anchor: str
+    relpath: str
+    digest: str
+
+    def as_tuple(self) -> tuple[str, str, str]:
+        return (self.anchor, self.relpath, self.digest)
+
+
+def hash_file(path: str, *, nofollow: bool = False) -> tuple[str, Snapshot]:
+    """BLAKE3 of a file's bytes and its stat, taken *before* reading.
+
+    Stat-then-read means a concurrent edit can only make the snapshot look
+    older than the digest, which forces a rehash later — never a stale pass.
+    With ``nofollow`` a symlink raises ``OSError(ELOOP)``.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_NOFOLLOW if nofollow else 0))
+    try:
+        st = os.fstat(fd)
+        h = blake3.blake3()
+        want = st.st_size + 1
+        while True:
+            chunk = os.read(fd, min(max(want, 1 << 16), 1 << 24))
+            if not chunk:
+                break
+            h.update(chunk)
+        return h.hexdigest(), snapshot_of(st)
+    finally:
+        os.close(fd)
+
+
+def parse_depfile(text: str) -> list[str]:
+    """Prerequisites of every rule in a Make depfile, in order, deduplicated.
+
+    Handles ``\\``-newline continuations, ``\\ `` escaped spaces, ``\\#`` and
+    ``$$``, and rules with no prerequisites (``a.o:``).
+    """
+    joined = text.replace("\\\r\n", " ").replace("\\\n", " ")
+    out: list[str] = []
+    seen: set[str] = set()
+    for line in joined.splitlines():
+        words = _split_words(line)
+        if not words:
+            continue
+        # The target ends at the first word that ends with an unescaped ':'.
+        for i, (_, colon) in enumerate(words):
+            if colon:
+                prereqs = words[i + 1 :]
+                break
+        else:
+            continue
+        for word, _ in prereqs:
+            if word and word not in seen:
+                seen.add(word)
+                out.append(word)
+    return out
+
+
+def _split_words(line: str) -> list[tuple[str, bool]]:
+    """Split on unescaped whitespace; flag words that end a target (``x:``)."""
+    words: list[tuple[str, bool]] = []
+    cur: list[str] = []
+    i, n = 0, len(line)
+
+    def flush(colon: bool) -> None:
+        if cur or colon:
+            words.append(("".join(cur), colon))
+            cur.clear()
+
+    while i < n:
+        c = line[i]
+        if c == "\\" and i + 1 < n and line[i + 1] in " \t#\\":
+            cur.append(line[i + 1])
+            i += 2
+            continue
+        if c == "$" and i + 1 < n and line[i + 1] == "$":
+            cur.append("$")
+            i += 2
+            continue
+        if c in " \t":
+            flush(False)
+        elif c == ":" and (i + 1 == n or line[i + 1] in " \t") and not _has_colon(words):
+            flush(True)
+        else:
+            cur.append(c)
+        i += 1
+    flush(False)
+    return words
+
+
+def _has_colon(words: Sequence[tuple[str, bool]]) -> bool:
+    return any(colon for _, colon in words)
+
+
+class Anchors:
+    """Named roots, and the mapping between paths and ``(anchor, relpath)``.
+
+    Roots are given already resolved (realpath); the longest root wins.
+    """
+
+    def __init__(self, roots: Mapping[str, str]) -> None:
+        self._roots = dict(roots)
+        self._order = sorted(self._roots.items(), key=lambda kv: len(kv[1]), reverse=True)
+
+    @property
+    def roots(self) -> Mapping[str, str]:
+        return self._roots
+
+    def anchor(self, path: str) -> tuple[str, str] | None:
+        """``(anchor, relpath)`` for an absolute path under a root, else None."""
+        norm = os.path.normpath(path)
+        for name, root in self._order:
+            if norm == root:
+                return (name, ".")
+            if norm.startswith(root.rstrip("/") + "/"):
+                return (name, norm[len(root.rstrip("/")) + 1 :])
+        return None
+
+    def expand(self, anchor: str, relpath: str) -> str | None:
+        """The absolute path of an anchored path, or None when it is unknown or
+        escapes its root lexically (``..``, absolute). Symlinks are checked
+        by the caller's confinement, not here."""
+        root = self._roots.get(anchor)
+        if root is None or os.path.isabs(relpath) or "\0" in relpath:
+            return None
+        if relpath == ".":
+            return root
+        parts = relpath.split("/")
+        if any(p in ("", ".", "..") for p in parts):
+            return None
+        return os.path.join(root, relpath)
+
+    def anchor_all(self, paths: Iterable[str]) -> list[tuple[str, tuple[str, str] | None]]:
+        return [(p, self.anchor(p)) for p in paths]
+
+    @staticmethod
+    def token(anchor: str, relpath: str) -> str:
+        """Anchored path as text for argv templates: NUL never occurs in argv."""
+        return f"\0{anchor}\0" + ("" if relpath == "." else "/" + relpath)
+
+    def expand_text(self, text: str) -> str:
+        """Replace every anchored token in ``text`` with its root."""
+        if "\0" not in text:
+            return text
+        return _TOKEN.sub(lambda m: self._roots[m.group(1)], text)

@@ -1,0 +1,118 @@
+"""The safejit error tree.
+
+Every public error derives from :class:`SafejitError` and from the builtin
+that matches its meaning, so callers may catch either::
+
+    SafejitError
+    ├── ConfigError                  (ValueError)   bad configuration or argument
+    │   └── KeyDeclarationError      (ValueError)   extras differ from Config.declared_extras
+    ├── LimitExceededError           (ValueError)   source, artifact, deps or time over a limit
+    ├── PolicyError                  (PermissionError)
+    │   ├── PathConfinementError                    path outside every declared root
+    │   ├── FlagPolicyError                         compiler flag refused
+    │   └── UndeclaredDependencyError               closure reads outside declared roots
+    ├── SandboxUnavailableError      (RuntimeError) sandbox="required" but not offered
+    ├── CompileError                 (RuntimeError) compiler failed; carries .log
+    │   └── CompileTimeout           (TimeoutError) compiler killed at the time limit
+    ├── LoadError                    (RuntimeError) artifact could not be loaded
+    ├── KernelNotFoundError          (LookupError)  no such kernel in a module
+    └── CacheError                   (OSError)      the cache cannot be used (on_cache_error="raise")
+
+Errors carry structured attributes and pickle, so they cross process pools.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "CacheError",
+    "CompileError",
+    "CompileTimeout",
+    "ConfigError",
+    "FlagPolicyError",
+    "KernelNotFoundError",
+    "KeyDeclarationError",
+    "LimitExceededError",
+    "LoadError",
+    "PathConfinementError",
+    "PolicyError",
+    "SafejitError",
+    "SandboxUnavailableError",
+    "UndeclaredDependencyError",
+]
+
+
+class SafejitError(Exception):
+    """Root of every error safejit raises on purpose."""
+
+    def __init__(self, message: str, **attrs: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self._attrs = attrs
+        for name, value in attrs.items():
+            setattr(self, name, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, self._attrs))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild(cls: type[SafejitError], message: str, attrs: dict[str, Any]) -> SafejitError:
+    return cls(message, **attrs)
+
+
+class ConfigError(SafejitError, ValueError):
+    """A configuration value or call argument is invalid."""
+
+
+class KeyDeclarationError(ConfigError):
+    """``extras`` names keys other than exactly ``Config.declared_extras``."""
+
+
+class LimitExceededError(SafejitError, ValueError):
+    """An input or output is larger than its configured limit."""
+
+
+class PolicyError(SafejitError, PermissionError):
+    """A security policy refused the request."""
+
+
+class PathConfinementError(PolicyError):
+    """A path lies outside every declared root."""
+
+
+class FlagPolicyError(PolicyError):
+    """A compiler flag is refused by the flag policy."""
+
+
+class UndeclaredDependencyError(PolicyError):
+    """The compiler read a file outside every declared root."""
+
+
+class SandboxUnavailableError(SafejitError, RuntimeError):
+    """``sandbox="required"`` but this kernel offers no Landlock."""
+
+
+class CompileError(SafejitError, RuntimeError):
+    """The compiler failed. ``.log`` holds its (capped) output."""
+
+    log: str
+
+
+class CompileTimeout(CompileError, TimeoutError):
+    """The compiler ran past ``Config.compile_timeout_s`` and was killed."""
+
+
+class LoadError(SafejitError, RuntimeError):
+    """A verified artifact could not be loaded."""
+
+
+class KernelNotFoundError(SafejitError, LookupError):
+    """A module has no kernel of the requested name."""
+
+
+class CacheError(SafejitError, OSError):
+    """The disk cache cannot be used and ``on_cache_error="raise"``."""

@@ -1,0 +1,127 @@
+"""Module and Kernel handles, and the Artifact record of a cached build.
+
+A :class:`Module` owns a loaded library; it is released by :meth:`Module.close`
+or, once unreferenced, by ``weakref.finalize`` — both safe to call twice.
+Kernels keep their module alive.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .backends.base import LoadedLibrary
+from .errors import KernelNotFoundError, LoadError
+
+__all__ = ["Artifact", "Kernel", "Module"]
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """A built, verified cache entry."""
+
+    build_key: str
+    deps_key: str
+    #: The leaf directory (empty when the cache was bypassed).
+    path: str
+    digest: str
+    size: int
+    kernels: tuple[str, ...]
+    #: ``memory`` / ``disk`` / ``compiled`` / ``bypass``: where this call found it.
+    source: str = "compiled"
+
+
+class Module:
+    """A loaded artifact. ``mod.kernel(name)`` or ``mod[name]`` gives a :class:`Kernel`."""
+
+    def __init__(self, library: LoadedLibrary, artifact: Artifact, backend: str) -> None:
+        self.artifact = artifact
+        self.backend = backend
+        self._library = library
+        self._closed = False
+        self._lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, library.close)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        return self.artifact.kernels
+
+    def kernel(self, name: str, *, argtypes: Sequence[Any] | None = None, restype: Any = ctypes.c_int) -> Kernel:
+        if self._closed:
+            raise LoadError(f"module {self.artifact.build_key[:12]} is closed")
+        if self.artifact.kernels and name not in self.artifact.kernels:
+            raise KernelNotFoundError(
+                f"no kernel {name!r}; this module has {list(self.artifact.kernels)}",
+                name=name,
+                kernels=list(self.artifact.kernels),
+            )
+        try:
+            fn = self._library.function(name)
+        except (AttributeError, KeyError) as exc:
+            raise KernelNotFoundError(f"no kernel {name!r}", name=name) from exc
+        if argtypes is not None:
+            fn.argtypes = list(argtypes)
+        fn.restype = restype
+        return Kernel(name, fn, self)
+
+    def __getitem__(self, name: str) -> Kernel:
+        return self.kernel(name)
+
+    def close(self) -> None:
+        """Unload the library. Kernels of a closed module raise LoadError."""
+        with self._lock:
+            self._closed = True
+        self._finalizer()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "loaded"
+        return f"<safejit.Module {self.backend} {self.artifact.build_key[:12]} {state} kernels={list(self.kernels)}>"
+
+
+class Kernel:
+    """A callable kernel. Host: ``k(*args)``; NumPy arrays pass as pointers."""
+
+    __slots__ = ("__weakref__", "_fn", "_module", "name")
+
+    def __init__(self, name: str, fn: Any, module: Module) -> None:
+        self.name = name
+        self._fn = fn
+        self._module = module
+
+    def __call__(self, *args: Any) -> Any:
+        if self._module._closed:
+            raise LoadError(f"kernel {self.name}: its module is closed")
+        try:
+            return self._fn(*args)
+        except ctypes.ArgumentError:
+            converted = tuple(_host_arg(a) for a in args)
+            if converted == args:
+                raise
+            return self._fn(*converted)
+
+    def launch(self, grid: Any = None, block: Any = None, args: Sequence[Any] = (), **_: Any) -> Any:
+        """Uniform launch entry point; on the host it is a plain call."""
+        return self(*args)
+
+    @property
+    def module(self) -> Module:
+        return self._module
+
+    def __repr__(self) -> str:
+        return f"<safejit.Kernel {self.name} of {self._module!r}>"
+
+
+def _host_arg(value: Any) -> Any:
+    """NumPy arrays (and other ``__array_interface__`` objects) as data pointers."""
+    iface = getattr(value, "__array_interface__", None)
+    if isinstance(iface, dict) and isinstance(iface.get("data"), tuple):
+        return ctypes.c_void_p(iface["data"][0])
+    return value

@@ -1,0 +1,69 @@
+"""Canonical encoding and the two keys.
+
+The encoding is versioned and length-framed: every value is a one-byte type
+tag, an 8-byte big-endian length and the payload, so no two different values
+encode alike. Sets and dicts are refused: their iteration order must never
+reach a hash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Iterable
+from typing import Final
+
+import blake3
+
+from .spec import NOT_IN_KEY, BuildSpec
+
+__all__ = ["KEY_SCHEMA", "build_key", "deps_key", "digest_bytes", "encode", "new_hasher"]
+
+KEY_SCHEMA: Final = 1
+_LEN = struct.Struct(">Q")
+
+
+def new_hasher() -> blake3.blake3:
+    return blake3.blake3()
+
+
+def digest_bytes(data: bytes | bytearray | memoryview) -> str:
+    """256-bit BLAKE3 of ``data``, as hex."""
+    return blake3.blake3(data).hexdigest()
+
+
+def _frame(tag: bytes, payload: bytes) -> bytes:
+    return tag + _LEN.pack(len(payload)) + payload
+
+
+def encode(value: object) -> bytes:
+    """Typed, length-framed, order-preserving encoding of plain values."""
+    if value is None:
+        return _frame(b"N", b"")
+    if isinstance(value, bool):
+        return _frame(b"B", b"1" if value else b"0")
+    if isinstance(value, int):
+        return _frame(b"I", str(value).encode())
+    if isinstance(value, float):
+        return _frame(b"F", value.hex().encode())
+    if isinstance(value, str):
+        return _frame(b"S", value.encode("utf-8", "surrogatepass"))
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return _frame(b"Y", bytes(value))
+    if isinstance(value, (tuple, list)):
+        return _frame(b"T", b"".join(encode(v) for v in value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+        return _frame(b"D", encode((type(value).__name__, items)))
+    raise TypeError(f"{type(value).__name__} cannot enter a key (unordered or unknown type)")
+
+
+def build_key(spec: BuildSpec) -> str:
+    """Hash of every BuildSpec field not in ``NOT_IN_KEY``."""
+    fields = [(f.name, getattr(spec, f.name)) for f in dataclasses.fields(spec) if f.name not in NOT_IN_KEY]
+    return digest_bytes(encode(("safejit.build_key", KEY_SCHEMA, fields)))
+
+
+def deps_key(deps: Iterable[tuple[str, str, str]], negatives: Iterable[tuple[str, str]] = ()) -> str:
+    """Hash of the sorted ``(anchor, relpath, digest)`` closure and negative lookups."""
+    return digest_bytes(encode(("safejit.deps_key", KEY_SCHEMA, sorted(deps), sorted(negatives))))

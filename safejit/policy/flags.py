@@ -1,0 +1,162 @@
+"""The compiler flag policy: an allow-list, confined path flags, clean defines.
+
+Flags that redirect output or dependency files, swap the driver or host
+compiler, load plugins, or read response/spec files are refused with
+:class:`~safejit.errors.FlagPolicyError`. Path-bearing flags are confined to
+declared roots and rewritten in anchored form so they key location-free.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Final
+
+from ..errors import ConfigError, FlagPolicyError
+
+__all__ = ["PATH_FLAGS", "check_defines", "check_flags"]
+
+#: Flags whose value is a path; joined (``-I/x``) or separate (``-I /x``).
+PATH_FLAGS: Final = ("-isystem", "-iquote", "-idirafter", "-include", "-imacros", "-I", "-L")
+#: Refused outright, with the reason given to the caller.
+_REFUSED: Final = (
+    ("-o", "redirects output"),
+    ("-M", "writes dependency files"),
+    ("-B", "swaps compiler programs"),
+    ("-fplugin", "loads a plugin"),
+    ("@", "reads a response file"),
+    ("-specs", "reads a spec file"),
+    ("--specs", "reads a spec file"),
+    ("-ccbin", "swaps the host compiler"),
+    ("--compiler-bindir", "swaps the host compiler"),
+    ("-wrapper", "runs another program"),
+    ("-save-temps", "writes files outside staging"),
+    ("-dump", "writes files elsewhere"),
+    ("-fdump", "writes files elsewhere"),
+    ("-fopt-info", "writes files elsewhere"),
+    ("-fprofile", "reads or writes profile files"),
+    ("-fauto-profile", "reads a profile file"),
+    ("-fuse-ld", "swaps the linker"),
+    ("-fsanitize-", "reads list files"),
+    ("-Wp,", "passes raw preprocessor options"),
+    ("-Wa,", "passes raw assembler options"),
+    ("-X", "passes raw options to a sub-tool"),
+    ("--sysroot", "swaps the system root"),
+    ("-isysroot", "swaps the system root"),
+    ("-iprefix", "re-roots includes"),
+    ("-iwithprefix", "re-roots includes"),
+    ("-x", "changes the language"),
+    ("-E", "changes the output kind"),
+    ("-S", "changes the output kind"),
+    ("-c", "changes the output kind"),
+    ("-###", "prints instead of compiling"),
+    ("--output", "redirects output"),
+    ("-odir", "redirects output"),
+    ("--keep", "writes files elsewhere"),
+    ("-keep", "writes files elsewhere"),
+    ("-Xclang", "passes raw options"),
+)
+#: Allowed prefixes (after the refusals): optimisation, features, machine, warnings, language…
+_ALLOWED: Final = (
+    "-O",
+    "-f",
+    "-m",
+    "-W",
+    "-std=",
+    "--std=",
+    "-g",
+    "-D",
+    "-U",
+    "-l",
+    "-pthread",
+    "-w",
+    "-pedantic",
+    "-ansi",
+    "-shared",
+    "-rdynamic",
+    "-static-libgcc",
+    "-static-libstdc++",
+)
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+Confiner = Callable[[str, str], str]  # (path, what) -> anchored token text
+
+
+def check_flags(flags: Sequence[str], anchor_path: Confiner, *, extra_allowed: Iterable[str] = ()) -> tuple[str, ...]:
+    """Validate ``flags``; return them with every path flag in anchored form."""
+    allowed = (*_ALLOWED, *extra_allowed)
+    out: list[str] = []
+    i = 0
+    while i < len(flags):
+        flag = flags[i]
+        if not isinstance(flag, str) or not flag or "\0" in flag or "\n" in flag:
+            raise FlagPolicyError(f"flag {flag!r} is empty or holds NUL/newline", flag=str(flag))
+        path_flag = next((p for p in PATH_FLAGS if flag.startswith(p)), None)
+        if path_flag is not None:
+            value = flag[len(path_flag) :]
+            if not value:
+                if i + 1 >= len(flags):
+                    raise FlagPolicyError(f"{flag} needs a path", flag=flag)
+                i += 1
+                value = flags[i]
+            out.append(path_flag + anchor_path(value, f"flag {path_flag}"))
+        elif flag.startswith("-Wl,"):
+            out.append(_check_linker(flag, anchor_path))
+        elif flag in ("-D", "-U"):
+            if i + 1 >= len(flags):
+                raise FlagPolicyError(f"{flag} needs a value", flag=flag)
+            i += 1
+            out.append(flag + flags[i])
+        else:
+            _check_plain(flag, allowed)
+            out.append(flag)
+        i += 1
+    return tuple(out)
+
+
+def _check_plain(flag: str, allowed: tuple[str, ...]) -> None:
+    for prefix, reason in _REFUSED:
+        if flag == prefix or (flag.startswith(prefix) and (len(prefix) > 2 or prefix in ("-M", "@", "-B"))):
+            raise FlagPolicyError(f"flag {flag!r} is refused: it {reason}", flag=flag, reason=reason)
+    if flag.startswith("-l") and "/" in flag:
+        raise FlagPolicyError(f"flag {flag!r} names a library by path", flag=flag, reason="path in -l")
+    if not flag.startswith(allowed):
+        raise FlagPolicyError(f"flag {flag!r} is not on the allow-list", flag=flag, reason="not allowed")
+
+
+def _check_linker(flag: str, anchor_path: Confiner) -> str:
+    parts = flag.split(",")[1:]
+    out = []
+    for part in parts:
+        if part.startswith(("-plugin", "--plugin", "@", "-fuse-ld", "--dynamic-linker", "-dynamic-linker")):
+            raise FlagPolicyError(f"linker option {part!r} is refused", flag=flag)
+        key, eq, value = part.partition("=")
+        if "/" in part:
+            path = value if eq else part
+            prefix = key + "=" if eq else ""
+            out.append(prefix + anchor_path(path, "linker path"))
+        else:
+            out.append(part)
+    return ",".join(["-Wl", *out])
+
+
+def check_defines(defines: Mapping[str, object] | None) -> tuple[tuple[str, str | None], ...]:
+    """Sorted ``(name, value)``; names are C identifiers, values carry no NUL or newline."""
+    if not defines:
+        return ()
+    out: list[tuple[str, str | None]] = []
+    for name, value in defines.items():
+        if not isinstance(name, str) or not _IDENT.match(name):
+            raise ConfigError(f"define name {name!r} is not a C identifier", name=str(name))
+        if value is None or value is True:
+            text = None if value is None else "1"
+        elif isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            text = str(value)
+        elif value is False:
+            text = "0"
+        else:
+            raise ConfigError(f"define {name} has a {type(value).__name__} value", name=name)
+        if text is not None and ("\0" in text or "\n" in text or "\r" in text):
+            raise ConfigError(f"define {name} value holds NUL or a newline", name=name)
+        out.append((name, text))
+    return tuple(sorted(out, key=lambda kv: kv[0]))

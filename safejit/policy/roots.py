@@ -1,0 +1,61 @@
+"""Declared roots and strict path confinement.
+
+A path is confined when its fully resolved form (symlinks followed, must
+exist) lies under one of the resolved declared roots. ``..`` that escapes,
+symlinks that point outside and absolute paths elsewhere all fail with
+:class:`~safejit.errors.PathConfinementError`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from ..deps import Anchors
+from ..errors import PathConfinementError
+
+__all__ = ["build_anchors", "confine", "is_under"]
+
+
+def is_under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def build_anchors(
+    source_roots: Iterable[str], toolchain_roots: Iterable[str], cache_roots: Iterable[str] = ()
+) -> Anchors:
+    """Anchors ``s<i>`` (source roots), ``t<i>`` (toolchain), ``c<i>`` (cache).
+
+    Missing source roots are refused; missing toolchain roots are skipped.
+    """
+    named: dict[str, str] = {}
+    for i, root in enumerate(source_roots):
+        try:
+            named[f"s{i}"] = os.path.realpath(os.path.expanduser(root), strict=True)
+        except OSError as exc:
+            raise PathConfinementError(f"source root {root!r} does not exist: {exc}", path=root) from exc
+    for prefix, roots in (("t", toolchain_roots), ("c", cache_roots)):
+        for i, root in enumerate(roots):
+            try:
+                named[f"{prefix}{i}"] = os.path.realpath(os.path.expanduser(root), strict=True)
+            except OSError:
+                continue
+    return Anchors(named)
+
+
+def confine(path: str, anchors: Anchors, *, what: str, allow: Iterable[str] | None = None) -> str:
+    """The resolved ``path`` if it lies under a root (of ``allow`` anchors when
+    given), else :class:`PathConfinementError`."""
+    if "\0" in path:
+        raise PathConfinementError(f"{what} path contains NUL", path=path)
+    try:
+        real = os.path.realpath(os.path.expanduser(path), strict=True)
+    except OSError as exc:
+        raise PathConfinementError(f"{what} {path!r} cannot be resolved: {exc.strerror}", path=path) from exc
+    names = set(allow) if allow is not None else None
+    for name, root in anchors.roots.items():
+        if (names is None or name in names) and is_under(real, root):
+            return real
+    raise PathConfinementError(
+        f"{what} {path!r} resolves to {real!r}, outside every declared root", path=path, resolved=real
+    )

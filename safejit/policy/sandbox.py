@@ -1,0 +1,297 @@
+"""The sandboxed runner for every external compiler.
+
+Compilers run as argv lists (never a shell) with stdin closed, a scrubbed
+environment, a new process group that is killed on timeout, rlimits, output
+captured to a size-limited file, and Landlock where the kernel offers it.
+Limits and Landlock are applied by a small exec shim (``shim.c``, built once
+per user and kept in a private directory) — never by ``preexec_fn``, which is
+unsafe in threaded programs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import stat
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Final
+
+from .. import faults
+from ..errors import CompileTimeout, ConfigError, SandboxUnavailableError
+from ..keys import digest_bytes
+
+__all__ = ["SYSTEM_PATH", "SYSTEM_READ_ROOTS", "Limits", "RunResult", "Sandbox", "landlock_abi"]
+
+logger = logging.getLogger(__name__)
+
+SYSTEM_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
+#: Read-only for every sandboxed compiler: binaries, shared libraries, loader config.
+SYSTEM_READ_ROOTS: Final = (
+    "/usr",
+    "/lib",
+    "/lib64",
+    "/lib32",
+    "/bin",
+    "/sbin",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/alternatives",
+    "/dev/urandom",
+)
+_LOG_HEAD: Final = 48 * 1024
+_LOG_TAIL: Final = 16 * 1024
+_SHIM_ERRORS: Final = {124: "bad usage", 125: "Landlock unavailable", 126: "sandbox setup failed"}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    address_space: int = 16 << 30
+    cpu_s: int = 600
+    file_size: int = 2 << 30
+    open_files: int = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    returncode: int
+    log: str
+    seconds: float
+    sandboxed: bool
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI version this kernel offers, 0 when none."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        abi = int(libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+    except (OSError, AttributeError):
+        return 0
+    return max(abi, 0)
+
+
+class Sandbox:
+    """Runs argv lists under the configured sandbox mode.
+
+    ``mode`` is ``"auto"`` (Landlock when offered), ``"required"`` (raise
+    :class:`SandboxUnavailableError` without it) or ``"off"`` (limits and
+    process hygiene only, no Landlock).
+    """
+
+    def __init__(self, mode: str, *, tools_dir: str | None, cc: str | None, limits: Limits | None = None) -> None:
+        if mode not in ("auto", "required", "off"):
+            raise ConfigError(f"sandbox mode {mode!r}")
+        self.mode = mode
+        self.limits = limits or Limits()
+        self._tools_dir = tools_dir
+        self._cc = cc
+        self._shim: str | None = None
+        self._shim_lock = threading.Lock()
+        self._abi = -1
+
+    @property
+    def landlock(self) -> bool:
+        if self._abi < 0:
+            self._abi = landlock_abi()
+        return self.mode != "off" and self._abi > 0
+
+    def describe(self) -> str:
+        return "landlock" if self.landlock and self.shim() else ("rlimits" if self.shim() else "none")
+
+    def check_available(self) -> None:
+        if self.mode == "required" and not (self.landlock and self.shim()):
+            raise SandboxUnavailableError(
+                "sandbox='required' but Landlock or the exec shim is unavailable on this system",
+                landlock_abi=landlock_abi(),
+            )
+
+    def shim(self) -> str | None:
+        """Path of the exec shim, building it on first use; None if it cannot be built."""
+        if self._shim is not None:
+            return self._shim or None
+        with self._shim_lock:
+            if self._shim is None:
+                self._shim = _ensure_shim(self._tools_dir, self._cc) or ""
+        return self._shim or None
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        timeout: float,
+        read_roots: Sequence[str] = (),
+        write_roots: Sequence[str] = (),
+    ) -> RunResult:
+        """Run ``argv`` in ``cwd``; raise :class:`CompileTimeout` past ``timeout``."""
+        self.check_available()
+        faults.point("compiler.spawn")
+        shim = self.shim()
+        full = list(argv)
+        landlocked = False
+        if shim:
+            pre = [
+                shim,
+                "-a",
+                str(self.limits.address_space),
+                "-c",
+                str(self.limits.cpu_s),
+                "-f",
+                str(self.limits.file_size),
+                "-n",
+                str(self.limits.open_files),
+            ]
+            if self.landlock:
+                landlocked = True
+                for root in (*SYSTEM_READ_ROOTS, *read_roots):
+                    pre += ["-r", root]
+                for root in (*write_roots, "/dev/null"):
+                    pre += ["-w", root]
+                pre += ["-N"]
+                if self.mode == "required":
+                    pre += ["-L"]
+            full = [*pre, "--", *argv]
+        log_fd, log_path = tempfile.mkstemp(prefix=".log-", dir=cwd)
+        start = time.perf_counter()
+        try:
+            proc = subprocess.Popen(
+                full,
+                cwd=cwd,
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=subprocess.STDOUT,
+                close_fds=True,
+                process_group=0,
+                shell=False,
+            )
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                log = _read_capped(log_path)
+                raise CompileTimeout(
+                    f"compiler ran past {timeout:g}s and was killed: {argv[0]}",
+                    log=log,
+                    argv=list(argv),
+                    timeout=timeout,
+                ) from None
+            finally:
+                if proc.poll() is None:  # interrupted: never leave the group running
+                    _kill_group(proc)
+            # The group may hold stragglers (a driver's children); end them too.
+            _kill_group(proc, quiet=True)
+            log = _read_capped(log_path)
+        finally:
+            os.close(log_fd)
+            _unlink_quiet(log_path)
+        if shim and rc in _SHIM_ERRORS and "safejit-shim:" in log:
+            if rc == 125:
+                raise SandboxUnavailableError(f"sandbox: {log.strip()}")
+            raise ConfigError(f"sandbox {_SHIM_ERRORS[rc]}: {log.strip()}")
+        return RunResult(rc, log, time.perf_counter() - start, landlocked)
+
+
+def _kill_group(proc: subprocess.Popen[bytes], *, quiet: bool = False) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    if not quiet or proc.returncode is None:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - unkillable process
+            logger.error("process group %d did not exit after SIGKILL", proc.pid)
+
+
+def _read_capped(path: str) -> str:
+    """The head and tail of a log, so a flood of diagnostics stays bounded."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size <= _LOG_HEAD + _LOG_TAIL:
+                data = fh.read()
+            else:
+                head = fh.read(_LOG_HEAD)
+                fh.seek(size - _LOG_TAIL)
+                data = head + f"\n[... {size - _LOG_HEAD - _LOG_TAIL} bytes cut ...]\n".encode() + fh.read()
+    except OSError:
+        return ""
+    return data.decode("utf-8", "replace")
+
+
+def _unlink_quiet(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _private_dir(path: Path) -> bool:
+    """True when ``path`` is a real directory owned by us and closed to others."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def _ensure_shim(tools_dir: str | None, cc: str | None) -> str | None:
+    """Build (once per user and shim version) and return the exec shim."""
+    if cc is None:
+        logger.warning("no C compiler to build the sandbox shim; compilers run without rlimits or Landlock")
+        return None
+    source = resources.files("safejit.policy").joinpath("shim.c").read_bytes()
+    tag = digest_bytes(source + b"\0" + cc.encode())[:16]
+    base = Path(tools_dir) if tools_dir else Path(tempfile.gettempdir())
+    private = base / f"u{os.geteuid()}"
+    try:
+        private.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        private = Path(tempfile.mkdtemp(prefix="safejit-tools-"))
+    if not _private_dir(private):
+        logger.warning("%s is not a private directory; building the shim in a temporary one", private)
+        private = Path(tempfile.mkdtemp(prefix="safejit-tools-"))
+    target = private / f"shim-{tag}"
+    try:
+        st = os.lstat(target)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+            return str(target)
+    except FileNotFoundError:
+        pass
+    work = Path(tempfile.mkdtemp(prefix=".shim-", dir=private))
+    try:
+        (work / "shim.c").write_bytes(source)
+        out = work / "shim"
+        proc = subprocess.run(
+            [cc, "-O2", "-o", str(out), str(work / "shim.c")],
+            cwd=work,
+            env={"PATH": SYSTEM_PATH, "TMPDIR": str(work), "LC_ALL": "C"},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        if proc.returncode != 0:
+            logger.warning("building the sandbox shim failed: %s", proc.stderr.decode(errors="replace")[-2000:])
+            return None
+        os.chmod(out, 0o700)
+        os.replace(out, target)
+        return str(target)
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.warning("building the sandbox shim failed: %s", exc)
+        return None
+    finally:
+        for child in work.iterdir() if work.exists() else ():
+            _unlink_quiet(str(child))
+        with contextlib.suppress(OSError):
+            work.rmdir()

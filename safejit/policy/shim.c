@@ -1,0 +1,135 @@
+/* safejit exec shim: applies rlimits and a Landlock ruleset, then execs.
+ *
+ *   shim [-a AS] [-c CPU_S] [-f FSIZE] [-n NOFILE] [-r RO_PATH]... [-w RW_PATH]...
+ *        [-N] [-L] -- PROGRAM ARGS...
+ *
+ * -N denies TCP bind/connect where the Landlock ABI allows it (>= 4).
+ * -L makes Landlock mandatory: exit 125 when the kernel does not offer it.
+ * Without -r/-w no Landlock ruleset is applied. Exit codes 124-127 are the
+ * shim's own (124 bad usage, 125 sandbox unavailable, 126 setup failed,
+ * 127 exec failed); the message goes to stderr.
+ *
+ * Built once per user by safejit.policy.sandbox with the system C compiler.
+ * It runs between fork and the compiler, so there is no preexec_fn.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define SYS_ll_create 444
+#define SYS_ll_add 445
+#define SYS_ll_restrict 446
+#define LL_VERSION (1U << 0)
+#define LL_RULE_PATH_BENEATH 1
+#define LL_RULE_NET_PORT 2
+
+#define FS_EXECUTE (1ULL << 0)
+#define FS_WRITE_FILE (1ULL << 1)
+#define FS_READ_FILE (1ULL << 2)
+#define FS_READ_DIR (1ULL << 3)
+#define FS_ALL_V1 ((1ULL << 13) - 1)
+#define FS_REFER (1ULL << 13)
+#define FS_TRUNCATE (1ULL << 14)
+#define FS_IOCTL_DEV (1ULL << 15)
+#define NET_BIND_TCP (1ULL << 0)
+#define NET_CONNECT_TCP (1ULL << 1)
+
+struct ll_ruleset_attr { uint64_t fs; uint64_t net; uint64_t scoped; };
+struct ll_path_beneath { uint64_t allowed; int32_t parent_fd; } __attribute__((packed));
+
+#define MAX_PATHS 256
+
+static void die(int code, const char *what) {
+    fprintf(stderr, "safejit-shim: %s: %s\n", what, strerror(errno));
+    _exit(code);
+}
+
+static void set_limit(int res, const char *val) {
+    char *end = NULL;
+    unsigned long long v = strtoull(val, &end, 10);
+    if (!end || *end) { errno = EINVAL; die(124, "bad limit"); }
+    struct rlimit rl = { (rlim_t)v, (rlim_t)v };
+    struct rlimit cur;
+    if (getrlimit(res, &cur) == 0 && cur.rlim_max != RLIM_INFINITY && rl.rlim_max > cur.rlim_max)
+        rl.rlim_cur = rl.rlim_max = cur.rlim_max;
+    if (setrlimit(res, &rl) != 0) die(126, "setrlimit");
+}
+
+static int add_path(int ruleset, const char *path, uint64_t access, uint64_t handled) {
+    int fd = open(path, O_PATH | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT ? 0 : -1; /* a missing optional root is fine */
+    struct ll_path_beneath rule = { access & handled, fd };
+    long rc = syscall(SYS_ll_add, ruleset, LL_RULE_PATH_BENEATH, &rule, 0);
+    if (rc != 0 && errno == EINVAL) {
+        /* A regular file accepts only file rights. */
+        rule.allowed &= (FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV);
+        rc = syscall(SYS_ll_add, ruleset, LL_RULE_PATH_BENEATH, &rule, 0);
+    }
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return rc == 0 ? 0 : -1;
+}
+
+int main(int argc, char **argv) {
+    const char *ro[MAX_PATHS], *rw[MAX_PATHS];
+    int nro = 0, nrw = 0, deny_net = 0, required = 0, i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0) { i++; break; }
+        if (a[0] != '-' || a[1] == 0 || a[2] != 0) { errno = EINVAL; die(124, a); }
+        switch (a[1]) {
+        case 'N': deny_net = 1; continue;
+        case 'L': required = 1; continue;
+        default: break;
+        }
+        if (i + 1 >= argc) { errno = EINVAL; die(124, a); }
+        const char *v = argv[++i];
+        switch (a[1]) {
+        case 'a': set_limit(RLIMIT_AS, v); break;
+        case 'c': set_limit(RLIMIT_CPU, v); break;
+        case 'f': set_limit(RLIMIT_FSIZE, v); break;
+        case 'n': set_limit(RLIMIT_NOFILE, v); break;
+        case 'r': if (nro == MAX_PATHS) { errno = E2BIG; die(124, "-r"); } ro[nro++] = v; break;
+        case 'w': if (nrw == MAX_PATHS) { errno = E2BIG; die(124, "-w"); } rw[nrw++] = v; break;
+        default: errno = EINVAL; die(124, a);
+        }
+    }
+    if (i >= argc) { errno = EINVAL; die(124, "no program"); }
+
+    if (nro || nrw || required) {
+        long abi = syscall(SYS_ll_create, NULL, 0, LL_VERSION);
+        if (abi < 1) {
+            if (required) die(125, "landlock unavailable");
+        } else {
+            uint64_t handled = FS_ALL_V1;
+            if (abi >= 2) handled |= FS_REFER;
+            if (abi >= 3) handled |= FS_TRUNCATE;
+            if (abi >= 5) handled |= FS_IOCTL_DEV;
+            struct ll_ruleset_attr attr = { handled, 0, 0 };
+            size_t size = sizeof(uint64_t);
+            if (deny_net && abi >= 4) { attr.net = NET_BIND_TCP | NET_CONNECT_TCP; size = 2 * sizeof(uint64_t); }
+            int rs = (int)syscall(SYS_ll_create, &attr, size, 0);
+            if (rs < 0) die(126, "landlock_create_ruleset");
+            uint64_t read_x = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR;
+            for (int k = 0; k < nro; k++)
+                if (add_path(rs, ro[k], read_x, handled) != 0) die(126, ro[k]);
+            for (int k = 0; k < nrw; k++)
+                if (add_path(rs, rw[k], handled, handled) != 0) die(126, rw[k]);
+            if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) die(126, "no_new_privs");
+            if (syscall(SYS_ll_restrict, rs, 0) != 0) die(126, "landlock_restrict_self");
+            close(rs);
+        }
+    }
+    execv(argv[i], &argv[i]);
+    die(127, argv[i]);
+    return 127;
+}

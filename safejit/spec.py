@@ -1,0 +1,118 @@
+"""Source, Toolchain and BuildSpec: frozen values that do no I/O when built.
+
+A :class:`BuildSpec` is everything that decides the compiler's output except
+the files the compiler reads through ``#include`` (those are the dependency
+closure, keyed separately). Paths inside a spec are *anchored*: stored as
+``(anchor, relpath)`` so that a checkout at another path keys the same.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from .errors import ConfigError, LimitExceededError
+
+__all__ = ["NOT_IN_KEY", "AnchoredPath", "BuildSpec", "Source", "Toolchain"]
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
+_FILENAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}\Z")
+_CXX_SUFFIXES = (".cpp", ".cc", ".cxx", ".c++", ".C")
+
+AnchoredPath = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Kernel source text with a name.
+
+    ``name`` is ``[A-Za-z_][A-Za-z0-9_]{0,127}``. ``filename`` picks the
+    language (``.cpp``/``.cc``/``.cxx`` is C++, else C for the host backend;
+    ``.cu`` CUDA) and the name the compiler sees; ``origin`` is the file the
+    code was read from, whose directory serves quoted includes.
+    """
+
+    code: str
+    name: str
+    filename: str | None = None
+    origin: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.code, str):
+            raise ConfigError(f"Source.code must be str, got {type(self.code).__name__}")
+        if "\0" in self.code:
+            raise ConfigError("Source.code contains a NUL byte")
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ConfigError(f"Source.name {self.name!r} must match [A-Za-z_][A-Za-z0-9_]{{0,127}}")
+        if self.filename is not None and not _FILENAME.match(Path(self.filename).name):
+            raise ConfigError(f"Source.filename {self.filename!r} has unsafe characters")
+
+    @classmethod
+    def from_file(cls, path: str | Path, *, name: str | None = None, max_bytes: int = 4 << 20) -> Source:
+        """Read a source file. Confinement of ``path`` happens at compile time."""
+        p = Path(path)
+        with p.open("rb") as fh:
+            data = fh.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise LimitExceededError(f"source {p} is over {max_bytes} bytes", path=str(p), limit=max_bytes)
+        try:
+            code = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"source {p} is not UTF-8: {exc}", path=str(p)) from exc
+        stem = re.sub(r"[^A-Za-z0-9_]", "_", p.stem) or "kernel"
+        if stem[0].isdigit():
+            stem = "_" + stem
+        return cls(code=code, name=name or stem[:128], filename=p.name, origin=str(p))
+
+    def staged_filename(self, default_suffix: str) -> str:
+        """The file name the source is given in the staging directory."""
+        return Path(self.filename).name if self.filename else f"{self.name}{default_suffix}"
+
+    def is_cxx(self) -> bool:
+        return bool(self.filename) and Path(self.filename or "").suffix in _CXX_SUFFIXES
+
+
+@dataclass(frozen=True, slots=True)
+class Toolchain:
+    """A probed compiler: identity, version, binary digest and its roots."""
+
+    compiler: str
+    version: str
+    digest: str
+    #: Directories of the toolchain itself (install dir, system include dirs).
+    roots: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BuildSpec:
+    """Everything known before compiling. ``keys.build_key`` hashes every field
+    not named in :data:`NOT_IN_KEY`, in declaration order."""
+
+    schema: int
+    backend: str
+    tenant: str
+    toolchain: Toolchain
+    name: str
+    language: str
+    filename: str
+    source_digest: str
+    code: bytes
+    include_dirs: tuple[AnchoredPath, ...]
+    quote_dir: AnchoredPath | None
+    defines: tuple[tuple[str, str | None], ...]
+    flags: tuple[str, ...]
+    extras: tuple[tuple[str, str], ...]
+    env: tuple[tuple[str, str], ...]
+    arch: str | None
+    #: Final argv with anchored paths and ``{SRC}``/``{OUT}``/``{DEP}`` slots.
+    argv: tuple[str, ...]
+    #: Kernel names asked for by the caller (C++ name expressions on CUDA).
+    name_expressions: tuple[str, ...] = ()
+
+
+#: BuildSpec fields that do not enter ``build_key``, each with the reason.
+NOT_IN_KEY: Final[dict[str, str]] = {
+    "code": "represented by source_digest (the hash of these exact bytes)",
+}

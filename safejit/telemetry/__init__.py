@@ -1,0 +1,186 @@
+"""OpenTelemetry instrumentation: span and metric names (a contract), the
+library's tracer and meter, and its instruments.
+
+The library talks only to ``opentelemetry-api``: without an SDK every call is
+a no-op. Applications (and the CLI) configure the SDK, e.g. with
+:func:`safejit.telemetry.setup.setup`::
+
+    from safejit.telemetry.setup import setup
+    setup(console=True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, Final
+
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import Span
+
+from .._version import __version__
+
+__all__ = [
+    "ATTR",
+    "DURATION_BUCKETS",
+    "METRIC",
+    "SPAN",
+    "instruments",
+    "meter",
+    "span",
+    "tracer",
+]
+
+
+class SPAN:
+    COMPILE: Final = "safejit.compile"
+    KEY: Final = "safejit.key"
+    MEMORY_LOOKUP: Final = "safejit.cache.memory.lookup"
+    DISK_LOOKUP: Final = "safejit.cache.disk.lookup"
+    VERIFY: Final = "safejit.verify"
+    LOCK_WAIT: Final = "safejit.lock.wait"
+    COMPILER_RUN: Final = "safejit.compiler.run"
+    POLICY_CHECK: Final = "safejit.policy.check"
+    PUBLISH: Final = "safejit.publish"
+    LOAD: Final = "safejit.load"
+
+
+class METRIC:
+    LOOKUPS: Final = "safejit.cache.lookups"
+    COMPILE_DURATION: Final = "safejit.compile.duration"
+    LOAD_DURATION: Final = "safejit.load.duration"
+    VERIFY_DURATION: Final = "safejit.verify.duration"
+    LOCK_WAIT_DURATION: Final = "safejit.lock.wait.duration"
+    EVICTIONS: Final = "safejit.cache.evictions"
+    POLICY_VIOLATIONS: Final = "safejit.policy.violations"
+    PUBLISH_OUTCOMES: Final = "safejit.publish.outcomes"
+    MEMORY_ENTRIES: Final = "safejit.cache.memory.entries"
+    MEMORY_BYTES: Final = "safejit.cache.memory.bytes"
+    MEMORY_HITS: Final = "safejit.cache.memory.hits"
+    CACHE_BYPASS: Final = "safejit.cache.bypass"
+
+
+class ATTR:
+    BACKEND: Final = "safejit.backend"
+    KERNEL: Final = "safejit.kernel"
+    TIER: Final = "safejit.tier"
+    RESULT: Final = "safejit.result"
+    REASON: Final = "safejit.reason"
+    BUILD_KEY: Final = "safejit.build_key"
+    DEPS_KEY: Final = "safejit.deps_key"
+    DEPS_COUNT: Final = "safejit.deps.count"
+    BYTES: Final = "safejit.bytes"
+    ROOT: Final = "safejit.root"
+    SANDBOX: Final = "safejit.sandbox"
+    KIND: Final = "safejit.kind"
+    OUTCOME: Final = "safejit.outcome"
+    TENANT: Final = "safejit.tenant"
+    ERROR_TYPE: Final = "error.type"
+
+
+#: Seconds, 1 ms to 10 min.
+DURATION_BUCKETS: Final = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
+
+tracer = trace.get_tracer("safejit", __version__)
+meter = metrics.get_meter("safejit", __version__)
+
+
+class _Instruments:
+    """Created once at import; they bind to whatever provider the app installs."""
+
+    def __init__(self) -> None:
+        self.lookups = meter.create_counter(
+            METRIC.LOOKUPS, unit="{lookup}", description="Cache lookups by tier and result"
+        )
+        self.compile_duration = self._histogram(METRIC.COMPILE_DURATION, "Compiler run time")
+        self.load_duration = self._histogram(METRIC.LOAD_DURATION, "Artifact load time")
+        self.verify_duration = self._histogram(METRIC.VERIFY_DURATION, "Leaf verification time")
+        self.lock_wait_duration = self._histogram(METRIC.LOCK_WAIT_DURATION, "Build lock wait time")
+        self.evictions = meter.create_counter(METRIC.EVICTIONS, unit="{entry}", description="Memory-tier evictions")
+        self.policy_violations = meter.create_counter(
+            METRIC.POLICY_VIOLATIONS, unit="{violation}", description="Requests refused by policy"
+        )
+        self.publish_outcomes = meter.create_counter(
+            METRIC.PUBLISH_OUTCOMES, unit="{publish}", description="Publish outcomes"
+        )
+        self.bypass = meter.create_counter(
+            METRIC.CACHE_BYPASS, unit="{compile}", description="Compiles that bypassed an unusable disk cache"
+        )
+        self._sources: list[Callable[[], Iterable[tuple[int, int, int, dict[str, str]]]]] = []
+        meter.create_observable_counter(
+            METRIC.MEMORY_HITS,
+            [self._observe_hits],
+            unit="{lookup}",
+            description="Memory-tier hits (counted without per-call telemetry)",
+        )
+        meter.create_observable_gauge(
+            METRIC.MEMORY_ENTRIES, [self._observe_entries], unit="{entry}", description="Memory-tier entries"
+        )
+        meter.create_observable_gauge(
+            METRIC.MEMORY_BYTES, [self._observe_bytes], unit="By", description="Memory-tier bytes"
+        )
+
+    @staticmethod
+    def _histogram(name: str, description: str):  # type: ignore[no-untyped-def]
+        return meter.create_histogram(
+            name, unit="s", description=description, explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS)
+        )
+
+    def register(self, source: Callable[[], Iterable[tuple[int, int, int, dict[str, str]]]]) -> None:
+        """Add a runtime's (hits, entries, bytes, attributes) source for the observables."""
+        self._sources.append(source)
+
+    def unregister(self, source: Callable[[], Iterable[tuple[int, int, int, dict[str, str]]]]) -> None:
+        if source in self._sources:
+            self._sources.remove(source)
+
+    def _observe(self, index: int) -> list[Observation]:
+        totals: dict[tuple[tuple[str, str], ...], int] = {}
+        for source in list(self._sources):
+            for hits, entries, size, attrs in source():
+                key = tuple(sorted(attrs.items()))
+                totals[key] = totals.get(key, 0) + (hits, entries, size)[index]
+        return [Observation(v, dict(k)) for k, v in totals.items()]
+
+    def _observe_hits(self, options: CallbackOptions) -> list[Observation]:
+        return self._observe(0)
+
+    def _observe_entries(self, options: CallbackOptions) -> list[Observation]:
+        return self._observe(1)
+
+    def _observe_bytes(self, options: CallbackOptions) -> list[Observation]:
+        return self._observe(2)
+
+
+instruments = _Instruments()
+
+
+@contextmanager
+def span(name: str, attributes: dict[str, Any] | None = None) -> Iterator[Span]:
+    """A current span that also sets ``error.type`` when the block raises."""
+    with tracer.start_as_current_span(name, attributes=attributes) as current:
+        try:
+            yield current
+        except BaseException as exc:
+            current.set_attribute(ATTR.ERROR_TYPE, type(exc).__qualname__)
+            raise

@@ -1,0 +1,87 @@
+"""One-call OpenTelemetry SDK setup for applications and the CLI (extra ``otel``).
+
+The library itself never configures the SDK; this module is for programs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["render_span_tree", "setup"]
+
+
+def setup(
+    *,
+    console: bool = False,
+    otlp_endpoint: str | None = None,
+    prometheus_port: int | None = None,
+    prometheus_addr: str = "127.0.0.1",
+    memory: bool = False,
+    service_name: str = "safejit",
+) -> Any:
+    """Install an SDK tracer and meter provider.
+
+    ``console`` prints spans; ``otlp_endpoint`` exports spans and metrics over
+    OTLP/HTTP; ``prometheus_port`` serves ``/metrics``; ``memory`` keeps spans
+    in an in-memory exporter, which is returned.
+    """
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    resource = Resource.create({"service.name": service_name})
+    tracer_provider = TracerProvider(resource=resource)
+    exporter = None
+    if memory:
+        exporter = InMemorySpanExporter()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    if console:
+        tracer_provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+    readers: list[MetricReader] = []
+    if otlp_endpoint:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{otlp_endpoint}/v1/traces")))
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=f"{otlp_endpoint}/v1/metrics")))
+    if prometheus_port is not None:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import start_http_server
+
+        start_http_server(port=prometheus_port, addr=prometheus_addr)
+        readers.append(PrometheusMetricReader())
+    trace.set_tracer_provider(tracer_provider)
+    if readers:
+        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
+    return exporter
+
+
+def render_span_tree(spans: Sequence[Any]) -> str:
+    """Finished spans as an indented tree with durations and key attributes."""
+    by_parent: dict[int | None, list[Any]] = {}
+    ids = {s.context.span_id for s in spans}
+    for s in sorted(spans, key=lambda s: s.start_time):
+        parent = s.parent.span_id if s.parent is not None and s.parent.span_id in ids else None
+        by_parent.setdefault(parent, []).append(s)
+    lines: list[str] = []
+
+    def walk(parent: int | None, depth: int) -> None:
+        for s in by_parent.get(parent, []):
+            ms = (s.end_time - s.start_time) / 1e6
+            attrs = {
+                k.removeprefix("safejit."): v
+                for k, v in (s.attributes or {}).items()
+                if k in ("safejit.tier", "safejit.result", "safejit.reason", "safejit.outcome", "error.type")
+            }
+            extra = " ".join(f"{k}={v}" for k, v in attrs.items())
+            lines.append(f"{'  ' * depth}{s.name}  {ms:.2f} ms  {extra}".rstrip())
+            walk(s.context.span_id, depth + 1)
+
+    walk(None, 0)
+    return "\n".join(lines)
