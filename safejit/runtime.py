@@ -29,7 +29,7 @@ from .cache.manifest import Manifest
 from .cache.memory import Entry, MemoryCache
 from .config import Config
 from .deps import Anchors
-from .errors import CacheError, ConfigError, KeyDeclarationError, LimitExceededError, PolicyError
+from .errors import CacheError, CompileError, ConfigError, KeyDeclarationError, LimitExceededError, PolicyError
 from .kernel import Artifact, Module
 from .keys import KEY_SCHEMA, build_key, deps_key, digest_bytes
 from .policy import completeness
@@ -45,6 +45,7 @@ __all__ = ["Explanation", "Runtime"]
 logger = logging.getLogger(__name__)
 
 Request = tuple[Any, ...]
+_LOG_EVENT_CAP = 8192
 
 
 @dataclass(frozen=True, slots=True)
@@ -492,18 +493,23 @@ class Runtime:
         return run
 
     def _compile(self, state: _State, spec: BuildSpec, anchors: Anchors, workdir: str) -> CompileOutput:
+        self._count("compiles")
         with span(SPAN.COMPILER_RUN, {ATTR.SANDBOX: state.sandbox.describe()}) as s:
-            out = state.backend.compile(
-                spec,
-                workdir=workdir,
-                expand=anchors.expand_text,
-                run=self._runner(state, workdir),
-                timeout=self.config.compile_timeout_s,
-            )
+            try:
+                out = state.backend.compile(
+                    spec,
+                    workdir=workdir,
+                    expand=anchors.expand_text,
+                    run=self._runner(state, workdir),
+                    timeout=self.config.compile_timeout_s,
+                )
+            except CompileError as exc:
+                self._count("errors")
+                s.add_event("compiler.log", {"safejit.log": exc.log[:_LOG_EVENT_CAP]})
+                raise
             s.set_attribute(ATTR.BYTES, len(out.artifact))
             if out.log:
-                s.add_event("compiler.log", {"safejit.log": out.log[:8192]})
-        self._count("compiles")
+                s.add_event("compiler.log", {"safejit.log": out.log[:_LOG_EVENT_CAP]})
         instruments.compile_duration.record(out.seconds, self._attrs)
         if len(out.artifact) > self.config.max_artifact_bytes:
             raise LimitExceededError(
@@ -536,7 +542,7 @@ class Runtime:
                 return leaf, "compiled"
             with span(SPAN.PUBLISH, {ATTR.DEPS_KEY: manifest.deps_key, ATTR.DEPS_COUNT: len(deps)}) as s:
                 try:
-                    leaf, outcome = state.disk.publish(root, key, manifest, out.artifact, tuple(states), anchors)
+                    leaf, outcome = state.disk.publish(root, key, manifest, out.artifact, tuple(states))
                 except OSError as exc:
                     s.set_attribute(ATTR.OUTCOME, "failed")
                     instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: "failed"})

@@ -11,8 +11,10 @@ import json
 import os
 import shutil
 import stat
+import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -241,21 +243,44 @@ def elf_exported_functions(artifact: bytes) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+_loader_lock = threading.Lock()
+_loader: tuple[int, str] | None = None
+
+
+def _loader_dir() -> str:
+    """A private directory for the unique names libraries are loaded under (per process)."""
+    global _loader
+    with _loader_lock:
+        if _loader is None or _loader[0] != os.getpid():
+            _loader = (os.getpid(), tempfile.mkdtemp(prefix="safejit-load-"))
+        return _loader[1]
+
+
 class HostLibrary:
-    """A shared object loaded from bytes through a sealed memfd."""
+    """A shared object loaded from bytes through a sealed memfd.
+
+    The dynamic loader deduplicates libraries *by the name passed to dlopen*,
+    and ``/proc/self/fd/N`` names are reused as fd numbers are; so each load
+    goes through a uniquely named symlink (in a private directory) to the
+    memfd. The mapped bytes are the memfd's: exactly the verified bytes.
+    """
 
     def __init__(self, artifact: bytes, name: str) -> None:
         started = time.perf_counter()
         fd = os.memfd_create(f"safejit-{name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        link = os.path.join(_loader_dir(), f"{uuid.uuid4().hex}.so")
         try:
             view = memoryview(artifact)
             while view:
                 view = view[os.write(fd, view) :]
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
-            self._lib: ctypes.CDLL | None = ctypes.CDLL(f"/proc/self/fd/{fd}", mode=os.RTLD_NOW | os.RTLD_LOCAL)
+            os.symlink(f"/proc/{os.getpid()}/fd/{fd}", link)
+            self._lib: ctypes.CDLL | None = ctypes.CDLL(link, mode=os.RTLD_NOW | os.RTLD_LOCAL)
         except OSError as exc:
             raise LoadError(f"{name}: dlopen of the verified artifact failed: {exc}", name=name) from exc
         finally:
+            with contextlib.suppress(OSError):
+                os.unlink(link)
             os.close(fd)
         self.seconds = time.perf_counter() - started
 

@@ -1,0 +1,77 @@
+"""Shared fixtures: a clean environment, temporary cache and source roots,
+and a Runtime factory that closes what it made."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import safejit
+from safejit import faults
+from safejit.cache import maintenance
+
+settings.register_profile("ci", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", max_examples=200, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+ADD_C = "int add(int a, int b) { return a + b; }\n"
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in list(os.environ):
+        if name.startswith("SAFEJIT_"):
+            monkeypatch.delenv(name)
+    faults.reset()
+    yield
+    faults.reset()
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "cache"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A source root with ``include/`` holding ``value.h`` → ``inner.h``."""
+    root = tmp_path / "project"
+    inc = root / "include"
+    inc.mkdir(parents=True)
+    (inc / "value.h").write_text('#include "inner.h"\n#define VALUE (INNER + 1)\n')
+    (inc / "inner.h").write_text("#define INNER 41\n")
+    return root
+
+
+KERNEL_WITH_HEADER = '#include "value.h"\nint value(void) { return VALUE; }\n'
+
+
+@pytest.fixture
+def make_runtime(cache_dir: Path) -> Iterator[Callable[..., safejit.Runtime]]:
+    made: list[safejit.Runtime] = []
+
+    def factory(**overrides: Any) -> safejit.Runtime:
+        overrides.setdefault("cache_dirs", (str(cache_dir),))
+        rt = safejit.Runtime(config=safejit.Config(**overrides))
+        made.append(rt)
+        return rt
+
+    yield factory
+    for rt in made:
+        rt.close()
+
+
+def assert_cache_sound(root: Path | str) -> None:
+    """The cache check every fault and security test ends with."""
+    assert maintenance.check(str(root)) == []
+
+
+def leaves(root: Path | str) -> list[maintenance.LeafInfo]:
+    return list(maintenance.iter_leaves(str(root)))
