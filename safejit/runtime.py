@@ -83,7 +83,7 @@ class _State:
         self.sandbox.check_available()
         private = self._private_state_dir()
         self.backend: Backend = get_backend(config.backend, cc=config.host_cc, cxx=config.host_cxx, state_dir=private)
-        self.probe_dir = tempfile.mkdtemp(prefix="safejit-probe-")
+        self._probe_dir: str | None = None
         self._anchors: dict[Toolchain, Anchors] = {}
         self.source_roots = config.source_roots
 
@@ -98,6 +98,13 @@ class _State:
             return None
         return path if st.st_uid == os.geteuid() and not st.st_mode & 0o022 else None
 
+    @property
+    def probe_dir(self) -> str:
+        """A scratch directory for toolchain probes, made on first need."""
+        if self._probe_dir is None:
+            self._probe_dir = tempfile.mkdtemp(prefix="safejit-probe-")
+        return self._probe_dir
+
     def anchors(self, toolchain: Toolchain) -> Anchors:
         found = self._anchors.get(toolchain)
         if found is None:
@@ -106,7 +113,8 @@ class _State:
         return found
 
     def close(self) -> None:
-        shutil.rmtree(self.probe_dir, ignore_errors=True)
+        if self._probe_dir is not None:
+            shutil.rmtree(self._probe_dir, ignore_errors=True)
 
 
 class Runtime:
@@ -360,7 +368,7 @@ class Runtime:
             )
         extra_values = tuple(sorted((k, _extra_text(k, v)) for k, v in extras))
         backend = state.backend
-        toolchain = backend.toolchain(source, self._runner(state, state.probe_dir))
+        toolchain = backend.toolchain(source, self._runner(state))
         anchors = state.anchors(toolchain)
 
         def anchored(path: Any, what: str) -> tuple[str, str]:
@@ -471,14 +479,14 @@ class Runtime:
             logger.info("rebuilding %s: %s (%s)", name, _REASON_TEXT.get(first.reason, first.reason), first.detail)
         return None
 
-    def _runner(self, state: _State, cwd_default: str) -> Any:
+    def _runner(self, state: _State) -> Any:
         env = {"PATH": SYSTEM_PATH, "LC_ALL": "C", **dict(self._env)}
         roots = list(self.config.source_roots)
 
         def run(
             argv: Sequence[str], *, cwd: str, timeout: float | None = None, extra_read: Sequence[str] = ()
         ) -> RunOutcome:
-            where = cwd or cwd_default
+            where = cwd or state.probe_dir
             tmp = os.path.join(where, ".tmp")
             os.makedirs(tmp, exist_ok=True)
             return state.sandbox.run(
@@ -500,7 +508,7 @@ class Runtime:
                     spec,
                     workdir=workdir,
                     expand=anchors.expand_text,
-                    run=self._runner(state, workdir),
+                    run=self._runner(state),
                     timeout=self.config.compile_timeout_s,
                 )
             except CompileError as exc:

@@ -29,8 +29,15 @@ def record_closure(
     deps: list[Dep] = []
     states: list[DepState] = []
     too_new: list[str] = []
+    dirs: dict[str, str] = {}
     for path in paths:
-        real = os.path.realpath(path)
+        head, tail = os.path.split(path)
+        real_dir = dirs.get(head)
+        if real_dir is None:
+            real_dir = dirs[head] = os.path.realpath(head)
+        real = os.path.join(real_dir, tail)
+        if os.path.islink(real):
+            real = os.path.realpath(real)
         if not any(is_under(real, r) for r in roots):
             raise UndeclaredDependencyError(
                 f"the compiler read {path!r} ({real}), outside every declared root; declare it in Config.source_roots",

@@ -1,0 +1,68 @@
+"""Concurrent cold starts compile exactly once: threads in one process, and processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import safejit
+from tests.conftest import assert_cache_sound, leaves
+
+SLOW_C = "int triple(int x) { return 3 * x; }\n"
+
+CHILD = r"""
+import json, os, sys, time
+import safejit
+start_file, cache = sys.argv[1], sys.argv[2]
+while not os.path.exists(start_file):
+    time.sleep(0.001)
+rt = safejit.Runtime(config=safejit.Config(cache_dirs=(cache,)))
+mod = rt.compile(safejit.Source(sys.argv[3], "triple"))
+print(json.dumps({"value": mod.kernel("triple")(14), "stats": dict(rt.stats())}))
+"""
+
+
+def test_sixteen_threads_compile_once(make_runtime, cache_dir):
+    rt = make_runtime()
+    barrier = threading.Barrier(16)
+
+    def work(_: int) -> tuple[int, safejit.Module]:
+        barrier.wait()
+        mod = rt.compile(safejit.Source(SLOW_C, "triple"))
+        return mod.kernel("triple")(5), mod
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(work, range(16)))
+    assert [value for value, _ in results] == [15] * 16
+    assert len({id(mod) for _, mod in results}) == 1
+    assert rt.stats()["compiles"] == 1
+    assert len(leaves(cache_dir)) == 1
+
+
+def test_eight_processes_cold_start_one_spec_and_compile_once(cache_dir, tmp_path):
+    start = tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(start), str(cache_dir), SLOW_C],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(8)
+    ]
+    time.sleep(0.5)  # let every child reach the starting line
+    Path(start).touch()
+    reports = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    assert [r["value"] for r in reports] == [42] * 8
+    assert sum(r["stats"]["compiles"] for r in reports) == 1
+    assert len(leaves(cache_dir)) == 1
+    assert_cache_sound(cache_dir)

@@ -1,0 +1,103 @@
+"""The memory tier: bounds, eviction, staleness revalidation."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import safejit
+from safejit.cache.memory import Entry, MemoryCache
+from tests.conftest import KERNEL_WITH_HEADER
+
+
+def _src(i: int) -> safejit.Source:
+    return safejit.Source(f"int k(void) {{ return {i}; }}\n", "k")
+
+
+def test_entry_bound_evicts_and_counts(make_runtime):
+    rt = make_runtime(memory_max_entries=3)
+    for i in range(6):
+        assert rt.compile(_src(i)).kernel("k")() == i
+    stats = rt.stats()
+    assert stats["memory_entries"] == 3 and stats["evictions"] == 3
+    # An evicted entry comes back from the disk tier, not the compiler.
+    assert rt.compile(_src(0)).kernel("k")() == 0
+    assert rt.stats()["compiles"] == 6 and rt.stats()["disk_hits"] == 1
+
+
+def test_byte_bound_is_respected(make_runtime):
+    rt = make_runtime(memory_max_bytes=40_000)
+    for i in range(5):
+        rt.compile(_src(i))
+        assert rt.stats()["memory_bytes"] <= 40_000
+    assert rt.stats()["evictions"] >= 2
+
+
+def test_second_chance_keeps_recently_used_entries():
+    cache: MemoryCache[str] = MemoryCache(max_entries=3, max_bytes=1 << 30, max_staleness_s=1.0)
+    for key in "abc":
+        cache.insert(key, Entry(key, 1))
+    cache.entries["a"].ref = True  # "a" was hit since insertion
+    cache.insert("d", Entry("d", 1))
+    assert set(cache.entries) == {"a", "c", "d"}
+    assert cache.evictions == 1
+
+
+def test_edit_is_seen_within_max_staleness(make_runtime, project):
+    rt = make_runtime(source_roots=(str(project),), max_staleness_s=0)
+    inc = (str(project / "include"),)
+    src = safejit.Source(KERNEL_WITH_HEADER, "value")
+    assert rt.compile(src, include_dirs=inc).kernel("value")() == 42
+    (project / "include" / "inner.h").write_text("#define INNER 9\n")
+    assert rt.compile(src, include_dirs=inc).kernel("value")() == 10
+    assert rt.stats()["stale"] == 1 and rt.stats()["compiles"] == 2
+
+
+def test_within_the_staleness_window_no_check_is_made(make_runtime, project, monkeypatch):
+    rt = make_runtime(source_roots=(str(project),), max_staleness_s=3600)
+    inc = (str(project / "include"),)
+    src = safejit.Source(KERNEL_WITH_HEADER, "value")
+    rt.compile(src, include_dirs=inc)
+    calls = []
+    real_stat = os.stat
+    monkeypatch.setattr(os, "stat", lambda *a, **k: calls.append(a) or real_stat(*a, **k))
+    rt.compile(src, include_dirs=inc)
+    assert calls == [] and rt.stats()["memory_hits"] == 1
+
+
+def test_racily_clean_snapshot_is_rehashed_not_trusted(tmp_path):
+    """A file written within the timestamp window of its snapshot can change again
+    without moving its stat; such a snapshot is rehashed, never trusted."""
+    from safejit.deps import hash_file, is_racy
+
+    header = tmp_path / "h.h"
+    header.write_text("#define A 1\n")
+    digest, snap = hash_file(str(header))
+    assert is_racy(snap)  # just written
+    cache: MemoryCache[str] = MemoryCache(max_entries=4, max_bytes=1 << 20, max_staleness_s=0)
+    # Same stat as now, but the recorded digest differs from the content (as if
+    # the file changed in the same tick after it was hashed).
+    racy = Entry("v", 1, [[str(header), snap, "0" * 64, True]])
+    trusted = Entry("v", 1, [[str(header), snap, "0" * 64, False]])
+    assert cache.revalidate(racy, time.monotonic()) is False
+    assert cache.revalidate(trusted, time.monotonic()) is True  # stat alone vouches: why racy matters
+    good = Entry("v", 1, [[str(header), snap, digest, True]])
+    assert cache.revalidate(good, time.monotonic()) is True
+
+
+def test_revalidation_waits_for_the_window(make_runtime, project):
+    rt = make_runtime(source_roots=(str(project),), max_staleness_s=0.2)
+    inc = (str(project / "include"),)
+    src = safejit.Source(KERNEL_WITH_HEADER, "value")
+    rt.compile(src, include_dirs=inc)
+    (project / "include" / "inner.h").write_text("#define INNER 1\n")
+    time.sleep(0.25)
+    assert rt.compile(src, include_dirs=inc).kernel("value")() == 2
+
+
+def test_unhashable_define_value_is_a_config_error(make_runtime):
+    rt = make_runtime()
+    with pytest.raises(safejit.ConfigError):
+        rt.compile(_src(1), defines={"X": [1, 2]})
