@@ -103,7 +103,7 @@ class Kernel:
             return self._fn(*args)
         except ctypes.ArgumentError:
             converted = tuple(_host_arg(a) for a in args)
-            if converted == args:
+            if all(c is a for c, a in zip(converted, args, strict=True)):
                 raise
             return self._fn(*converted)
 

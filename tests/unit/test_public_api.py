@@ -1,0 +1,179 @@
+"""The public surface: names, errors, config and the environment table."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+import safejit
+from safejit import _env, errors
+
+
+def test_all_is_pinned():
+    assert sorted(safejit.__all__) == sorted(
+        [
+            "Artifact",
+            "CacheError",
+            "CompileError",
+            "CompileTimeout",
+            "Config",
+            "ConfigError",
+            "Explanation",
+            "FlagPolicyError",
+            "Kernel",
+            "KernelNotFoundError",
+            "KeyDeclarationError",
+            "LimitExceededError",
+            "LoadError",
+            "Module",
+            "PathConfinementError",
+            "PolicyError",
+            "Runtime",
+            "SafejitError",
+            "SandboxUnavailableError",
+            "Source",
+            "UndeclaredDependencyError",
+            "__version__",
+            "faults",
+        ]
+    )
+    for name in safejit.__all__:
+        assert hasattr(safejit, name)
+
+
+@pytest.mark.parametrize(
+    ("error", "builtin"),
+    [
+        (errors.ConfigError, ValueError),
+        (errors.KeyDeclarationError, ValueError),
+        (errors.CompileError, RuntimeError),
+        (errors.CompileTimeout, TimeoutError),
+        (errors.PathConfinementError, PermissionError),
+        (errors.FlagPolicyError, PermissionError),
+        (errors.UndeclaredDependencyError, PermissionError),
+        (errors.CacheError, OSError),
+        (errors.KernelNotFoundError, LookupError),
+    ],
+)
+def test_errors_inherit_root_and_builtin_and_pickle(error, builtin):
+    assert issubclass(error, safejit.SafejitError) and issubclass(error, builtin)
+    exc = error("boom", log="compiler said no", path="/x")
+    back = pickle.loads(pickle.dumps(exc))
+    assert type(back) is error and str(back) == "boom"
+    assert back.log == "compiler said no" and back.path == "/x"
+
+
+def test_compile_error_carries_the_log(make_runtime):
+    rt = make_runtime()
+    with pytest.raises(safejit.CompileError) as info:
+        rt.compile(safejit.Source("int f(void) { return undefined_name; }", "f"))
+    assert "undefined_name" in info.value.log
+    assert rt.stats()["errors"] == 1
+
+
+def test_config_from_env_reads_the_table(monkeypatch, tmp_path):
+    monkeypatch.setenv("SAFEJIT_CACHE_DIRS", f"{tmp_path}/a:{tmp_path}/b")
+    monkeypatch.setenv("SAFEJIT_MAX_STALENESS_S", "0.5")
+    monkeypatch.setenv("SAFEJIT_TENANT", "team-a")
+    monkeypatch.setenv("SAFEJIT_MEMORY_MAX_ENTRIES", "7")
+    cfg = safejit.Config.from_env()
+    assert cfg.cache_dirs == (f"{tmp_path}/a", f"{tmp_path}/b")
+    assert (cfg.max_staleness_s, cfg.tenant, cfg.memory_max_entries) == (0.5, "team-a", 7)
+
+
+def test_bad_env_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv("SAFEJIT_MAX_STALENESS_S", "soon")
+    with pytest.raises(safejit.ConfigError, match="SAFEJIT_MAX_STALENESS_S"):
+        safejit.Config.from_env()
+
+
+def test_default_cache_dir_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert safejit.Config().resolved_cache_dirs() == (str(tmp_path / "safejit"),)
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert _env.default_cache_dir() == tmp_path / "home" / ".cache" / "safejit"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"backend": "fpga"},
+        {"tenant": "Team A"},
+        {"tenant": "../x"},
+        {"max_staleness_s": -1},
+        {"memory_max_entries": 0},
+        {"cache_dirs": "/tmp/x"},
+        {"declared_extras": ("not an ident",)},
+        {"sandbox": "maybe"},
+        {"require_signed": True},
+        {"compile_timeout_s": float("nan")},
+    ],
+)
+def test_config_rejects_bad_values(kwargs):
+    with pytest.raises(safejit.ConfigError):
+        safejit.Config(**kwargs)
+
+
+@pytest.mark.parametrize("name", ["", "1abc", "a-b", "x" * 129, "a b"])
+def test_source_name_is_validated(name):
+    with pytest.raises(safejit.ConfigError):
+        safejit.Source("int f(void){return 0;}", name)
+
+
+def test_runtime_is_lazy(tmp_path):
+    cache = tmp_path / "never"
+    rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(cache),)))
+    assert not cache.exists()
+    assert rt.stats()["compiles"] == 0
+    rt.close()
+    assert not cache.exists()
+
+
+def test_cxx_source_and_numpy_arrays(make_runtime):
+    np = pytest.importorskip("numpy")
+    import ctypes
+
+    code = (
+        'extern "C" double total(const double* x, long n) {\n'
+        "  double s = 0; for (long i = 0; i < n; ++i) s += x[i]; return s;\n}\n"
+    )
+    rt = make_runtime()
+    mod = rt.compile(safejit.Source(code, "total", filename="total.cpp"))
+    k = mod.kernel("total", argtypes=(ctypes.c_void_p, ctypes.c_long), restype=ctypes.c_double)
+    x = np.arange(10, dtype=np.float64)
+    assert k(x, 10) == 45.0
+    assert mod.kernels == ("total",)
+
+
+def test_unknown_kernel_and_closed_module(make_runtime):
+    rt = make_runtime()
+    mod = rt.compile(safejit.Source("int add(int a, int b) { return a + b; }", "add"))
+    with pytest.raises(safejit.KernelNotFoundError):
+        mod.kernel("sub")
+    k = mod["add"]
+    rt.close()
+    with pytest.raises(safejit.LoadError):
+        k(1, 2)
+    rt.close()  # twice is fine
+
+
+def test_extras_must_match_declared_extras(make_runtime):
+    rt = make_runtime(declared_extras=("sm_count",))
+    src = safejit.Source("int f(void) { return 1; }", "f")
+    with pytest.raises(safejit.KeyDeclarationError):
+        rt.compile(src)
+    with pytest.raises(safejit.KeyDeclarationError):
+        rt.compile(src, extras={"sm_count": 1, "other": 2})
+    a = rt.build(src, extras={"sm_count": 132}).build_key
+    b = rt.build(src, extras={"sm_count": 108}).build_key
+    assert a != b
+
+
+def test_build_returns_artifact_without_loading(make_runtime, cache_dir):
+    rt = make_runtime()
+    art = rt.build(safejit.Source("int add(int a, int b) { return a + b; }", "add"))
+    assert art.kernels == ("add",) and art.size > 0 and len(art.digest) == 64
+    assert art.path.startswith(str(cache_dir)) and art.path.endswith(art.deps_key)
+    assert rt.stats()["memory_entries"] == 0
