@@ -7,6 +7,7 @@ Keys written (targets in parentheses):
   host_memory_hit_vs_lru_cache    ... divided by a functools.lru_cache hit on the same arguments
   host_disk_hit_ms                fresh process, compile call -> callable kernel, one header (<= 1 ms)
   host_disk_hit_1000_headers_ms   same with 1,000 generated headers, ~10 MB (<= 10 ms)
+  *_first_ms                      the first such process, which rehashes every file (no stat memo yet)
   host_cold_overhead_ratio        cold compile through safejit / the bare compiler subprocess (<= 1.10)
   procs16_compiles                16 processes cold-starting one spec: compiler runs in total (1)
 """
@@ -106,12 +107,15 @@ def _make_root(base: Path, headers: int) -> tuple[Path, str]:
 def disk_hit(results: dict[str, Any], key: str, headers: int, runs: int) -> None:
     with tempfile.TemporaryDirectory() as base:
         root, code = _make_root(Path(base), headers)
+        # Headers written this instant are "racily clean" and always rehashed;
+        # real headers are older than the 2 s window. Let these age past it.
+        time.sleep(2.1)
         cache = str(Path(base) / "cache")
         rt = safejit.Runtime(config=safejit.Config(cache_dirs=(cache,), source_roots=(str(root),)))
         rt.build(safejit.Source(code, "add"), include_dirs=(str(root / "include"),))
         rt.close()
         times = []
-        for _ in range(runs):
+        for _ in range(runs + 1):
             out = subprocess.run(
                 [sys.executable, "-c", DISK_CHILD, cache, str(root), code, "0"],
                 capture_output=True,
@@ -123,9 +127,14 @@ def disk_hit(results: dict[str, Any], key: str, headers: int, runs: int) -> None
             times.append(report["seconds"] * 1e3)
         # Peer: the same process start reading the artifact and headers without verifying.
         size = sum(f.stat().st_size for f in (root / "include").iterdir())
-    ms = statistics.median(times)
+    # The first process rehashes everything (and records the stat memo); the rest may trust it.
+    first, ms = times[0], statistics.median(times[1:])
     results[key] = round(ms, 3)
-    print(f"{key:30s} {ms:8.3f} ms   ({headers} header(s), {size / 1e6:.1f} MB, median of {runs} fresh processes)")
+    results[key.replace("_ms", "_first_ms")] = round(first, 3)
+    print(
+        f"{key:30s} {ms:8.3f} ms   ({headers} header(s), {size / 1e6:.1f} MB, median of {runs} fresh processes;"
+        f" the first, which rehashes all: {first:.3f} ms)"
+    )
 
 
 def cold_overhead(results: dict[str, Any], runs: int) -> None:

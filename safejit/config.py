@@ -47,6 +47,9 @@ class Config:
     sandbox: Literal["auto", "required", "off"] = "auto"
     on_cache_error: Literal["raise", "bypass"] = "raise"
     trace_memory_hits: bool = False
+    #: Let a verification trust an unchanged stat recorded by this user on this boot
+    #: (see cache/statmemo.py). Turn off where stat may lag content (NFS attribute caching).
+    trust_stat: bool = True
     max_source_bytes: int = 4 * _MiB
     max_artifact_bytes: int = 512 * _MiB
     max_deps: int = 20_000

@@ -31,6 +31,8 @@ __all__ = [
 #: (git's "racily clean" problem). Such files are rehashed, never stat-trusted.
 RACY_WINDOW_NS: Final = 2_000_000_000
 _TOKEN = re.compile("\0([a-z][0-9]+)\0")
+#: An empty, ``.`` or ``..`` path component.
+_BAD_REL = re.compile(r"(?:^|/)\.{0,2}(?:/|$)")
 
 Snapshot = tuple[int, int, int, int, int]  # dev, ino, size, mtime_ns, ctime_ns
 
@@ -172,10 +174,9 @@ class Anchors:
             return None
         if relpath == ".":
             return root
-        parts = relpath.split("/")
-        if any(p in ("", ".", "..") for p in parts):
+        if _BAD_REL.search(relpath):
             return None
-        return os.path.join(root, relpath)
+        return f"{root}/{relpath}" if root != "/" else f"/{relpath}"
 
     def anchor_all(self, paths: Iterable[str]) -> list[tuple[str, tuple[str, str] | None]]:
         return [(p, self.anchor(p)) for p in paths]

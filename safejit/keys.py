@@ -64,6 +64,20 @@ def build_key(spec: BuildSpec) -> str:
     return digest_bytes(encode(("safejit.build_key", KEY_SCHEMA, fields)))
 
 
+def _encode_rows(rows: Iterable[tuple[str, ...]]) -> bytes:
+    """``encode(list(rows))`` for rows of strings, without the generic recursion
+    (a closure has thousands of rows and is encoded on every disk lookup)."""
+    pack = _LEN.pack
+    out = []
+    for row in rows:
+        inner = b"".join(b"S" + pack(len(b)) + b for b in (s.encode("utf-8", "surrogatepass") for s in row))
+        out.append(b"T" + pack(len(inner)) + inner)
+    body = b"".join(out)
+    return b"T" + pack(len(body)) + body
+
+
 def deps_key(deps: Iterable[tuple[str, str, str]], negatives: Iterable[tuple[str, str]] = ()) -> str:
     """Hash of the sorted ``(anchor, relpath, digest)`` closure and negative lookups."""
-    return digest_bytes(encode(("safejit.deps_key", KEY_SCHEMA, sorted(deps), sorted(negatives))))
+    head = encode("safejit.deps_key") + encode(KEY_SCHEMA)
+    body = head + _encode_rows(sorted(deps)) + _encode_rows(sorted(negatives))
+    return digest_bytes(b"T" + _LEN.pack(len(body)) + body)

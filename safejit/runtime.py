@@ -27,6 +27,7 @@ from .backends.base import CompileOutput, RunOutcome
 from .cache.disk import LAYOUT, DiskCache, Rejection, VerifiedLeaf
 from .cache.manifest import Manifest
 from .cache.memory import Entry, MemoryCache
+from .cache.statmemo import StatMemo
 from .config import Config
 from .deps import Anchors
 from .errors import CacheError, CompileError, ConfigError, KeyDeclarationError, LimitExceededError, PolicyError
@@ -82,6 +83,8 @@ class _State:
         self.sandbox = Sandbox(config.sandbox, tools_dir=self.tools_dir, cc=cc)
         self.sandbox.check_available()
         private = self._private_state_dir()
+        if private is not None and config.trust_stat:
+            self.disk.stat_memo = StatMemo(private)
         self.backend: Backend = get_backend(config.backend, cc=config.host_cc, cxx=config.host_cxx, state_dir=private)
         self._probe_dir: str | None = None
         self._anchors: dict[Toolchain, Anchors] = {}

@@ -20,6 +20,7 @@ import contextlib
 import errno
 import logging
 import os
+import stat
 import time
 import uuid
 from collections.abc import Sequence
@@ -29,11 +30,12 @@ from typing import Final, NamedTuple, Protocol
 import filelock
 
 from .. import faults
-from ..deps import Anchors, Snapshot, hash_file
+from ..deps import Anchors, Snapshot, hash_file, snapshot_of
 from ..keys import deps_key as compute_deps_key
 from ..keys import digest_bytes
 from .fsio import fsync_dir, makedirs_durable, read_bytes, remove_tree, rename, write_file
 from .manifest import Manifest, ManifestError, parse_manifest
+from .statmemo import StatMemo
 
 __all__ = ["LAYOUT", "DepState", "DiskCache", "Rejection", "Signer", "VerifiedLeaf"]
 
@@ -83,6 +85,7 @@ class DiskCache:
         require_signed: bool = False,
         max_artifact_bytes: int = 512 << 20,
         max_leaves: int = 64,
+        stat_memo: StatMemo | None = None,
     ) -> None:
         self.roots = tuple(os.path.realpath(os.path.expanduser(r)) for r in roots)
         self.tenant = tenant
@@ -91,6 +94,7 @@ class DiskCache:
         self.require_signed = require_signed
         self.max_artifact_bytes = max_artifact_bytes
         self.max_leaves = max_leaves
+        self.stat_memo = stat_memo
         self._writable: str | bool | None = False  # False: not probed yet
 
     # -- layout --------------------------------------------------------------
@@ -211,24 +215,48 @@ class DiskCache:
             message = man.signed_message(f"build-{build_key}/{name}")
             if man.signature is None or not self.signer.verify(message, man.signature):
                 return reject("signature", "missing or bad signature")
-        states = []
         if anchors is None:
             return self._read_artifact(leaf, root, man, ())
-        for anchor, rel, want in man.deps:
-            state = self._rehash(anchors, anchor, rel, memo)
-            where = anchors.expand(anchor, rel) or f"{anchor}:{rel}"
-            if state is None:
-                return reject("dep_missing", where)
-            if isinstance(state, str):
-                return reject(state, where)
-            if state[2] != want:
-                return reject("dep_changed", where)
-            states.append(state)
+        states = self._trusted_states(leaf, man, anchors)
+        if states is None:
+            states = []
+            for anchor, rel, want in man.deps:
+                state = self._rehash(anchors, anchor, rel, memo)
+                where = anchors.expand(anchor, rel) or f"{anchor}:{rel}"
+                if state is None:
+                    return reject("dep_missing", where)
+                if isinstance(state, str):
+                    return reject(state, where)
+                if state[2] != want:
+                    return reject("dep_changed", where)
+                states.append(state)
+            if self.stat_memo is not None:
+                self.stat_memo.record(leaf, man.deps_key, [s[1] for s in states])
         for anchor, rel in man.negatives:
             path = anchors.expand(anchor, rel)
             if path is None or os.path.lexists(path):
                 return reject("dep_shadowed", path or f"{anchor}:{rel}")
         return self._read_artifact(leaf, root, man, tuple(states))
+
+    def _trusted_states(self, leaf: str, man: Manifest, anchors: Anchors) -> list[DepState] | None:
+        """The deps' states from the stat memo when no stat moved since they last
+        verified by rehash; None means: rehash."""
+        snaps = self.stat_memo.lookup(leaf, man.deps_key) if self.stat_memo is not None else None
+        if snaps is None or len(snaps) != len(man.deps):
+            return None
+        states: list[DepState] = []
+        for (anchor, rel, digest), snap in zip(man.deps, snaps, strict=True):
+            path = anchors.expand(anchor, rel)
+            if path is None:
+                return None
+            try:
+                st = os.lstat(path)
+            except OSError:
+                return None
+            if stat.S_ISLNK(st.st_mode) or snapshot_of(st) != snap:
+                return None
+            states.append((path, snap, digest))
+        return states
 
     def _read_artifact(
         self, leaf: str, root: str, man: Manifest, states: tuple[DepState, ...]

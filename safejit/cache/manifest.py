@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -11,7 +12,8 @@ from ..keys import encode
 __all__ = ["MANIFEST_SCHEMA", "Manifest", "ManifestError", "parse_manifest"]
 
 MANIFEST_SCHEMA: Final = 1
-_HEX64 = frozenset("0123456789abcdef")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEXES = re.compile(r"[0-9a-f]*")
 
 
 class ManifestError(ValueError):
@@ -72,7 +74,24 @@ class Manifest:
 
 
 def _hex64(value: Any) -> bool:
-    return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX64
+    return isinstance(value, str) and _HEX64.fullmatch(value) is not None
+
+
+def _dep_rows(rows: Any) -> bool:
+    """``[[anchor, relpath, digest], ...]`` — checked in bulk: closures are large."""
+    if not isinstance(rows, list):
+        return False
+    if not all(
+        type(r) is list
+        and len(r) == 3
+        and type(r[0]) is str
+        and type(r[1]) is str
+        and type(r[2]) is str
+        and len(r[2]) == 64
+        for r in rows
+    ):
+        return False
+    return _HEXES.fullmatch("".join(r[2] for r in rows)) is not None
 
 
 def _str_tuple(value: Any, width: int) -> bool:
@@ -94,7 +113,7 @@ def parse_manifest(raw: bytes) -> Manifest:
         isinstance(data.get("backend"), str),
         isinstance(data.get("tenant"), str),
         isinstance(data.get("name"), str),
-        isinstance(data.get("deps"), list) and all(_str_tuple(d, 3) and _hex64(d[2]) for d in data["deps"]),
+        _dep_rows(data.get("deps")),
         isinstance(data.get("negatives"), list) and all(_str_tuple(n, 2) for n in data["negatives"]),
         isinstance(art, dict)
         and isinstance(art.get("file"), str)

@@ -1,0 +1,67 @@
+"""A per-user, per-boot memory of the stat snapshots a leaf's dependencies had
+when they last verified by a full rehash.
+
+A later verification in any process of the same user on the same boot may
+trust an unchanged ``(dev, ino, size, mtime_ns, ctime_ns)`` instead of
+rehashing — the rule the memory tier already applies within a process
+(DESIGN.md §6), made persistent. Snapshots that were racily close to the time
+they were taken are never recorded. The memo lives in a private directory
+(0700, owned by the user) and is keyed by the kernel's boot id, so neither
+another user nor another machine sharing the cache can feed it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Sequence
+
+from ..deps import Snapshot, is_racy
+from ..keys import digest_bytes
+
+__all__ = ["StatMemo", "boot_id"]
+
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            return fh.read().strip().replace("-", "")[:32]
+    except OSError:
+        return ""
+
+
+class StatMemo:
+    def __init__(self, private_dir: str) -> None:
+        boot = boot_id()
+        self.directory = os.path.join(private_dir, f"stat-{boot}") if boot else ""
+
+    def _path(self, leaf: str) -> str:
+        return os.path.join(self.directory, digest_bytes(leaf.encode())[:40] + ".json")
+
+    def lookup(self, leaf: str, deps_key: str) -> list[Snapshot] | None:
+        if not self.directory:
+            return None
+        try:
+            with open(self._path(leaf), "rb") as fh:
+                data = json.loads(fh.read())
+            if data["leaf"] != leaf or data["deps_key"] != deps_key:
+                return None
+            return [tuple(s) for s in data["snaps"]]  # type: ignore[misc]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def record(self, leaf: str, deps_key: str, snaps: Sequence[Snapshot]) -> None:
+        if not self.directory:
+            return
+        now = time.time_ns()
+        if any(is_racy(s, now) for s in snaps):
+            return
+        path = self._path(leaf)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with contextlib.suppress(OSError):
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            with open(tmp, "w", encoding="ascii") as fh:
+                json.dump({"leaf": leaf, "deps_key": deps_key, "snaps": [list(s) for s in snaps]}, fh)
+            os.replace(tmp, path)
