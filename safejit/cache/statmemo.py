@@ -48,7 +48,7 @@ class StatMemo:
                 data = json.loads(fh.read())
             if data["leaf"] != leaf or data["deps_key"] != deps_key:
                 return None
-            return [tuple(s) for s in data["snaps"]]  # type: ignore[misc]
+            return [(s[0], s[1], s[2], s[3], s[4]) for s in data["snaps"]]
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
