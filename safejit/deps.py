@@ -78,6 +78,22 @@ def hash_file(path: str, *, nofollow: bool = False) -> tuple[str, Snapshot]:
         os.close(fd)
 
 
+def read_file(path: str) -> tuple[bytes, Snapshot]:
+    """A file's bytes and its stat, taken before reading."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        chunks = []
+        while True:
+            chunk = os.read(fd, max(st.st_size + 1, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks), snapshot_of(st)
+    finally:
+        os.close(fd)
+
+
 def parse_depfile(text: str) -> list[str]:
     """Prerequisites of every rule in a Make depfile, in order, deduplicated.
 
@@ -191,3 +207,46 @@ class Anchors:
         if "\0" not in text:
             return text
         return _TOKEN.sub(lambda m: self._roots[m.group(1)], text)
+
+
+_HAS_INCLUDE = re.compile(rb'__has_include(?:_next)?\s*\(\s*[<"]([^>"\n]+)[>"]\s*\)')
+
+
+def has_include_names(data: bytes) -> list[str]:
+    """Header names probed with ``__has_include`` (literal arguments only)."""
+    if b"__has_include" not in data:
+        return []
+    return [m.group(1).decode("utf-8", "replace").strip() for m in _HAS_INCLUDE.finditer(data)]
+
+
+def negative_lookups(deps: Sequence[str], search_dirs: Sequence[str], probes: Iterable[str]) -> list[str]:
+    """Paths that must stay absent for the build to stay valid.
+
+    * Shadowing: a dependency found as ``dir_N/rel`` must not appear as
+      ``dir_i/rel`` for any earlier search directory ``i < N``.
+    * ``__has_include`` names that resolved nowhere must not appear in any
+      search directory (nor next to the file that probed them).
+
+    Over-approximates where the include name is ambiguous (nested search
+    dirs): a spurious entry can only cause a rebuild, never a stale hit.
+    """
+    dirs = [d.rstrip("/") for d in search_dirs]
+    out: set[str] = set()
+    found: set[str] = set(deps)
+    for path in deps:
+        for n, d in enumerate(dirs):
+            if not path.startswith(d + "/"):
+                continue
+            rel = path[len(d) + 1 :]
+            for earlier in dirs[:n]:
+                cand = f"{earlier}/{rel}"
+                if cand not in found and not os.path.lexists(cand):
+                    out.add(cand)
+    for name in probes:
+        if not name or name.startswith("/") or _BAD_REL.search(name):
+            continue
+        cands = [f"{d}/{name}" for d in dirs]
+        if any(c in found for c in cands):
+            continue  # resolved: shadowing is covered above
+        out.update(c for c in cands if not os.path.lexists(c))
+    return sorted(out)

@@ -34,6 +34,7 @@ from .errors import CacheError, CompileError, ConfigError, KeyDeclarationError, 
 from .kernel import Artifact, Module
 from .keys import KEY_SCHEMA, build_key, deps_key, digest_bytes
 from .policy import completeness
+from .policy.completeness import Closure
 from .policy import flags as flag_policy
 from .policy import roots as root_policy
 from .policy.sandbox import SYSTEM_PATH, Sandbox
@@ -314,7 +315,9 @@ class Runtime:
             library = state.backend.load(leaf.artifact, name=spec.name)
             instruments.load_duration.record(time.perf_counter() - started, self._attrs)
         module = Module(library, artifact, self.config.backend)
-        return Entry(module, len(leaf.artifact), Entry.dep_list(leaf.dep_states), time.monotonic())
+        return Entry(
+            module, len(leaf.artifact), Entry.dep_list(leaf.dep_states), time.monotonic(), negatives=leaf.negatives
+        )
 
     def _init(self) -> _State:
         state = self._state
@@ -539,12 +542,10 @@ class Runtime:
         try:
             started_ns = time.time_ns()
             out = self._compile(state, spec, anchors, workdir)
-            with span(SPAN.POLICY_CHECK, {ATTR.KIND: "completeness"}):
-                deps, states, too_new = completeness.record_closure(
-                    out.deps, anchors, max_deps=self.config.max_deps, started_ns=started_ns
-                )
-            manifest = _manifest(spec, key, deps, out, self.config, state.backend.artifact_ext)
-            leaf = VerifiedLeaf("", root, manifest, out.artifact, tuple(states))
+            closure = self._closure(spec, anchors, out, started_ns)
+            too_new, deps, states = closure.too_new, closure.deps, closure.states
+            manifest = _manifest(spec, key, closure, out, self.config, state.backend.artifact_ext)
+            leaf = VerifiedLeaf("", root, manifest, out.artifact, tuple(states), tuple(closure.negative_paths))
             if not out.complete or too_new:
                 why = f"{too_new[0]} changed during compile" if too_new else "the dependency scan is incomplete"
                 logger.warning("not publishing %s: %s; it will be rebuilt next time", spec.name, why)
@@ -553,7 +554,9 @@ class Runtime:
                 return leaf, "compiled"
             with span(SPAN.PUBLISH, {ATTR.DEPS_KEY: manifest.deps_key, ATTR.DEPS_COUNT: len(deps)}) as s:
                 try:
-                    leaf, outcome = state.disk.publish(root, key, manifest, out.artifact, tuple(states))
+                    leaf, outcome = state.disk.publish(
+                        root, key, manifest, out.artifact, tuple(states), tuple(closure.negative_paths)
+                    )
                 except OSError as exc:
                     s.set_attribute(ATTR.OUTCOME, "failed")
                     instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: "failed"})
@@ -581,14 +584,31 @@ class Runtime:
         self._note_bypass(why)
         workdir = tempfile.mkdtemp(prefix="safejit-bypass-")
         try:
+            started_ns = time.time_ns()
             out = self._compile(state, spec, anchors, workdir)
-            deps, states, _ = completeness.record_closure(
-                out.deps, anchors, max_deps=self.config.max_deps, started_ns=time.time_ns()
-            )
-            manifest = _manifest(spec, key, deps, out, self.config, state.backend.artifact_ext)
-            return VerifiedLeaf("", "", manifest, out.artifact, tuple(states)), "bypass"
+            closure = self._closure(spec, anchors, out, started_ns)
+            manifest = _manifest(spec, key, closure, out, self.config, state.backend.artifact_ext)
+            leaf = VerifiedLeaf("", "", manifest, out.artifact, tuple(closure.states), tuple(closure.negative_paths))
+            return leaf, "bypass"
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
+
+    def _closure(self, spec: BuildSpec, anchors: Anchors, out: CompileOutput, started_ns: int) -> Closure:
+        with span(SPAN.POLICY_CHECK, {ATTR.KIND: "completeness"}) as s:
+            try:
+                return completeness.record_closure(
+                    out.deps,
+                    anchors,
+                    max_deps=self.config.max_deps,
+                    started_ns=started_ns,
+                    search_dirs=_search_dirs(spec, anchors),
+                    source=spec.code,
+                )
+            except (PolicyError, LimitExceededError) as exc:
+                kind = type(exc).__name__
+                s.set_attribute(ATTR.KIND, kind)
+                instruments.policy_violations.add(1, {**self._attrs, ATTR.KIND: kind})
+                raise
 
     def _note_bypass(self, why: str) -> None:
         logger.warning("safejit cache bypassed: %s; the kernel is compiled privately and not cached", why)
@@ -628,16 +648,30 @@ def _lookup_metric(tier: str, result: str, reason: str, attrs: Mapping[str, str]
     instruments.lookups.add(1, {**attrs, ATTR.TIER: tier, ATTR.RESULT: result, ATTR.REASON: reason})
 
 
-def _manifest(spec: BuildSpec, key: str, deps: list[Any], out: CompileOutput, cfg: Config, ext: str) -> Manifest:
-    dep_tuples = tuple(sorted(d.as_tuple() for d in deps))
+def _search_dirs(spec: BuildSpec, anchors: Anchors) -> list[str]:
+    """The include search list the compiler used, in order (quote chain first)."""
+
+    def from_flags(prefix: str) -> list[str]:
+        return [anchors.expand_text(f[len(prefix) :]) for f in spec.flags if f.startswith(prefix)]
+
+    dirs = [anchors.expand(*spec.quote_dir) or ""] if spec.quote_dir else []
+    dirs += from_flags("-iquote")
+    dirs += [anchors.expand(*d) or "" for d in spec.include_dirs]
+    dirs += from_flags("-I") + from_flags("-isystem") + list(spec.toolchain.search_dirs) + from_flags("-idirafter")
+    return [d for d in dirs if d]
+
+
+def _manifest(spec: BuildSpec, key: str, closure: Closure, out: CompileOutput, cfg: Config, ext: str) -> Manifest:
+    dep_tuples = tuple(sorted(d.as_tuple() for d in closure.deps))
+    negatives = tuple(sorted(closure.negatives))
     return Manifest(
         build_key=key,
-        deps_key=deps_key(dep_tuples),
+        deps_key=deps_key(dep_tuples, negatives),
         backend=cfg.backend,
         tenant=cfg.tenant,
         name=spec.name,
         deps=dep_tuples,
-        negatives=(),
+        negatives=negatives,
         artifact_file=f"artifact.{ext}",
         artifact_size=len(out.artifact),
         artifact_digest=digest_bytes(out.artifact),

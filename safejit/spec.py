@@ -83,6 +83,8 @@ class Toolchain:
     digest: str
     #: Directories of the toolchain itself (install dir, system include dirs).
     roots: tuple[str, ...]
+    #: The compiler's own include search list, in order.
+    search_dirs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

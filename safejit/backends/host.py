@@ -29,7 +29,7 @@ __all__ = ["HostBackend", "HostLibrary", "elf_exported_functions"]
 
 _SYSTEM_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
 _SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
-_PROBE_SCHEMA: Final = 1
+_PROBE_SCHEMA: Final = 2
 
 
 class HostBackend:
@@ -86,7 +86,13 @@ class HostBackend:
         if os.path.isabs(cc1) and os.path.exists(cc1):
             digests.append(hash_file(cc1)[0])
             roots.append(os.path.dirname(os.path.realpath(cc1)))
-        tc = Toolchain(compiler=compiler, version=version, digest=":".join(digests), roots=tuple(dict.fromkeys(roots)))
+        tc = Toolchain(
+            compiler=compiler,
+            version=version,
+            digest=":".join(digests),
+            roots=tuple(dict.fromkeys(roots)),
+            search_dirs=tuple(_search_dirs(verbose)),
+        )
         self._write_probe(ident, tc)
         return tc
 
@@ -109,7 +115,11 @@ class HostBackend:
             if data.get("ident") != ident:
                 return None
             return Toolchain(
-                compiler=data["compiler"], version=data["version"], digest=data["digest"], roots=tuple(data["roots"])
+                compiler=data["compiler"],
+                version=data["version"],
+                digest=data["digest"],
+                roots=tuple(data["roots"]),
+                search_dirs=tuple(data["search_dirs"]),
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -119,6 +129,7 @@ class HostBackend:
         if path is None:
             return
         data = {
+            "search_dirs": list(tc.search_dirs),
             "ident": ident,
             "compiler": tc.compiler,
             "version": tc.version,

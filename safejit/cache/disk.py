@@ -70,6 +70,8 @@ class VerifiedLeaf:
     manifest: Manifest
     artifact: bytes
     dep_states: tuple[DepState, ...] = field(repr=False)
+    #: Paths that must stay absent (shadowing headers, false ``__has_include``).
+    negatives: tuple[str, ...] = field(default=(), repr=False)
 
 
 class DiskCache:
@@ -232,11 +234,13 @@ class DiskCache:
                 states.append(state)
             if self.stat_memo is not None:
                 self.stat_memo.record(leaf, man.deps_key, [s[1] for s in states])
+        absent = []
         for anchor, rel in man.negatives:
             path = anchors.expand(anchor, rel)
             if path is None or os.path.lexists(path):
                 return reject("dep_shadowed", path or f"{anchor}:{rel}")
-        return self._read_artifact(leaf, root, man, tuple(states))
+            absent.append(path)
+        return self._read_artifact(leaf, root, man, tuple(states), tuple(absent))
 
     def _trusted_states(self, leaf: str, man: Manifest, anchors: Anchors) -> list[DepState] | None:
         """The deps' states from the stat memo when no stat moved since they last
@@ -259,7 +263,7 @@ class DiskCache:
         return states
 
     def _read_artifact(
-        self, leaf: str, root: str, man: Manifest, states: tuple[DepState, ...]
+        self, leaf: str, root: str, man: Manifest, states: tuple[DepState, ...], negatives: tuple[str, ...] = ()
     ) -> VerifiedLeaf | Rejection:
         try:
             limit = min(self.max_artifact_bytes, man.artifact_size)
@@ -268,7 +272,7 @@ class DiskCache:
             return Rejection(root, leaf, "artifact", f"artifact unreadable ({exc.strerror})")
         if len(artifact) != man.artifact_size or digest_bytes(artifact) != man.artifact_digest:
             return Rejection(root, leaf, "artifact", "artifact bytes do not match the manifest")
-        return VerifiedLeaf(leaf, root, man, artifact, states)
+        return VerifiedLeaf(leaf, root, man, artifact, states, negatives)
 
     @staticmethod
     def _rehash(
@@ -305,6 +309,7 @@ class DiskCache:
         manifest: Manifest,
         artifact: bytes,
         dep_states: tuple[DepState, ...],
+        negatives: tuple[str, ...] = (),
     ) -> tuple[VerifiedLeaf, str]:
         """Publish a leaf; returns it with the outcome ``published`` or ``adopted``.
 
@@ -338,7 +343,8 @@ class DiskCache:
                     # its own integrity is all that is left to check.
                     winner = self.verify(leaf, root, build_key, None)
                     if isinstance(winner, VerifiedLeaf):
-                        return VerifiedLeaf(leaf, root, winner.manifest, winner.artifact, dep_states), "adopted"
+                        adopted = VerifiedLeaf(leaf, root, winner.manifest, winner.artifact, dep_states, negatives)
+                        return adopted, "adopted"
                     if attempt == 2:
                         raise
                     logger.warning("quarantining %s before publishing over it: %s", leaf, winner.detail)
@@ -347,7 +353,7 @@ class DiskCache:
                 faults.point("publish.after_rename")
                 fsync_dir(bdir)
                 stage = ""
-                return VerifiedLeaf(leaf, root, manifest, artifact, dep_states), "published"
+                return VerifiedLeaf(leaf, root, manifest, artifact, dep_states, negatives), "published"
             raise AssertionError("unreachable")  # pragma: no cover
         finally:
             if stage:

@@ -33,6 +33,8 @@ class Entry(Generic[T]):
     deps: list[list[Any]] = field(default_factory=list)
     checked: float = 0.0
     ref: bool = False
+    #: Paths that must still not exist (a new shadowing header makes the entry stale).
+    negatives: tuple[str, ...] = ()
 
     @staticmethod
     def dep_list(states: tuple[tuple[str, Snapshot, str], ...]) -> list[list[Any]]:
@@ -83,6 +85,9 @@ class MemoryCache(Generic[T]):
                 return False
             dep[1] = cur
             dep[3] = is_racy(cur, wall)
+        for path in entry.negatives:
+            if os.path.lexists(path):
+                return False
         entry.checked = now
         return True
 

@@ -4,32 +4,50 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from ..deps import Anchors, Dep, hash_file
+from ..deps import Anchors, Dep, has_include_names, negative_lookups, read_file
+from ..keys import digest_bytes
 from ..errors import LimitExceededError, UndeclaredDependencyError
 from .roots import is_under
 
-__all__ = ["record_closure"]
+__all__ = ["Closure", "record_closure"]
 
 DepState = tuple[str, tuple[int, int, int, int, int], str]
 
 
-def record_closure(
-    paths: Sequence[str], anchors: Anchors, *, max_deps: int, started_ns: int
-) -> tuple[list[Dep], list[DepState], list[str]]:
-    """Anchor and hash the closure the compiler reported.
+@dataclass(frozen=True, slots=True)
+class Closure:
+    deps: list[Dep]
+    states: list[DepState]
+    #: Files whose ctime is after the compile started: the build must not be published.
+    too_new: list[str]
+    #: Anchored paths that must stay absent (shadowing, false ``__has_include``).
+    negatives: list[tuple[str, str]]
+    negative_paths: list[str]
 
-    Returns the deps, their stat states, and the paths that changed while the
-    compiler ran (ctime after ``started_ns``): such a build must not be published.
-    Raises :class:`UndeclaredDependencyError` for a file outside every root.
-    """
+
+def record_closure(
+    paths: Sequence[str],
+    anchors: Anchors,
+    *,
+    max_deps: int,
+    started_ns: int,
+    search_dirs: Sequence[str] = (),
+    source: bytes = b"",
+) -> Closure:
+    """Confine, anchor and hash the closure the compiler reported, and derive
+    its negative lookups. Raises :class:`UndeclaredDependencyError` for a file
+    outside every root and :class:`LimitExceededError` for too many files."""
     if len(paths) > max_deps:
         raise LimitExceededError(f"{len(paths)} dependencies exceed the limit of {max_deps}", limit=max_deps)
     roots = list(anchors.roots.values())
     deps: list[Dep] = []
     states: list[DepState] = []
     too_new: list[str] = []
+    probes = has_include_names(source)
     dirs: dict[str, str] = {}
+    lexicals: list[str] = []
     for path in paths:
         head, tail = os.path.split(path)
         real_dir = dirs.get(head)
@@ -48,9 +66,19 @@ def record_closure(
         if anchored is None:  # pragma: no cover - real is under a root, so it anchors
             raise UndeclaredDependencyError(f"{path!r} cannot be anchored", path=path)
         lexical = anchors.expand(*anchored) or real
-        digest, snap = hash_file(lexical)
+        data, snap = read_file(lexical)
+        digest = digest_bytes(data)
+        probes += has_include_names(data)
         if max(snap[3], snap[4]) > started_ns:
             too_new.append(lexical)
         deps.append(Dep(anchored[0], anchored[1], digest))
         states.append((lexical, snap, digest))
-    return deps, states, too_new
+        lexicals.append(lexical)
+    negative_paths = []
+    negatives = []
+    for cand in negative_lookups(lexicals, search_dirs, probes):
+        found = anchors.anchor(cand)
+        if found is not None:
+            negatives.append(found)
+            negative_paths.append(cand)
+    return Closure(deps, states, too_new, negatives, negative_paths)
