@@ -34,9 +34,9 @@ from .errors import CacheError, CompileError, ConfigError, KeyDeclarationError, 
 from .kernel import Artifact, Module
 from .keys import KEY_SCHEMA, build_key, deps_key, digest_bytes
 from .policy import completeness
-from .policy.completeness import Closure
 from .policy import flags as flag_policy
 from .policy import roots as root_policy
+from .policy.completeness import Closure
 from .policy.sandbox import SYSTEM_PATH, Sandbox
 from .policy.trust import HmacSigner
 from .spec import BuildSpec, Source, Toolchain

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..deps import Anchors, Dep, has_include_names, negative_lookups, read_file
-from ..keys import digest_bytes
 from ..errors import LimitExceededError, UndeclaredDependencyError
+from ..keys import digest_bytes
 from .roots import is_under
 
 __all__ = ["Closure", "record_closure"]
