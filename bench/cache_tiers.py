@@ -10,6 +10,8 @@ Keys written (targets in parentheses):
   *_first_ms                      the first such process, which rehashes every file (no stat memo yet)
   host_cold_overhead_ratio        cold compile through safejit / the bare compiler subprocess (<= 1.10)
   procs16_compiles                16 processes cold-starting one spec: compiler runs in total (1)
+  telemetry_memory_hit_overhead_us  memory hit with the OpenTelemetry SDK installed minus without (<= 0.5 us)
+  telemetry_cold_overhead_ratio     cold compile with the SDK / without (<= 1.02)
 """
 
 from __future__ import annotations
@@ -198,6 +200,69 @@ def procs16(results: dict[str, Any]) -> None:
     print(f"16 processes, one spec  {total:8d} compile(s)")
 
 
+TELEMETRY_CHILD = r"""
+import json, statistics, sys, tempfile, time
+import safejit, safejit.backends.host
+if sys.argv[1] == "sdk":
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(InMemorySpanExporter()))
+    trace.set_tracer_provider(provider)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+runs = int(sys.argv[2])
+with tempfile.TemporaryDirectory() as cache:
+    rt = safejit.Runtime(config=safejit.Config(cache_dirs=(cache,)))
+    src = safejit.Source("int add(int a, int b) { return a + b; }", "add")
+    rt.compile(src)
+    means = []
+    for _ in range(50):
+        t0 = time.perf_counter_ns()
+        for _ in range(2000):
+            rt.compile(src)
+        means.append((time.perf_counter_ns() - t0) / 2000 / 1000)
+    cold = []
+    for i in range(runs):
+        code = "int f(int x) { return x * %d; }" % (i + sys.argv[3].__hash__() % 1000 * 1000 + 7)
+        t0 = time.perf_counter()
+        rt.compile(safejit.Source(code, "f"))
+        cold.append(time.perf_counter() - t0)
+print(json.dumps({"hit_us": statistics.median(means), "cold_s": cold}))
+"""
+
+
+def telemetry(results: dict[str, Any], rounds: int) -> None:
+    hits: dict[str, list[float]] = {"sdk": [], "nosdk": []}
+    cold: dict[str, list[float]] = {"sdk": [], "nosdk": []}
+    for r in range(rounds):
+        for mode in ("nosdk", "sdk") if r % 2 == 0 else ("sdk", "nosdk"):
+            out = subprocess.run(
+                [sys.executable, "-c", TELEMETRY_CHILD, mode, "5", f"{mode}{r}"],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            report = json.loads(out.stdout)
+            hits[mode].append(report["hit_us"])
+            cold[mode] += report["cold_s"]
+    overhead = statistics.median(hits["sdk"]) - statistics.median(hits["nosdk"])
+    ratio = statistics.median(cold["sdk"]) / statistics.median(cold["nosdk"])
+    results["telemetry_memory_hit_overhead_us"] = round(overhead, 3)
+    results["telemetry_cold_overhead_ratio"] = round(ratio, 3)
+    print(
+        f"telemetry, memory hit   {overhead:+8.3f} us   (SDK on {statistics.median(hits['sdk']):.3f} us vs off "
+        f"{statistics.median(hits['nosdk']):.3f} us)"
+    )
+    print(
+        f"telemetry, cold compile {ratio:8.3f} x    (SDK on {statistics.median(cold['sdk']) * 1e3:.2f} ms vs off "
+        f"{statistics.median(cold['nosdk']) * 1e3:.2f} ms)"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", help="write the results here")
@@ -209,6 +274,7 @@ def main() -> int:
     disk_hit(results, "host_disk_hit_1000_headers_ms", 1000, 3 if args.quick else 9)
     cold_overhead(results, 5 if args.quick else 15)
     procs16(results)
+    telemetry(results, 2 if args.quick else 6)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     return 0

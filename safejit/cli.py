@@ -19,6 +19,7 @@ from rich.table import Table
 from .cache import maintenance
 from .cache.disk import LAYOUT
 from .cache.fsio import remove_tree
+from .cache.usage import read_usage
 from .config import Config
 from .errors import SafejitError
 from .runtime import Runtime
@@ -69,7 +70,7 @@ def _cmd_demo_child(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     exporter = None
     if args.trace:
-        from .telemetry.setup import setup
+        from .telemetry import setup
 
         exporter = setup(memory=True)
     cfg = _config(args.cache_dir)
@@ -119,7 +120,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     console.print(f"  saxpy check     sum(2x+1) = {got:.1f} (expected {expected:.1f}); dot(x,x) = {dot(x, x, n):.1f}")
     console.print(f"  stats           {dict(rt.stats())}")
     if exporter is not None:
-        from .telemetry.setup import render_span_tree
+        from .telemetry._sdk import render_span_tree
 
         console.print(render_span_tree(exporter.get_finished_spans()))
     rt.close()
@@ -168,7 +169,20 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    table = Table("root", "tenant", "backend", "leaves", "bytes", "quarantined", "staging dirs")
+    size = Table("root", "tenant", "backend", "leaves", "bytes", "quarantined", "staging dirs", title="cache size")
+    usage = Table(
+        "tenant",
+        "processes",
+        "requests",
+        "memory hit",
+        "disk hit",
+        "compiles",
+        "errors",
+        "compile p50",
+        "p90",
+        "p99",
+        title="usage (from closed runtimes)",
+    )
     for root in _roots(args):
         groups: dict[tuple[str, str], list[int]] = {}
         for info in maintenance.iter_leaves(root):
@@ -177,10 +191,58 @@ def _cmd_stats(args: argparse.Namespace) -> int:
             g[1] += info.size
         quarantined = _count_dir(os.path.join(root, LAYOUT, "quarantine"))
         staging = _count_dir(os.path.join(root, LAYOUT, "tmp"))
-        for (tenant, backend), (n, size) in sorted(groups.items()) or [(("-", "-"), [0, 0])]:
-            table.add_row(root, tenant, backend, str(n), f"{size:,}", str(quarantined), str(staging))
-    console.print(table)
+        for (tenant, backend), (n, total) in sorted(groups.items()) or [(("-", "-"), [0, 0])]:
+            size.add_row(root, tenant, backend, str(n), f"{total:,}", str(quarantined), str(staging))
+        for tenant, row in _usage_rows(root):
+            usage.add_row(tenant, *row)
+    console.print(size)
+    console.print(usage)
     return 0
+
+
+def _usage_rows(root: str) -> list[tuple[str, list[str]]]:
+    per: dict[str, dict[str, Any]] = {}
+    for tenant, record in read_usage(root):
+        agg = per.setdefault(tenant, {"processes": 0, "samples": [], **dict.fromkeys(_USAGE_KEYS, 0)})
+        agg["processes"] += 1
+        for key in _USAGE_KEYS:
+            value = record["counters"].get(key, 0)
+            agg[key] += value if isinstance(value, int) else 0
+        agg["samples"] += [s for s in record.get("compile_seconds", []) if isinstance(s, (int, float))]
+    rows = []
+    for tenant, agg in sorted(per.items()):
+        requests = agg["memory_hits"] + agg["disk_hits"] + agg["misses"]
+        below_memory = agg["disk_hits"] + agg["misses"]
+        samples = sorted(agg["samples"])
+        rows.append(
+            (
+                tenant,
+                [
+                    str(agg["processes"]),
+                    f"{requests:,}",
+                    _rate(agg["memory_hits"], requests),
+                    _rate(agg["disk_hits"], below_memory),
+                    f"{agg['compiles']:,}",
+                    f"{agg['errors']:,}",
+                    *(_percentile(samples, q) for q in (0.5, 0.9, 0.99)),
+                ],
+            )
+        )
+    return rows
+
+
+_USAGE_KEYS = ("memory_hits", "disk_hits", "misses", "compiles", "errors")
+
+
+def _rate(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole else "-"
+
+
+def _percentile(samples: list[float], q: float) -> str:
+    if not samples:
+        return "-"
+    value = samples[min(len(samples) - 1, int(q * len(samples)))]
+    return f"{value * 1e3:.1f} ms"
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:

@@ -18,6 +18,34 @@ _TENANT = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}\Z")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _MiB = 1 << 20
+#: Variables that would act as refused flags (search paths, output redirection,
+#: program swaps, preloads) or that the sandbox sets itself: never passed through.
+_ENV_REFUSED = frozenset(
+    {
+        "PATH",
+        "TMPDIR",
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "LD_AUDIT",
+        "GCC_EXEC_PREFIX",
+        "COMPILER_PATH",
+        "LIBRARY_PATH",
+        "CPATH",
+        "C_INCLUDE_PATH",
+        "CPLUS_INCLUDE_PATH",
+        "OBJC_INCLUDE_PATH",
+        "DEPENDENCIES_OUTPUT",
+        "SUNPRO_DEPENDENCIES",
+        "GCC_COMPARE_DEBUG",
+        "NVCC_APPEND_FLAGS",
+        "NVCC_PREPEND_FLAGS",
+        "NVCC_CCBIN",
+        "CCACHE_DIR",
+        "SOURCE_DATE_EPOCH_OVERRIDE",
+        "GCONV_PATH",
+        "PYTHONPATH",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +106,12 @@ class Config:
         for name in self.env_passthrough:
             if not _ENV_NAME.match(name):
                 raise ConfigError(f"env_passthrough name {name!r} is not a variable name")
+            if name in _ENV_REFUSED or name.startswith(("LD_", "DYLD_")):
+                raise ConfigError(
+                    f"env_passthrough may not include {name}: it changes what the compiler reads, "
+                    "writes or runs outside the policy",
+                    name=name,
+                )
         self._check_numbers()
         if self.sandbox not in ("auto", "required", "off"):
             raise ConfigError(f"Config.sandbox must be auto|required|off, got {self.sandbox!r}")

@@ -9,6 +9,7 @@ each step is a short method named after it.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ import tempfile
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +30,7 @@ from .cache.disk import LAYOUT, DiskCache, Rejection, VerifiedLeaf
 from .cache.manifest import Manifest
 from .cache.memory import Entry, MemoryCache
 from .cache.statmemo import StatMemo
+from .cache.usage import MAX_SAMPLES, usage_name, write_usage
 from .config import Config
 from .deps import Anchors
 from .errors import CacheError, CompileError, ConfigError, KeyDeclarationError, LimitExceededError, PolicyError
@@ -80,7 +83,9 @@ class _State:
         )
         root = self.disk.writable_root()
         self.tools_dir = os.path.join(root, LAYOUT, "tools") if root else None
-        cc = config.host_cc or shutil.which("cc", path=SYSTEM_PATH)
+        # The shim is built by the system compiler, never by a configured one: a
+        # configured compiler is what the sandbox is there to contain.
+        cc = shutil.which("cc", path=SYSTEM_PATH)
         self.sandbox = Sandbox(config.sandbox, tools_dir=self.tools_dir, cc=cc)
         self.sandbox.check_available()
         private = self._private_state_dir()
@@ -141,7 +146,10 @@ class Runtime:
         self._staleness = cfg.max_staleness_s
         self._fast = not cfg.trace_memory_hits
         self._memory: MemoryCache[Module] = MemoryCache(
-            max_entries=cfg.memory_max_entries, max_bytes=cfg.memory_max_bytes, max_staleness_s=cfg.max_staleness_s
+            max_entries=cfg.memory_max_entries,
+            max_bytes=cfg.memory_max_bytes,
+            max_staleness_s=cfg.max_staleness_s,
+            on_evict=self._evicted,
         )
         self._entries = self._memory.entries
         self._memory_hits = 0
@@ -149,6 +157,8 @@ class Runtime:
             ("compiles", "disk_hits", "misses", "stale", "bypass", "published", "adopted", "not_published", "errors"), 0
         )
         self._count_lock = threading.Lock()
+        self._compile_seconds: deque[float] = deque(maxlen=MAX_SAMPLES)
+        self._usage_name = usage_name()
         self._attrs = {ATTR.BACKEND: cfg.backend, ATTR.TENANT: cfg.tenant}
         self._closed = False
         ref = weakref.ref(self)
@@ -160,6 +170,7 @@ class Runtime:
         self._observer = observe
         instruments.register(observe)
         weakref.finalize(self, instruments.unregister, observe)
+        atexit.register(_flush_at_exit, ref)
 
     # -- public API ----------------------------------------------------------
     def compile(
@@ -266,12 +277,25 @@ class Runtime:
 
     def close(self) -> None:
         """Unload every cached module and release resources. Safe to call twice."""
+        if not self._closed:
+            self.flush_usage()
         self._closed = True
         for entry in self._memory.clear():
             entry.value.close()
         instruments.unregister(self._observer)
         if self._state is not None:
             self._state.close()
+
+    def flush_usage(self) -> None:
+        """Write this process's counters into the cache root for ``safejit stats``."""
+        state = self._state
+        if state is None:
+            return
+        root = state.disk.writable_root()
+        stats = self.stats()
+        if root is None or not any(stats[k] for k in ("compiles", "memory_hits", "disk_hits", "misses")):
+            return
+        write_usage(root, self.config.tenant, self._usage_name, self.config.backend, stats, self._compile_seconds)
 
     def __enter__(self) -> Runtime:
         return self
@@ -457,10 +481,8 @@ class Runtime:
         rejections: list[Rejection] = []
         for root in disk.roots:
             with span(SPAN.DISK_LOOKUP, {ATTR.TIER: "disk", ATTR.ROOT: root, ATTR.BUILD_KEY: key}) as s:
-                started = time.perf_counter()
                 before = len(rejections)
                 leaf = disk.lookup_root(root, key, anchors, rejections)
-                instruments.verify_duration.record(time.perf_counter() - started, self._attrs)
                 for rej in rejections[before:]:
                     s.add_event(
                         "leaf.rejected",
@@ -525,6 +547,7 @@ class Runtime:
             if out.log:
                 s.add_event("compiler.log", {"safejit.log": out.log[:_LOG_EVENT_CAP]})
         instruments.compile_duration.record(out.seconds, self._attrs)
+        self._compile_seconds.append(out.seconds)
         if len(out.artifact) > self.config.max_artifact_bytes:
             raise LimitExceededError(
                 f"artifact is {len(out.artifact)} bytes; the limit is {self.config.max_artifact_bytes}",
@@ -615,6 +638,10 @@ class Runtime:
         self._count("bypass")
         instruments.bypass.add(1, self._attrs)
 
+    def _evicted(self, module: Module) -> None:
+        # The module stays loaded while callers hold it; the finalizer unloads it after.
+        instruments.evictions.add(1, self._attrs)
+
     def _count(self, name: str) -> None:
         with self._count_lock:
             self._counts[name] += 1
@@ -632,6 +659,12 @@ _REASON_TEXT = {
     "anchor": "a dependency root is not declared here",
     "confinement": "a dependency escapes its root",
 }
+
+
+def _flush_at_exit(ref: weakref.ref[Runtime]) -> None:
+    rt = ref()
+    if rt is not None and not rt._closed:
+        rt.flush_usage()
 
 
 def _name_of(source: Any) -> str:

@@ -75,3 +75,34 @@ def assert_cache_sound(root: Path | str) -> None:
 
 def leaves(root: Path | str) -> list[maintenance.LeafInfo]:
     return list(maintenance.iter_leaves(str(root)))
+
+
+@pytest.fixture(scope="session")
+def otel_sdk():
+    """The real OpenTelemetry SDK with in-memory exporter and reader, installed once."""
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    return exporter, reader
+
+
+@pytest.fixture
+def spans(otel_sdk):
+    exporter, _ = otel_sdk
+    exporter.clear()
+    return exporter
+
+
+@pytest.fixture
+def metric_reader(otel_sdk):
+    return otel_sdk[1]

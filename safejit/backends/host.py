@@ -193,7 +193,8 @@ class HostBackend:
                 reported = parse_depfile(fh.read())
         except OSError as exc:
             raise CompileError(f"{spec.name}: compiler output missing: {exc}", log=result.log, argv=list(argv)) from exc
-        absolute = [os.path.normpath(os.path.join(workdir, p)) for p in reported]
+        # Joined, never normpath'd: "sub/.." after a symlinked dir is not "." (completeness resolves it).
+        absolute = [p if os.path.isabs(p) else os.path.join(workdir, p) for p in reported]
         # A scan that does not even name the source is incomplete: never publish it.
         complete = src in absolute
         deps = tuple(p for p in absolute if p != src)

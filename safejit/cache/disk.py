@@ -33,6 +33,7 @@ from .. import faults
 from ..deps import Anchors, Snapshot, hash_file, snapshot_of
 from ..keys import deps_key as compute_deps_key
 from ..keys import digest_bytes
+from ..telemetry import ATTR, SPAN, instruments, span
 from .fsio import fsync_dir, makedirs_durable, read_bytes, remove_tree, rename, write_file
 from .manifest import Manifest, ManifestError, parse_manifest
 from .statmemo import StatMemo
@@ -97,6 +98,7 @@ class DiskCache:
         self.max_artifact_bytes = max_artifact_bytes
         self.max_leaves = max_leaves
         self.stat_memo = stat_memo
+        self._attrs = {ATTR.BACKEND: backend, ATTR.TENANT: tenant}
         self._writable: str | bool | None = False  # False: not probed yet
 
     # -- layout --------------------------------------------------------------
@@ -151,7 +153,14 @@ class DiskCache:
     ) -> VerifiedLeaf | None:
         memo: dict[str, tuple[str, Snapshot] | None] = {}
         for leaf in self.candidates(root, build_key):
-            result = self.verify(leaf, root, build_key, anchors, memo)
+            with span(SPAN.VERIFY, {ATTR.ROOT: root, "safejit.leaf": os.path.basename(leaf)}) as s:
+                started = time.perf_counter()
+                result = self.verify(leaf, root, build_key, anchors, memo)
+                instruments.verify_duration.record(time.perf_counter() - started, self._attrs)
+                if isinstance(result, VerifiedLeaf):
+                    s.set_attributes({ATTR.RESULT: "ok", ATTR.DEPS_COUNT: len(result.manifest.deps)})
+                else:
+                    s.set_attributes({ATTR.RESULT: "rejected", ATTR.REASON: result.reason})
             if isinstance(result, VerifiedLeaf):
                 with contextlib.suppress(OSError):
                     os.utime(leaf)  # best effort: read-only roots still hit

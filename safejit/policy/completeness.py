@@ -62,7 +62,10 @@ def record_closure(
                 path=path,
                 resolved=real,
             )
-        anchored = anchors.anchor(path) or anchors.anchor(real)
+        # A ".." after a symlinked directory does not mean what normpath thinks:
+        # such a path is recorded by its resolved form, the file actually read.
+        dotdot = "/../" in path or path.endswith("/..")
+        anchored = (None if dotdot else anchors.anchor(path)) or anchors.anchor(real)
         if anchored is None:  # pragma: no cover - real is under a root, so it anchors
             raise UndeclaredDependencyError(f"{path!r} cannot be anchored", path=path)
         lexical = anchors.expand(*anchored) or real

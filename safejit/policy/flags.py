@@ -37,6 +37,11 @@ _REFUSED: Final = (
     ("-fprofile", "reads or writes profile files"),
     ("-fauto-profile", "reads a profile file"),
     ("-fuse-ld", "swaps the linker"),
+    ("-fmodule-mapper", "runs a program or reads a mapper file"),
+    ("-fdeps-", "writes dependency files"),
+    ("-fself-test", "reads files elsewhere"),
+    ("-fdiagnostics-add-output", "writes files elsewhere"),
+    ("-fdiagnostics-set-output", "writes files elsewhere"),
     ("-fsanitize-", "reads list files"),
     ("-Wp,", "passes raw preprocessor options"),
     ("-Wa,", "passes raw assembler options"),
@@ -106,12 +111,24 @@ def check_flags(flags: Sequence[str], anchor_path: Confiner, *, extra_allowed: I
             if i + 1 >= len(flags):
                 raise FlagPolicyError(f"{flag} needs a value", flag=flag)
             i += 1
-            out.append(flag + flags[i])
+            out.append(_check_macro(flag, flags[i]))
+        elif flag.startswith(("-D", "-U")):
+            out.append(_check_macro(flag[:2], flag[2:]))
         else:
             _check_plain(flag, allowed)
             out.append(flag)
         i += 1
     return tuple(out)
+
+
+def _check_macro(flag: str, value: object) -> str:
+    """``-DNAME[=VALUE]`` / ``-UNAME``: a C identifier, no NUL or newline."""
+    if not isinstance(value, str) or "\0" in value or "\n" in value or "\r" in value:
+        raise FlagPolicyError(f"{flag} value {value!r} is not a clean string", flag=flag)
+    name = value.split("=", 1)[0]
+    if not _IDENT.match(name) or (flag == "-U" and "=" in value):
+        raise FlagPolicyError(f"{flag}{value}: {name!r} is not a C identifier", flag=flag)
+    return flag + value
 
 
 def _check_plain(flag: str, allowed: tuple[str, ...]) -> None:
@@ -124,19 +141,72 @@ def _check_plain(flag: str, allowed: tuple[str, ...]) -> None:
         raise FlagPolicyError(f"flag {flag!r} is not on the allow-list", flag=flag, reason="not allowed")
 
 
+#: Linker options allowed in ``-Wl,``; those in _LINKER_VALUE take the next part as a value.
+_LINKER_ALLOWED: Final = frozenset(
+    {
+        "--as-needed",
+        "--no-as-needed",
+        "--gc-sections",
+        "--no-gc-sections",
+        "--no-undefined",
+        "-Bsymbolic",
+        "-Bsymbolic-functions",
+        "-E",
+        "--export-dynamic",
+        "-s",
+        "--strip-all",
+        "--strip-debug",
+        "--enable-new-dtags",
+        "--disable-new-dtags",
+        "-O0",
+        "-O1",
+        "-O2",
+        "--build-id",
+        "--eh-frame-hdr",
+        "--no-allow-shlib-undefined",
+        "-z",
+        "-rpath",
+        "--rpath",
+        "-soname",
+        "--soname",
+        "--version-script",
+        "--exclude-libs",
+        "--hash-style",
+        "--icf",
+        "--sort-common",
+        "--warn-common",
+        "--fatal-warnings",
+        "-lm",
+    }
+)
+_LINKER_VALUE: Final = frozenset(
+    {"-z", "-rpath", "--rpath", "-soname", "--soname", "--version-script", "--exclude-libs", "--hash-style"}
+)
+
+
 def _check_linker(flag: str, anchor_path: Confiner) -> str:
+    """``-Wl,`` options from an allow-list (``-o``, maps, plugins, scripts are refused);
+    path values are confined."""
     parts = flag.split(",")[1:]
     out = []
+    expect_value = False
     for part in parts:
-        if part.startswith(("-plugin", "--plugin", "@", "-fuse-ld", "--dynamic-linker", "-dynamic-linker")):
-            raise FlagPolicyError(f"linker option {part!r} is refused", flag=flag)
         key, eq, value = part.partition("=")
-        if "/" in part:
-            path = value if eq else part
-            prefix = key + "=" if eq else ""
-            out.append(prefix + anchor_path(path, "linker path"))
+        if expect_value:
+            expect_value = False
+        elif key not in _LINKER_ALLOWED and not key.startswith("--build-id"):
+            raise FlagPolicyError(f"linker option {part!r} is not on the allow-list", flag=flag, reason="linker")
+        else:
+            expect_value = not eq and key in _LINKER_VALUE
+            if not eq:
+                out.append(part if "/" not in part else anchor_path(part, "linker path"))
+                continue
+        if "/" in (value if eq else part):
+            out.append((key + "=" if eq else "") + anchor_path(value if eq else part, "linker path"))
         else:
             out.append(part)
+    if expect_value:
+        raise FlagPolicyError(f"linker option in {flag!r} needs a value", flag=flag, reason="linker")
     return ",".join(["-Wl", *out])
 
 

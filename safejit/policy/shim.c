@@ -9,11 +9,17 @@
  * shim's own (124 bad usage, 125 sandbox unavailable, 126 setup failed,
  * 127 exec failed); the message goes to stderr.
  *
+ * The program runs as the shim's child; the shim is a child subreaper, so
+ * nothing the compiler starts can outlive it (see supervise()). SIGTERM makes
+ * it kill everything and exit 137.
+ *
  * Built once per user by safejit.policy.sandbox with the system C compiler.
  * It runs between fork and the compiler, so there is no preexec_fn.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,6 +28,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define SYS_ll_create 444
@@ -41,6 +48,8 @@
 #define FS_IOCTL_DEV (1ULL << 15)
 #define NET_BIND_TCP (1ULL << 0)
 #define NET_CONNECT_TCP (1ULL << 1)
+#define SCOPE_ABSTRACT_UNIX_SOCKET (1ULL << 0)
+#define SCOPE_SIGNAL (1ULL << 1)
 
 struct ll_ruleset_attr { uint64_t fs; uint64_t net; uint64_t scoped; };
 struct ll_path_beneath { uint64_t allowed; int32_t parent_fd; } __attribute__((packed));
@@ -79,6 +88,110 @@ static int add_path(int ruleset, const char *path, uint64_t access, uint64_t han
     return rc == 0 ? 0 : -1;
 }
 
+struct sandbox { const char **ro, **rw; int nro, nrw, deny_net, required; };
+
+/* Restrict this process (the child about to exec the compiler) with Landlock. */
+static void apply_landlock(const struct sandbox *b) {
+    const char **ro = b->ro, **rw = b->rw;
+    int nro = b->nro, nrw = b->nrw, deny_net = b->deny_net, required = b->required;
+    if (nro || nrw || required) {
+        long abi = syscall(SYS_ll_create, NULL, 0, LL_VERSION);
+        if (abi < 1) {
+            if (required) die(125, "landlock unavailable");
+        } else {
+            uint64_t handled = FS_ALL_V1;
+            if (abi >= 2) handled |= FS_REFER;
+            if (abi >= 3) handled |= FS_TRUNCATE;
+            if (abi >= 5) handled |= FS_IOCTL_DEV;
+            struct ll_ruleset_attr attr = { handled, 0, 0 };
+            size_t size = sizeof(uint64_t);
+            if (deny_net && abi >= 4) { attr.net = NET_BIND_TCP | NET_CONNECT_TCP; size = 2 * sizeof(uint64_t); }
+            if (abi >= 6) {  /* no signals to, or abstract sockets of, processes outside the sandbox */
+                attr.scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL;
+                size = 3 * sizeof(uint64_t);
+            }
+            int rs = (int)syscall(SYS_ll_create, &attr, size, 0);
+            if (rs < 0) die(126, "landlock_create_ruleset");
+            uint64_t read_x = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR;
+            for (int k = 0; k < nro; k++)
+                if (add_path(rs, ro[k], read_x, handled) != 0) die(126, ro[k]);
+            for (int k = 0; k < nrw; k++)
+                if (add_path(rs, rw[k], handled, handled) != 0) die(126, rw[k]);
+            if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) die(126, "no_new_privs");
+            if (syscall(SYS_ll_restrict, rs, 0) != 0) die(126, "landlock_restrict_self");
+            close(rs);
+        }
+    }
+}
+
+static volatile sig_atomic_t stopping = 0;
+static void on_stop(int sig) { (void)sig; stopping = 1; }
+
+/* SIGKILL every child of ours (the compiler, and whatever was reparented to us). */
+static int kill_children(void) {
+    char path[300], buf[512];
+    int killed = 0;
+    pid_t self = getpid();
+    DIR *proc = opendir("/proc");
+    if (!proc) return 0;
+    struct dirent *e;
+    while ((e = readdir(proc)) != NULL) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        ssize_t n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (n <= 0) continue;
+        buf[n] = 0;
+        char *rp = strrchr(buf, ')');  /* comm may hold spaces: ppid follows ") S " */
+        long ppid = 0;
+        if (rp && sscanf(rp + 2, "%*c %ld", &ppid) == 1 && ppid == self) {
+            kill((pid_t)atol(e->d_name), SIGKILL);
+            killed++;
+        }
+    }
+    closedir(proc);
+    return killed;
+}
+
+/* Run the program as a child and reap it; as a child subreaper we also inherit
+ * anything it leaves behind (even after setsid), and kill all of it on the way
+ * out — on normal exit and on SIGTERM from the runner's timeout. */
+static int supervise(char **prog, const struct sandbox *box) {
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) die(126, "subreaper");
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    pid_t child = fork();
+    if (child < 0) die(126, "fork");
+    if (child == 0) {
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGINT, SIG_DFL);
+        prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+        apply_landlock(box);
+        execv(prog[0], prog);
+        die(127, prog[0]);
+    }
+    int code = 127;
+    for (;;) {
+        int st;
+        pid_t p = waitpid(-1, &st, 0);
+        if (p == child) { code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st); break; }
+        if (p < 0 && errno == EINTR) { if (stopping) { code = 137; break; } continue; }
+        if (p < 0) break;
+    }
+    /* Kill all children, reap one, repeat: an orphan reparented to us while we
+     * wait is killed on the next round, never waited for. */
+    for (long round = 0; round < 1000000; round++) {
+        kill_children();
+        if (waitpid(-1, NULL, 0) < 0 && errno == ECHILD && kill_children() == 0) break;
+    }
+    return code;
+}
+
 int main(int argc, char **argv) {
     const char *ro[MAX_PATHS], *rw[MAX_PATHS];
     int nro = 0, nrw = 0, deny_net = 0, required = 0, i = 1;
@@ -105,31 +218,6 @@ int main(int argc, char **argv) {
     }
     if (i >= argc) { errno = EINVAL; die(124, "no program"); }
 
-    if (nro || nrw || required) {
-        long abi = syscall(SYS_ll_create, NULL, 0, LL_VERSION);
-        if (abi < 1) {
-            if (required) die(125, "landlock unavailable");
-        } else {
-            uint64_t handled = FS_ALL_V1;
-            if (abi >= 2) handled |= FS_REFER;
-            if (abi >= 3) handled |= FS_TRUNCATE;
-            if (abi >= 5) handled |= FS_IOCTL_DEV;
-            struct ll_ruleset_attr attr = { handled, 0, 0 };
-            size_t size = sizeof(uint64_t);
-            if (deny_net && abi >= 4) { attr.net = NET_BIND_TCP | NET_CONNECT_TCP; size = 2 * sizeof(uint64_t); }
-            int rs = (int)syscall(SYS_ll_create, &attr, size, 0);
-            if (rs < 0) die(126, "landlock_create_ruleset");
-            uint64_t read_x = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR;
-            for (int k = 0; k < nro; k++)
-                if (add_path(rs, ro[k], read_x, handled) != 0) die(126, ro[k]);
-            for (int k = 0; k < nrw; k++)
-                if (add_path(rs, rw[k], handled, handled) != 0) die(126, rw[k]);
-            if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) die(126, "no_new_privs");
-            if (syscall(SYS_ll_restrict, rs, 0) != 0) die(126, "landlock_restrict_self");
-            close(rs);
-        }
-    }
-    execv(argv[i], &argv[i]);
-    die(127, argv[i]);
-    return 127;
+    struct sandbox box = { ro, rw, nro, nrw, deny_net, required };
+    return supervise(&argv[i], &box);
 }

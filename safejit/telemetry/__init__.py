@@ -3,10 +3,10 @@ library's tracer and meter, and its instruments.
 
 The library talks only to ``opentelemetry-api``: without an SDK every call is
 a no-op. Applications (and the CLI) configure the SDK, e.g. with
-:func:`safejit.telemetry.setup.setup`::
+:func:`safejit.telemetry.setup`::
 
-    from safejit.telemetry.setup import setup
-    setup(console=True)
+    import safejit.telemetry
+    safejit.telemetry.setup(console=True, prometheus_port=9464)
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ __all__ = [
     "SPAN",
     "instruments",
     "meter",
+    "setup",
     "span",
     "tracer",
 ]
@@ -184,3 +185,31 @@ def span(name: str, attributes: dict[str, Any] | None = None) -> Iterator[Span]:
         except BaseException as exc:
             current.set_attribute(ATTR.ERROR_TYPE, type(exc).__qualname__)
             raise
+
+
+def setup(
+    *,
+    console: bool = False,
+    otlp_endpoint: str | None = None,
+    prometheus_port: int | None = None,
+    prometheus_addr: str = "127.0.0.1",
+    memory: bool = False,
+    service_name: str = "safejit",
+) -> Any:
+    """Install the OpenTelemetry SDK for an application (needs ``safejit[otel]``).
+
+    The library never calls this itself. ``console`` prints spans,
+    ``otlp_endpoint`` exports over OTLP/HTTP, ``prometheus_port`` serves
+    ``/metrics`` on ``prometheus_addr``, ``memory`` keeps spans in an
+    in-memory exporter, which is returned.
+    """
+    from ._sdk import setup as _setup
+
+    return _setup(
+        console=console,
+        otlp_endpoint=otlp_endpoint,
+        prometheus_port=prometheus_port,
+        prometheus_addr=prometheus_addr,
+        memory=memory,
+        service_name=service_name,
+    )

@@ -1,0 +1,67 @@
+"""Usage records: each process writes its counters and compile latencies into
+the cache root when its Runtime closes (or the process exits), so that
+``safejit stats`` can show hit rates and latency percentiles across processes.
+
+One file per process (``<root>/v1/usage/<tenant>/<host>-<pid>-<rand>.json``):
+no two writers share a file, so no lock is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from .disk import LAYOUT
+
+__all__ = ["MAX_SAMPLES", "read_usage", "usage_name", "write_usage"]
+
+MAX_SAMPLES = 2000
+
+
+def usage_name() -> str:
+    """A record name unique to one Runtime; rewriting it replaces the record."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+
+
+def write_usage(
+    root: str, tenant: str, name: str, backend: str, counters: Mapping[str, int], compile_seconds: Iterable[float]
+) -> None:
+    directory = os.path.join(root, LAYOUT, "usage", tenant)
+    data = {
+        "backend": backend,
+        "counters": dict(counters),
+        "compile_seconds": [round(s, 6) for s in list(compile_seconds)[-MAX_SAMPLES:]],
+    }
+    with contextlib.suppress(OSError):
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f".{name}.tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(data, fh)
+        os.replace(tmp, os.path.join(directory, name))
+
+
+def read_usage(root: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(tenant, record)`` for every usage record under ``root``."""
+    base = os.path.join(root, LAYOUT, "usage")
+    try:
+        tenants = sorted(os.scandir(base), key=lambda e: e.name)
+    except OSError:
+        return
+    for tenant in tenants:
+        if not tenant.is_dir(follow_symlinks=False):
+            continue
+        for entry in os.scandir(tenant.path):
+            if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
+                continue
+            try:
+                with open(entry.path, encoding="utf-8") as fh:
+                    record = json.load(fh)
+            except (OSError, ValueError):
+                continue
+            if isinstance(record, dict) and isinstance(record.get("counters"), dict):
+                yield tenant.name, record

@@ -1,0 +1,188 @@
+"""The compiler flag policy, through Runtime.compile.
+
+Every refusal is typed, happens before the compiler runs, and leaves the cache
+without a leaf or a staging directory.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import safejit
+from tests.conftest import ADD_C, KERNEL_WITH_HEADER, assert_cache_sound, leaves
+from tests.security._support import SECRET_TOKEN, assert_no_secret, assert_nothing_published
+
+ADD = safejit.Source(ADD_C, "add")
+
+REFUSED = {
+    "output": ["-o", "/tmp/x.so"],
+    "depfile": ["-MF", "x"],
+    "make-deps": ["-MD"],
+    "program-prefix": ["-B/tmp"],
+    "plugin": ["-fplugin=x.so"],
+    "response-file": ["@resp.txt"],
+    "specs": ["-specs=x"],
+    "sysroot": ["--sysroot=/"],
+    "raw-preprocessor": ["-Wp,-MD,/tmp/x"],
+    "raw-assembler": ["-Wa,-a=x"],
+    "raw-linker": ["-Xlinker", "--version"],
+    "wrapper": ["-wrapper", "gdb,--args"],
+    "save-temps": ["-save-temps"],
+    "dump": ["-fdump-tree-all"],
+    "profile": ["-fprofile-generate"],
+    "linker-swap": ["-fuse-ld=gold"],
+    "language": ["-x", "c"],
+    "preprocess-only": ["-E"],
+    "assembly-only": ["-S"],
+    "object-only": ["-c"],
+    "library-by-path": ["-l/abs/lib"],
+}
+
+
+def _rt(make_runtime, project: Path, **config) -> safejit.Runtime:
+    return make_runtime(source_roots=(str(project),), **config)
+
+
+class Shared:
+    """One runtime for the many refusal cases: it never compiles, so its cache
+    must stay empty however many refusals it has seen."""
+
+    def __init__(self, root: Path) -> None:
+        self.project = root / "project"
+        (self.project / "include").mkdir(parents=True)
+        self.outside = root / "outside"
+        self.outside.mkdir()
+        (self.outside / "secret").write_text(f"{SECRET_TOKEN}\n")
+        (self.outside / "secret.h").write_text(f"/* {SECRET_TOKEN} */\n")
+        self.cache_dir = root / "cache"
+        self.rt = safejit.Runtime(
+            config=safejit.Config(cache_dirs=(str(self.cache_dir),), source_roots=(str(self.project),))
+        )
+
+    def assert_refused_cleanly(self, exc: pytest.ExceptionInfo) -> None:
+        assert self.rt.stats()["compiles"] == 0
+        assert_no_secret(exc.value)
+        assert_nothing_published(self.cache_dir)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> Iterator[Shared]:
+    made = Shared(tmp_path_factory.mktemp("flag-policy"))
+    yield made
+    made.rt.close()
+
+
+@pytest.mark.parametrize("flags", REFUSED.values(), ids=REFUSED.keys())
+def test_refused_flag_is_refused(shared, flags):
+    with pytest.raises(safejit.FlagPolicyError) as exc:
+        shared.rt.compile(ADD, flags=flags)
+    assert exc.value.flag == flags[0]
+    shared.assert_refused_cleanly(exc)
+
+
+def test_response_file_outside_roots_is_refused_unread(shared):
+    with pytest.raises(safejit.FlagPolicyError) as exc:
+        shared.rt.compile(ADD, flags=[f"@{shared.outside / 'secret'}"])
+    shared.assert_refused_cleanly(exc)
+
+
+@pytest.mark.parametrize("form", ["joined", "separate", "isystem", "include-file"])
+def test_include_flag_outside_roots_is_refused(shared, form):
+    outside = shared.outside
+    flags = {
+        "joined": [f"-I{outside}"],
+        "separate": ["-I", str(outside)],
+        "isystem": ["-isystem", str(outside)],
+        "include-file": ["-include", str(outside / "secret.h")],
+    }[form]
+    with pytest.raises(safejit.PathConfinementError) as exc:
+        shared.rt.compile(ADD, flags=flags)
+    shared.assert_refused_cleanly(exc)
+
+
+def test_include_flag_inside_roots_keys_location_free(make_runtime, project, tmp_path, cache_dir):
+    copies = [tmp_path / "a" / "project", tmp_path / "b" / "project"]
+    for copy in copies:
+        shutil.copytree(project, copy)
+    results = []
+    for copy in copies:
+        rt = _rt(make_runtime, copy)
+        src = safejit.Source(KERNEL_WITH_HEADER, "value")
+        kw = {"include_dirs": (copy / "include",), "flags": ["-I", str(copy / "include"), f"-I{copy}"]}
+        art = rt.build(src, **kw)
+        assert rt.compile(src, **kw).kernel("value")() == 42
+        results.append(art)
+    assert results[0].build_key == results[1].build_key
+    assert results[0].deps_key == results[1].deps_key
+    assert results[1].source == "disk"  # the second checkout reuses the first one's leaf
+    assert len(leaves(cache_dir)) == 1
+    assert_cache_sound(cache_dir)
+
+
+@pytest.mark.parametrize("name", ["1X", "X-Y", "X Y", "X=1", "", "X\n", "é"])
+def test_define_with_non_identifier_name_is_refused(shared, name):
+    with pytest.raises(safejit.ConfigError) as exc:
+        shared.rt.compile(ADD, defines={name: "1"})
+    shared.assert_refused_cleanly(exc)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ['1\n#include "/etc/passwd"', "1\r\n#define Y 2", "1\0", "\n"],
+    ids=["newline-include", "crlf", "nul", "bare-newline"],
+)
+def test_define_value_with_newline_or_nul_is_refused(shared, value):
+    with pytest.raises(safejit.ConfigError) as exc:
+        shared.rt.compile(ADD, defines={"X": value})
+    assert "root:" not in str(exc.value)
+    shared.assert_refused_cleanly(exc)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["-D", 'X=1\n#include "/etc/passwd"'], ["-U", "X\n"], ["-D", "X=\0"], ["-D", 5]],
+    ids=["D-newline", "U-newline", "D-nul", "D-not-str"],
+)
+def test_separate_define_flag_value_with_newline_or_nul_is_refused(make_runtime, project, cache_dir, flags):
+    rt = _rt(make_runtime, project)  # its own runtime: with the bug, the newline cases compile
+    with pytest.raises(safejit.FlagPolicyError):
+        rt.compile(ADD, flags=flags)
+    assert rt.stats()["compiles"] == 0
+    assert_nothing_published(cache_dir)
+
+
+def test_linker_output_redirect_is_refused(make_runtime, project, cache_dir):
+    victim = project / "include" / "inner.h"
+    before = victim.read_bytes()
+    rt = _rt(make_runtime, project, sandbox="off")
+    try:
+        with pytest.raises(safejit.FlagPolicyError):
+            rt.compile(ADD, flags=[f"-Wl,-o,{victim}"])
+    finally:
+        assert victim.read_bytes() == before
+    assert_nothing_published(cache_dir)
+
+
+def test_module_mapper_program_is_refused(make_runtime, project, tmp_path, cache_dir):
+    ran = tmp_path / "mapper-ran"
+    rt = _rt(make_runtime, project, sandbox="off")
+    src = safejit.Source('extern "C" int f(void) { return 1; }\n', "f", filename="f.cpp")
+    try:
+        with pytest.raises(safejit.FlagPolicyError):
+            rt.compile(src, flags=["-fmodules-ts", f"-fmodule-mapper=|/usr/bin/touch {ran}"])
+    finally:
+        assert not ran.exists()
+    assert_nothing_published(cache_dir)
+
+
+def test_allowed_flags_compile(make_runtime, project, cache_dir):
+    rt = _rt(make_runtime, project)
+    src = safejit.Source("int add(int a, int b) { return a + b + X; }\n", "add")
+    mod = rt.compile(src, flags=["-O3", "-Wall", "-std=c11", "-DX=1", "-march=x86-64"])
+    assert mod.kernel("add")(2, 3) == 6
+    assert len(leaves(cache_dir)) == 1
+    assert_cache_sound(cache_dir)

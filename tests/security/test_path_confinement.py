@@ -1,0 +1,215 @@
+"""Path confinement: every path the compiler may read lies under a declared root.
+
+One test per attack. Each asserts the typed error, that the compiler never ran
+(or, where the compiler itself reads the file, that nothing was published), and
+that the outside file's content appears in no error message or log.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import safejit
+from tests.conftest import ADD_C, KERNEL_WITH_HEADER, assert_cache_sound, leaves
+from tests.security._support import (
+    SECRET_HEADER,
+    SECRET_TOKEN,
+    assert_no_secret,
+    assert_nothing_published,
+    needs_landlock,
+)
+
+ADD = safejit.Source(ADD_C, "add")
+
+#: A header the compiler itself opens: without Landlock the completeness check
+#: refuses the closure; with Landlock the open is denied and the compile fails.
+READ_BY_COMPILER = [
+    pytest.param("off", safejit.UndeclaredDependencyError, id="closure-check"),
+    pytest.param("auto", safejit.CompileError, id="landlock", marks=needs_landlock),
+]
+
+
+def _runtime(make_runtime, *roots: Path, **config):
+    return make_runtime(source_roots=tuple(str(r) for r in roots), **config)
+
+
+def _assert_refused_before_compiling(rt: safejit.Runtime, exc: pytest.ExceptionInfo, cache_dir: Path) -> None:
+    assert rt.stats()["compiles"] == 0
+    assert_no_secret(exc.value)
+    assert_nothing_published(cache_dir)
+
+
+def _assert_compiler_read_refused(exc: pytest.ExceptionInfo, mode: str, cache_dir: Path) -> None:
+    if mode == "auto":  # Landlock denied the open itself
+        assert "Permission denied" in exc.value.log
+        assert_no_secret(exc.value.log)
+    assert_no_secret(exc.value)
+    assert_nothing_published(cache_dir)
+
+
+def test_relative_include_dir_outside_roots_is_refused(make_runtime, project, outside, cache_dir, monkeypatch):
+    monkeypatch.chdir(outside.parent)
+    rt = _runtime(make_runtime, project)
+    with pytest.raises(safejit.PathConfinementError) as exc:
+        rt.compile(ADD, include_dirs=("outside",))
+    assert exc.value.resolved == str(outside)
+    _assert_refused_before_compiling(rt, exc, cache_dir)
+
+
+@pytest.mark.parametrize("where", ["tmp-outside", "/etc"])
+def test_absolute_include_dir_outside_roots_is_refused(make_runtime, project, outside, cache_dir, where):
+    target = str(outside) if where == "tmp-outside" else where
+    rt = _runtime(make_runtime, project)
+    with pytest.raises(safejit.PathConfinementError) as exc:
+        rt.compile(ADD, include_dirs=(target,))
+    assert exc.value.path == target
+    _assert_refused_before_compiling(rt, exc, cache_dir)
+
+
+def test_dotdot_include_dir_escape_is_refused(make_runtime, project, outside, cache_dir):
+    escape = f"{project}/include/../../outside"
+    assert os.path.isdir(escape)
+    rt = _runtime(make_runtime, project)
+    with pytest.raises(safejit.PathConfinementError) as exc:
+        rt.compile(ADD, include_dirs=(escape,))
+    assert exc.value.resolved == str(outside)
+    _assert_refused_before_compiling(rt, exc, cache_dir)
+
+
+def test_dir_symlink_pointing_outside_is_refused(make_runtime, project, outside, cache_dir):
+    link = project / "vendor"
+    link.symlink_to(outside, target_is_directory=True)
+    rt = _runtime(make_runtime, project)
+    with pytest.raises(safejit.PathConfinementError) as exc:
+        rt.compile(safejit.Source('#include "secret.h"\nint s(void){return SECRET;}\n', "s"), include_dirs=(link,))
+    assert exc.value.resolved == str(outside)
+    _assert_refused_before_compiling(rt, exc, cache_dir)
+
+
+def test_file_symlink_source_pointing_outside_is_refused(make_runtime, project, outside, cache_dir):
+    (outside / "kernel.c").write_text(f"/* {SECRET_TOKEN} */\n{ADD_C}")
+    link = project / "kernel.c"
+    link.symlink_to(outside / "kernel.c")
+    rt = _runtime(make_runtime, project)
+    with pytest.raises(safejit.PathConfinementError) as by_source:
+        rt.source(link)
+    assert by_source.value.resolved == str(outside / "kernel.c")
+    with pytest.raises(safejit.PathConfinementError) as by_compile:  # read by the caller, refused at compile
+        rt.compile(safejit.Source.from_file(link))
+    _assert_refused_before_compiling(rt, by_source, cache_dir)
+    _assert_refused_before_compiling(rt, by_compile, cache_dir)
+
+
+@pytest.mark.parametrize(("mode", "error"), READ_BY_COMPILER)
+def test_file_symlink_header_pointing_outside_is_refused(make_runtime, project, outside, cache_dir, mode, error):
+    (project / "include" / "secret.h").symlink_to(outside / "secret.h")
+    rt = _runtime(make_runtime, project, sandbox=mode)
+    with pytest.raises(error) as exc:
+        rt.compile(
+            safejit.Source('#include "secret.h"\nint s(void){return SECRET;}\n', "s"),
+            include_dirs=(project / "include",),
+        )
+    if mode == "off":
+        assert exc.value.resolved == str(outside / "secret.h")
+    _assert_compiler_read_refused(exc, mode, cache_dir)
+
+
+def test_source_from_file_outside_roots_is_refused(make_runtime, project, outside, cache_dir):
+    kernel = outside / "kernel.c"
+    kernel.write_text(f"/* {SECRET_TOKEN} */\n{ADD_C}")
+    rt = _runtime(make_runtime, project)
+    with pytest.raises(safejit.PathConfinementError) as exc:
+        rt.compile(safejit.Source.from_file(kernel))
+    assert exc.value.resolved == str(kernel)
+    _assert_refused_before_compiling(rt, exc, cache_dir)
+
+
+def test_runtime_source_outside_roots_is_refused_before_reading(make_runtime, project, outside, cache_dir, monkeypatch):
+    opened: list[object] = []
+    real_from_file = safejit.Source.from_file.__func__
+
+    def spy(cls, path, **kw):
+        opened.append(path)
+        return real_from_file(cls, path, **kw)
+
+    monkeypatch.setattr(safejit.Source, "from_file", classmethod(spy))
+    rt = _runtime(make_runtime, project)
+    with pytest.raises(safejit.PathConfinementError) as exc:
+        rt.source(outside / "secret")
+    assert opened == []
+    assert exc.value.resolved == str(outside / "secret")
+    assert_no_secret(exc.value)
+    assert rt.source(project / "include" / "inner.h").code == "#define INNER 41\n"  # the spy does see reads
+    assert len(opened) == 1
+    assert leaves(cache_dir) == []
+
+
+@pytest.mark.parametrize("kind", ["dotdot-after-nul", "bare-nul", "root-then-nul"])
+def test_include_dir_with_nul_is_refused(make_runtime, project, cache_dir, kind):
+    bad = {
+        "dotdot-after-nul": f"{project}/include\0/../../outside",
+        "bare-nul": "\0",
+        "root-then-nul": f"{project}\0",
+    }[kind]
+    rt = _runtime(make_runtime, project)
+    with pytest.raises(safejit.PathConfinementError, match="NUL") as exc:
+        rt.compile(ADD, include_dirs=(bad,))
+    _assert_refused_before_compiling(rt, exc, cache_dir)
+
+
+@pytest.mark.parametrize(("mode", "error"), READ_BY_COMPILER)
+def test_absolute_include_directive_outside_roots_is_refused(make_runtime, project, outside, cache_dir, mode, error):
+    code = f'#include "{outside}/secret.h"\nint s(void) {{ return SECRET; }}\n'
+    rt = _runtime(make_runtime, project, sandbox=mode)
+    with pytest.raises(error) as exc:
+        rt.compile(safejit.Source(code, "s"))
+    if mode == "off":
+        assert exc.value.resolved == str(outside / "secret.h")
+    _assert_compiler_read_refused(exc, mode, cache_dir)
+
+
+@pytest.mark.parametrize(("mode", "error"), READ_BY_COMPILER)
+def test_relative_dotdot_include_directive_escape_is_refused(make_runtime, project, cache_dir, mode, error):
+    # The declared root is project/include; project/outside lies beside it, outside the root.
+    include = project / "include"
+    (project / "outside").mkdir()
+    (project / "outside" / "secret.h").write_text(SECRET_HEADER)
+    rt = _runtime(make_runtime, include, sandbox=mode)
+    code = '#include "../outside/secret.h"\nint s(void) { return SECRET; }\n'
+    with pytest.raises(error) as exc:
+        rt.compile(safejit.Source(code, "s"), include_dirs=(include,))
+    if mode == "off":
+        assert exc.value.resolved == str(project / "outside" / "secret.h")
+    _assert_compiler_read_refused(exc, mode, cache_dir)
+
+
+def test_in_root_include_still_compiles(make_runtime, project, cache_dir):
+    """Control: the same shapes inside the root are accepted."""
+    rt = _runtime(make_runtime, project)
+    assert (
+        rt.compile(safejit.Source(KERNEL_WITH_HEADER, "value"), include_dirs=(project / "include",)).kernel("value")()
+        == 42
+    )
+    assert len(leaves(cache_dir)) == 1
+    assert_cache_sound(cache_dir)
+
+
+def test_symlink_dotdot_decoy_cannot_mask_a_header_edit(make_runtime, tmp_path):
+    """A header reached through ``sub/../x.h`` where ``sub`` is a symlink inside the
+    root: the compiler reads ``deep/x.h``; editing it must rebuild."""
+    root = tmp_path / "proj"
+    (root / "inc").mkdir(parents=True)
+    (root / "deep" / "dir").mkdir(parents=True)
+    (root / "inc" / "sub").symlink_to(root / "deep" / "dir", target_is_directory=True)
+    (root / "deep" / "dir" / "h.h").write_text('#include "../x.h"\n')
+    (root / "deep" / "x.h").write_text("#define V 1\n")
+    (root / "inc" / "x.h").write_text("#define DECOY 1\n")  # what the lexical path names
+    src = safejit.Source('#include "sub/h.h"\nint v(void) { return V; }\n', "v")
+    first = _runtime(make_runtime, root)
+    assert first.compile(src, include_dirs=(root / "inc",)).kernel("v")() == 1
+    (root / "deep" / "x.h").write_text("#define V 2\n")
+    second = _runtime(make_runtime, root)
+    assert second.compile(src, include_dirs=(root / "inc",)).kernel("v")() == 2
