@@ -161,8 +161,7 @@ def test_corrupt_leaf_span_tree(make_runtime, spans, cache_dir):
     assert _attrs(tree, "safejit.verify")["safejit.reason"] == "artifact"
     disk = _attrs(tree, "safejit.cache.disk.lookup")
     assert disk["safejit.reason"] == "artifact"
-    (_, _, attrs) = next(t for t in tree if t[1] == "safejit.cache.disk.lookup")
-    rejected = [s for s in spans.get_finished_spans() if s.name == "safejit.cache.disk.lookup"][0].events
+    rejected = next(s for s in spans.get_finished_spans() if s.name == "safejit.cache.disk.lookup").events
     assert rejected[0].name == "leaf.rejected" and rejected[0].attributes["safejit.reason"] == "artifact"
     assert _attrs(tree, "safejit.publish")["safejit.outcome"] == "published"
 
@@ -177,7 +176,7 @@ def test_compile_error_span_tree(make_runtime, spans):
     root, run = finished["safejit.compile"], finished["safejit.compiler.run"]
     assert root.status.status_code is StatusCode.ERROR and root.attributes["error.type"] == "CompileError"
     assert run.status.status_code is StatusCode.ERROR and run.attributes["error.type"] == "CompileError"
-    log = [e for e in run.events if e.name == "compiler.log"][0]
+    log = next(e for e in run.events if e.name == "compiler.log")
     assert "nope" in log.attributes["safejit.log"] and len(log.attributes["safejit.log"]) <= 8192
 
 
@@ -225,7 +224,7 @@ def test_lock_wait_between_two_processes(make_runtime, spans, cache_dir, tmp_pat
     other = make_runtime(tenant=tenant)
     other.compile(src)
     holder.wait(timeout=30)
-    wait = [s for s in spans.get_finished_spans() if s.name == "safejit.lock.wait"][0]
+    wait = next(s for s in spans.get_finished_spans() if s.name == "safejit.lock.wait")
     assert (wait.end_time - wait.start_time) / 1e9 >= 0.3
     assert wait.attributes["safejit.result"] == "acquired"
     hist = _points(metric_reader, "safejit.lock.wait.duration", tenant)
