@@ -33,7 +33,15 @@ from .cache.statmemo import StatMemo
 from .cache.usage import MAX_SAMPLES, usage_name, write_usage
 from .config import Config
 from .deps import Anchors
-from .errors import CacheError, CompileError, ConfigError, KeyDeclarationError, LimitExceededError, PolicyError
+from .errors import (
+    CacheError,
+    CompileError,
+    ConfigError,
+    KeyDeclarationError,
+    LimitExceededError,
+    LoadError,
+    PolicyError,
+)
 from .kernel import Artifact, Module
 from .keys import KEY_SCHEMA, build_key, deps_key, digest_bytes
 from .policy import completeness
@@ -336,7 +344,10 @@ class Runtime:
         state = self._init()
         with span(SPAN.LOAD, {ATTR.BYTES: len(leaf.artifact)}):
             started = time.perf_counter()
-            library = state.backend.load(leaf.artifact, name=spec.name)
+            try:
+                library = state.backend.load(leaf.artifact, name=spec.name)
+            except OSError as exc:
+                raise LoadError(f"{spec.name}: loading the verified artifact failed: {exc}", name=spec.name) from exc
             instruments.load_duration.record(time.perf_counter() - started, self._attrs)
         module = Module(library, artifact, self.config.backend)
         return Entry(

@@ -202,11 +202,11 @@ class DiskCache:
         try:
             marker = read_bytes(os.path.join(leaf, MARKER), 1024).decode("ascii", "replace").strip()
         except OSError as exc:
-            return reject("marker", f"no commit marker ({exc.strerror})")
+            return reject(_read_reason(exc, "marker"), f"no readable commit marker ({exc.strerror})")
         try:
             raw = read_bytes(os.path.join(leaf, MANIFEST), _MANIFEST_LIMIT)
         except OSError as exc:
-            return reject("manifest", f"unreadable manifest ({exc.strerror})")
+            return reject(_read_reason(exc, "manifest"), f"unreadable manifest ({exc.strerror})")
         if digest_bytes(raw) != marker:
             return reject("manifest", "manifest does not match its commit marker")
         try:
@@ -278,7 +278,7 @@ class DiskCache:
             limit = min(self.max_artifact_bytes, man.artifact_size)
             artifact = read_bytes(os.path.join(leaf, man.artifact_file), limit)
         except OSError as exc:
-            return Rejection(root, leaf, "artifact", f"artifact unreadable ({exc.strerror})")
+            return Rejection(root, leaf, _read_reason(exc, "artifact"), f"artifact unreadable ({exc.strerror})")
         if len(artifact) != man.artifact_size or digest_bytes(artifact) != man.artifact_digest:
             return Rejection(root, leaf, "artifact", "artifact bytes do not match the manifest")
         return VerifiedLeaf(leaf, root, man, artifact, states, negatives)
@@ -392,6 +392,12 @@ class DiskCache:
             logger.warning("lock %s unusable (%s); compiling without it", path, exc)
             return None
         return lock
+
+
+def _read_reason(exc: OSError, damaged: str) -> str:
+    """A missing, oversized or non-regular file means a damaged leaf; any other read
+    error (EIO, EACCES, ...) is the storage's fault: a miss, not a reason to quarantine."""
+    return damaged if exc.errno in (errno.ENOENT, errno.EFBIG, errno.EINVAL, errno.ELOOP) else "io"
 
 
 def _with_signature(man: Manifest, sig: str) -> Manifest:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Final
 
 from .. import faults
-from ..errors import CompileTimeout, ConfigError, SandboxUnavailableError
+from ..errors import CompileError, CompileTimeout, ConfigError, SandboxUnavailableError
 from ..keys import digest_bytes
 
 __all__ = ["SYSTEM_PATH", "SYSTEM_READ_ROOTS", "Limits", "RunResult", "Sandbox", "landlock_abi"]
@@ -147,7 +147,6 @@ class Sandbox:
     ) -> RunResult:
         """Run ``argv`` in ``cwd``; raise :class:`CompileTimeout` past ``timeout``."""
         self.check_available()
-        faults.point("compiler.spawn")
         limits = self.limits
         pre = [*self.shim(), "-a", str(limits.address_space), "-c", str(limits.cpu_s),
                "-f", str(limits.file_size), "-n", str(limits.open_files)]  # fmt: skip
@@ -162,17 +161,21 @@ class Sandbox:
         log_fd, log_path = tempfile.mkstemp(prefix=".log-", dir=cwd)
         start = time.perf_counter()
         try:
-            proc = subprocess.Popen(
-                full,
-                cwd=cwd,
-                env=dict(env),
-                stdin=subprocess.DEVNULL,
-                stdout=log_fd,
-                stderr=subprocess.STDOUT,
-                close_fds=True,
-                process_group=0,
-                shell=False,
-            )
+            try:
+                faults.point("compiler.spawn")
+                proc = subprocess.Popen(
+                    full,
+                    cwd=cwd,
+                    env=dict(env),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_fd,
+                    stderr=subprocess.STDOUT,
+                    close_fds=True,
+                    process_group=0,
+                    shell=False,
+                )
+            except OSError as exc:
+                raise CompileError(f"could not start {argv[0]}: {exc}", log=str(exc), argv=list(argv)) from exc
             try:
                 rc = _wait(proc, timeout)
             except subprocess.TimeoutExpired:
