@@ -66,6 +66,7 @@ VARIABLES: Mapping[str, tuple[str, Callable[[str], Any]]] = {
     "SAFEJIT_ON_CACHE_ERROR": ("on_cache_error", str),
     "SAFEJIT_TRACE_MEMORY_HITS": ("trace_memory_hits", _bool),
     "SAFEJIT_TRUST_STAT": ("trust_stat", _bool),
+    "SAFEJIT_INVENTORY": ("inventory", str),
     "SAFEJIT_HOST_CC": ("host_cc", str),
     "SAFEJIT_HOST_CXX": ("host_cxx", str),
 }

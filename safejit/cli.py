@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .cache import maintenance
@@ -258,6 +259,173 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_size(text: str) -> int:
+    """``500M``, ``2G``, ``1024`` (bytes)."""
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    unit = t[-1:] if t[-1:] in _SIZE_UNITS and not t[-1:].isdigit() else ""
+    try:
+        return int(float(t[: len(t) - len(unit)]) * _SIZE_UNITS[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}") from None
+
+
+def parse_age(text: str) -> float:
+    """``30d``, ``12h``, ``90m``, ``3600`` (seconds)."""
+    t = text.strip().lower()
+    unit = t[-1:] if t[-1:] in _AGE_UNITS else "s"
+    try:
+        return float(t[: len(t) - (len(t) > 0 and t[-1:] in _AGE_UNITS)]) * _AGE_UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an age: {text!r}") from None
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+
+
+def _cmd_prune(args: argparse.Namespace) -> int:
+    if args.max_bytes is None and args.max_age is None and args.keep_per_build is None:
+        console.print("[red]error[/]: give at least one of --max-bytes, --max-age, --keep-per-build")
+        return 2
+    table = Table("root", "leaves", "removed", "freed bytes", "spared (touched within grace)")
+    for root in _roots(args):
+        total = sum(1 for _ in maintenance.iter_leaves(root))
+        with _progress() as bar:
+            task = bar.add_task(f"pruning {root}", total=total)
+            report = maintenance.prune(
+                root,
+                max_bytes=args.max_bytes,
+                max_age_s=args.max_age,
+                keep_per_build=args.keep_per_build,
+                grace_s=args.grace,
+                progress=lambda n, task=task: bar.update(task, completed=n),
+            )
+        table.add_row(root, str(report.examined), str(report.removed), f"{report.freed:,}", str(report.kept_recent))
+    console.print(table)
+    return 0
+
+
+def _cmd_gc(args: argparse.Namespace) -> int:
+    table = Table("root", "staging", "quarantine", "usage", "locks")
+    for root in _roots(args):
+        counts = maintenance.gc(root, max_age_s=args.older_than)
+        table.add_row(root, *(str(counts[k]) for k in ("staging", "quarantine", "usage", "locks")))
+    console.print(table)
+    return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    cfg = _config(args.cache_dir)
+    if args.source_root:
+        cfg = cfg.replace(source_roots=tuple(args.source_root))
+    rt = Runtime(config=cfg)
+    defines = dict(d.split("=", 1) if "=" in d else (d, None) for d in args.define)
+    extras = dict(e.split("=", 1) for e in args.extra)
+    explanation = rt.explain(
+        rt.source(args.source), include_dirs=tuple(args.include), defines=defines, flags=tuple(args.flag), extras=extras
+    )
+    colour = "green" if explanation.result == "hit" else "yellow"
+    console.print(f"[{colour}]{explanation.result}[/]: {explanation.reason}")
+    if explanation.path:
+        console.print(f"  file:      {explanation.path}")
+    if explanation.leaf:
+        console.print(f"  leaf:      {explanation.leaf}")
+    console.print(f"  build key: {explanation.build_key}")
+    rt.close()
+    return 0 if explanation.result == "hit" else 1
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from .cache.manifest import ManifestError, parse_manifest
+
+    leaf = os.path.realpath(args.leaf)
+    try:
+        with open(os.path.join(leaf, "manifest.json"), "rb") as fh:
+            man = parse_manifest(fh.read())
+    except (OSError, ManifestError) as exc:
+        console.print(f"[red]error[/]: {leaf}: {exc}")
+        return 1
+    table = Table(show_header=False, title=leaf)
+    for label, value in (
+        ("name", man.name),
+        ("tenant", man.tenant),
+        ("backend", man.backend),
+        ("build key", man.build_key),
+        ("deps key", man.deps_key),
+        ("artifact", f"{man.artifact_file} ({man.artifact_size:,} bytes, {man.artifact_digest[:16]})"),
+        ("kernels", ", ".join(man.kernels)),
+        ("compiler", str(man.toolchain.get("compiler"))),
+        ("version", (str(man.toolchain.get("version", "")).splitlines() or [""])[0]),
+        ("timings", json.dumps(man.timings)),
+        ("created", time.ctime(man.created)),
+        ("signed", "yes" if man.signature else "no"),
+        ("argv", " ".join(a.replace("\0", "@") for a in man.argv)),
+    ):
+        table.add_row(label, str(value))
+    console.print(table)
+    deps = Table("anchor", "path", "digest", title=f"{len(man.deps)} dependencies, {len(man.negatives)} negative")
+    for anchor, rel, digest in man.deps:
+        deps.add_row(anchor, rel, digest[:16])
+    for anchor, rel in man.negatives:
+        deps.add_row(anchor, rel, "[dim]must not exist[/]")
+    console.print(deps)
+    extra = sorted(set(os.listdir(leaf)) - {"manifest.json", ".committed", man.artifact_file})
+    if extra:
+        console.print(f"dumps: {', '.join(extra)}")
+    return 0
+
+
+def _warm_one(cache_dir: str | None, source_roots: tuple[str, ...], data: dict[str, Any]) -> str:
+    from .inventory import Request
+
+    cfg = _config(cache_dir)
+    if source_roots:
+        cfg = cfg.replace(source_roots=source_roots)
+    cfg = cfg.replace(tenant=data.get("tenant", cfg.tenant), backend=data.get("backend", cfg.backend))
+    with Runtime(config=cfg) as rt:
+        try:
+            return rt.warm(Request(data))
+        except SafejitError as exc:
+            return f"failed: {type(exc).__name__}: {exc}"[:300]
+
+
+def _cmd_warm(args: argparse.Namespace) -> int:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from .inventory import read_inventory
+
+    requests = list(read_inventory(args.inventory))
+    outcomes: dict[str, int] = {}
+    failures: list[str] = []
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as pool, _progress() as bar:
+        task = bar.add_task("warming", total=len(requests))
+        futures = [pool.submit(_warm_one, args.cache_dir, tuple(args.source_root), r.data) for r in requests]
+        for future in as_completed(futures):
+            result = future.result()
+            key = result.split(":", 1)[0]
+            outcomes[key] = outcomes.get(key, 0) + 1
+            if key == "failed":
+                failures.append(result)
+            bar.advance(task)
+    for line in failures:
+        console.print(f"[red]{line}[/]")
+    console.print(f"{len(requests)} requests: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
+    return 1 if failures else 0
+
+
 def _count_dir(path: str) -> int:
     try:
         return sum(1 for _ in os.scandir(path))
@@ -282,6 +450,28 @@ def _parser() -> argparse.ArgumentParser:
     child.add_argument("nonce")
     for cmd in (demo, child):
         cmd.add_argument("--cache-dir")
+    prune = sub.add_parser("prune", help="delete leaves by age, count per build and total size (LRU)")
+    prune.add_argument("--max-bytes", type=parse_size, help="e.g. 10G")
+    prune.add_argument("--max-age", type=parse_age, help="e.g. 30d")
+    prune.add_argument("--keep-per-build", type=int, help="newest leaves kept per build key")
+    prune.add_argument("--grace", type=parse_age, default=60.0, help="never delete a leaf touched this recently")
+    gc = sub.add_parser("gc", help="remove staging residue, quarantine, old usage records and idle locks")
+    gc.add_argument("--older-than", type=parse_age, default=86400.0)
+    explain = sub.add_parser("explain", help="why would this source hit or miss? (exit 0 on a hit)")
+    explain.add_argument("source")
+    explain.add_argument("-I", "--include", action="append", default=[])
+    explain.add_argument("-D", "--define", action="append", default=[])
+    explain.add_argument("--flag", action="append", default=[])
+    explain.add_argument("--extra", action="append", default=[], help="NAME=JSON")
+    explain.add_argument("--source-root", action="append", default=[])
+    inspect = sub.add_parser("inspect", help="show a leaf: manifest, argv, timings, dependencies")
+    inspect.add_argument("leaf")
+    warm = sub.add_parser("warm", help="rebuild an inventory's requests in parallel, skipping what verifies")
+    warm.add_argument("inventory")
+    warm.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
+    warm.add_argument("--source-root", action="append", default=[])
+    for cmd in (prune, gc, explain, warm):
+        cmd.add_argument("--cache-dir")
     for name, text in (
         ("ls", "list cache leaves"),
         ("stats", "cache size by tenant and backend"),
@@ -295,6 +485,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 _COMMANDS = {
+    "prune": _cmd_prune,
+    "gc": _cmd_gc,
+    "explain": _cmd_explain,
+    "inspect": _cmd_inspect,
+    "warm": _cmd_warm,
     "demo": _cmd_demo,
     "_demo-child": _cmd_demo_child,
     "ls": _cmd_ls,

@@ -78,6 +78,8 @@ class Config:
     #: Let a verification trust an unchanged stat recorded by this user on this boot
     #: (see cache/statmemo.py). Turn off where stat may lag content (NFS attribute caching).
     trust_stat: bool = True
+    #: Append each distinct compile request here (JSON lines) for ``safejit warm``.
+    inventory: str | None = None
     max_source_bytes: int = 4 * _MiB
     max_artifact_bytes: int = 512 * _MiB
     max_deps: int = 20_000

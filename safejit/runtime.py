@@ -42,6 +42,8 @@ from .errors import (
     LoadError,
     PolicyError,
 )
+from .inventory import InventoryWriter
+from .inventory import Request as InventoryRequest
 from .kernel import Artifact, Module
 from .keys import KEY_SCHEMA, build_key, deps_key, digest_bytes
 from .policy import completeness
@@ -167,6 +169,7 @@ class Runtime:
         self._count_lock = threading.Lock()
         self._compile_seconds: deque[float] = deque(maxlen=MAX_SAMPLES)
         self._usage_name = usage_name()
+        self._inventory = InventoryWriter(cfg.inventory) if cfg.inventory else None
         self._attrs = {ATTR.BACKEND: cfg.backend, ATTR.TENANT: cfg.tenant}
         self._closed = False
         ref = weakref.ref(self)
@@ -239,6 +242,22 @@ class Runtime:
         anchors = root_policy.build_anchors(self.config.source_roots, ())
         real = root_policy.confine(os.fspath(path), anchors, what="source file")
         return Source.from_file(real, name=name, max_bytes=self.config.max_source_bytes)
+
+    def warm(self, request: InventoryRequest) -> str:
+        """Build one inventory request unless it already verifies: ``hit``, ``built``
+        or ``skipped`` (a root it names is not declared here)."""
+        d = request.data
+        probe = Source(d["code"], d["name"], filename=d["filename"])
+        state = self._init()
+        anchors = state.anchors(state.backend.toolchain(probe, self._runner(state)))
+        args = request.arguments(anchors)
+        if args is None:
+            return "skipped"
+        source = args.pop("source")
+        if self.explain(source, **args).result == "hit":
+            return "hit"
+        self.build(source, **args)
+        return "built"
 
     def stats(self) -> Mapping[str, int]:
         with self._count_lock:
@@ -339,6 +358,8 @@ class Runtime:
 
     def _produce(self, req: Request) -> Entry[Module]:
         spec, key, anchors = self._resolve(req)
+        if self._inventory is not None:
+            self._inventory.record(spec, self.config.backend)
         leaf, where = self._obtain(spec, key, anchors)
         artifact = _artifact(leaf, where)
         state = self._init()

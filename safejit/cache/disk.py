@@ -346,6 +346,9 @@ class DiskCache:
                 try:
                     rename(stage, leaf)
                 except OSError as exc:
+                    if exc.errno == errno.ENOENT and attempt == 1 and os.path.isdir(stage):
+                        makedirs_durable(bdir)  # a concurrent prune removed the empty build dir
+                        continue
                     if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                         raise
                     # Same name, so the winner lists exactly the closure we just hashed:

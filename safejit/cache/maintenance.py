@@ -5,18 +5,23 @@ These walk ``<root>/v1`` without following symlinks and never delete outside it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
-from collections.abc import Iterator
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from .disk import LAYOUT, MANIFEST, MARKER, DiskCache, Rejection, VerifiedLeaf
+from .fsio import remove_tree
 
-__all__ = ["LeafInfo", "check", "iter_leaves", "verify_all"]
+__all__ = ["LeafInfo", "PruneReport", "check", "gc", "iter_leaves", "prune", "verify_all"]
 
 _BUILD = re.compile(r"build-([0-9a-f]{64})\Z")
 _DEPS = re.compile(r"deps-([0-9a-f]{64})\Z")
-_RESERVED = frozenset({"tmp", "locks", "quarantine", "tools"})
+_RESERVED = frozenset({"tmp", "locks", "quarantine", "tools", "usage"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,3 +111,127 @@ def check(root: str) -> list[str]:
                         if not _DEPS.match(entry.name) or not entry.is_dir(follow_symlinks=False):
                             problems.append(f"{entry.path}: stray entry in a build directory")
     return problems
+
+
+@dataclass(frozen=True, slots=True)
+class PruneReport:
+    examined: int
+    removed: int
+    freed: int
+    kept_recent: int
+
+
+def _discard_leaf(root: str, path: str) -> bool:
+    """Make a leaf vanish atomically (rename into tmp/), then delete it there."""
+    trash = os.path.join(root, LAYOUT, "tmp", f"trash-{uuid.uuid4().hex}")
+    try:
+        os.rename(path, trash)
+    except OSError:
+        return False  # already gone, or not ours to move
+    remove_tree(trash, within=os.path.join(root, LAYOUT))
+    return True
+
+
+def prune(
+    root: str,
+    *,
+    max_bytes: int | None = None,
+    max_age_s: float | None = None,
+    keep_per_build: int | None = None,
+    grace_s: float = 60.0,
+    now: float | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> PruneReport:
+    """Delete leaves: older than ``max_age_s``, beyond the ``keep_per_build`` newest
+    of their build, then least recently used until under ``max_bytes``.
+
+    A leaf touched within ``grace_s`` is never deleted (a running process may have
+    just found it). Leaves vanish by one rename, so readers see a whole leaf or none.
+    """
+    clock = time.time() if now is None else now
+    infos = list(iter_leaves(root))
+    doomed: dict[str, LeafInfo] = {}
+    if max_age_s is not None:
+        doomed.update((i.path, i) for i in infos if clock - i.mtime > max_age_s)
+    if keep_per_build is not None:
+        builds: dict[str, list[LeafInfo]] = {}
+        for info in infos:
+            builds.setdefault(os.path.dirname(info.path), []).append(info)
+        for group in builds.values():
+            group.sort(key=lambda i: i.mtime, reverse=True)
+            doomed.update((i.path, i) for i in group[keep_per_build:])
+    if max_bytes is not None:
+        total = sum(i.size for i in infos if i.path not in doomed)
+        for info in sorted(infos, key=lambda i: i.mtime):
+            if total <= max_bytes:
+                break
+            if info.path not in doomed and clock - info.mtime > grace_s:
+                doomed[info.path] = info
+                total -= info.size
+    recent = [i for i in doomed.values() if clock - i.mtime <= grace_s]
+    removed = freed = 0
+    for n, info in enumerate(sorted(doomed.values(), key=lambda i: i.mtime)):
+        if clock - info.mtime > grace_s and _discard_leaf(root, info.path):
+            removed += 1
+            freed += info.size
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(info.path))  # the build dir, once empty
+        if progress is not None:
+            progress(n + 1)
+    return PruneReport(len(infos), removed, freed, len(recent))
+
+
+def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -> dict[str, int]:
+    """Remove staging residue, quarantined leaves, usage records and idle lock files
+    older than ``max_age_s``. Never follows symlinks; never leaves ``<root>/v1``."""
+    clock = time.time() if now is None else now
+    base = os.path.join(root, LAYOUT)
+    counts = {"staging": 0, "quarantine": 0, "usage": 0, "locks": 0}
+
+    def old(entry: os.DirEntry[str]) -> bool:
+        try:
+            return clock - entry.stat(follow_symlinks=False).st_mtime > max_age_s
+        except OSError:
+            return False
+
+    for kind in ("tmp", "quarantine"):
+        for entry in _entries(os.path.join(base, kind)):
+            if old(entry):
+                remove_tree(entry.path, within=base)
+                counts["staging" if kind == "tmp" else "quarantine"] += 1
+    for tenant in _dirs(os.path.join(base, "usage")):
+        for entry in _entries(tenant.path):
+            if old(entry) and entry.is_file(follow_symlinks=False):
+                os.unlink(entry.path)
+                counts["usage"] += 1
+    for entry in _entries(os.path.join(base, "locks")):
+        if old(entry) and entry.is_file(follow_symlinks=False) and _unheld(entry.path):
+            counts["locks"] += 1
+    return counts
+
+
+def _entries(path: str) -> list[os.DirEntry[str]]:
+    try:
+        return list(os.scandir(path))
+    except OSError:
+        return []
+
+
+def _unheld(path: str) -> bool:
+    """Delete a lock file only while holding it (a waiter then just takes a new one)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    try:
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
