@@ -279,7 +279,7 @@ def verify_throughput(results: dict[str, Any], quick: bool) -> None:
         cache = str(Path(base) / "cache")
         cfg = safejit.Config(cache_dirs=(cache,), source_roots=(str(root),), trust_stat=False)
         rt = safejit.Runtime(config=cfg)
-        art = rt.build(safejit.Source(code, "one"), include_dirs=(str(inc),))
+        rt.build(safejit.Source(code, "one"), include_dirs=(str(inc),))
         rt.close()
         times = []
         checker = safejit.Runtime(config=cfg)  # trust_stat=False: every explain rehashes everything

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .cache import maintenance
@@ -303,13 +303,17 @@ def _cmd_prune(args: argparse.Namespace) -> int:
         total = sum(1 for _ in maintenance.iter_leaves(root))
         with _progress() as bar:
             task = bar.add_task(f"pruning {root}", total=total)
+
+            def advance(n: int, bar: Progress = bar, task: TaskID = task) -> None:
+                bar.update(task, completed=n)
+
             report = maintenance.prune(
                 root,
                 max_bytes=args.max_bytes,
                 max_age_s=args.max_age,
                 keep_per_build=args.keep_per_build,
                 grace_s=args.grace,
-                progress=lambda n, task=task: bar.update(task, completed=n),
+                progress=advance,
             )
         table.add_row(root, str(report.examined), str(report.removed), f"{report.freed:,}", str(report.kept_recent))
     console.print(table)
