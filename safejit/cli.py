@@ -432,7 +432,8 @@ def _cmd_warm(args: argparse.Namespace) -> int:
 
 def _count_dir(path: str) -> int:
     try:
-        return sum(1 for _ in os.scandir(path))
+        with os.scandir(path) as it:
+            return sum(1 for _ in it)
     except OSError:
         return 0
 

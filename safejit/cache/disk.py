@@ -137,12 +137,13 @@ class DiskCache:
     def candidates(self, root: str, build_key: str) -> list[str]:
         """Leaves under ``build-<K>`` in one root, newest first."""
         bdir = self.build_dir(root, build_key)
+        entries = []
         try:
-            entries = [
-                (e.stat(follow_symlinks=False).st_mtime_ns, e.path)
-                for e in os.scandir(bdir)
-                if e.name.startswith("deps-") and e.is_dir(follow_symlinks=False)
-            ]
+            with os.scandir(bdir) as it:
+                for e in it:
+                    if e.name.startswith("deps-") and e.is_dir(follow_symlinks=False):
+                        with contextlib.suppress(OSError):  # pruned meanwhile: not a candidate
+                            entries.append((e.stat(follow_symlinks=False).st_mtime_ns, e.path))
         except OSError:
             return []
         entries.sort(reverse=True)

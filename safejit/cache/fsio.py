@@ -96,7 +96,9 @@ def remove_tree(path: str, *, within: str) -> None:
     if not stat.S_ISDIR(st.st_mode):
         os.unlink(path)
         return
-    for entry in os.scandir(path):
+    with os.scandir(path) as it:
+        entries = list(it)
+    for entry in entries:
         if entry.is_dir(follow_symlinks=False):
             remove_tree(entry.path, within=within)
         else:

@@ -38,7 +38,8 @@ class LeafInfo:
 
 def _dirs(path: str) -> list[os.DirEntry[str]]:
     try:
-        return sorted((e for e in os.scandir(path) if e.is_dir(follow_symlinks=False)), key=lambda e: e.name)
+        with os.scandir(path) as it:
+            return sorted((e for e in it if e.is_dir(follow_symlinks=False)), key=lambda e: e.name)
     except OSError:
         return []
 
@@ -60,7 +61,7 @@ def iter_leaves(root: str) -> Iterator[LeafInfo]:
                             continue
                         size = 0
                         try:
-                            for f in os.scandir(leaf.path):
+                            for f in _entries(leaf.path):
                                 if f.is_file(follow_symlinks=False):
                                     size += f.stat(follow_symlinks=False).st_size
                             mtime = leaf.stat(follow_symlinks=False).st_mtime
@@ -107,7 +108,7 @@ def check(root: str) -> list[str]:
                     if not _BUILD.match(build.name):
                         problems.append(f"{build.path}: not a build directory")
                         continue
-                    for entry in os.scandir(build.path):
+                    for entry in _entries(build.path):
                         if not _DEPS.match(entry.name) or not entry.is_dir(follow_symlinks=False):
                             problems.append(f"{entry.path}: stray entry in a build directory")
     return problems
@@ -160,15 +161,20 @@ def prune(
         for group in builds.values():
             group.sort(key=lambda i: i.mtime, reverse=True)
             doomed.update((i.path, i) for i in group[keep_per_build:])
+    spared = 0
     if max_bytes is not None:
         total = sum(i.size for i in infos if i.path not in doomed)
         for info in sorted(infos, key=lambda i: i.mtime):
             if total <= max_bytes:
                 break
-            if info.path not in doomed and clock - info.mtime > grace_s:
+            if info.path in doomed:
+                continue
+            if clock - info.mtime > grace_s:
                 doomed[info.path] = info
                 total -= info.size
-    recent = [i for i in doomed.values() if clock - i.mtime <= grace_s]
+            else:
+                spared += 1
+    spared += sum(1 for i in doomed.values() if clock - i.mtime <= grace_s)
     removed = freed = 0
     for n, info in enumerate(sorted(doomed.values(), key=lambda i: i.mtime)):
         if clock - info.mtime > grace_s and _discard_leaf(root, info.path):
@@ -178,7 +184,7 @@ def prune(
                 os.rmdir(os.path.dirname(info.path))  # the build dir, once empty
         if progress is not None:
             progress(n + 1)
-    return PruneReport(len(infos), removed, freed, len(recent))
+    return PruneReport(len(infos), removed, freed, spared)
 
 
 def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -> dict[str, int]:
@@ -197,7 +203,10 @@ def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -
     for kind in ("tmp", "quarantine"):
         for entry in _entries(os.path.join(base, kind)):
             if old(entry):
-                remove_tree(entry.path, within=base)
+                try:
+                    remove_tree(entry.path, within=base)
+                except OSError:
+                    continue  # a writer is still busy in it: next time
                 counts["staging" if kind == "tmp" else "quarantine"] += 1
     for tenant in _dirs(os.path.join(base, "usage")):
         for entry in _entries(tenant.path):
@@ -212,7 +221,8 @@ def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -
 
 def _entries(path: str) -> list[os.DirEntry[str]]:
     try:
-        return list(os.scandir(path))
+        with os.scandir(path) as it:
+            return list(it)
     except OSError:
         return []
 

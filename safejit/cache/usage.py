@@ -45,17 +45,26 @@ def write_usage(
         os.replace(tmp, os.path.join(directory, name))
 
 
+def _listing(path: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as it:
+            return list(it)
+    except OSError:
+        return []
+
+
 def read_usage(root: str) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(tenant, record)`` for every usage record under ``root``."""
     base = os.path.join(root, LAYOUT, "usage")
     try:
-        tenants = sorted(os.scandir(base), key=lambda e: e.name)
+        with os.scandir(base) as it:
+            tenants = sorted(it, key=lambda e: e.name)
     except OSError:
         return
     for tenant in tenants:
         if not tenant.is_dir(follow_symlinks=False):
             continue
-        for entry in os.scandir(tenant.path):
+        for entry in _listing(tenant.path):
             if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
                 continue
             try:

@@ -1,0 +1,71 @@
+"""prune and gc running while 8 processes load kernels: no error, no wrong kernel."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from safejit.cache import maintenance
+from tests.conftest import assert_cache_sound
+
+LOADER = r"""
+import json, sys, time
+import safejit
+cache, stop = sys.argv[1], sys.argv[2]
+import os
+errors, calls = [], 0
+while not os.path.exists(stop):
+    for i in range(6):
+        rt = safejit.Runtime(config=safejit.Config(cache_dirs=(cache,)))
+        try:
+            got = rt.compile(safejit.Source(f"int k(void) {{ return {i * 11}; }}\n", "k")).kernel("k")()
+            if got != i * 11:
+                errors.append(f"kernel {i} returned {got}")
+        except Exception as exc:  # any error is a failure of the test
+            errors.append(repr(exc))
+        finally:
+            rt.close()
+        calls += 1
+print(json.dumps({"errors": errors, "calls": calls}))
+"""
+
+
+def test_prune_and_gc_while_eight_processes_load_cause_no_error_and_no_wrong_kernel(cache_dir, tmp_path):
+    stop = tmp_path / "stop"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", LOADER, str(cache_dir), str(stop)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(8)
+    ]
+    deadline = time.monotonic() + 6
+    rounds = gc_removed = 0
+    residue = cache_dir / "v1" / "tmp"
+    while time.monotonic() < deadline:
+        # Old residue for gc to find; fresh staging dirs of the loaders must be left alone.
+        if residue.is_dir():
+            stale = residue / f"stale-{rounds}"
+            stale.mkdir(exist_ok=True)
+            (stale / "partial").write_text("x")
+            os.utime(stale, (time.time() - 7200, time.time() - 7200))
+        maintenance.prune(str(cache_dir), max_bytes=0, grace_s=0)
+        counts = maintenance.gc(str(cache_dir), max_age_s=3600)
+        gc_removed += counts["staging"]
+        rounds += 1
+        time.sleep(0.05)
+    Path(stop).touch()
+    reports = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    assert [r["errors"] for r in reports] == [[]] * 8
+    assert all(r["calls"] > 0 for r in reports) and rounds > 5 and gc_removed > 0
+    assert_cache_sound(cache_dir)

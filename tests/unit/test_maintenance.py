@@ -1,0 +1,184 @@
+"""prune, gc, warm/inventory and the CLI around them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import safejit
+from safejit.cache import maintenance
+from safejit.cli import parse_age, parse_size
+from tests.conftest import assert_cache_sound, leaves
+
+
+def _fill(cache_dir: Path, n: int) -> list[maintenance.LeafInfo]:
+    rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(cache_dir),)))
+    for i in range(n):
+        rt.build(safejit.Source(f"int k(void) {{ return {i}; }}\n", "k"))
+    rt.close()
+    return sorted(leaves(cache_dir), key=lambda i: i.mtime)
+
+
+def _age(path: str, seconds: float) -> None:
+    t = time.time() - seconds
+    os.utime(path, (t, t))
+
+
+def test_prune_by_age_spares_recent_leaves(cache_dir):
+    infos = _fill(cache_dir, 3)
+    _age(infos[0].path, 3 * 86400)
+    report = maintenance.prune(str(cache_dir), max_age_s=86400)
+    assert (report.examined, report.removed) == (3, 1)
+    assert {i.path for i in leaves(cache_dir)} == {i.path for i in infos[1:]}
+    assert_cache_sound(cache_dir)
+
+
+def test_prune_by_size_is_lru_and_respects_the_grace_period(cache_dir):
+    infos = _fill(cache_dir, 4)
+    for n, info in enumerate(infos):
+        _age(info.path, 1000 - n * 100)  # infos[0] is the least recently used
+    report = maintenance.prune(str(cache_dir), max_bytes=sum(i.size for i in infos[2:]), grace_s=60)
+    assert report.removed == 2
+    assert {i.path for i in leaves(cache_dir)} == {i.path for i in infos[2:]}
+    fresh = _fill(cache_dir, 1)  # just touched
+    report = maintenance.prune(str(cache_dir), max_bytes=0, grace_s=60)
+    assert fresh[-1].path in {i.path for i in leaves(cache_dir)}
+    assert report.kept_recent >= 1
+    assert_cache_sound(cache_dir)
+
+
+def test_prune_keep_per_build(make_runtime, project, cache_dir):
+    rt = make_runtime(source_roots=(str(project),))
+    src, inc = safejit.Source('#include "value.h"\nint v(void) { return VALUE; }\n', "v"), (str(project / "include"),)
+    for value in (1, 2, 3):
+        (project / "include" / "inner.h").write_text(f"#define INNER {value}\n")
+        rt.build(src, include_dirs=inc)
+    infos = sorted(leaves(cache_dir), key=lambda i: i.mtime)
+    assert len(infos) == 3 and len({i.build_key for i in infos}) == 1
+    for n, info in enumerate(infos):
+        _age(info.path, 1000 - n)
+    maintenance.prune(str(cache_dir), keep_per_build=1)
+    assert [i.path for i in leaves(cache_dir)] == [infos[-1].path]
+
+
+def test_prune_never_follows_symlinks(cache_dir, tmp_path):
+    infos = _fill(cache_dir, 1)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("precious")
+    build = Path(infos[0].path).parent
+    os.symlink(victim, build / ("deps-" + "0" * 64))
+    _age(infos[0].path, 10 * 86400)
+    maintenance.prune(str(cache_dir), max_age_s=1, max_bytes=0, grace_s=0)
+    assert (victim / "keep.txt").read_text() == "precious"
+
+
+def test_gc_removes_old_residue_only(cache_dir):
+    _fill(cache_dir, 1)
+    base = cache_dir / "v1"
+    old_stage, new_stage = base / "tmp" / "old", base / "tmp" / "new"
+    old_stage.mkdir()
+    (old_stage / "partial").write_text("x")
+    new_stage.mkdir()
+    quarantined = base / "quarantine" / "q1"
+    quarantined.mkdir(parents=True)
+    for path in (old_stage, quarantined):
+        _age(str(path), 2 * 86400)
+    counts = maintenance.gc(str(cache_dir), max_age_s=86400)
+    assert counts["staging"] == 1 and counts["quarantine"] == 1
+    assert not old_stage.exists() and new_stage.exists() and not quarantined.exists()
+    assert len(leaves(cache_dir)) == 1
+
+
+def test_inventory_records_and_warm_rebuilds_elsewhere(project, tmp_path):
+    (project / "kernel.c").write_text('#include "value.h"\nint value(void) { return VALUE + V; }\n')
+    inventory = tmp_path / "inventory.jsonl"
+    first = safejit.Runtime(
+        config=safejit.Config(
+            cache_dirs=(str(tmp_path / "c1"),), source_roots=(str(project),), inventory=str(inventory)
+        )
+    )
+    for v in (1, 2, 2):
+        first.compile(first.source(project / "kernel.c"), include_dirs=(str(project / "include"),), defines={"V": v})
+    first.close()
+    lines = inventory.read_text().splitlines()
+    assert len(lines) == 2 and all(str(project) not in line for line in lines)  # anchored, portable
+    clone = tmp_path / "clone"
+    import shutil
+
+    shutil.copytree(project, clone)
+    cache2 = tmp_path / "c2"
+    env = {**os.environ, "SAFEJIT_SOURCE_ROOTS": str(clone)}
+    cmd = [sys.executable, "-m", "safejit", "warm", str(inventory), "-j", "2", "--cache-dir", str(cache2)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 requests: built 2" in out.stdout
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert "2 requests: hit 2" in again.stdout
+    rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(cache2),), source_roots=(str(clone),)))
+    mod = rt.compile(rt.source(clone / "kernel.c"), include_dirs=(str(clone / "include"),), defines={"V": 2})
+    assert mod.kernel("value")() == 44 and rt.stats()["compiles"] == 0
+    rt.close()
+    assert json.loads(lines[0])["include_dirs"] == [["s0", "include"]]
+
+
+@pytest.mark.parametrize(("text", "value"), [("10", 10), ("2k", 2048), ("1.5M", 1572864), ("3G", 3 << 30)])
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize(("text", "value"), [("30", 30), ("2m", 120), ("1h", 3600), ("7d", 604800)])
+def test_parse_age(text, value):
+    assert parse_age(text) == value
+
+
+def test_cli_prune_gc_explain_inspect(project, cache_dir):
+    (project / "kernel.c").write_text('#include "value.h"\nint value(void) { return VALUE; }\n')
+    rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(cache_dir),), source_roots=(str(project),)))
+    art = rt.build(rt.source(project / "kernel.c"), include_dirs=(str(project / "include"),))
+    rt.close()
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "safejit", *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": "200"},
+            timeout=120,
+        )
+
+    hit = cli(
+        "explain",
+        str(project / "kernel.c"),
+        "-I",
+        str(project / "include"),
+        "--source-root",
+        str(project),
+        "--cache-dir",
+        str(cache_dir),
+    )
+    assert hit.returncode == 0 and "hit" in hit.stdout
+    (project / "include" / "inner.h").write_text("#define INNER 0\n")
+    miss = cli(
+        "explain",
+        str(project / "kernel.c"),
+        "-I",
+        str(project / "include"),
+        "--source-root",
+        str(project),
+        "--cache-dir",
+        str(cache_dir),
+    )
+    assert miss.returncode == 1 and "a dependency changed" in miss.stdout and "inner.h" in miss.stdout
+    shown = cli("inspect", art.path)
+    assert shown.returncode == 0 and art.build_key in shown.stdout and "include/inner.h" in shown.stdout
+    assert cli("gc", "--cache-dir", str(cache_dir)).returncode == 0
+    assert cli("prune", "--cache-dir", str(cache_dir)).returncode == 2  # nothing asked
+    pruned = cli("prune", "--max-bytes", "0", "--grace", "0", "--cache-dir", str(cache_dir))
+    assert pruned.returncode == 0 and leaves(cache_dir) == []
