@@ -45,27 +45,34 @@ def test_prune_and_gc_while_eight_processes_load_cause_no_error_and_no_wrong_ker
         )
         for _ in range(8)
     ]
-    deadline = time.monotonic() + 6
-    rounds = gc_removed = 0
-    residue = cache_dir / "v1" / "tmp"
-    while time.monotonic() < deadline:
-        # Old residue for gc to find; fresh staging dirs of the loaders must be left alone.
-        if residue.is_dir():
-            stale = residue / f"stale-{rounds}"
-            stale.mkdir(exist_ok=True)
-            (stale / "partial").write_text("x")
-            os.utime(stale, (time.time() - 7200, time.time() - 7200))
-        maintenance.prune(str(cache_dir), max_bytes=0, grace_s=0)
-        counts = maintenance.gc(str(cache_dir), max_age_s=3600)
-        gc_removed += counts["staging"]
-        rounds += 1
-        time.sleep(0.05)
-    Path(stop).touch()
-    reports = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
-        reports.append(json.loads(out.strip().splitlines()[-1]))
+    try:
+        deadline = time.monotonic() + 6
+        rounds = gc_removed = 0
+        residue = cache_dir / "v1" / "tmp"
+        while time.monotonic() < deadline:
+            # Old residue for gc to find; fresh staging dirs of the loaders must be left alone.
+            if residue.is_dir():
+                stale = residue / f"stale-{rounds}"
+                stale.mkdir(exist_ok=True)
+                (stale / "partial").write_text("x")
+                os.utime(stale, (time.time() - 7200, time.time() - 7200))
+            maintenance.prune(str(cache_dir), max_bytes=0, grace_s=0)
+            counts = maintenance.gc(str(cache_dir), max_age_s=3600)
+            gc_removed += counts["staging"]
+            rounds += 1
+            time.sleep(0.05)
+        Path(stop).touch()
+        reports = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        Path(stop).touch()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     assert [r["errors"] for r in reports] == [[]] * 8
     assert all(r["calls"] > 0 for r in reports) and rounds > 5 and gc_removed > 0
     assert_cache_sound(cache_dir)

@@ -1,0 +1,223 @@
+"""The disk and compile half of the data path: look up, lock, compile, check the
+closure, publish — or bypass an unusable cache. Composed by :class:`Runtime`."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+
+from ..backends.base import CompileOutput
+from ..cache.disk import DiskCache, Rejection, VerifiedLeaf
+from ..cache.usage import MAX_SAMPLES
+from ..config import Config
+from ..deps import Anchors
+from ..errors import CacheError, CompileError, LimitExceededError, PolicyError
+from ..policy import completeness
+from ..policy.completeness import Closure
+from ..spec import BuildSpec
+from ..telemetry import ATTR, SPAN, instruments, span
+from .records import LOG_EVENT_CAP, REASON_TEXT, lookup_metric, make_manifest, search_dirs
+from .setup import Setup
+
+__all__ = ["Builder", "Counters"]
+
+logger = logging.getLogger("safejit.runtime")
+
+COUNTERS = ("compiles", "disk_hits", "misses", "stale", "bypass", "published", "adopted", "not_published", "errors")
+
+
+class Counters:
+    """The per-Runtime counters behind ``Runtime.stats()`` (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(COUNTERS, 0)
+        self.compile_seconds: deque[float] = deque(maxlen=MAX_SAMPLES)
+
+    def add(self, name: str) -> None:
+        with self._lock:
+            self._counts[name] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+class Builder:
+    def __init__(
+        self, config: Config, setup: Setup, env: Sequence[tuple[str, str]], counters: Counters, attrs: dict[str, str]
+    ) -> None:
+        self.config = config
+        self.setup = setup
+        self.env = env
+        self.counters = counters
+        self._attrs = attrs
+
+    def obtain(self, spec: BuildSpec, key: str, anchors: Anchors) -> tuple[VerifiedLeaf, str]:
+        """A verified leaf for ``key``: from disk, or compiled and published."""
+        leaf = self.disk_lookup(self.setup.disk, key, anchors, spec.name)
+        if leaf is not None:
+            self.counters.add("disk_hits")
+            return leaf, "disk"
+        self.counters.add("misses")
+        root = self.setup.disk.writable_root()
+        if root is None:
+            return self.bypass(spec, key, anchors, "no writable cache root")
+        with span(SPAN.LOCK_WAIT, {ATTR.ROOT: root}) as s:
+            started = time.perf_counter()
+            lock = self.setup.disk.acquire_lock(root, key, self.config.lock_timeout_s)
+            waited = time.perf_counter() - started
+            s.set_attribute(ATTR.RESULT, "acquired" if lock is not None else "timeout")
+            instruments.lock_wait_duration.record(waited, self._attrs)
+        try:
+            if lock is not None:
+                # Look again under the lock: another process may have just published it.
+                leaf = self.disk_lookup(self.setup.disk, key, anchors, spec.name)
+                if leaf is not None:
+                    self.counters.add("disk_hits")
+                    return leaf, "disk"
+            return self.compile_and_publish(spec, key, anchors, root)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def disk_lookup(self, disk: DiskCache, key: str, anchors: Anchors, name: str) -> VerifiedLeaf | None:
+        rejections: list[Rejection] = []
+        for root in disk.roots:
+            with span(SPAN.DISK_LOOKUP, {ATTR.TIER: "disk", ATTR.ROOT: root, ATTR.BUILD_KEY: key}) as s:
+                before = len(rejections)
+                leaf = disk.lookup_root(root, key, anchors, rejections)
+                for rej in rejections[before:]:
+                    s.add_event(
+                        "leaf.rejected",
+                        {ATTR.REASON: rej.reason, "safejit.leaf": rej.leaf, "safejit.detail": rej.detail},
+                    )
+                    lookup_metric("disk", "reject", rej.reason, self._attrs)
+                if leaf is not None:
+                    s.set_attributes(
+                        {
+                            ATTR.RESULT: "hit",
+                            ATTR.DEPS_KEY: leaf.manifest.deps_key,
+                            ATTR.DEPS_COUNT: len(leaf.manifest.deps),
+                        }
+                    )
+                    lookup_metric("disk", "hit", "verified", self._attrs)
+                    return leaf
+                reason = rejections[-1].reason if len(rejections) > before else "absent"
+                s.set_attributes({ATTR.RESULT: "miss", ATTR.REASON: reason})
+                lookup_metric("disk", "miss", reason, self._attrs)
+        if rejections:
+            first = rejections[0]
+            logger.info("rebuilding %s: %s (%s)", name, REASON_TEXT.get(first.reason, first.reason), first.detail)
+        return None
+
+    def compile(self, spec: BuildSpec, anchors: Anchors, workdir: str) -> CompileOutput:
+        self.counters.add("compiles")
+        with span(SPAN.COMPILER_RUN, {ATTR.SANDBOX: self.setup.sandbox.describe()}) as s:
+            try:
+                out = self.setup.backend.compile(
+                    spec,
+                    workdir=workdir,
+                    expand=anchors.expand_text,
+                    run=self.setup.runner(self.config, self.env),
+                    timeout=self.config.compile_timeout_s,
+                )
+            except CompileError as exc:
+                self.counters.add("errors")
+                s.add_event("compiler.log", {"safejit.log": exc.log[:LOG_EVENT_CAP]})
+                raise
+            s.set_attribute(ATTR.BYTES, len(out.artifact))
+            if out.log:
+                s.add_event("compiler.log", {"safejit.log": out.log[:LOG_EVENT_CAP]})
+        instruments.compile_duration.record(out.seconds, self._attrs)
+        self.counters.compile_seconds.append(out.seconds)
+        if len(out.artifact) > self.config.max_artifact_bytes:
+            raise LimitExceededError(
+                f"artifact is {len(out.artifact)} bytes; the limit is {self.config.max_artifact_bytes}",
+                limit=self.config.max_artifact_bytes,
+            )
+        return out
+
+    def compile_and_publish(self, spec: BuildSpec, key: str, anchors: Anchors, root: str) -> tuple[VerifiedLeaf, str]:
+        try:
+            workdir = self.setup.disk.new_workdir(root)
+        except OSError as exc:
+            return self.cache_failure(spec, key, anchors, exc)
+        try:
+            started_ns = time.time_ns()
+            out = self.compile(spec, anchors, workdir)
+            closure = self.closure(spec, anchors, out, started_ns)
+            too_new, deps, states = closure.too_new, closure.deps, closure.states
+            manifest = make_manifest(spec, key, closure, out, self.config, self.setup.backend.artifact_ext)
+            leaf = VerifiedLeaf("", root, manifest, out.artifact, tuple(states), tuple(closure.negative_paths))
+            if not out.complete or too_new:
+                why = f"{too_new[0]} changed during compile" if too_new else "the dependency scan is incomplete"
+                logger.warning("not publishing %s: %s; it will be rebuilt next time", spec.name, why)
+                self.counters.add("not_published")
+                instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: "skipped"})
+                return leaf, "compiled"
+            with span(SPAN.PUBLISH, {ATTR.DEPS_KEY: manifest.deps_key, ATTR.DEPS_COUNT: len(deps)}) as s:
+                try:
+                    leaf, outcome = self.setup.disk.publish(
+                        root, key, manifest, out.artifact, tuple(states), tuple(closure.negative_paths)
+                    )
+                except OSError as exc:
+                    s.set_attribute(ATTR.OUTCOME, "failed")
+                    instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: "failed"})
+                    if self.config.on_cache_error == "raise":
+                        raise CacheError(f"publishing {spec.name} failed: {exc}", path=root, errno=exc.errno) from exc
+                    self.note_bypass(f"publish failed: {exc}")
+                    return leaf, "bypass"
+                s.set_attribute(ATTR.OUTCOME, outcome)
+            instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: outcome})
+            self.counters.add(outcome)
+            return leaf, "disk" if outcome == "adopted" else "compiled"
+        finally:
+            self.setup.disk.discard(workdir, root)
+
+    def cache_failure(self, spec: BuildSpec, key: str, anchors: Anchors, exc: OSError) -> tuple[VerifiedLeaf, str]:
+        if self.config.on_cache_error == "raise":
+            raise CacheError(f"the disk cache cannot be used: {exc}", errno=exc.errno) from exc
+        return self.bypass(spec, key, anchors, str(exc))
+
+    def bypass(self, spec: BuildSpec, key: str, anchors: Anchors, why: str) -> tuple[VerifiedLeaf, str]:
+        if self.config.on_cache_error == "raise":
+            raise CacheError(f"the disk cache cannot be used: {why}")
+        self.note_bypass(why)
+        workdir = tempfile.mkdtemp(prefix="safejit-bypass-")
+        try:
+            started_ns = time.time_ns()
+            out = self.compile(spec, anchors, workdir)
+            closure = self.closure(spec, anchors, out, started_ns)
+            manifest = make_manifest(spec, key, closure, out, self.config, self.setup.backend.artifact_ext)
+            leaf = VerifiedLeaf("", "", manifest, out.artifact, tuple(closure.states), tuple(closure.negative_paths))
+            return leaf, "bypass"
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def closure(self, spec: BuildSpec, anchors: Anchors, out: CompileOutput, started_ns: int) -> Closure:
+        with span(SPAN.POLICY_CHECK, {ATTR.KIND: "completeness"}) as s:
+            try:
+                return completeness.record_closure(
+                    out.deps,
+                    anchors,
+                    max_deps=self.config.max_deps,
+                    started_ns=started_ns,
+                    search_dirs=search_dirs(spec, anchors),
+                    source=spec.code,
+                )
+            except (PolicyError, LimitExceededError) as exc:
+                kind = type(exc).__name__
+                s.set_attribute(ATTR.KIND, kind)
+                instruments.policy_violations.add(1, {**self._attrs, ATTR.KIND: kind})
+                raise
+
+    def note_bypass(self, why: str) -> None:
+        logger.warning("safejit cache bypassed: %s; the kernel is compiled privately and not cached", why)
+        self.counters.add("bypass")
+        instruments.bypass.add(1, self._attrs)

@@ -1,0 +1,129 @@
+"""Plain records and helpers of the data path: explanations, manifests, artifacts."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends.base import CompileOutput
+from ..cache.disk import VerifiedLeaf
+from ..cache.manifest import Manifest
+from ..config import Config
+from ..deps import Anchors
+from ..errors import KeyDeclarationError
+from ..kernel import Artifact
+from ..keys import deps_key, digest_bytes
+from ..policy.completeness import Closure
+from ..spec import BuildSpec, Source
+from ..telemetry import ATTR, instruments
+
+__all__ = [
+    "REASON_TEXT",
+    "Explanation",
+    "artifact_of",
+    "extra_text",
+    "lookup_metric",
+    "make_manifest",
+    "name_of",
+    "search_dirs",
+]
+
+LOG_EVENT_CAP = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """Why a lookup would hit or miss; ``path`` names the first changed dependency."""
+
+    result: str  # "hit" | "miss"
+    reason: str
+    build_key: str
+    path: str | None = None
+    leaf: str | None = None
+
+    def __str__(self) -> str:
+        where = f" ({self.path})" if self.path else ""
+        return f"{self.result}: {self.reason}{where} [build {self.build_key[:16]}]"
+
+
+REASON_TEXT = {
+    "dep_changed": "a dependency changed",
+    "dep_missing": "a dependency is missing",
+    "dep_shadowed": "a new header shadows a dependency",
+    "marker": "the leaf is not committed",
+    "manifest": "the manifest is damaged",
+    "mismatch": "the manifest names another leaf",
+    "artifact": "the artifact is missing or damaged",
+    "signature": "the leaf is not validly signed",
+    "anchor": "a dependency root is not declared here",
+    "confinement": "a dependency escapes its root",
+}
+
+
+def name_of(source: Any) -> str:
+    return source.name if isinstance(source, Source) else "?"
+
+
+def extra_text(name: str, value: Any) -> str:
+    if isinstance(value, (bool, str, int, float)):
+        return json.dumps(value)
+    raise KeyDeclarationError(f"extra {name} must be str, int, float or bool, got {type(value).__name__}")
+
+
+def lookup_metric(tier: str, result: str, reason: str, attrs: Mapping[str, str]) -> None:
+    instruments.lookups.add(1, {**attrs, ATTR.TIER: tier, ATTR.RESULT: result, ATTR.REASON: reason})
+
+
+def search_dirs(spec: BuildSpec, anchors: Anchors) -> list[str]:
+    """The include search list the compiler used, in order (quote chain first)."""
+
+    def from_flags(prefix: str) -> list[str]:
+        return [anchors.expand_text(f[len(prefix) :]) for f in spec.flags if f.startswith(prefix)]
+
+    dirs = [anchors.expand(*spec.quote_dir) or ""] if spec.quote_dir else []
+    dirs += from_flags("-iquote")
+    dirs += [anchors.expand(*d) or "" for d in spec.include_dirs]
+    dirs += from_flags("-I") + from_flags("-isystem") + list(spec.toolchain.search_dirs) + from_flags("-idirafter")
+    return [d for d in dirs if d]
+
+
+def make_manifest(spec: BuildSpec, key: str, closure: Closure, out: CompileOutput, cfg: Config, ext: str) -> Manifest:
+    dep_tuples = tuple(sorted(d.as_tuple() for d in closure.deps))
+    negatives = tuple(sorted(closure.negatives))
+    return Manifest(
+        build_key=key,
+        deps_key=deps_key(dep_tuples, negatives),
+        backend=cfg.backend,
+        tenant=cfg.tenant,
+        name=spec.name,
+        deps=dep_tuples,
+        negatives=negatives,
+        artifact_file=f"artifact.{ext}",
+        artifact_size=len(out.artifact),
+        artifact_digest=digest_bytes(out.artifact),
+        kernels=out.kernels,
+        argv=spec.argv,
+        toolchain={
+            "compiler": spec.toolchain.compiler,
+            "version": spec.toolchain.version,
+            "digest": spec.toolchain.digest,
+        },
+        timings={"compile_s": round(out.seconds, 6)},
+        created=time.time(),
+    )
+
+
+def artifact_of(leaf: VerifiedLeaf, where: str) -> Artifact:
+    man = leaf.manifest
+    return Artifact(
+        build_key=man.build_key,
+        deps_key=man.deps_key,
+        path=leaf.path,
+        digest=man.artifact_digest,
+        size=man.artifact_size,
+        kernels=man.kernels,
+        source=where,
+    )

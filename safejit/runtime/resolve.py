@@ -1,0 +1,125 @@
+"""Resolve: a compile request becomes a confined, policy-checked BuildSpec and its key."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from ..config import Config
+from ..deps import Anchors
+from ..errors import ConfigError, KeyDeclarationError, LimitExceededError, PolicyError
+from ..keys import KEY_SCHEMA, build_key, digest_bytes
+from ..policy import flags as flag_policy
+from ..policy import roots as root_policy
+from ..spec import BuildSpec, Source
+from ..telemetry import ATTR, SPAN, instruments, span
+from .records import extra_text
+from .setup import Setup
+
+__all__ = ["Request", "Resolver"]
+
+#: (source, include_dirs, defines items, flags, extras items, arch) — hashable.
+Request = tuple[Any, ...]
+
+
+class Resolver:
+    def __init__(self, config: Config, setup: Setup, env: Sequence[tuple[str, str]], attrs: dict[str, str]) -> None:
+        self.config = config
+        self.setup = setup
+        self.env = env
+        self._attrs = attrs
+
+    def resolve(self, req: Request) -> tuple[BuildSpec, str, Anchors]:
+        """Request → BuildSpec (confined, policy-checked) and its build key."""
+        source, include_dirs, defines, flags, extras, arch = req
+        with span(SPAN.POLICY_CHECK) as s:
+            try:
+                spec, anchors = self.make_spec(source, include_dirs, defines, flags, extras, arch)
+            except (PolicyError, LimitExceededError, KeyDeclarationError) as exc:
+                kind = type(exc).__name__
+                s.set_attribute(ATTR.KIND, kind)
+                instruments.policy_violations.add(1, {**self._attrs, ATTR.KIND: kind})
+                raise
+        with span(SPAN.KEY) as s:
+            key = build_key(spec)
+            s.set_attribute(ATTR.BUILD_KEY, key)
+        return spec, key, anchors
+
+    def make_spec(
+        self,
+        source: Any,
+        include_dirs: tuple[Any, ...],
+        defines: tuple[Any, ...],
+        flags: tuple[Any, ...],
+        extras: tuple[Any, ...],
+        arch: str | None,
+    ) -> tuple[BuildSpec, Anchors]:
+        cfg = self.config
+        if not isinstance(source, Source):
+            raise ConfigError(f"source must be a safejit.Source, got {type(source).__name__}")
+        if any(not isinstance(d, (str, os.PathLike)) for d in include_dirs):
+            raise ConfigError("include_dirs must be a sequence of paths")
+        code = source.code.encode("utf-8")
+        if len(code) > cfg.max_source_bytes:
+            raise LimitExceededError(
+                f"source {source.name} is {len(code)} bytes; the limit is {cfg.max_source_bytes}",
+                limit=cfg.max_source_bytes,
+            )
+        names, declared = {k for k, _ in extras}, set(cfg.declared_extras)
+        if names != declared:
+            raise KeyDeclarationError(
+                f"extras must name exactly {sorted(declared)}; "
+                f"missing {sorted(declared - names)}, unknown {sorted(names - declared)}"
+            )
+        extra_values = tuple(sorted((k, extra_text(k, v)) for k, v in extras))
+        backend = self.setup.backend
+        toolchain = backend.toolchain(source, self.setup.runner(self.config, self.env))
+        anchors = self.setup.anchors(toolchain)
+
+        def anchored(path: Any, what: str) -> tuple[str, str]:
+            real = root_policy.confine(os.fspath(path), anchors, what=what)
+            found = anchors.anchor(real)
+            assert found is not None
+            return found
+
+        def token(path: str, what: str) -> str:
+            return Anchors.token(*anchored(path, what))
+
+        incs = tuple(anchored(d, "include dir") for d in include_dirs)
+        quote = None
+        if source.origin is not None:
+            origin = anchored(source.origin, "source file")
+            quote = anchored(os.path.dirname(anchors.expand(*origin) or ""), "source directory")
+        checked_flags = flag_policy.check_flags(flags, token)
+        checked_defines = flag_policy.check_defines(dict(defines))
+        language = backend.language(source)
+        argv = backend.argv(
+            toolchain=toolchain,
+            language=language,
+            flags=checked_flags,
+            defines=checked_defines,
+            include_dirs=[Anchors.token(*a) for a in incs],
+            quote_dir=Anchors.token(*quote) if quote else None,
+            arch=arch,
+        )
+        spec = BuildSpec(
+            schema=KEY_SCHEMA,
+            backend=f"{backend.name}/{backend.abi}",
+            tenant=cfg.tenant,
+            toolchain=toolchain,
+            name=source.name,
+            language=language,
+            filename=source.staged_filename(".cpp" if language == "c++" else ".c"),
+            source_digest=digest_bytes(code),
+            code=code,
+            include_dirs=incs,
+            quote_dir=quote,
+            defines=checked_defines,
+            flags=checked_flags,
+            extras=extra_values,
+            env=tuple(self.env),
+            arch=arch,
+            argv=argv,
+        )
+        return spec, anchors

@@ -1,0 +1,103 @@
+"""What the first compile sets up: disk tier, sandbox, backend, anchors — and the
+sandboxed runner every compiler and probe goes through."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+
+from ..backends import Backend, get_backend
+from ..backends.base import Runner, RunOutcome
+from ..cache.disk import LAYOUT, DiskCache
+from ..cache.statmemo import StatMemo
+from ..config import Config
+from ..deps import Anchors
+from ..policy import roots as root_policy
+from ..policy.sandbox import SYSTEM_PATH, Sandbox
+from ..policy.trust import HmacSigner
+from ..spec import Toolchain
+
+__all__ = ["Setup"]
+
+
+class Setup:
+    """What the first compile sets up: backend, sandbox, disk tier."""
+
+    def __init__(self, config: Config) -> None:
+        dirs = config.resolved_cache_dirs()
+        self.disk = DiskCache(
+            dirs,
+            tenant=config.tenant,
+            backend=config.backend,
+            signer=HmacSigner(config.signing_key) if config.signing_key else None,
+            require_signed=config.require_signed,
+            max_artifact_bytes=config.max_artifact_bytes,
+        )
+        root = self.disk.writable_root()
+        self.tools_dir = os.path.join(root, LAYOUT, "tools") if root else None
+        # The shim is built by the system compiler, never by a configured one: a
+        # configured compiler is what the sandbox is there to contain.
+        cc = shutil.which("cc", path=SYSTEM_PATH)
+        self.sandbox = Sandbox(config.sandbox, tools_dir=self.tools_dir, cc=cc)
+        self.sandbox.check_available()
+        private = self._private_state_dir()
+        if private is not None and config.trust_stat:
+            self.disk.stat_memo = StatMemo(private)
+        self.backend: Backend = get_backend(config.backend, cc=config.host_cc, cxx=config.host_cxx, state_dir=private)
+        self._probe_dir: str | None = None
+        self._anchors: dict[Toolchain, Anchors] = {}
+        self.source_roots = config.source_roots
+
+    def _private_state_dir(self) -> str | None:
+        if not self.tools_dir:
+            return None
+        path = os.path.join(self.tools_dir, f"u{os.geteuid()}")
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            st = os.lstat(path)
+        except OSError:
+            return None
+        return path if st.st_uid == os.geteuid() and not st.st_mode & 0o022 else None
+
+    @property
+    def probe_dir(self) -> str:
+        """A scratch directory for toolchain probes, made on first need."""
+        if self._probe_dir is None:
+            self._probe_dir = tempfile.mkdtemp(prefix="safejit-probe-")
+        return self._probe_dir
+
+    def anchors(self, toolchain: Toolchain) -> Anchors:
+        found = self._anchors.get(toolchain)
+        if found is None:
+            found = root_policy.build_anchors(self.source_roots, toolchain.roots)
+            self._anchors[toolchain] = found
+        return found
+
+    def close(self) -> None:
+        if self._probe_dir is not None:
+            shutil.rmtree(self._probe_dir, ignore_errors=True)
+
+    def runner(self, config: Config, env: Sequence[tuple[str, str]]) -> Runner:
+        """Run argv lists in the sandbox: fixed PATH, TMPDIR in the work dir, only
+        ``env_passthrough`` variables; read access to the source roots."""
+        base_env = {"PATH": SYSTEM_PATH, "LC_ALL": "C", **dict(env)}
+        roots = list(config.source_roots)
+
+        def run(
+            argv: Sequence[str], *, cwd: str, timeout: float | None = None, extra_read: Sequence[str] = ()
+        ) -> RunOutcome:
+            where = cwd or self.probe_dir
+            tmp = os.path.join(where, ".tmp")
+            os.makedirs(tmp, exist_ok=True)
+            return self.sandbox.run(
+                argv,
+                cwd=where,
+                env={**base_env, "TMPDIR": tmp},
+                timeout=timeout or config.compile_timeout_s,
+                read_roots=[*roots, *extra_read],
+                write_roots=[where],
+            )
+
+        return run
