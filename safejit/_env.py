@@ -67,6 +67,10 @@ VARIABLES: Mapping[str, tuple[str, Callable[[str], Any]]] = {
     "SAFEJIT_TRACE_MEMORY_HITS": ("trace_memory_hits", _bool),
     "SAFEJIT_TRUST_STAT": ("trust_stat", _bool),
     "SAFEJIT_INVENTORY": ("inventory", str),
+    "SAFEJIT_CUDA_COMPILER": ("cuda_compiler", str),
+    "SAFEJIT_NVRTC_WORKER": ("nvrtc_worker", _bool),
+    "SAFEJIT_CUDA_SPILLS": ("cuda_spills", str),
+    "SAFEJIT_NVCC": ("nvcc", str),
     "SAFEJIT_HOST_CC": ("host_cc", str),
     "SAFEJIT_HOST_CXX": ("host_cxx", str),
 }

@@ -80,6 +80,14 @@ class Config:
     trust_stat: bool = True
     #: Append each distinct compile request here (JSON lines) for ``safejit warm``.
     inventory: str | None = None
+    #: CUDA: "nvrtc" (in process, or in an isolated worker) or "nvcc" (sandboxed argv).
+    cuda_compiler: Literal["nvrtc", "nvcc"] = "nvrtc"
+    #: CUDA: run NVRTC in a persistent worker with no filesystem access (for untrusted sources).
+    nvrtc_worker: bool = False
+    #: CUDA: what register spills / local memory do: "warn" (SpillWarning), "error", "ignore".
+    cuda_spills: Literal["warn", "error", "ignore"] = "warn"
+    #: CUDA: the nvcc to use (absolute path); None: the toolkit's.
+    nvcc: str | None = None
     max_source_bytes: int = 4 * _MiB
     max_artifact_bytes: int = 512 * _MiB
     max_deps: int = 20_000
@@ -119,6 +127,10 @@ class Config:
             raise ConfigError(f"Config.sandbox must be auto|required|off, got {self.sandbox!r}")
         if self.on_cache_error not in ("raise", "bypass"):
             raise ConfigError(f"Config.on_cache_error must be raise|bypass, got {self.on_cache_error!r}")
+        if self.cuda_compiler not in ("nvrtc", "nvcc"):
+            raise ConfigError(f"Config.cuda_compiler must be nvrtc|nvcc, got {self.cuda_compiler!r}")
+        if self.cuda_spills not in ("warn", "error", "ignore"):
+            raise ConfigError(f"Config.cuda_spills must be warn|error|ignore, got {self.cuda_spills!r}")
         if self.require_signed and not self.signing_key:
             raise ConfigError("Config.require_signed needs Config.signing_key")
 

@@ -54,9 +54,13 @@ class Module:
     def kernels(self) -> tuple[str, ...]:
         return self.artifact.kernels
 
-    def kernel(self, name: str, *, argtypes: Sequence[Any] | None = None, restype: Any = ctypes.c_int) -> Kernel:
+    def kernel(self, name: str, *, argtypes: Sequence[Any] | None = None, restype: Any = ctypes.c_int) -> Any:
+        """The kernel called ``name``: a :class:`Kernel` (host, called directly) or a
+        backend kernel with ``launch(grid, block, args, ...)`` (CUDA)."""
         if self._closed:
             raise LoadError(f"module {self.artifact.build_key[:12]} is closed")
+        if self.backend != "host":
+            return self._library.function(name, argtypes=argtypes)
         if self.artifact.kernels and name not in self.artifact.kernels:
             raise KernelNotFoundError(
                 f"no kernel {name!r}; this module has {list(self.artifact.kernels)}",
@@ -72,7 +76,7 @@ class Module:
         fn.restype = restype
         return Kernel(name, fn, self)
 
-    def __getitem__(self, name: str) -> Kernel:
+    def __getitem__(self, name: str) -> Any:
         return self.kernel(name)
 
     def close(self) -> None:

@@ -13,6 +13,10 @@ def get_backend(name: str, **options: object) -> Backend:
         from .host import HostBackend
 
         return HostBackend(**options)  # type: ignore[arg-type]
+    if name == "cuda":
+        from .cuda import CudaBackend
+
+        return CudaBackend(**options)  # type: ignore[arg-type]
     from ..errors import ConfigError
 
     raise ConfigError(f"backend {name!r} is not available in this build")

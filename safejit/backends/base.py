@@ -7,7 +7,7 @@ Backends never import ``policy`` or ``cache``: the runtime hands them a
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..spec import BuildSpec, Source, Toolchain
@@ -41,6 +41,8 @@ class CompileOutput:
     seconds: float
     #: False when the dependency scan missed the source itself (never published).
     complete: bool = True
+    #: Backend metadata kept in the manifest (CUDA: parameter layouts, lowered names).
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 class LoadedLibrary(Protocol):
@@ -53,6 +55,12 @@ class Backend(Protocol):
     artifact_ext: str
     #: Bumped when the backend changes how it builds argv or artifacts.
     abi: int
+    #: Flag families this backend allows on top of the common allow-list.
+    extra_flags: tuple[str, ...]
+
+    def resolve_arch(self, arch: str | None) -> str | None: ...
+
+    def close(self) -> None: ...
 
     def toolchain(self, source: Source, run: Runner) -> Toolchain: ...
 
@@ -71,7 +79,16 @@ class Backend(Protocol):
     ) -> tuple[str, ...]: ...
 
     def compile(
-        self, spec: BuildSpec, *, workdir: str, expand: Callable[[str], str], run: Runner, timeout: float
+        self,
+        spec: BuildSpec,
+        *,
+        workdir: str,
+        expand: Callable[[str], str],
+        run: Runner,
+        timeout: float,
+        search_dirs: Sequence[str] = (),
+        confine: Callable[[str], str] | None = None,
+        max_deps: int = 20_000,
     ) -> CompileOutput: ...
 
     def kernels(self, artifact: bytes) -> tuple[str, ...]: ...

@@ -6,17 +6,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
-import json
 import os
 import shutil
-import stat
 import struct
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 from .. import faults
@@ -24,6 +21,7 @@ from ..deps import hash_file, parse_depfile
 from ..errors import CompileError, ConfigError, LoadError
 from ..spec import BuildSpec, Source, Toolchain
 from .base import CompileOutput, Runner
+from .probe import ProbeCache, compiler_search_dirs, file_ident, run_text
 
 __all__ = ["HostBackend", "HostLibrary", "elf_exported_functions"]
 
@@ -36,10 +34,13 @@ class HostBackend:
     name = "host"
     artifact_ext = "so"
     abi = 1
+    extra_flags: tuple[str, ...] = ()
 
-    def __init__(self, *, cc: str | None = None, cxx: str | None = None, state_dir: str | None = None) -> None:
+    def __init__(
+        self, *, cc: str | None = None, cxx: str | None = None, state_dir: str | None = None, **_: Any
+    ) -> None:
         self._compilers = {"c": cc, "c++": cxx}
-        self._state_dir = state_dir
+        self._probes = ProbeCache(state_dir)
         self._probed: dict[str, Toolchain] = {}
         self._lock = threading.Lock()
 
@@ -70,18 +71,15 @@ class HostBackend:
 
     def _probe(self, language: str, run: Runner) -> Toolchain:
         compiler = self.compiler_path(language)
-        try:
-            st = os.stat(compiler)
-        except OSError as exc:
-            raise ConfigError(f"host compiler {compiler} cannot be used: {exc}") from exc
-        ident = [compiler, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, _PROBE_SCHEMA, language]
-        cached = self._read_probe(ident)
+        ident = [*file_ident(compiler), _PROBE_SCHEMA, language]
+        cached = self._probes.get(ident)
         if cached is not None:
             return cached
-        version = _run_text(run, [compiler, "--version"]).strip()
-        verbose = _run_text(run, [compiler, "-E", "-v", "-x", language, "/dev/null", "-o", "/dev/null"])
-        roots = _search_dirs(verbose)
-        cc1 = _run_text(run, [compiler, f"-print-prog-name={'cc1plus' if language == 'c++' else 'cc1'}"]).strip()
+        version = run_text(run, [compiler, "--version"]).strip()
+        verbose = run_text(run, [compiler, "-E", "-v", "-x", language, "/dev/null", "-o", "/dev/null"])
+        search = compiler_search_dirs(verbose)
+        roots = list(search)
+        cc1 = run_text(run, [compiler, f"-print-prog-name={'cc1plus' if language == 'c++' else 'cc1'}"]).strip()
         digests = [hash_file(compiler)[0]]
         if os.path.isabs(cc1) and os.path.exists(cc1):
             digests.append(hash_file(cc1)[0])
@@ -91,59 +89,10 @@ class HostBackend:
             version=version,
             digest=":".join(digests),
             roots=tuple(dict.fromkeys(roots)),
-            search_dirs=tuple(_search_dirs(verbose)),
+            search_dirs=tuple(search),
         )
-        self._write_probe(ident, tc)
+        self._probes.put(ident, tc)
         return tc
-
-    def _probe_path(self, ident: list[Any]) -> Path | None:
-        if not self._state_dir:
-            return None
-        from ..keys import digest_bytes, encode
-
-        return Path(self._state_dir) / f"probe-{digest_bytes(encode(ident))[:32]}.json"
-
-    def _read_probe(self, ident: list[Any]) -> Toolchain | None:
-        path = self._probe_path(ident)
-        if path is None:
-            return None
-        try:
-            st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-                return None
-            data = json.loads(path.read_text())
-            if data.get("ident") != ident:
-                return None
-            return Toolchain(
-                compiler=data["compiler"],
-                version=data["version"],
-                digest=data["digest"],
-                roots=tuple(data["roots"]),
-                search_dirs=tuple(data["search_dirs"]),
-            )
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    def _write_probe(self, ident: list[Any], tc: Toolchain) -> None:
-        path = self._probe_path(ident)
-        if path is None:
-            return
-        data = {
-            "search_dirs": list(tc.search_dirs),
-            "ident": ident,
-            "compiler": tc.compiler,
-            "version": tc.version,
-            "digest": tc.digest,
-            "roots": list(tc.roots),
-        }
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(data))
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
 
     # -- compile -------------------------------------------------------------
     def argv(
@@ -167,8 +116,25 @@ class HostBackend:
         argv += ["-MD", "-MF", "{DEP}", "-o", "{OUT}", "-x", language, "{SRC}"]
         return tuple(argv)
 
+    def resolve_arch(self, arch: str | None) -> str | None:
+        if arch is not None:
+            raise ConfigError("the host backend takes no arch; pass -march=... in flags")
+        return None
+
+    def close(self) -> None:
+        pass
+
     def compile(
-        self, spec: BuildSpec, *, workdir: str, expand: Callable[[str], str], run: Runner, timeout: float
+        self,
+        spec: BuildSpec,
+        *,
+        workdir: str,
+        expand: Callable[[str], str],
+        run: Runner,
+        timeout: float,
+        search_dirs: Sequence[str] = (),
+        confine: Callable[[str], str] | None = None,
+        max_deps: int = 20_000,
     ) -> CompileOutput:
         src = os.path.join(workdir, "src", spec.filename)
         os.makedirs(os.path.dirname(src), exist_ok=True)
@@ -207,28 +173,6 @@ class HostBackend:
     def load(self, artifact: bytes, *, name: str, options: Mapping[str, Any] | None = None) -> HostLibrary:
         faults.point("load")
         return HostLibrary(artifact, name)
-
-
-def _run_text(run: Runner, argv: list[str]) -> str:
-    result = run(argv, cwd="", timeout=60)
-    if result.returncode != 0:
-        raise ConfigError(f"probing {argv[0]} failed ({result.returncode}): {result.log[-2000:]}")
-    return result.log
-
-
-def _search_dirs(verbose: str) -> list[str]:
-    dirs: list[str] = []
-    inside = False
-    for line in verbose.splitlines():
-        if line.startswith(("#include <...> search starts here:", '#include "..." search')):
-            inside = True
-            continue
-        if line.startswith("End of search list."):
-            break
-        if inside and line.startswith(" "):
-            path = line.strip().removesuffix(" (framework directory)")
-            dirs.append(os.path.normpath(path))
-    return dirs
 
 
 def elf_exported_functions(artifact: bytes) -> tuple[str, ...]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ..keys import encode
@@ -38,6 +38,8 @@ class Manifest:
     timings: dict[str, float]
     created: float
     signature: str | None = None
+    #: Backend metadata (CUDA: kernel parameter layouts and lowered names).
+    meta: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         data = {
@@ -56,11 +58,12 @@ class Manifest:
             "timings": self.timings,
             "created": self.created,
             "signature": self.signature,
+            "meta": self.meta,
         }
         return json.dumps(data, indent=1, sort_keys=True).encode()
 
     def signed_message(self, leaf_name: str) -> bytes:
-        """What a signature covers: the leaf name, artifact digest and dependencies."""
+        """What a signature covers: leaf name, artifact digest, dependencies and metadata."""
         return encode(
             (
                 "safejit.leaf",
@@ -69,6 +72,7 @@ class Manifest:
                 self.artifact_size,
                 sorted(self.deps),
                 sorted(self.negatives),
+                json.dumps(self.meta, sort_keys=True),
             )
         )
 
@@ -127,6 +131,7 @@ def parse_manifest(raw: bytes) -> Manifest:
         isinstance(data.get("timings"), dict),
         isinstance(data.get("created"), (int, float)),
         data.get("signature") is None or isinstance(data.get("signature"), str),
+        isinstance(data.get("meta", {}), dict),
     )
     if not all(checks) or not isinstance(art, dict):
         raise ManifestError("a field is missing or has the wrong type")
@@ -147,4 +152,5 @@ def parse_manifest(raw: bytes) -> Manifest:
         timings=data["timings"],
         created=float(data["created"]),
         signature=data["signature"],
+        meta=data.get("meta", {}),
     )

@@ -27,7 +27,8 @@ def _die(code: int, what: str) -> None:
     os._exit(code)
 
 
-def _landlock(ro: list[str], rw: list[str], deny_net: bool, required: bool) -> None:
+def landlock_restrict(ro: list[str], rw: list[str], deny_net: bool, required: bool) -> None:
+    """Restrict this process: read-only ``ro``, read-write ``rw``, nothing else."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     abi = libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
@@ -112,7 +113,7 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
         if ro or rw or required:
-            _landlock(ro, rw, deny_net, required)
+            landlock_restrict(ro, rw, deny_net, required)
         try:
             os.execv(prog[0], prog)  # noqa: S606 - exec of the argv list is the shim's job
         finally:

@@ -96,8 +96,13 @@ class Runtime:
         flags: Sequence[str] = (),
         extras: Mapping[str, Any] | None = None,
         arch: str | None = None,
+        name_expressions: Sequence[str] = (),
     ) -> Module:
-        """Compile (or find) ``source`` and return its loaded :class:`Module`. Thread-safe."""
+        """Compile (or find) ``source`` and return its loaded :class:`Module`. Thread-safe.
+
+        ``name_expressions`` (CUDA, NVRTC) name template instantiations to compile
+        and look up by name, e.g. ``("scale<float>",)``.
+        """
         req = (
             source,
             tuple(include_dirs),
@@ -105,6 +110,7 @@ class Runtime:
             tuple(flags),
             tuple(extras.items()) if extras else (),
             arch,
+            tuple(name_expressions),
         )
         try:
             entry = self._entries.get(req)
@@ -125,6 +131,7 @@ class Runtime:
         flags: Sequence[str] = (),
         extras: Mapping[str, Any] | None = None,
         arch: str | None = None,
+        name_expressions: Sequence[str] = (),
     ) -> Artifact:
         """Compile and cache ``source`` without loading it."""
         req = (
@@ -134,6 +141,7 @@ class Runtime:
             tuple(flags),
             tuple(extras.items()) if extras else (),
             arch,
+            tuple(name_expressions),
         )
         with span(SPAN.COMPILE, {**self._attrs, ATTR.KERNEL: name_of(source)}):
             spec, key, anchors = self._resolver().resolve(req)
@@ -179,6 +187,7 @@ class Runtime:
         flags: Sequence[str] = (),
         extras: Mapping[str, Any] | None = None,
         arch: str | None = None,
+        name_expressions: Sequence[str] = (),
     ) -> Explanation:
         """Say whether a compile would hit the disk tier and, if not, why."""
         req = (
@@ -188,6 +197,7 @@ class Runtime:
             tuple(flags),
             tuple(extras.items()) if extras else (),
             arch,
+            tuple(name_expressions),
         )
         _, key, anchors = self._resolver().resolve(req)
         disk = self._init().disk
@@ -268,7 +278,7 @@ class Runtime:
         with span(SPAN.LOAD, {ATTR.BYTES: len(leaf.artifact)}):
             started = time.perf_counter()
             try:
-                library = setup.backend.load(leaf.artifact, name=spec.name)
+                library = setup.backend.load(leaf.artifact, name=spec.name, options=leaf.manifest.meta)
             except OSError as exc:
                 raise LoadError(f"{spec.name}: loading the verified artifact failed: {exc}", name=spec.name) from exc
             instruments.load_duration.record(time.perf_counter() - started, self._attrs)

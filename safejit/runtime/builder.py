@@ -18,6 +18,7 @@ from ..config import Config
 from ..deps import Anchors
 from ..errors import CacheError, CompileError, LimitExceededError, PolicyError
 from ..policy import completeness
+from ..policy import roots as root_policy
 from ..policy.completeness import Closure
 from ..spec import BuildSpec
 from ..telemetry import ATTR, SPAN, instruments, span
@@ -126,6 +127,9 @@ class Builder:
                     expand=anchors.expand_text,
                     run=self.setup.runner(self.config, self.env),
                     timeout=self.config.compile_timeout_s,
+                    search_dirs=search_dirs(spec, anchors),
+                    confine=lambda path: root_policy.confine(path, anchors, what="header"),
+                    max_deps=self.config.max_deps,
                 )
             except CompileError as exc:
                 self.counters.add("errors")

@@ -113,6 +113,7 @@ def make_manifest(spec: BuildSpec, key: str, closure: Closure, out: CompileOutpu
         },
         timings={"compile_s": round(out.seconds, 6)},
         created=time.time(),
+        meta=out.meta,
     )
 
 

@@ -19,7 +19,7 @@ from .setup import Setup
 
 __all__ = ["Request", "Resolver"]
 
-#: (source, include_dirs, defines items, flags, extras items, arch) — hashable.
+#: (source, include_dirs, defines items, flags, extras items, arch, name expressions) — hashable.
 Request = tuple[Any, ...]
 
 
@@ -32,10 +32,10 @@ class Resolver:
 
     def resolve(self, req: Request) -> tuple[BuildSpec, str, Anchors]:
         """Request → BuildSpec (confined, policy-checked) and its build key."""
-        source, include_dirs, defines, flags, extras, arch = req
+        source, include_dirs, defines, flags, extras, arch, name_expressions = req
         with span(SPAN.POLICY_CHECK) as s:
             try:
-                spec, anchors = self.make_spec(source, include_dirs, defines, flags, extras, arch)
+                spec, anchors = self.make_spec(source, include_dirs, defines, flags, extras, arch, name_expressions)
             except (PolicyError, LimitExceededError, KeyDeclarationError) as exc:
                 kind = type(exc).__name__
                 s.set_attribute(ATTR.KIND, kind)
@@ -54,6 +54,7 @@ class Resolver:
         flags: tuple[Any, ...],
         extras: tuple[Any, ...],
         arch: str | None,
+        name_expressions: tuple[Any, ...] = (),
     ) -> tuple[BuildSpec, Anchors]:
         cfg = self.config
         if not isinstance(source, Source):
@@ -91,7 +92,10 @@ class Resolver:
         if source.origin is not None:
             origin = anchored(source.origin, "source file")
             quote = anchored(os.path.dirname(anchors.expand(*origin) or ""), "source directory")
-        checked_flags = flag_policy.check_flags(flags, token)
+        checked_flags = flag_policy.check_flags(flags, token, extra_allowed=backend.extra_flags)
+        arch = backend.resolve_arch(arch)
+        if any(not isinstance(e, str) or not e or "\0" in e for e in name_expressions):
+            raise ConfigError("name_expressions must be non-empty strings")
         checked_defines = flag_policy.check_defines(dict(defines))
         language = backend.language(source)
         argv = backend.argv(
@@ -110,7 +114,7 @@ class Resolver:
             toolchain=toolchain,
             name=source.name,
             language=language,
-            filename=source.staged_filename(".cpp" if language == "c++" else ".c"),
+            filename=source.staged_filename({"c++": ".cpp", "cuda": ".cu"}.get(language, ".c")),
             source_digest=digest_bytes(code),
             code=code,
             include_dirs=incs,
@@ -121,5 +125,6 @@ class Resolver:
             env=tuple(self.env),
             arch=arch,
             argv=argv,
+            name_expressions=tuple(name_expressions),
         )
         return spec, anchors

@@ -45,7 +45,17 @@ class Setup:
         private = self._private_state_dir()
         if private is not None and config.trust_stat:
             self.disk.stat_memo = StatMemo(private)
-        self.backend: Backend = get_backend(config.backend, cc=config.host_cc, cxx=config.host_cxx, state_dir=private)
+        self.backend: Backend = get_backend(
+            config.backend,
+            cc=config.host_cc,
+            cxx=config.host_cxx,
+            state_dir=private,
+            compiler=config.cuda_compiler,
+            nvcc=config.nvcc,
+            worker=config.nvrtc_worker,
+            spills=config.cuda_spills,
+            require_landlock=config.sandbox == "required",
+        )
         self._probe_dir: str | None = None
         self._anchors: dict[Toolchain, Anchors] = {}
         self.source_roots = config.source_roots
@@ -76,6 +86,7 @@ class Setup:
         return found
 
     def close(self) -> None:
+        self.backend.close()
         if self._probe_dir is not None:
             shutil.rmtree(self._probe_dir, ignore_errors=True)
 

@@ -1,0 +1,480 @@
+"""CUDA backend: NVRTC (in process, or in an isolated worker) or nvcc to a cubin.
+
+Cubins are cached — never PTX, which an older driver may refuse. Compiling
+needs no GPU; loading and launching do (see ``cuda_launch``).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import re
+import select
+import shutil
+import struct
+import subprocess
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+from ..deps import hash_file, parse_depfile
+from ..errors import CompileError, CompileTimeout, ConfigError
+from ..spec import BuildSpec, Source, Toolchain
+from .base import CompileOutput, Runner
+from .cubin import cubin_kernels
+from .cuda_launch import CudaLibrary, device_arch
+from .nvrtc import NvrtcRequest, NvrtcResult, compile_with_headers, nvrtc_compile_once
+from .probe import ProbeCache, compiler_search_dirs, file_ident, run_text
+
+__all__ = ["CudaBackend", "SpillWarning"]
+
+logger = logging.getLogger(__name__)
+
+_ARCH = re.compile(r"sm_[0-9]{2,3}[af]?\Z")
+_SYSTEM_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
+_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_FUNC = re.compile(r"Function properties for (\S+)")
+_PROBE_SCHEMA: Final = 1
+#: Allowed ptxas options (through ``--ptxas-options=`` / ``-Xptxas``): none writes files.
+_PTXAS_OK: Final = (
+    "-v",
+    "--verbose",
+    "-O0",
+    "-O1",
+    "-O2",
+    "-O3",
+    "--warn-on-spills",
+    "--warn-on-local-memory-usage",
+    "--allow-expensive-optimizations",
+    "-maxrregcount",
+    "--maxrregcount",
+    "-warn-spills",
+    "-warn-lmem-usage",
+    "--def-load-cache",
+    "--def-store-cache",
+)
+
+
+class SpillWarning(UserWarning):
+    """A kernel spills registers or uses local memory (``Config.cuda_spills="warn"``)."""
+
+
+class CudaBackend:
+    name = "cuda"
+    artifact_ext = "cubin"
+    abi = 1
+    #: Flag families allowed on top of the common allow-list.
+    extra_flags: tuple[str, ...] = (
+        "--use_fast_math",
+        "-use_fast_math",
+        "-lineinfo",
+        "--generate-line-info",
+        "-maxrregcount",
+        "--maxrregcount",
+        "--fmad",
+        "-fmad",
+        "--ftz",
+        "-ftz",
+        "--prec-div",
+        "-prec-div",
+        "--prec-sqrt",
+        "-prec-sqrt",
+        "--extra-device-vectorization",
+        "-expt-relaxed-constexpr",
+        "--expt-relaxed-constexpr",
+        "--expt-extended-lambda",
+        "-extended-lambda",
+        "--restrict",
+        "-G",
+        "--device-debug",
+        "--ptxas-options=",
+        "-Xptxas=",
+        "--dopt",
+        "-default-device",
+        "--device-as-default-execution-space",
+    )
+
+    def __init__(
+        self,
+        *,
+        compiler: str = "nvrtc",
+        nvcc: str | None = None,
+        state_dir: str | None = None,
+        worker: bool = False,
+        spills: str = "warn",
+        require_landlock: bool = False,
+        **_: Any,
+    ) -> None:
+        if compiler not in ("nvrtc", "nvcc"):
+            raise ConfigError(f"Config.cuda_compiler must be nvrtc or nvcc, got {compiler!r}")
+        self.compiler = compiler
+        self._nvcc = nvcc
+        self._probes = ProbeCache(state_dir)
+        self._worker_wanted = worker
+        self._worker: NvrtcWorker | None = None
+        self._spills = spills
+        self._require_landlock = require_landlock
+        self._toolchains: dict[str, Toolchain] = {}
+        self._lock = threading.Lock()
+
+    # -- toolchain -----------------------------------------------------------
+    def language(self, source: Source) -> str:
+        return "cuda"
+
+    def resolve_arch(self, arch: str | None) -> str:
+        if arch is None:
+            found = device_arch()
+            if found is None:
+                raise ConfigError(
+                    "no CUDA device is visible to pick an architecture from; "
+                    "pass arch='sm_90' (or the target's) to compile()"
+                )
+            return found
+        if not _ARCH.match(arch):
+            raise ConfigError(f"arch {arch!r} is not an sm_XY architecture (e.g. 'sm_90', 'sm_90a')")
+        return arch
+
+    def toolchain(self, source: Source, run: Runner) -> Toolchain:
+        with self._lock:
+            tc = self._toolchains.get(self.compiler)
+            if tc is None:
+                tc = self._probe_nvrtc() if self.compiler == "nvrtc" else self._probe_nvcc(run)
+                self._toolchains[self.compiler] = tc
+            return tc
+
+    def _include_dir(self) -> list[str]:
+        try:
+            from cuda.pathfinder import find_nvidia_header_directory
+
+            found = find_nvidia_header_directory("cudart")
+        except Exception:
+            found = None
+        return [os.path.realpath(found)] if found else []
+
+    def _probe_nvrtc(self) -> Toolchain:
+        from cuda.bindings import nvrtc
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        lib = os.path.realpath(load_nvidia_dynamic_lib("nvrtc").abs_path)
+        _, major, minor = nvrtc.nvrtcVersion()
+        ident = [*file_ident(lib), _PROBE_SCHEMA, "nvrtc"]
+        cached = self._probes.get(ident)
+        if cached is not None:
+            return cached
+        includes = self._include_dir()
+        tc = Toolchain(
+            compiler=lib,
+            version=f"nvrtc {major}.{minor}",
+            digest=hash_file(lib)[0],
+            roots=tuple(includes),
+            search_dirs=tuple(includes),
+        )
+        self._probes.put(ident, tc)
+        return tc
+
+    def nvcc_path(self) -> str:
+        found = self._nvcc or shutil.which("nvcc", path=f"/usr/local/cuda/bin:{_SYSTEM_PATH}")
+        if not found:
+            raise ConfigError("nvcc not found; set Config.nvcc or install the CUDA toolkit")
+        return os.path.realpath(found)
+
+    def _probe_nvcc(self, run: Runner) -> Toolchain:
+        nvcc = self.nvcc_path()
+        host = os.path.realpath(shutil.which("g++", path=_SYSTEM_PATH) or "/usr/bin/g++")
+        ident = [*file_ident(nvcc), *file_ident(host), _PROBE_SCHEMA, "nvcc"]
+        cached = self._probes.get(ident)
+        if cached is not None:
+            return cached
+        version = run_text(run, [nvcc, "--version"]).strip()
+        host_version = run_text(run, [host, "--version"]).strip()
+        host_dirs = compiler_search_dirs(run_text(run, [host, "-E", "-v", "-x", "c++", "/dev/null", "-o", "/dev/null"]))
+        prefix = os.path.dirname(os.path.dirname(nvcc))
+        cc1plus = run_text(run, [host, "-print-prog-name=cc1plus"]).strip()
+        roots = [prefix, *self._include_dir(), *host_dirs]
+        if os.path.isabs(cc1plus):
+            roots.append(os.path.dirname(os.path.realpath(cc1plus)))
+        tc = Toolchain(
+            compiler=nvcc,
+            version=f"{version}\nhost: {host} {host_version}",
+            digest=f"{hash_file(nvcc)[0]}:{hash_file(host)[0]}",
+            roots=tuple(dict.fromkeys(roots)),
+            search_dirs=(*self._include_dir(), *host_dirs),
+        )
+        self._probes.put(ident, tc)
+        return tc
+
+    # -- compile -------------------------------------------------------------
+    def argv(
+        self,
+        *,
+        toolchain: Toolchain,
+        language: str,
+        flags: Sequence[str],
+        defines: Sequence[tuple[str, str | None]],
+        include_dirs: Sequence[str],
+        quote_dir: str | None,
+        arch: str | None,
+    ) -> tuple[str, ...]:
+        _check_ptxas(flags)
+        macros = [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines]
+        if self.compiler == "nvrtc":
+            # No -I: headers are handed over in memory (see nvrtc.py). Include dirs enter the key
+            # through the spec itself.
+            return ("nvrtc", f"--gpu-architecture={arch}", "-default-device", "--ptxas-options=-v", *flags, *macros)
+        host = toolchain.version.split("\nhost: ", 1)[1].split(" ", 1)[0]
+        argv = [
+            toolchain.compiler,
+            "--cubin",
+            f"-arch={arch}",
+            "-ccbin",
+            host,
+            "--ptxas-options=-v",
+            *flags,
+            *macros,
+            *(f"-I{d}" for d in include_dirs),
+        ]
+        if quote_dir is not None:
+            argv += ["-iquote", quote_dir]
+        return (*argv, "-MD", "-MF", "{DEP}", "-o", "{OUT}", "-x", "cu", "{SRC}")
+
+    def compile(
+        self,
+        spec: BuildSpec,
+        *,
+        workdir: str,
+        expand: Callable[[str], str],
+        run: Runner,
+        timeout: float,
+        search_dirs: Sequence[str] = (),
+        confine: Callable[[str], str] | None = None,
+        max_deps: int = 20_000,
+    ) -> CompileOutput:
+        if self.compiler == "nvrtc":
+            out = self._compile_nvrtc(spec, search_dirs, confine, timeout, max_deps)
+        else:
+            out = self._compile_nvcc(spec, workdir, expand, run, timeout)
+        self._check_spills(spec.name, out.log)
+        return out
+
+    def _compile_nvrtc(
+        self,
+        spec: BuildSpec,
+        search_dirs: Sequence[str],
+        confine: Callable[[str], str] | None,
+        timeout: float,
+        max_deps: int,
+    ) -> CompileOutput:
+        if confine is None:
+            raise ConfigError("NVRTC needs the runtime's confinement")
+        import time
+
+        started = time.perf_counter()
+        options = list(spec.argv[1:])
+        once = self._worker_client(spec.arch).compile_once if self._worker_wanted else nvrtc_compile_once
+        result, headers = compile_with_headers(
+            spec.code,
+            spec.name,
+            options,
+            list(spec.name_expressions),
+            search_dirs=search_dirs,
+            confine=confine,
+            compile_once=once,
+            isolated=self._worker_wanted,
+            timeout=timeout,
+            max_headers=max_deps,
+        )
+        if not result.ok:
+            raise CompileError(f"{spec.name}: NVRTC failed\n{result.log}", log=result.log, argv=options)
+        return CompileOutput(
+            result.cubin,
+            tuple(headers.values()),
+            tuple(cubin_kernels(result.cubin)),
+            result.log,
+            ("nvrtc", *options),
+            time.perf_counter() - started,
+            True,
+            meta=self._meta(result.cubin, result.lowered),
+        )
+
+    def _compile_nvcc(
+        self, spec: BuildSpec, workdir: str, expand: Callable[[str], str], run: Runner, timeout: float
+    ) -> CompileOutput:
+        src = os.path.join(workdir, "src", spec.filename)
+        os.makedirs(os.path.dirname(src), exist_ok=True)
+        with open(src, "wb") as fh:
+            fh.write(spec.code)
+        out, dep = os.path.join(workdir, f"{spec.name}.cubin"), os.path.join(workdir, f"{spec.name}.d")
+        slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep}
+        argv = tuple(slots.get(a) or expand(a) for a in spec.argv)
+        result = run(argv, cwd=workdir, timeout=timeout)
+        if result.returncode != 0:
+            raise CompileError(
+                f"{spec.name}: nvcc exited with {result.returncode}\n{result.log}",
+                log=result.log,
+                argv=list(argv),
+                returncode=result.returncode,
+            )
+        try:
+            with open(out, "rb") as fh:
+                cubin = fh.read()
+            with open(dep, encoding="utf-8", errors="surrogateescape") as fh:
+                reported = parse_depfile(fh.read())
+        except OSError as exc:
+            raise CompileError(f"{spec.name}: nvcc output missing: {exc}", log=result.log) from exc
+        absolute = [p if os.path.isabs(p) else os.path.join(workdir, p) for p in reported]
+        deps = tuple(p for p in absolute if p != src)
+        return CompileOutput(
+            cubin,
+            deps,
+            tuple(cubin_kernels(cubin)),
+            result.log,
+            argv,
+            result.seconds,
+            src in absolute,
+            meta=self._meta(cubin, {}),
+        )
+
+    @staticmethod
+    def _meta(cubin: bytes, lowered: Mapping[str, str]) -> dict[str, Any]:
+        params = {k: [list(p) for p in v] for k, v in cubin_kernels(cubin).items()}
+        return {"params": params, "symbols": dict(lowered)}
+
+    def _check_spills(self, name: str, log: str) -> None:
+        if self._spills == "ignore":
+            return
+        problems = []
+        current = "?"
+        for line in log.splitlines():
+            func = _FUNC.search(line)
+            if func:
+                current = func.group(1)
+            m = _SPILL.search(line)
+            if m and any(int(x) for x in m.groups()):
+                problems.append(f"{current}: {m.group(0)}")
+        if not problems:
+            return
+        text = f"{name}: register spills or local memory: " + "; ".join(problems)
+        if self._spills == "error":
+            raise CompileError(text, log=log)
+        warnings.warn(text, SpillWarning, stacklevel=4)
+
+    def _worker_client(self, arch: str | None) -> NvrtcWorker:
+        with self._lock:
+            if self._worker is None:
+                self._worker = NvrtcWorker(arch or "sm_90", self._require_landlock)
+            return self._worker
+
+    # -- artifacts -----------------------------------------------------------
+    def kernels(self, artifact: bytes) -> tuple[str, ...]:
+        return tuple(cubin_kernels(artifact))
+
+    def load(self, artifact: bytes, *, name: str, options: Mapping[str, Any] | None = None) -> CudaLibrary:
+        meta = dict(options or {})
+        return CudaLibrary(artifact, name, meta.get("params", {}), meta.get("symbols", {}))
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+
+
+def _check_ptxas(flags: Sequence[str]) -> None:
+    for flag in flags:
+        for prefix in ("--ptxas-options=", "-Xptxas="):
+            if flag.startswith(prefix):
+                for opt in flag[len(prefix) :].split(","):
+                    if opt.split("=", 1)[0] not in _PTXAS_OK:
+                        raise ConfigError(f"ptxas option {opt!r} is not allowed", flag=flag)
+
+
+class NvrtcWorker:
+    """A persistent NVRTC process without filesystem access (see _nvrtc_worker)."""
+
+    def __init__(self, arch: str, require_landlock: bool) -> None:
+        self._arch = arch
+        self._require = require_landlock
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-I", "-m", "safejit.backends._nvrtc_worker", self._arch]
+        if self._require:
+            argv.append("--require-landlock")
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env={"PATH": _SYSTEM_PATH, "LC_ALL": "C"},
+            close_fds=True,
+            process_group=0,
+        )
+
+    def compile_once(self, req: NvrtcRequest, timeout: float = 300.0) -> NvrtcResult:
+        msg = json.dumps(
+            {
+                "code": base64.b64encode(req.code).decode(),
+                "name": req.name,
+                "options": req.options,
+                "name_expressions": req.name_expressions,
+                "headers": {k: base64.b64encode(v).decode() for k, v in req.headers.items()},
+            }
+        ).encode()
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._proc = self._start()
+            proc = self._proc
+            assert proc.stdin is not None and proc.stdout is not None
+            try:
+                proc.stdin.write(struct.pack(">I", len(msg)) + msg)
+                proc.stdin.flush()
+                reply = self._read(proc, timeout)
+            except (OSError, CompileTimeout):
+                self._kill()
+                raise
+        if reply is None:
+            self._kill()
+            raise CompileError("the NVRTC worker died", log="")
+        return NvrtcResult(
+            bool(reply["ok"]),
+            str(reply["log"]),
+            cubin=base64.b64decode(reply["cubin"]),
+            lowered=dict(reply["lowered"]),
+            missing=[tuple(m) for m in reply["missing"]],
+        )
+
+    @staticmethod
+    def _read(proc: subprocess.Popen[bytes], timeout: float) -> dict[str, Any] | None:
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        buf = b""
+        need = 4
+        length: int | None = None
+        while len(buf) < need:
+            ready, _, _ = select.select([fd], [], [], timeout)
+            if not ready:
+                raise CompileTimeout(f"the NVRTC worker did not answer in {timeout:g}s", log="", timeout=timeout)
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return None
+            buf += chunk
+            if length is None and len(buf) >= 4:
+                (length,) = struct.unpack(">I", buf[:4])
+                need = 4 + length
+        data: dict[str, Any] = json.loads(buf[4:need])
+        return data
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, 9)
+            proc.wait()
+
+    def close(self) -> None:
+        with self._lock:
+            self._kill()

@@ -1,0 +1,195 @@
+"""NVRTC with a complete dependency closure.
+
+NVRTC writes no depfile. So it gets no search path at all: every header it may
+read is handed to it in memory, found by our own resolver under the declared
+roots (and confined). When it names a header it does not have, the compile is
+retried with that header added. What was not handed over cannot be read — in
+the isolated worker because the worker has no filesystem access at all
+(Landlock); in process because every ``#include`` that could reach the
+filesystem directly (absolute, ``..``, computed) is resolved or refused first.
+The closure is therefore the set of headers handed over.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from ..errors import CompileError, CompileTimeout, PathConfinementError
+
+__all__ = ["NvrtcRequest", "NvrtcResult", "compile_with_headers", "nvrtc_compile_once"]
+
+#: The name NVRTC is given for the main source: in a directory that does not
+#: exist, so a relative include can never be found next to it on disk.
+PROGRAM_DIR: Final = "/nonexistent-safejit-nvrtc"
+_MISSING = re.compile(r'^(.*?)\(\d+\): catastrophic error: cannot open source file "([^"]+)"', re.M)
+_INCLUDE = re.compile(
+    rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]*)[>"]|^[ \t]*#[ \t]*include[ \t]*([^<"\s][^\n]*)', re.M
+)
+_MAX_ROUNDS: Final = 4096
+
+
+@dataclass
+class NvrtcRequest:
+    code: bytes
+    name: str
+    options: list[str]
+    name_expressions: list[str]
+    headers: dict[str, bytes] = field(default_factory=dict)
+
+
+@dataclass
+class NvrtcResult:
+    ok: bool
+    log: str
+    cubin: bytes = b""
+    lowered: dict[str, str] = field(default_factory=dict)
+    missing: list[tuple[str, str]] = field(default_factory=list)  # (includer, header name)
+
+
+def nvrtc_compile_once(req: NvrtcRequest) -> NvrtcResult:
+    """One NVRTC compile (in this process). Reports missing headers by name."""
+    from cuda.bindings import nvrtc
+
+    def check(result: Any) -> Any:
+        err, *rest = result if isinstance(result, tuple) else (result,)
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(f"NVRTC call failed: {err}", log=str(err))
+        return rest[0] if len(rest) == 1 else rest
+
+    names = list(req.headers)
+    prog = check(
+        nvrtc.nvrtcCreateProgram(
+            req.code,
+            f"{PROGRAM_DIR}/{req.name}.cu".encode(),
+            len(names),
+            [req.headers[n] for n in names],
+            [n.encode() for n in names],
+        )
+    )
+    try:
+        for expr in req.name_expressions:
+            check(nvrtc.nvrtcAddNameExpression(prog, expr.encode()))
+        opts = [o.encode() for o in req.options]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        size = check(nvrtc.nvrtcGetProgramLogSize(prog))
+        buf = b" " * size
+        check(nvrtc.nvrtcGetProgramLog(prog, buf))
+        log = buf.rstrip(b"\0").decode("utf-8", "replace")
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return NvrtcResult(False, log, missing=[(m.group(1), m.group(2)) for m in _MISSING.finditer(log)])
+        size = check(nvrtc.nvrtcGetCUBINSize(prog))
+        cubin = b" " * size
+        check(nvrtc.nvrtcGetCUBIN(prog, cubin))
+        lowered = {e: check(nvrtc.nvrtcGetLoweredName(prog, e.encode())).decode() for e in req.name_expressions}
+        return NvrtcResult(True, log, cubin=cubin, lowered=lowered)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def include_names(data: bytes) -> tuple[list[tuple[str, str]], bool]:
+    """``(kind, name)`` of every literal ``#include`` (kind ``"`` or ``<``), and
+    whether a computed ``#include MACRO`` appears."""
+    found, computed = [], False
+    for m in _INCLUDE.finditer(data):
+        if m.group(3) is not None:
+            computed = True
+        else:
+            found.append((m.group(1).decode(), m.group(2).decode("utf-8", "replace").strip()))
+    return found, computed
+
+
+def compile_with_headers(
+    code: bytes,
+    name: str,
+    options: list[str],
+    name_expressions: list[str],
+    *,
+    search_dirs: Sequence[str],
+    confine: Callable[[str], str],
+    compile_once: Callable[[NvrtcRequest], NvrtcResult],
+    isolated: bool,
+    timeout: float,
+    max_headers: int,
+) -> tuple[NvrtcResult, dict[str, str]]:
+    """Compile, handing over headers until NVRTC stops asking.
+
+    Returns the result and ``{header name: absolute path}`` of what was handed over.
+    """
+    deadline = time.monotonic() + timeout
+    headers: dict[str, bytes] = {}
+    paths: dict[str, str] = {}  # header name -> file
+    main = f"{PROGRAM_DIR}/{name}.cu"
+
+    def hand_over(includer_file: str | None, kind: str, header: str) -> bool:
+        path = _resolve(header, kind, includer_file, search_dirs, confine)
+        if path is None:
+            return False
+        known = paths.get(header)
+        if known is not None and known != path:
+            raise CompileError(
+                f"header name {header!r} resolves to two files ({known}, {path}); NVRTC "
+                "can take only one file per name",
+                log="",
+            )
+        if known is None:
+            if len(paths) >= max_headers:
+                raise CompileError(f"more than {max_headers} headers", log="")
+            with open(path, "rb") as fh:
+                data = fh.read()
+            headers[header], paths[header] = data, path
+            scan(data, path)
+        return True
+
+    def scan(data: bytes, file: str | None) -> None:
+        names, computed = include_names(data)
+        if computed and not isolated:
+            raise PathConfinementError(
+                "a computed #include can make in-process NVRTC read the filesystem; compile this source "
+                "with Config(nvrtc_worker=True)"
+            )
+        for kind, header in names:
+            risky = os.path.isabs(header) or ".." in header.split("/")
+            # Absolute and ".." names would reach the filesystem if not handed over: resolve them now
+            # (or refuse). Plain names are resolved on demand, when NVRTC asks.
+            if risky and header not in paths and not hand_over(file, kind, header):
+                raise PathConfinementError(f"#include {header!r} does not resolve under a declared root", path=header)
+
+    scan(code, None)
+    for _ in range(_MAX_ROUNDS):
+        if time.monotonic() > deadline:
+            raise CompileTimeout(f"NVRTC compile of {name} ran past {timeout:g}s", log="", timeout=timeout)
+        result = compile_once(NvrtcRequest(code, name, options, name_expressions, dict(headers)))
+        if result.ok or not result.missing:
+            return result, paths
+        progressed = False
+        for includer, header in result.missing:
+            includer_file = None if includer == main else paths.get(includer)
+            kind = "<" if f"#include <{header}>" in result.log else '"'
+            if header in paths:
+                continue
+            if not hand_over(includer_file, kind, header):
+                return result, paths  # genuinely missing: the compile error stands
+            progressed = True
+        if not progressed:
+            return result, paths
+    raise CompileError(f"NVRTC kept asking for headers after {_MAX_ROUNDS} rounds", log="")
+
+
+def _resolve(
+    header: str, kind: str, includer: str | None, search_dirs: Sequence[str], confine: Callable[[str], str]
+) -> str | None:
+    """The confined file an ``#include`` names, searched like a compiler would."""
+    if os.path.isabs(header):
+        candidates = [header]
+    else:
+        first = [os.path.dirname(includer)] if includer and kind == '"' else []
+        candidates = [os.path.join(d, header) for d in (*first, *search_dirs)]
+    for cand in candidates:
+        if os.path.isfile(cand):
+            return confine(cand)
+    return None

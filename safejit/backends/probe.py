@@ -1,0 +1,101 @@
+"""Toolchain probes: running a compiler to learn its version and search dirs,
+remembered per user (private directory) and keyed by the binary's stat, so a
+fresh process that only hits the cache starts no compiler."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..keys import digest_bytes, encode
+from ..spec import Toolchain
+from .base import Runner
+
+__all__ = ["ProbeCache", "compiler_search_dirs", "file_ident", "run_text"]
+
+
+def file_ident(path: str) -> list[Any]:
+    """A binary's identity for probe caching: path and full stat."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be used: {exc}") from exc
+    return [path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def run_text(run: Runner, argv: Sequence[str]) -> str:
+    result = run(argv, cwd="", timeout=60)
+    if result.returncode != 0:
+        raise ConfigError(f"probing {argv[0]} failed ({result.returncode}): {result.log[-2000:]}")
+    return result.log
+
+
+def compiler_search_dirs(verbose: str) -> list[str]:
+    """The include search list printed by ``cc -E -v``."""
+    dirs: list[str] = []
+    inside = False
+    for line in verbose.splitlines():
+        if line.startswith(("#include <...> search starts here:", '#include "..." search')):
+            inside = True
+            continue
+        if line.startswith("End of search list."):
+            break
+        if inside and line.startswith(" "):
+            dirs.append(os.path.normpath(line.strip().removesuffix(" (framework directory)")))
+    return dirs
+
+
+class ProbeCache:
+    def __init__(self, state_dir: str | None) -> None:
+        self._dir = state_dir
+
+    def _path(self, ident: list[Any]) -> Path | None:
+        return Path(self._dir) / f"probe-{digest_bytes(encode(ident))[:32]}.json" if self._dir else None
+
+    def get(self, ident: list[Any]) -> Toolchain | None:
+        path = self._path(ident)
+        if path is None:
+            return None
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                return None
+            data = json.loads(path.read_text())
+            if data.get("ident") != ident:
+                return None
+            return Toolchain(
+                compiler=data["compiler"],
+                version=data["version"],
+                digest=data["digest"],
+                roots=tuple(data["roots"]),
+                search_dirs=tuple(data["search_dirs"]),
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def put(self, ident: list[Any], tc: Toolchain) -> None:
+        path = self._path(ident)
+        if path is None:
+            return
+        data = {
+            "ident": ident,
+            "compiler": tc.compiler,
+            "version": tc.version,
+            "digest": tc.digest,
+            "roots": list(tc.roots),
+            "search_dirs": list(tc.search_dirs),
+        }
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(data))
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
