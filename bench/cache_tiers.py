@@ -14,6 +14,9 @@ Keys written (targets in parentheses):
   telemetry_cold_overhead_ratio     cold compile with the SDK / without (<= 1.02)
   verify_gb_per_s                 full rehash of a large closure (no stat memo), against a plain read
   prune_leaves_per_s              safejit prune over 100,000 leaves
+  cuda_memory_hit_vs_peer         CUDA memory hit / cuda.core make_program_cache_key + InMemoryProgramCache (<= 0.2)
+  cuda_disk_hit_vs_peer           fresh-process verified disk hit / FileStreamProgramCache hit (<= 3.0)
+  cuda_cold_vs_peer               cold NVRTC compile through safejit / cuda.core Program.compile (<= 1.10)
 """
 
 from __future__ import annotations
@@ -330,6 +333,105 @@ def prune_throughput(results: dict[str, Any], quick: bool) -> None:
     )
 
 
+CUDA_CODE = 'extern "C" __global__ void scale(float* x, float a, int n) { int i = threadIdx.x; if (i < n) x[i] *= a; }'
+
+CUDA_DISK_CHILD = r"""
+import json, sys, time
+mode, cache, code = sys.argv[1], sys.argv[2], sys.argv[3]
+if mode == "safejit":
+    import safejit, safejit.backends.cuda
+    rt = safejit.Runtime(config=safejit.Config(backend="cuda", cache_dirs=(cache,)))
+    t0 = time.perf_counter()
+    mod = rt.compile(safejit.Source(code, "scale"), arch="sm_90")
+    t1 = time.perf_counter()
+    assert rt.stats()["disk_hits"] == 1 and rt.stats()["compiles"] == 0
+else:
+    from cuda.core import ProgramOptions
+    from cuda.core.utils import FileStreamProgramCache, make_program_cache_key
+    cache_ = FileStreamProgramCache(cache)
+    t0 = time.perf_counter()
+    key = make_program_cache_key(code=code, code_type="c++", options=ProgramOptions(arch="sm_90"), target_type="cubin")
+    hit = cache_.get(key)
+    t1 = time.perf_counter()
+    assert hit is not None
+print(json.dumps({"seconds": t1 - t0}))
+"""
+
+
+def cuda_tiers(results: dict[str, Any], quick: bool) -> None:
+    """safejit's CUDA tiers against cuda.core's own program cache (NVRTC, header-free kernel)."""
+    try:
+        from cuda.core import Program, ProgramOptions
+        from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, make_program_cache_key
+    except ImportError:
+        print("cuda tiers              skipped (cuda-core not installed)")
+        return
+    opts = ProgramOptions(arch="sm_90")
+    with tempfile.TemporaryDirectory() as base:
+        rt = safejit.Runtime(config=safejit.Config(backend="cuda", cache_dirs=(f"{base}/ours",)))
+        src = safejit.Source(CUDA_CODE, "scale")
+        rt.compile(src, arch="sm_90")
+        mem = InMemoryProgramCache()
+        Program(CUDA_CODE, "c++", options=opts).compile("cubin", cache=mem)
+
+        def peer_hit() -> None:
+            key = make_program_cache_key(code=CUDA_CODE, code_type="c++", options=opts, target_type="cubin")
+            assert mem.get(key) is not None
+
+        n = 200 if quick else 2000
+        ours_t, peer_t = [], []
+        for _ in range(5 if quick else 15):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                rt.compile(src, arch="sm_90")
+            ours_t.append((time.perf_counter() - t0) / n)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                peer_hit()
+            peer_t.append((time.perf_counter() - t0) / n)
+        mem_ratio = statistics.median(ours_t) / statistics.median(peer_t)
+        # Cold: fresh sources each time, alternating.
+        cold_ours, cold_peer = [], []
+        for i in range(3 if quick else 9):
+            code_a = CUDA_CODE.replace("*= a", f"*= a + {i}.0f")
+            code_b = CUDA_CODE.replace("*= a", f"*= a - {i}.0f")
+            t0 = time.perf_counter()
+            rt.compile(safejit.Source(code_a, "scale"), arch="sm_90")
+            cold_ours.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            Program(code_b, "c++", options=opts).compile("cubin", cache=InMemoryProgramCache())
+            cold_peer.append(time.perf_counter() - t0)
+        cold_ratio = statistics.median(cold_ours) / statistics.median(cold_peer)
+        rt.close()
+        Program(CUDA_CODE, "c++", options=opts).compile("cubin", cache=FileStreamProgramCache(f"{base}/peer"))
+        disk = {"safejit": [], "peer": []}
+        for _ in range(3 if quick else 9):
+            for mode, cache in (("safejit", f"{base}/ours"), ("peer", f"{base}/peer")):
+                out = subprocess.run(
+                    [sys.executable, "-c", CUDA_DISK_CHILD, mode, cache, CUDA_CODE],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                disk[mode].append(json.loads(out.stdout)["seconds"])
+        disk_ratio = statistics.median(disk["safejit"]) / statistics.median(disk["peer"])
+    results["cuda_memory_hit_vs_peer"] = round(mem_ratio, 3)
+    results["cuda_disk_hit_vs_peer"] = round(disk_ratio, 3)
+    results["cuda_cold_vs_peer"] = round(cold_ratio, 3)
+    print(
+        f"cuda memory hit         {mem_ratio:8.3f} x    ({statistics.median(ours_t) * 1e6:.2f} us vs cuda.core "
+        f"key+InMemoryProgramCache {statistics.median(peer_t) * 1e6:.2f} us)"
+    )
+    print(
+        f"cuda disk hit (fresh)   {disk_ratio:8.3f} x    ({statistics.median(disk['safejit']) * 1e3:.2f} ms verified "
+        f"vs FileStreamProgramCache {statistics.median(disk['peer']) * 1e3:.2f} ms)"
+    )
+    print(
+        f"cuda cold compile       {cold_ratio:8.3f} x    ({statistics.median(cold_ours) * 1e3:.1f} ms vs cuda.core "
+        f"Program.compile {statistics.median(cold_peer) * 1e3:.1f} ms)"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", help="write the results here")
@@ -344,6 +446,7 @@ def main() -> int:
     telemetry(results, 2 if args.quick else 6)
     verify_throughput(results, args.quick)
     prune_throughput(results, args.quick)
+    cuda_tiers(results, args.quick)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     return 0

@@ -31,6 +31,12 @@ from .cuda_launch import CudaLibrary, device_arch
 from .nvrtc import NvrtcRequest, NvrtcResult, compile_with_headers, nvrtc_compile_once
 from .probe import ProbeCache, compiler_search_dirs, file_ident, run_text
 
+try:  # imported with the backend (only when backend="cuda" is asked for), not on the compile path
+    from cuda.bindings import nvrtc as _nvrtc
+    from cuda.pathfinder import find_nvidia_header_directory, load_nvidia_dynamic_lib
+except ImportError:  # pragma: no cover - reported when the backend is used
+    _nvrtc = None
+
 __all__ = ["CudaBackend", "SpillWarning"]
 
 logger = logging.getLogger(__name__)
@@ -149,19 +155,16 @@ class CudaBackend:
 
     def _include_dir(self) -> list[str]:
         try:
-            from cuda.pathfinder import find_nvidia_header_directory
-
             found = find_nvidia_header_directory("cudart")
         except Exception:
             found = None
         return [os.path.realpath(found)] if found else []
 
     def _probe_nvrtc(self) -> Toolchain:
-        from cuda.bindings import nvrtc
-        from cuda.pathfinder import load_nvidia_dynamic_lib
-
+        if _nvrtc is None:
+            raise ConfigError("the CUDA backend needs cuda-python: pip install 'safejit[cuda]'")
         lib = os.path.realpath(load_nvidia_dynamic_lib("nvrtc").abs_path)
-        _, major, minor = nvrtc.nvrtcVersion()
+        _, major, minor = _nvrtc.nvrtcVersion()
         ident = [*file_ident(lib), _PROBE_SCHEMA, "nvrtc"]
         cached = self._probes.get(ident)
         if cached is not None:
@@ -474,6 +477,10 @@ class NvrtcWorker:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, 9)
             proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
 
     def close(self) -> None:
         with self._lock:

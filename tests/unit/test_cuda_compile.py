@@ -1,0 +1,298 @@
+"""The CUDA backend without a GPU: NVRTC and nvcc to cubins, the header closure,
+rebuilds, the environment, diagnostics, argument packing."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+from pathlib import Path
+
+import pytest
+
+import safejit
+from safejit.backends.cubin import cubin_kernels
+from safejit.backends.cuda import SpillWarning
+from safejit.backends.cuda_launch import CudaKernel, has_cuda_device, stream_handle
+from tests.conftest import assert_cache_sound, leaves
+
+pytest.importorskip("cuda.bindings.nvrtc")
+HAVE_NVCC = shutil.which("nvcc", path="/usr/local/cuda/bin:/usr/bin") is not None
+
+SAXPY = """#include "scale.h"
+extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i] * SCALE + y[i];
+}
+template <typename T> __global__ void scale(T* x, T a, int n) { int i = threadIdx.x; if (i < n) x[i] *= a; }
+"""
+
+
+@pytest.fixture
+def cuda_project(tmp_path: Path) -> Path:
+    root = tmp_path / "cuproj"
+    (root / "include").mkdir(parents=True)
+    (root / "include" / "scale.h").write_text('#include "detail.h"\n#define SCALE (DETAIL * 1.0f)\n')
+    (root / "include" / "detail.h").write_text("#define DETAIL 2\n")
+    return root
+
+
+def _rt(make_runtime, root: Path, compiler: str, **cfg) -> safejit.Runtime:
+    return make_runtime(backend="cuda", cuda_compiler=compiler, source_roots=(str(root),), **cfg)
+
+
+COMPILERS = ["nvrtc", pytest.param("nvcc", marks=pytest.mark.skipif(not HAVE_NVCC, reason="no nvcc"))]
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_cubin_with_a_user_header_is_cached_and_rebuilt_exactly_when_the_header_changes(
+    make_runtime, cuda_project, cache_dir, compiler
+):
+    inc = (str(cuda_project / "include"),)
+    src = safejit.Source(SAXPY, "saxpy")
+    art = _rt(make_runtime, cuda_project, compiler).build(src, include_dirs=inc, arch="sm_90")
+    cubin = (Path(art.path) / "artifact.cubin").read_bytes()
+    assert cubin[:4] == b"\x7fELF" and "saxpy" in art.kernels
+    assert cubin_kernels(cubin)["saxpy"] == [(0, 4), (8, 8), (16, 8), (24, 4)]
+    again = _rt(make_runtime, cuda_project, compiler)
+    assert again.build(src, include_dirs=inc, arch="sm_90").source == "disk" and again.stats()["compiles"] == 0
+    (cuda_project / "include" / "detail.h").write_text("#define DETAIL 3\n")  # transitive header
+    changed = _rt(make_runtime, cuda_project, compiler)
+    rebuilt = changed.build(src, include_dirs=inc, arch="sm_90")
+    assert rebuilt.source == "compiled" and rebuilt.build_key == art.build_key and rebuilt.deps_key != art.deps_key
+    explanation = changed.explain(src, include_dirs=inc, arch="sm_90")
+    assert explanation.result == "hit"
+    assert len(leaves(cache_dir)) == 2
+    assert_cache_sound(cache_dir)
+
+
+def test_nvrtc_closure_names_every_handed_over_header(make_runtime, cuda_project):
+    rt = _rt(make_runtime, cuda_project, "nvrtc")
+    art = rt.build(safejit.Source(SAXPY, "saxpy"), include_dirs=(str(cuda_project / "include"),), arch="sm_90")
+    import json
+
+    deps = json.loads((Path(art.path) / "manifest.json").read_text())["deps"]
+    assert sorted(rel for _, rel, _ in deps) == ["include/detail.h", "include/scale.h"]
+
+
+def test_nvrtc_template_kernels_through_name_expressions(make_runtime, cuda_project):
+    rt = _rt(make_runtime, cuda_project, "nvrtc")
+    mod = rt.compile(
+        safejit.Source(SAXPY, "saxpy"),
+        include_dirs=(str(cuda_project / "include"),),
+        arch="sm_90",
+        name_expressions=("scale<float>", "scale<int>"),
+    )
+    import json
+
+    meta = json.loads((Path(mod.artifact.path) / "manifest.json").read_text())["meta"]
+    assert meta["symbols"] == {"scale<float>": "_Z5scaleIfEvPT_S0_i", "scale<int>": "_Z5scaleIiEvPT_S0_i"}
+    assert set(mod.kernels) == {"saxpy", "_Z5scaleIfEvPT_S0_i", "_Z5scaleIiEvPT_S0_i"}
+    assert meta["params"]["_Z5scaleIfEvPT_S0_i"] == [[0, 8], [8, 4], [12, 4]]
+
+
+@pytest.mark.skipif(not HAVE_NVCC, reason="no nvcc")
+@pytest.mark.parametrize("variable", ["NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "CPATH", "NVCC_CCBIN"])
+def test_nvcc_environment_flags_in_the_callers_environment_change_nothing(
+    make_runtime, cuda_project, monkeypatch, variable
+):
+    inc = (str(cuda_project / "include"),)
+    src = safejit.Source(SAXPY, "saxpy")
+    clean = _rt(make_runtime, cuda_project, "nvcc").build(src, include_dirs=inc, arch="sm_90")
+    monkeypatch.setenv(variable, "-DSCALE=99 --dryrun" if "FLAGS" in variable else "/nonexistent")
+    dirty_rt = _rt(make_runtime, cuda_project, "nvcc", cache_dirs=(str(cuda_project.parent / "other-cache"),))
+    dirty = dirty_rt.build(src, include_dirs=inc, arch="sm_90")
+    assert dirty.source == "compiled"
+    assert (dirty.build_key, dirty.digest) == (clean.build_key, clean.digest)
+
+
+def test_missing_gpu_without_arch_is_a_clear_config_error(make_runtime, cuda_project):
+    if has_cuda_device():
+        pytest.skip("a GPU is present")
+    rt = _rt(make_runtime, cuda_project, "nvrtc")
+    with pytest.raises(safejit.ConfigError, match="pass arch="):
+        rt.compile(safejit.Source('extern "C" __global__ void k() {}', "k"))
+
+
+def test_loading_without_a_driver_fails_fast_and_typed(make_runtime, cuda_project):
+    if has_cuda_device():
+        pytest.skip("a GPU is present")
+    rt = _rt(make_runtime, cuda_project, "nvrtc")
+    mod = rt.compile(safejit.Source('extern "C" __global__ void k() {}', "k"), arch="sm_90")
+    for _ in range(2):  # the second attempt must not hang either
+        with pytest.raises(safejit.LoadError, match="CUDA driver"):
+            mod.kernel("k")
+
+
+@pytest.mark.parametrize("arch", ["90", "sm90", "compute_90", "sm_9"])
+def test_bad_arch_is_refused(make_runtime, cuda_project, arch):
+    with pytest.raises(safejit.ConfigError, match="arch"):
+        _rt(make_runtime, cuda_project, "nvrtc").build(
+            safejit.Source('extern "C" __global__ void k() {}', "k"), arch=arch
+        )
+
+
+LOCAL_MEMORY = """extern "C" __global__ void lmem(float* o, int i) {
+  float a[256];
+  for (int j = 0; j < 256; ++j) a[j] = o[j] * j;
+  o[0] = a[i];
+}"""
+
+
+def test_local_memory_is_a_warning_or_an_error(make_runtime, cuda_project, cache_dir):
+    src = safejit.Source(LOCAL_MEMORY, "lmem")
+    with pytest.warns(SpillWarning, match="stack frame"):
+        _rt(make_runtime, cuda_project, "nvrtc").build(src, arch="sm_90")
+    strict = _rt(
+        make_runtime, cuda_project, "nvrtc", cuda_spills="error", cache_dirs=(str(cache_dir.parent / "strict"),)
+    )
+    with pytest.raises(safejit.CompileError, match=r"spill|stack frame"):
+        strict.build(src, arch="sm_90")
+    assert leaves(cache_dir.parent / "strict") == []
+
+
+@pytest.mark.parametrize(
+    "flags", [("--ptxas-options=-v", "--ptxas-options=-O3"), ("-lineinfo", "--use_fast_math"), ("-maxrregcount=32",)]
+)
+def test_cuda_flags_allowed(make_runtime, cuda_project, flags):
+    _rt(make_runtime, cuda_project, "nvrtc").build(
+        safejit.Source('extern "C" __global__ void k() {}', "k"), arch="sm_90", flags=flags
+    )
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("-Xcompiler=-fplugin=x.so",),
+        ("--ptxas-options=--output-file=/tmp/x",),
+        ("-ccbin", "/usr/bin/gcc"),
+        ("--compiler-bindir=/tmp",),
+        ("-o", "/tmp/x"),
+    ],
+)
+def test_cuda_flags_refused(make_runtime, cuda_project, cache_dir, flags):
+    with pytest.raises((safejit.FlagPolicyError, safejit.ConfigError)):
+        _rt(make_runtime, cuda_project, "nvrtc").build(
+            safejit.Source('extern "C" __global__ void k() {}', "k"), arch="sm_90", flags=flags
+        )
+    assert leaves(cache_dir) == []
+
+
+COMPUTED = '#define HEADER "scale.h"\n#include HEADER\nextern "C" __global__ void k(float* y) { y[0] = SCALE; }\n'
+
+
+def test_computed_include_needs_the_isolated_worker(make_runtime, cuda_project, cache_dir):
+    inc = (str(cuda_project / "include"),)
+    with pytest.raises(safejit.PathConfinementError, match="nvrtc_worker"):
+        _rt(make_runtime, cuda_project, "nvrtc").build(safejit.Source(COMPUTED, "k"), include_dirs=inc, arch="sm_90")
+    assert leaves(cache_dir) == []
+    art = _rt(make_runtime, cuda_project, "nvrtc", nvrtc_worker=True).build(
+        safejit.Source(COMPUTED, "k"), include_dirs=inc, arch="sm_90"
+    )
+    assert art.kernels == ("k",)
+
+
+@pytest.mark.parametrize("worker", [False, True])
+@pytest.mark.parametrize("include", ['"/etc/hostname"', '"../../../../../../etc/hostname"'])
+def test_nvrtc_include_outside_the_roots_is_refused(make_runtime, cuda_project, cache_dir, worker, include):
+    src = safejit.Source(f'#include {include}\nextern "C" __global__ void k() {{}}\n', "k")
+    with pytest.raises(safejit.PathConfinementError):
+        _rt(make_runtime, cuda_project, "nvrtc", nvrtc_worker=worker).build(
+            src, include_dirs=(str(cuda_project / "include"),), arch="sm_90"
+        )
+    assert leaves(cache_dir) == []
+
+
+# -- argument packing (no GPU needed) ------------------------------------------
+def _kernel(params, argtypes=None) -> CudaKernel:
+    return CudaKernel("k", None, params, argtypes)
+
+
+def _packed(kernel: CudaKernel, args) -> list[bytes]:
+    address = kernel.pack(args)
+    ptrs = (ctypes.c_void_p * kernel.num_params).from_address(address)
+    return [ctypes.string_at(p, size) for p, (_, size) in zip(ptrs, kernel._params, strict=True)]
+
+
+def test_python_numbers_take_exactly_the_parameter_width():
+    k = _kernel([(0, 4), (8, 8), (16, 4), (20, 8), (28, 2), (30, 1)])
+    got = _packed(k, [1.5, 1.5, -7, -7, 3, 1])
+    import struct
+
+    assert got == [
+        struct.pack("<f", 1.5),
+        struct.pack("<d", 1.5),
+        struct.pack("<i", -7),
+        struct.pack("<q", -7),
+        struct.pack("<h", 3),
+        b"\x01",
+    ]
+
+
+class _Tensor:
+    def data_ptr(self) -> int:
+        return 0xDEADBEEF00
+
+
+class _CupyLike:
+    __cuda_array_interface__ = {"data": (0x1234500, False), "shape": (4,), "typestr": "<f4", "version": 3}
+
+
+def test_pointers_numpy_and_ctypes_arguments():
+    np = pytest.importorskip("numpy")
+    k = _kernel([(0, 8), (8, 8), (16, 4), (20, 4), (24, 8)])
+    got = _packed(k, [_Tensor(), _CupyLike(), np.float32(2.5), ctypes.c_int(9), np.uint64(7)])
+    import struct
+
+    assert got == [
+        struct.pack("<Q", 0xDEADBEEF00),
+        struct.pack("<Q", 0x1234500),
+        struct.pack("<f", 2.5),
+        struct.pack("<i", 9),
+        struct.pack("<Q", 7),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("params", "args"),
+    [
+        ([(0, 4)], [2**40]),  # an int too wide for 4 bytes
+        ([(0, 4)], [_Tensor()]),  # a pointer into a 4-byte slot
+        ([(0, 8)], [ctypes.c_float(1.0)]),  # ctypes width mismatch
+        ([(0, 4), (4, 4)], [1]),  # wrong count
+        ([(0, 16)], [1.0]),  # no 16-byte float
+        ([(0, 4)], ["1"]),  # not a number
+    ],
+)
+def test_width_mismatches_are_errors_never_silent(params, args):
+    with pytest.raises(safejit.ConfigError):
+        _kernel(params).pack(args)
+
+
+def test_declared_argtypes_win():
+    k = _kernel([(0, 4), (4, 4)], argtypes=[ctypes.c_uint32, ctypes.c_float])
+    import struct
+
+    assert _packed(k, [3, 2]) == [struct.pack("<I", 3), struct.pack("<f", 2.0)]
+
+
+def test_packed_buffers_are_reused():
+    k = _kernel([(0, 8)])
+    assert k.pack([1]) == k.pack([2])
+
+
+class _Proto:
+    def __cuda_stream__(self):
+        return (0, 4242)
+
+
+class _Attr:
+    cuda_stream = 77
+
+
+def test_stream_handles():
+    assert stream_handle(None) == 0
+    assert stream_handle(123) == 123
+    assert stream_handle(_Proto()) == 4242
+    assert stream_handle(_Attr()) == 77
+    with pytest.raises(safejit.ConfigError):
+        stream_handle("default")
