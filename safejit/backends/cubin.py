@@ -66,3 +66,46 @@ def cubin_kernels(cubin: bytes) -> KernelParams:
         if name.startswith(".nv.info.") and f".text.{name[9:]}" in sections:
             out[name[9:]] = _kparams(data)
     return dict(sorted(out.items()))
+
+
+_EIATTR_FRAME_SIZE: Final = 0x11
+
+
+def _records(info: bytes) -> list[tuple[int, bytes]]:
+    out = []
+    i = 0
+    while i + 2 <= len(info):
+        fmt, attr = info[i], info[i + 1]
+        if fmt == 4:
+            if i + 4 > len(info):
+                break
+            (size,) = struct.unpack_from("<H", info, i + 2)
+            out.append((attr, info[i + 4 : i + 4 + size]))
+            i += 4 + size
+        elif fmt in _EIFMT_SIZES:
+            out.append((attr, info[i + 2 : i + 2 + _EIFMT_SIZES[fmt]]))
+            i += 2 + _EIFMT_SIZES[fmt]
+        else:
+            break
+    return out
+
+
+def cubin_frame_sizes(cubin: bytes) -> dict[str, int]:
+    """Stack frame bytes (local memory, spills included) per function, from the
+    cubin itself — NVRTC does not always return ptxas's verbose log."""
+    try:
+        sections = _sections(cubin)
+        symtab, strtab = sections.get(".symtab", b""), sections.get(".strtab", b"")
+        names = []
+        for off in range(0, len(symtab) - 23, 24):
+            (name_off,) = struct.unpack_from("<I", symtab, off)
+            names.append(strtab[name_off : strtab.index(b"\0", name_off)].decode("utf-8", "replace"))
+        out = {}
+        for attr, value in _records(sections.get(".nv.info", b"")):
+            if attr == _EIATTR_FRAME_SIZE and len(value) >= 8:
+                index, size = struct.unpack_from("<II", value)
+                if size and index < len(names):
+                    out[names[index]] = size
+        return out
+    except (struct.error, ValueError, IndexError):
+        return {}

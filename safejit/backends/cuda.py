@@ -26,7 +26,7 @@ from ..deps import hash_file, parse_depfile
 from ..errors import CompileError, CompileTimeout, ConfigError
 from ..spec import BuildSpec, Source, Toolchain
 from .base import CompileOutput, Runner
-from .cubin import cubin_kernels
+from .cubin import cubin_frame_sizes, cubin_kernels
 from .cuda_launch import CudaLibrary, device_arch
 from .nvrtc import NvrtcRequest, NvrtcResult, compile_with_headers, nvrtc_compile_once
 from .probe import ProbeCache, compiler_search_dirs, file_ident, run_text
@@ -261,7 +261,7 @@ class CudaBackend:
             out = self._compile_nvrtc(spec, search_dirs, confine, timeout, max_deps)
         else:
             out = self._compile_nvcc(spec, workdir, expand, run, timeout)
-        self._check_spills(spec.name, out.log)
+        self._check_spills(spec.name, out.log, out.artifact)
         return out
 
     def _compile_nvrtc(
@@ -347,17 +347,17 @@ class CudaBackend:
         params = {k: [list(p) for p in v] for k, v in cubin_kernels(cubin).items()}
         return {"params": params, "symbols": dict(lowered)}
 
-    def _check_spills(self, name: str, log: str) -> None:
+    def _check_spills(self, name: str, log: str, cubin: bytes) -> None:
         if self._spills == "ignore":
             return
-        problems = []
+        problems = [f"{fn}: {size} bytes stack frame" for fn, size in cubin_frame_sizes(cubin).items()]
         current = "?"
         for line in log.splitlines():
             func = _FUNC.search(line)
             if func:
                 current = func.group(1)
             m = _SPILL.search(line)
-            if m and any(int(x) for x in m.groups()):
+            if m and any(int(x) for x in m.groups()[1:]):  # spills; the frame itself is read from the cubin
                 problems.append(f"{current}: {m.group(0)}")
         if not problems:
             return
@@ -404,7 +404,13 @@ class NvrtcWorker:
         self._lock = threading.Lock()
 
     def _start(self) -> subprocess.Popen[bytes]:
-        argv = [sys.executable, "-I", "-m", "safejit.backends._nvrtc_worker", self._arch]
+        # Isolated mode ignores the environment; the parent's import path is handed over
+        # explicitly so the worker finds safejit and cuda-python wherever they are installed.
+        boot = (
+            "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
+            "from safejit.backends._nvrtc_worker import main; sys.exit(main(sys.argv[2:]))"
+        )
+        argv = [sys.executable, "-I", "-c", boot, json.dumps([p for p in sys.path if p]), self._arch]
         if self._require:
             argv.append("--require-landlock")
         return subprocess.Popen(

@@ -99,7 +99,8 @@ class DiskCache:
         self.max_leaves = max_leaves
         self.stat_memo = stat_memo
         self._attrs = {ATTR.BACKEND: backend, ATTR.TENANT: tenant}
-        self._writable: str | bool | None = False  # False: not probed yet
+        self._writable: str | None = None
+        self.last_error: OSError | None = None
 
     # -- layout --------------------------------------------------------------
     @staticmethod
@@ -110,19 +111,23 @@ class DiskCache:
         return os.path.join(root, LAYOUT, self.tenant, self.backend, build_key[:2], f"build-{build_key}")
 
     def writable_root(self) -> str | None:
-        """The first root that can take new entries (probed once)."""
-        if self._writable is False:
-            self._writable = None
-            for root in self.roots:
-                try:
-                    makedirs_durable(os.path.join(root, LAYOUT, "tmp"))
-                    makedirs_durable(os.path.join(root, LAYOUT, "locks"))
-                except OSError:
-                    continue
-                if os.access(os.path.join(root, LAYOUT, "tmp"), os.W_OK | os.X_OK):
-                    self._writable = root
-                    break
-        return self._writable if isinstance(self._writable, str) else None
+        """The first root that can take new entries. A success is remembered; a
+        failure is not (a full or flaky disk may recover), and its error is kept
+        in ``last_error`` for the caller to report."""
+        if isinstance(self._writable, str):
+            return self._writable
+        for root in self.roots:
+            try:
+                makedirs_durable(os.path.join(root, LAYOUT, "tmp"))
+                makedirs_durable(os.path.join(root, LAYOUT, "locks"))
+            except OSError as exc:
+                self.last_error = exc
+                continue
+            if os.access(os.path.join(root, LAYOUT, "tmp"), os.W_OK | os.X_OK):
+                self._writable = root
+                return root
+            self.last_error = PermissionError(errno.EACCES, "cache root is not writable", root)
+        return None
 
     def new_workdir(self, root: str) -> str:
         path = os.path.join(root, LAYOUT, "tmp", uuid.uuid4().hex)
@@ -358,8 +363,16 @@ class DiskCache:
                     if isinstance(winner, VerifiedLeaf):
                         adopted = VerifiedLeaf(leaf, root, winner.manifest, winner.artifact, dep_states, negatives)
                         return adopted, "adopted"
+                    if winner.reason == "io":
+                        # The existing leaf may well be sound; it is just unreadable now. Keep it,
+                        # and hand back our own (equivalent) build, unpublished.
+                        logger.warning("leaf %s exists but cannot be read (%s); not replacing it", leaf, winner.detail)
+                        return VerifiedLeaf("", root, manifest, artifact, dep_states, negatives), "kept"
                     if attempt == 2:
-                        raise
+                        # An unreadable winner (EIO...) may be sound: keep it, fail this publish.
+                        raise OSError(
+                            exc.errno, f"{exc.strerror}; existing leaf unusable: {winner.detail}", leaf
+                        ) from exc
                     logger.warning("quarantining %s before publishing over it: %s", leaf, winner.detail)
                     self.quarantine(leaf, root)
                     continue

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .disk import LAYOUT, MANIFEST, MARKER, DiskCache, Rejection, VerifiedLeaf
+from .disk import CORRUPT_REASONS, LAYOUT, MANIFEST, MARKER, DiskCache, Rejection, VerifiedLeaf
 from .fsio import remove_tree
 
 __all__ = ["LeafInfo", "PruneReport", "check", "gc", "iter_leaves", "prune", "verify_all"]
@@ -78,7 +78,7 @@ def verify_all(root: str, *, fix: bool = False) -> Iterator[tuple[LeafInfo, Reje
         disk = DiskCache((root,), tenant=info.tenant, backend=info.backend)
         result = disk.verify(info.path, root, info.build_key, None)
         bad = None if isinstance(result, VerifiedLeaf) else result
-        if bad is not None and fix:
+        if bad is not None and fix and bad.reason in CORRUPT_REASONS:
             disk.quarantine(info.path, root)
         yield info, bad
 

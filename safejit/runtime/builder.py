@@ -68,7 +68,10 @@ class Builder:
         self.counters.add("misses")
         root = self.setup.disk.writable_root()
         if root is None:
-            return self.bypass(spec, key, anchors, "no writable cache root")
+            error = self.setup.disk.last_error
+            if self.config.on_cache_error == "raise":
+                raise CacheError(f"no writable cache root: {error}", errno=getattr(error, "errno", None))
+            return self.bypass(spec, key, anchors, f"no writable cache root: {error}")
         with span(SPAN.LOCK_WAIT, {ATTR.ROOT: root}) as s:
             started = time.perf_counter()
             lock = self.setup.disk.acquire_lock(root, key, self.config.lock_timeout_s)
@@ -179,7 +182,7 @@ class Builder:
                     return leaf, "bypass"
                 s.set_attribute(ATTR.OUTCOME, outcome)
             instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: outcome})
-            self.counters.add(outcome)
+            self.counters.add("not_published" if outcome == "kept" else outcome)
             return leaf, "disk" if outcome == "adopted" else "compiled"
         finally:
             self.setup.disk.discard(workdir, root)

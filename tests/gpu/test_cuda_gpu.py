@@ -70,7 +70,7 @@ def test_templated_kernel_through_name_expressions(make_runtime, cuda_root):
     )
     for dtype, name in ((torch.float32, "axpb<float>"), (torch.float64, "axpb<double>")):
         x = torch.arange(1000, device="cuda", dtype=dtype)
-        mod.kernel(name).launch((4,), (256,), (3.0, x, 0.5, 1000))
+        mod.kernel(name).launch((4,), (256,), (x, 3.0, 0.5, 1000))
         torch.cuda.synchronize()
         assert torch.equal(x, 3.0 * torch.arange(1000, device="cuda", dtype=dtype) + 0.5)
 

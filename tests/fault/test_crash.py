@@ -1,0 +1,128 @@
+"""Crash faults: a process that dies (SIGKILL) anywhere on the compile path
+leaves no half-written leaf visible, does not touch earlier leaves, and does not
+stop the next process from compiling.
+
+Each test runs a real child (``sys.executable -c ...``) against a cache that
+already holds one earlier leaf; the child's death is the real thing, either
+``SAFEJIT_FAULTS="<point>=crash"`` (``os.kill(getpid(), SIGKILL)``) or a SIGKILL
+sent from here while the child sleeps inside the publish protocol.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import safejit
+from safejit.cache.disk import LAYOUT, MANIFEST, MARKER
+from tests.conftest import assert_cache_sound
+from tests.fault._support import (
+    EARLIER_C,
+    EARLIER_NAME,
+    EXPECTED,
+    NEW_C,
+    NEW_NAME,
+    SIGKILLED,
+    MakeRuntime,
+    kill_and_reap,
+    leaf_paths,
+    only_leaf,
+    run_child,
+    run_verify,
+    snapshot,
+    start_child,
+    wait_for,
+)
+
+#: Every point a compile passes through, in path order. ``disk.read`` is reached
+#: only by a lookup that finds a leaf, so that child compiles the earlier source.
+CRASH_POINTS = (
+    "disk.read",
+    "lock.acquire",
+    "compiler.spawn",
+    "disk.write",
+    "disk.fsync",
+    "publish.before_commit",
+    "publish.before_rename",
+    "disk.rename",
+    "publish.after_rename",
+    "load",
+)
+#: Points inside the publish protocol before its rename: a staging dir is left behind.
+STAGING = frozenset({"disk.write", "disk.fsync", "publish.before_commit", "publish.before_rename", "disk.rename"})
+#: Points past the publishing rename: the new leaf is complete and visible.
+AFTER_PUBLISH = frozenset({"publish.after_rename", "load"})
+REPEATS = 3
+
+
+def _assert_recovered(
+    cache: Path, earlier: str, earlier_bytes: dict[str, bytes], make_runtime: MakeRuntime
+) -> safejit.Runtime:
+    """What every crash test ends with: the earlier leaf untouched, ``safejit
+    verify`` clean, a normal run correct, the cache sound."""
+    assert os.path.isdir(earlier), "the earlier leaf disappeared"
+    assert snapshot(earlier) == earlier_bytes, "the earlier leaf changed"
+    verify = run_verify(cache)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    rt: safejit.Runtime = make_runtime(lock_timeout_s=5)
+    mod = rt.compile(safejit.Source(NEW_C, NEW_NAME))
+    assert mod.kernel(NEW_NAME)(6, 7) == EXPECTED[NEW_NAME]
+    assert mod.artifact.path in leaf_paths(cache)
+    assert_cache_sound(cache)
+    return rt
+
+
+@pytest.mark.parametrize("repeat", range(REPEATS))
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_compile_crash_at_point_leaves_no_partial_leaf(point, repeat, seeded_cache, make_runtime):
+    earlier = only_leaf(seeded_cache)
+    earlier_bytes = snapshot(earlier)
+    name, code = (EARLIER_NAME, EARLIER_C) if point == "disk.read" else (NEW_NAME, NEW_C)
+
+    child = run_child(seeded_cache, name, code, faults=f"{point}=crash")
+
+    assert child.returncode == SIGKILLED, f"child was not killed at {point}: {child.returncode}\n{child.stderr}"
+    assert child.stdout == "", "the child got past the crash point"
+    # It died where intended: inside publish exactly when a staging dir (not a compile
+    # work dir, which holds src/) was left under <cache>/v1/tmp.
+    stages = [d for d in (seeded_cache / LAYOUT / "tmp").iterdir() if not (d / "src").exists()]
+    assert bool(stages) == (point in STAGING), stages
+    assert_cache_sound(seeded_cache)  # every visible leaf verifies: nothing half-written
+    published = point in AFTER_PUBLISH
+    assert len(leaf_paths(seeded_cache)) == (2 if published else 1)
+    rt = _assert_recovered(seeded_cache, earlier, earlier_bytes, make_runtime)
+    # The crash left either a complete leaf (hit) or none at all (one clean compile).
+    assert rt.stats()["compiles"] == (0 if published else 1)
+    assert rt.stats()["disk_hits"] == (1 if published else 0)
+    assert rt.stats()["bypass"] == 0
+    assert_cache_sound(seeded_cache)
+
+
+@pytest.mark.parametrize(
+    ("point", "staged_file"),
+    [
+        ("publish.before_commit", MANIFEST),  # artifact and manifest staged, no marker
+        ("publish.before_rename", MARKER),  # staging complete and fsynced, not yet renamed
+    ],
+)
+def test_publish_sigkill_while_staged_leaves_no_partial_leaf(point, staged_file, seeded_cache, make_runtime):
+    earlier = only_leaf(seeded_cache)
+    earlier_bytes = snapshot(earlier)
+    tmp = seeded_cache / LAYOUT / "tmp"
+    child = start_child(seeded_cache, NEW_NAME, NEW_C, faults=f"{point}=delay:20")
+    try:
+        staged = wait_for(lambda: list(tmp.glob(f"*/{staged_file}")), proc=child)
+    finally:
+        returncode = kill_and_reap(child)
+
+    assert returncode == SIGKILLED
+    assert len(staged) == 1
+    stage = staged[0].parent
+    assert stage.is_dir(), "the killed child's staging dir should be left behind, not published"
+    assert leaf_paths(seeded_cache) == {earlier}, "a staged leaf became visible"
+    assert_cache_sound(seeded_cache)
+    rt = _assert_recovered(seeded_cache, earlier, earlier_bytes, make_runtime)
+    assert rt.stats()["compiles"] == 1 and rt.stats()["published"] == 1
+    assert_cache_sound(seeded_cache)
