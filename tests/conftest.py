@@ -68,6 +68,15 @@ def make_runtime(cache_dir: Path) -> Iterator[Callable[..., safejit.Runtime]]:
         rt.close()
 
 
+def settle() -> None:
+    """Step past one coarse clock tick after editing a file: an edit within a tick of a
+    compile makes the builder compile twice (see runtime/builder.py), which would
+    change exact compile counts."""
+    import time
+
+    time.sleep(0.02)
+
+
 def assert_cache_sound(root: Path | str) -> None:
     """The cache check every fault and security test ends with."""
     assert maintenance.check(str(root)) == []

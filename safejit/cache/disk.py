@@ -73,6 +73,8 @@ class VerifiedLeaf:
     dep_states: tuple[DepState, ...] = field(repr=False)
     #: Paths that must stay absent (shadowing headers, false ``__has_include``).
     negatives: tuple[str, ...] = field(default=(), repr=False)
+    #: False when the compiler's dependency scan was incomplete (never cached beyond one use).
+    closure_known: bool = True
 
 
 class DiskCache:

@@ -35,11 +35,14 @@ class Entry(Generic[T]):
     ref: bool = False
     #: Paths that must still not exist (a new shadowing header makes the entry stale).
     negatives: tuple[str, ...] = ()
+    #: False: the closure is unknown, so the entry never revalidates.
+    trusted: bool = True
 
     @staticmethod
     def dep_list(states: tuple[tuple[str, Snapshot, str], ...]) -> list[list[Any]]:
         now = time.time_ns()
-        return [[path, snap, digest, is_racy(snap, now)] for path, snap, digest in states]
+        # An empty digest means "not vouched for": always rehashed, so always stale.
+        return [[path, snap, digest, not digest or is_racy(snap, now)] for path, snap, digest in states]
 
 
 class MemoryCache(Generic[T]):
@@ -67,6 +70,8 @@ class MemoryCache(Generic[T]):
 
     def revalidate(self, entry: Entry[T], now: float) -> bool:
         """Re-stat every dependency; rehash those whose stat moved (or is racy)."""
+        if not entry.trusted:
+            return False
         wall = time.time_ns()
         for dep in entry.deps:
             path, snap, digest, racy = dep

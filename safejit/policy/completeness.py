@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -12,6 +13,19 @@ from ..keys import digest_bytes
 from .roots import is_under
 
 __all__ = ["Closure", "record_closure"]
+
+
+def _coarse_ns() -> int:
+    """The kernel's file timestamps come from a coarse clock that may lag the fine
+    one by a tick: a file changed just after the compile started can carry a ctime
+    just before it. Anything within one tick counts as changed during the compile."""
+    try:
+        return max(int(time.clock_getres(5) * 1e9), 1_000_000)  # CLOCK_REALTIME_COARSE
+    except OSError:
+        return 10_000_000
+
+
+COARSE_NS = _coarse_ns()
 
 DepState = tuple[str, tuple[int, int, int, int, int], str]
 
@@ -72,7 +86,7 @@ def record_closure(
         data, snap = read_file(lexical)
         digest = digest_bytes(data)
         probes += has_include_names(data)
-        if max(snap[3], snap[4]) > started_ns:
+        if max(snap[3], snap[4]) > started_ns - COARSE_NS:
             too_new.append(lexical)
         deps.append(Dep(anchored[0], anchored[1], digest))
         states.append((lexical, snap, digest))

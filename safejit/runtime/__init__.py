@@ -284,7 +284,12 @@ class Runtime:
             instruments.load_duration.record(time.perf_counter() - started, self._attrs)
         module = Module(library, artifact, self.config.backend)
         return Entry(
-            module, len(leaf.artifact), Entry.dep_list(leaf.dep_states), time.monotonic(), negatives=leaf.negatives
+            module,
+            len(leaf.artifact),
+            Entry.dep_list(leaf.dep_states),
+            time.monotonic(),
+            negatives=leaf.negatives,
+            trusted=leaf.closure_known,
         )
 
     def _init(self) -> Setup:

@@ -3,6 +3,7 @@ closure, publish — or bypass an unusable cache. Composed by :class:`Runtime`."
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import tempfile
@@ -159,10 +160,24 @@ class Builder:
             started_ns = time.time_ns()
             out = self.compile(spec, anchors, workdir)
             closure = self.closure(spec, anchors, out, started_ns)
+            if closure.too_new:
+                # A dependency changed within a clock tick of the compile: what the compiler read
+                # is unknown. Once the tick has passed, compile again; publish only a clean run.
+                logger.info("%s changed while %s compiled; compiling again", closure.too_new[0], spec.name)
+                time.sleep(completeness.COARSE_NS / 1e9)
+                started_ns = time.time_ns()
+                out = self.compile(spec, anchors, workdir)
+                closure = self.closure(spec, anchors, out, started_ns)
             too_new, deps, states = closure.too_new, closure.deps, closure.states
             manifest = make_manifest(spec, key, closure, out, self.config, self.setup.backend.artifact_ext)
             leaf = VerifiedLeaf("", root, manifest, out.artifact, tuple(states), tuple(closure.negative_paths))
             if not out.complete or too_new:
+                # What the compiler read is not what was hashed (or is unknown): the build may be
+                # returned once, but nothing may vouch for it later — not the disk tier, and not
+                # the memory tier (its entry fails its first revalidation).
+                changed = set(too_new)
+                unvouched = tuple((p, snap, "" if p in changed else d) for p, snap, d in states)
+                leaf = dataclasses.replace(leaf, dep_states=unvouched, closure_known=out.complete)
                 why = f"{too_new[0]} changed during compile" if too_new else "the dependency scan is incomplete"
                 logger.warning("not publishing %s: %s; it will be rebuilt next time", spec.name, why)
                 self.counters.add("not_published")

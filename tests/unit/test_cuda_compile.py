@@ -13,7 +13,7 @@ import safejit
 from safejit.backends.cubin import cubin_kernels
 from safejit.backends.cuda import SpillWarning
 from safejit.backends.cuda_launch import CudaKernel, has_cuda_device, stream_handle
-from tests.conftest import assert_cache_sound, leaves
+from tests.conftest import assert_cache_sound, leaves, settle
 
 pytest.importorskip("cuda.bindings.nvrtc")
 HAVE_NVCC = shutil.which("nvcc", path="/usr/local/cuda/bin:/usr/bin") is not None
@@ -56,6 +56,7 @@ def test_cubin_with_a_user_header_is_cached_and_rebuilt_exactly_when_the_header_
     again = _rt(make_runtime, cuda_project, compiler)
     assert again.build(src, include_dirs=inc, arch="sm_90").source == "disk" and again.stats()["compiles"] == 0
     (cuda_project / "include" / "detail.h").write_text("#define DETAIL 3\n")  # transitive header
+    settle()
     changed = _rt(make_runtime, cuda_project, compiler)
     rebuilt = changed.build(src, include_dirs=inc, arch="sm_90")
     assert rebuilt.source == "compiled" and rebuilt.build_key == art.build_key and rebuilt.deps_key != art.deps_key

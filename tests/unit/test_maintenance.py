@@ -14,7 +14,7 @@ import pytest
 import safejit
 from safejit.cache import maintenance
 from safejit.cli import parse_age, parse_size
-from tests.conftest import assert_cache_sound, leaves
+from tests.conftest import assert_cache_sound, leaves, settle
 
 
 def _fill(cache_dir: Path, n: int) -> list[maintenance.LeafInfo]:
@@ -58,6 +58,7 @@ def test_prune_keep_per_build(make_runtime, project, cache_dir):
     src, inc = safejit.Source('#include "value.h"\nint v(void) { return VALUE; }\n', "v"), (str(project / "include"),)
     for value in (1, 2, 3):
         (project / "include" / "inner.h").write_text(f"#define INNER {value}\n")
+        settle()
         rt.build(src, include_dirs=inc)
     infos = sorted(leaves(cache_dir), key=lambda i: i.mtime)
     assert len(infos) == 3 and len({i.build_key for i in infos}) == 1

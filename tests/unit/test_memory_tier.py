@@ -9,7 +9,7 @@ import pytest
 
 import safejit
 from safejit.cache.memory import Entry, MemoryCache
-from tests.conftest import KERNEL_WITH_HEADER
+from tests.conftest import KERNEL_WITH_HEADER, settle
 
 
 def _src(i: int) -> safejit.Source:
@@ -51,6 +51,7 @@ def test_edit_is_seen_within_max_staleness(make_runtime, project):
     src = safejit.Source(KERNEL_WITH_HEADER, "value")
     assert rt.compile(src, include_dirs=inc).kernel("value")() == 42
     (project / "include" / "inner.h").write_text("#define INNER 9\n")
+    settle()
     assert rt.compile(src, include_dirs=inc).kernel("value")() == 10
     assert rt.stats()["stale"] == 1 and rt.stats()["compiles"] == 2
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import safejit
+from tests.conftest import settle
 
 
 def _two_dirs(tmp_path: Path) -> tuple[Path, Path, Path]:
@@ -30,6 +31,7 @@ def test_new_shadowing_header_is_a_disk_miss_named_by_explain(make_runtime, tmp_
     src = safejit.Source(KERNEL, "cfg")
     assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=dirs).kernel("cfg")() == 2
     (first / "cfg.h").write_text("#define CFG 1\n")
+    settle()
     rt = make_runtime(source_roots=(str(root),))
     explanation = rt.explain(src, include_dirs=dirs)
     assert explanation.result == "miss" and explanation.path == str(first / "cfg.h")
@@ -45,6 +47,7 @@ def test_new_shadowing_header_makes_a_memory_entry_stale(make_runtime, tmp_path)
     src = safejit.Source(KERNEL, "cfg")
     assert rt.compile(src, include_dirs=dirs).kernel("cfg")() == 2
     (first / "cfg.h").write_text("#define CFG 1\n")
+    settle()
     assert rt.compile(src, include_dirs=dirs).kernel("cfg")() == 1
     assert rt.stats()["stale"] == 1
 
@@ -55,6 +58,7 @@ def test_has_include_that_becomes_true_rebuilds(make_runtime, tmp_path):
     rt = make_runtime(source_roots=(str(root),), max_staleness_s=0)
     assert rt.compile(src, include_dirs=(str(first),)).kernel("extra")() == 0
     (first / "extra_cfg.h").write_text("#define EXTRA 7\n")
+    settle()
     assert rt.compile(src, include_dirs=(str(first),)).kernel("extra")() == 7
     other = make_runtime(source_roots=(str(root),))
     assert other.compile(src, include_dirs=(str(first),)).kernel("extra")() == 7
@@ -67,8 +71,10 @@ def test_removing_the_shadow_reuses_the_first_leaf(make_runtime, tmp_path):
     src = safejit.Source(KERNEL, "cfg")
     make_runtime(source_roots=(str(root),)).compile(src, include_dirs=dirs)
     (first / "cfg.h").write_text("#define CFG 1\n")
+    settle()
     make_runtime(source_roots=(str(root),)).compile(src, include_dirs=dirs)
     (first / "cfg.h").unlink()
+    settle()
     rt = make_runtime(source_roots=(str(root),))
     assert rt.compile(src, include_dirs=dirs).kernel("cfg")() == 2
     assert rt.stats()["compiles"] == 0

@@ -19,7 +19,7 @@ import pytest
 import safejit
 from safejit.cache.disk import DiskCache, VerifiedLeaf
 from safejit.deps import parse_depfile
-from tests.conftest import ADD_C, KERNEL_WITH_HEADER, assert_cache_sound, leaves
+from tests.conftest import ADD_C, KERNEL_WITH_HEADER, assert_cache_sound, leaves, settle
 
 
 def _value_source(project: Path) -> safejit.Source:
@@ -51,6 +51,7 @@ def test_touch_only_change_does_not_rebuild(make_runtime, project, cache_dir):
     inner = project / "include" / "inner.h"
     os.utime(inner, ns=(1, 1))
     inner.write_text(inner.read_text())  # rewrite, same bytes: new mtime and ctime
+    settle()
     other = _fresh(make_runtime, project)
     assert _compile_value(other, project).kernel("value")() == 42
     assert other.stats()["compiles"] == 0
@@ -65,6 +66,7 @@ def test_transitive_header_edit_rebuilds_and_names_the_file(make_runtime, projec
     _compile_value(_fresh(make_runtime, project), project)
     inner = project / "include" / "inner.h"
     inner.write_text("#define INNER 99\n")
+    settle()
     rt = _fresh(make_runtime, project)
     with caplog.at_level(logging.INFO, logger="safejit.runtime"):
         assert _compile_value(rt, project).kernel("value")() == 100
@@ -79,6 +81,7 @@ def test_explain_names_the_first_changed_dependency(make_runtime, project):
     _compile_value(rt, project)
     inner = project / "include" / "inner.h"
     inner.write_text("#define INNER 7\n")
+    settle()
     explanation = rt.explain(_value_source(project), include_dirs=(str(project / "include"),))
     assert (explanation.result, explanation.path) == ("miss", str(inner))
     assert "dependency changed" in str(explanation)
@@ -89,8 +92,10 @@ def test_reverting_an_edit_reuses_the_old_leaf_without_compiling(make_runtime, p
     original = inner.read_text()
     _compile_value(_fresh(make_runtime, project), project)
     inner.write_text("#define INNER 1\n")
+    settle()
     assert _compile_value(_fresh(make_runtime, project), project).kernel("value")() == 2
     inner.write_text(original)
+    settle()
     rt = _fresh(make_runtime, project)
     assert _compile_value(rt, project).kernel("value")() == 42
     assert rt.stats()["compiles"] == 0
@@ -101,6 +106,7 @@ def test_missing_dependency_is_a_miss(make_runtime, project):
     _compile_value(_fresh(make_runtime, project), project)
     inner = project / "include" / "inner.h"
     inner.unlink()
+    settle()
     rt = _fresh(make_runtime, project)
     with pytest.raises(safejit.CompileError) as info:
         _compile_value(rt, project)
@@ -133,8 +139,10 @@ def test_leaf_whose_deps_no_longer_reproduce_its_name_is_skipped_and_a_sibling_f
     inner = project / "include" / "inner.h"
     _compile_value(_fresh(make_runtime, project), project)
     inner.write_text("#define INNER 1\n")
+    settle()
     _compile_value(_fresh(make_runtime, project), project)
     inner.write_text("#define INNER 41\n")
+    settle()
     newest = max(leaves(cache_dir), key=lambda info: info.mtime)
     # Rewrite the newest leaf's dependency list consistently (marker updated) but
     # under a name its deps do not reproduce: it must be skipped, not trusted.
@@ -295,3 +303,28 @@ def test_depfiles_with_continuations_and_escaped_spaces_parse():
     ]
     assert parse_depfile("a.o:\n") == []
     assert parse_depfile("") == []
+
+
+def test_header_edited_while_the_compiler_runs_is_never_vouched_for(make_runtime, project, cache_dir, caplog):
+    """The compiler reads inner.h, then it changes before the closure is hashed: the
+    build must not be published under the new digest, nor trusted by the memory tier."""
+    inner = project / "include" / "inner.h"
+    wrapper = project / "cc-editing"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *"-MD -MF"*) ;; *) exec /usr/bin/cc "$@";; esac\n'
+        '/usr/bin/cc "$@"; rc=$?\n'
+        f"n=$(cat {project}/n 2>/dev/null || echo 100); n=$((n+1)); echo $n > {project}/n\n"
+        f'echo "#define INNER $n" > {inner}\n'  # an edit after the compiler read the header
+        "exit $rc\n"
+    )
+    wrapper.chmod(0o755)
+    rt = make_runtime(source_roots=(str(project),), host_cc=str(wrapper), sandbox="off", max_staleness_s=0)
+    with caplog.at_level(logging.INFO):
+        value = _compile_value(rt, project).kernel("value")()
+    assert value == 102  # built from the content written by the first run (101 + 1)
+    assert rt.stats()["compiles"] == 2  # compiled again once the tick had passed
+    assert leaves(cache_dir) == []  # the second run was edited too: nothing published
+    assert any("changed during compile" in m for m in caplog.messages)
+    # The memory entry does not vouch for it either: the next call rebuilds.
+    assert _compile_value(rt, project).kernel("value")() >= 103

@@ -14,7 +14,7 @@ import pytest
 
 import safejit
 from safejit.telemetry import DURATION_BUCKETS
-from tests.conftest import ADD_C, KERNEL_WITH_HEADER, leaves
+from tests.conftest import ADD_C, KERNEL_WITH_HEADER, leaves, settle
 
 
 def _tree(exporter) -> list[tuple[int, str, dict[str, Any]]]:
@@ -134,6 +134,7 @@ def test_stale_revalidation_span_tree(make_runtime, spans, project):
     src, inc = safejit.Source(KERNEL_WITH_HEADER, "value"), (str(project / "include"),)
     rt.compile(src, include_dirs=inc)
     (project / "include" / "inner.h").write_text("#define INNER 0\n")
+    settle()
     spans.clear()
     assert rt.compile(src, include_dirs=inc).kernel("value")() == 1
     tree = _tree(spans)
