@@ -71,6 +71,7 @@ VARIABLES: Mapping[str, tuple[str, Callable[[str], Any]]] = {
     "SAFEJIT_NVRTC_WORKER": ("nvrtc_worker", _bool),
     "SAFEJIT_CUDA_SPILLS": ("cuda_spills", str),
     "SAFEJIT_NVCC": ("nvcc", str),
+    "SAFEJIT_ASCEND_HOME": ("ascend_home", str),
     "SAFEJIT_HOST_CC": ("host_cc", str),
     "SAFEJIT_HOST_CXX": ("host_cxx", str),
 }

@@ -88,6 +88,8 @@ class Config:
     cuda_spills: Literal["warn", "error", "ignore"] = "warn"
     #: CUDA: the nvcc to use (absolute path); None: the toolkit's.
     nvcc: str | None = None
+    #: Ascend: the CANN toolkit; None: ASCEND_HOME_PATH, ASCEND_TOOLKIT_HOME, /usr/local/Ascend/...
+    ascend_home: str | None = None
     max_source_bytes: int = 4 * _MiB
     max_artifact_bytes: int = 512 * _MiB
     max_deps: int = 20_000

@@ -13,6 +13,10 @@ def get_backend(name: str, **options: object) -> Backend:
         from .host import HostBackend
 
         return HostBackend(**options)  # type: ignore[arg-type]
+    if name == "ascend":
+        from .ascend import AscendBackend
+
+        return AscendBackend(**options)  # type: ignore[arg-type]
     if name == "cuda":
         from .cuda import CudaBackend
 

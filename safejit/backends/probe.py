@@ -29,8 +29,8 @@ def file_ident(path: str) -> list[Any]:
     return [path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def run_text(run: Runner, argv: Sequence[str]) -> str:
-    result = run(argv, cwd="", timeout=60)
+def run_text(run: Runner, argv: Sequence[str], extra_read: Sequence[str] = ()) -> str:
+    result = run(argv, cwd="", timeout=60, extra_read=extra_read)
     if result.returncode != 0:
         raise ConfigError(f"probing {argv[0]} failed ({result.returncode}): {result.log[-2000:]}")
     return result.log

@@ -129,7 +129,7 @@ class Builder:
                     spec,
                     workdir=workdir,
                     expand=anchors.expand_text,
-                    run=self.setup.runner(self.config, self.env),
+                    run=self.setup.runner(self.config, self.env, spec.toolchain.roots),
                     timeout=self.config.compile_timeout_s,
                     search_dirs=search_dirs(spec, anchors),
                     confine=lambda path: root_policy.confine(path, anchors, what="header"),

@@ -114,7 +114,7 @@ class Resolver:
             toolchain=toolchain,
             name=source.name,
             language=language,
-            filename=source.staged_filename({"c++": ".cpp", "cuda": ".cu"}.get(language, ".c")),
+            filename=source.staged_filename({"c++": ".cpp", "cuda": ".cu", "ascendc": ".cpp"}.get(language, ".c")),
             source_digest=digest_bytes(code),
             code=code,
             include_dirs=incs,

@@ -55,6 +55,7 @@ class Setup:
             worker=config.nvrtc_worker,
             spills=config.cuda_spills,
             require_landlock=config.sandbox == "required",
+            ascend_home=config.ascend_home,
         )
         self._probe_dir: str | None = None
         self._anchors: dict[Toolchain, Anchors] = {}
@@ -90,11 +91,11 @@ class Setup:
         if self._probe_dir is not None:
             shutil.rmtree(self._probe_dir, ignore_errors=True)
 
-    def runner(self, config: Config, env: Sequence[tuple[str, str]]) -> Runner:
+    def runner(self, config: Config, env: Sequence[tuple[str, str]], toolchain_roots: Sequence[str] = ()) -> Runner:
         """Run argv lists in the sandbox: fixed PATH, TMPDIR in the work dir, only
         ``env_passthrough`` variables; read access to the source roots."""
         base_env = {"PATH": SYSTEM_PATH, "LC_ALL": "C", **dict(env)}
-        roots = list(config.source_roots)
+        roots = [*config.source_roots, *toolchain_roots]
 
         def run(
             argv: Sequence[str], *, cwd: str, timeout: float | None = None, extra_read: Sequence[str] = ()

@@ -177,3 +177,12 @@ def test_build_returns_artifact_without_loading(make_runtime, cache_dir):
     assert art.kernels == ("add",) and art.size > 0 and len(art.digest) == 64
     assert art.path.startswith(str(cache_dir)) and art.path.endswith(art.deps_key)
     assert rt.stats()["memory_entries"] == 0
+
+
+def test_the_unrelated_pypi_pyacl_is_never_a_dependency():
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    every = list(project["dependencies"]) + [d for extra in project["optional-dependencies"].values() for d in extra]
+    assert not [d for d in every if d.lower().replace("_", "-").startswith("pyacl")]

@@ -1,0 +1,208 @@
+"""Ascend backend: bisheng → relocatable object → ld.lld → device binary.
+
+Both tools run as sandboxed argv lists. Kernel names come from the ELF's
+``.ascend.meta.<name>`` sections (read with pyelftools), so ``Artifact.kernels``
+is known without a device. Loading and launching go through CANN's runtime,
+imported only when a kernel is loaded (``ascend_launch``).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+from .. import _env
+from ..deps import hash_file, parse_depfile
+from ..errors import CompileError, ConfigError, LoadError
+from ..spec import BuildSpec, Source, Toolchain
+from .ascend_launch import AscendLibrary
+from .base import CompileOutput, Runner
+from .probe import ProbeCache, compiler_search_dirs, file_ident, run_text
+
+__all__ = ["AscendBackend", "ascend_kernel_names", "find_toolkit"]
+
+_ARCH = re.compile(r"dav-(?:[a-z][0-9]{3,4}(?:-(?:vec|cube))?|[0-9]{4})\Z")
+_TOOL_DIRS: Final = ("compiler/ccec_compiler/bin", "ccec_compiler/bin", "tools/ccec_compiler/bin", "bin")
+_PROBE_SCHEMA: Final = 1
+_META: Final = ".ascend.meta."
+
+
+def find_toolkit(ascend_home: str | None) -> tuple[str, str, str]:
+    """``(home, bisheng, ld.lld)`` from ``Config.ascend_home`` or the environment's candidates."""
+    homes = [ascend_home] if ascend_home else list(_env.ascend_home_candidates())
+    for home in homes:
+        for sub in _TOOL_DIRS:
+            bisheng, lld = os.path.join(home, sub, "bisheng"), os.path.join(home, sub, "ld.lld")
+            if os.access(bisheng, os.X_OK) and os.access(lld, os.X_OK):
+                return os.path.realpath(home), os.path.realpath(bisheng), os.path.realpath(lld)
+    raise ConfigError(
+        f"no Ascend toolkit (bisheng and ld.lld) found under {homes}; set Config.ascend_home or ASCEND_HOME_PATH"
+    )
+
+
+def ascend_kernel_names(binary: bytes) -> tuple[str, ...]:
+    """Kernel names from ``.ascend.meta.<name>`` sections; mixed-kernel suffixes
+    ``_mix_aic``/``_mix_aiv`` are stripped and duplicates merged."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        elf = ELFFile(io.BytesIO(binary))
+        names = {s.name[len(_META) :] for s in elf.iter_sections() if s.name.startswith(_META)}
+    except (ELFError, ValueError, KeyError) as exc:
+        raise LoadError(f"artifact is not a readable ELF object: {exc}") from exc
+    return tuple(sorted({n.removesuffix("_mix_aic").removesuffix("_mix_aiv") for n in names if n}))
+
+
+class AscendBackend:
+    name = "ascend"
+    artifact_ext = "o"
+    abi = 1
+    extra_flags: tuple[str, ...] = (
+        "--cce-",
+        "-mllvm",
+    )
+
+    def __init__(self, *, ascend_home: str | None = None, state_dir: str | None = None, **_: Any) -> None:
+        self._home = ascend_home
+        self._probes = ProbeCache(state_dir)
+        self._toolchain: Toolchain | None = None
+
+    def language(self, source: Source) -> str:
+        return "ascendc"
+
+    def resolve_arch(self, arch: str | None) -> str:
+        if arch is None:
+            raise ConfigError("the Ascend backend needs arch= (e.g. 'dav-c220', 'dav-c220-vec', 'dav-2201')")
+        if not _ARCH.match(arch):
+            raise ConfigError(f"arch {arch!r} is not an Ascend architecture (e.g. 'dav-c220', 'dav-2201')")
+        return arch
+
+    def toolchain(self, source: Source, run: Runner) -> Toolchain:
+        if self._toolchain is None:
+            home, bisheng, lld = find_toolkit(self._home)
+            ident = [*file_ident(bisheng), *file_ident(lld), _PROBE_SCHEMA]
+            cached = self._probes.get(ident)
+            if cached is None:
+                version = run_text(run, [bisheng, "--version"], (home,)).strip()
+                lld_version = run_text(run, [lld, "--version"], (home,)).strip()
+                verbose = run_text(run, [bisheng, "-E", "-v", "-x", "c++", "/dev/null", "-o", "/dev/null"], (home,))
+                system = compiler_search_dirs(verbose)
+                include = [
+                    p
+                    for p in (os.path.join(home, "include"), os.path.join(home, "compiler", "tikcpp"))
+                    if os.path.isdir(p)
+                ]
+                cached = Toolchain(
+                    compiler=bisheng,
+                    version=f"{version}\nld.lld: {lld} {lld_version}",
+                    digest=f"{hash_file(bisheng)[0]}:{hash_file(lld)[0]}",
+                    roots=tuple(dict.fromkeys((home, *system))),
+                    search_dirs=tuple(include),
+                )
+                self._probes.put(ident, cached)
+            self._toolchain = cached
+        return self._toolchain
+
+    def argv(
+        self,
+        *,
+        toolchain: Toolchain,
+        language: str,
+        flags: Sequence[str],
+        defines: Sequence[tuple[str, str | None]],
+        include_dirs: Sequence[str],
+        quote_dir: str | None,
+        arch: str | None,
+    ) -> tuple[str, ...]:
+        arch_flag = f"--npu-arch={arch}" if arch and arch[4:].isdigit() else f"--cce-aicore-arch={arch}"
+        argv = [
+            toolchain.compiler,
+            "-c",
+            "-O2",
+            "-x",
+            "cce",
+            "--cce-aicore-only",
+            arch_flag,
+            *flags,
+            *(f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines),
+            *(f"-I{d}" for d in include_dirs),
+            *(f"-I{d}" for d in toolchain.search_dirs),
+        ]
+        if quote_dir is not None:
+            argv += ["-iquote", quote_dir]
+        argv += ["-MD", "-MF", "{DEP}", "-o", "{OBJ}", "{SRC}"]
+        lld = toolchain.version.split("\nld.lld: ", 1)[1].split(" ", 1)[0]
+        # One spec, two sandboxed steps: "--" separates the linker's argv.
+        return (*argv, "--", lld, "-m", "aicorelinux", "-Ttext=0", "{OBJ}", "-o", "{OUT}")
+
+    def compile(
+        self,
+        spec: BuildSpec,
+        *,
+        workdir: str,
+        expand: Callable[[str], str],
+        run: Runner,
+        timeout: float,
+        search_dirs: Sequence[str] = (),
+        confine: Callable[[str], str] | None = None,
+        max_deps: int = 20_000,
+    ) -> CompileOutput:
+        src = os.path.join(workdir, "src", spec.filename)
+        os.makedirs(os.path.dirname(src), exist_ok=True)
+        with open(src, "wb") as fh:
+            fh.write(spec.code)
+        obj, out, dep = (os.path.join(workdir, f"{spec.name}{ext}") for ext in (".rel.o", ".o", ".d"))
+        slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep, "{OBJ}": obj}
+        argv = [slots.get(a) or expand(a) for a in spec.argv]
+        cut = argv.index("--")
+        logs, seconds = [], 0.0
+        for step in (argv[:cut], argv[cut + 1 :]):
+            result = run(step, cwd=workdir, timeout=timeout)
+            logs.append(result.log)
+            seconds += result.seconds
+            if result.returncode != 0:
+                raise CompileError(
+                    f"{spec.name}: {os.path.basename(step[0])} exited with {result.returncode}\n{result.log}",
+                    log=result.log,
+                    argv=step,
+                    returncode=result.returncode,
+                )
+        try:
+            with open(out, "rb") as fh:
+                binary = fh.read()
+            with open(dep, encoding="utf-8", errors="surrogateescape") as fh:
+                reported = parse_depfile(fh.read())
+            os.unlink(obj)  # the intermediate object is not kept
+        except OSError as exc:
+            raise CompileError(f"{spec.name}: toolchain output missing: {exc}", log="\n".join(logs)) from exc
+        kernels = ascend_kernel_names(binary)
+        if not kernels:
+            raise CompileError(
+                f"{spec.name}: the binary has no .ascend.meta.<kernel> section, so no kernel (ACL cannot load it)",
+                log="\n".join(logs),
+            )
+        absolute = [p if os.path.isabs(p) else os.path.join(workdir, p) for p in reported]
+        deps = tuple(p for p in absolute if p != src)
+        return CompileOutput(
+            binary,
+            deps,
+            kernels,
+            "\n".join(logs),
+            tuple(argv),
+            seconds,
+            src in absolute,
+            meta={"kernels": list(kernels)},
+        )
+
+    def kernels(self, artifact: bytes) -> tuple[str, ...]:
+        return ascend_kernel_names(artifact)
+
+    def load(self, artifact: bytes, *, name: str, options: Mapping[str, Any] | None = None) -> AscendLibrary:
+        return AscendLibrary(artifact, name, ascend_kernel_names(artifact))
+
+    def close(self) -> None:
+        pass
