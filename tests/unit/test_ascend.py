@@ -88,7 +88,7 @@ def _rt(make_runtime, toolkit: Path, project: Path, **cfg) -> safejit.Runtime:
 def test_toolkit_discovery_prefers_config_then_environment(toolkit, monkeypatch):
     assert find_toolkit(str(toolkit))[1].endswith("ccec_compiler/bin/bisheng")
     monkeypatch.setenv("ASCEND_HOME_PATH", str(toolkit))
-    home, bisheng, lld = find_toolkit(None)
+    home, _, lld = find_toolkit(None)
     assert home == str(toolkit.resolve()) and lld.endswith("ld.lld")
     monkeypatch.setenv("ASCEND_HOME_PATH", str(toolkit.parent / "missing"))
     monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
@@ -132,7 +132,7 @@ def test_kernel_names_from_ascend_meta_sections(make_runtime, toolkit, ascend_pr
 
 
 def test_binary_without_kernels_is_refused_and_not_published(make_runtime, toolkit, ascend_project, cache_dir):
-    with pytest.raises(safejit.CompileError, match="no .ascend.meta"):
+    with pytest.raises(safejit.CompileError, match=r"no \.ascend\.meta"):
         _rt(make_runtime, toolkit, ascend_project).build(
             safejit.Source('extern "C" void host_only() {}\n', "none"), arch="dav-c220"
         )
