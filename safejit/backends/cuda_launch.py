@@ -96,7 +96,10 @@ def stream_handle(stream: Any) -> int:
     ``__cuda_stream__`` (protocol v0) or ``cuda_stream``/``handle``."""
     if stream is None:
         torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        if torch is not None and torch.cuda.is_initialized():
+            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # no Stream object per launch
+            if raw is not None:
+                return int(raw(torch.cuda.current_device()))
             return int(torch.cuda.current_stream().cuda_stream)
         return 0
     if isinstance(stream, int) and not isinstance(stream, bool):
@@ -153,6 +156,8 @@ class CudaLibrary:
 
 _INT = {1: "b", 2: "h", 4: "i", 8: "q"}
 _FLOAT = {2: "e", 4: "f", 8: "d"}
+_INT_PACK = {size: struct.Struct("<" + fmt) for size, fmt in _INT.items()}
+_FLOAT_PACK = {size: struct.Struct("<" + fmt) for size, fmt in _FLOAT.items()}
 
 
 class CudaKernel:
@@ -169,38 +174,48 @@ class CudaKernel:
             raise ConfigError(f"{name}: {len(self._argtypes)} argtypes for {len(self._params)} parameters")
         # One reusable packed buffer and void* array per thread.
         self._local = threading.local()
-        self._functions: dict[int, Any] = {}
+        # A CUkernel launches as a CUfunction in whichever context is current (CUDA >= 12).
+        self._fn = _driver().CUfunction(int(kernel)) if kernel is not None else None
 
     @property
     def num_params(self) -> int:
         return len(self._params)
 
-    def _buffers(self) -> tuple[Any, Any, list[int]]:
+    def _buffers(self) -> tuple[Any, memoryview, int]:
+        """This thread's packed buffer: its storage, a writable view and the ``void**`` address."""
         bufs = getattr(self._local, "bufs", None)
         if bufs is None:
             total = max((o + s for o, s in self._params), default=0)
             storage = (ctypes.c_char * max(total, 1))()
             base = ctypes.addressof(storage)
             ptrs = (ctypes.c_void_p * max(len(self._params), 1))(*[base + o for o, _ in self._params])
-            bufs = self._local.bufs = (storage, ptrs, [o for o, _ in self._params])
-        return bufs
+            bufs = self._local.bufs = (storage, memoryview(storage).cast("B"), ctypes.addressof(ptrs), ptrs)
+        return bufs[0], bufs[1], bufs[2]
 
     def pack(self, args: Sequence[Any]) -> int:
-        """Write ``args`` into the reusable buffer; returns the ``void**`` address."""
-        if len(args) != len(self._params):
-            raise ConfigError(f"{self.name} takes {len(self._params)} arguments, got {len(args)}")
-        storage, ptrs, _ = self._buffers()
-        for i, (arg, (offset, size)) in enumerate(zip(args, self._params, strict=True)):
-            data = _encode(arg, size, self._argtypes[i] if self._argtypes else None, self.name, i)
-            ctypes.memmove(ctypes.addressof(storage) + offset, data, size)
-        return ctypes.addressof(ptrs)
+        """Write ``args`` into the reusable buffer; returns the ``void**`` address.
 
-    def _function(self) -> Any:
-        ctx = int(_ensure_context())
-        fn = self._functions.get(ctx)
-        if fn is None:
-            fn = self._functions[ctx] = _check(_driver().cuKernelGetFunction(self._kernel), "cuKernelGetFunction")
-        return fn
+        Python ints and floats take a fast path (one ``struct.pack_into`` at the
+        parameter's width); everything else goes through :func:`_encode`.
+        """
+        params = self._params
+        if len(args) != len(params):
+            raise ConfigError(f"{self.name} takes {len(params)} arguments, got {len(args)}")
+        _, view, address = self._buffers()
+        declared = self._argtypes
+        for i, arg in enumerate(args):
+            offset, size = params[i]
+            kind = type(arg)
+            if declared is None and (kind is int or kind is float):
+                packer = (_INT_PACK if kind is int else _FLOAT_PACK).get(size)
+                if packer is not None:
+                    try:
+                        packer.pack_into(view, offset, arg)
+                        continue
+                    except (struct.error, OverflowError):
+                        pass  # out of range for the signed form: _encode decides
+            view[offset : offset + size] = _encode(arg, size, declared[i] if declared else None, self.name, i)
+        return address
 
     def launch(
         self,
@@ -213,12 +228,15 @@ class CudaKernel:
         cluster: Any = None,
         cooperative: bool = False,
     ) -> None:
-        drv = _driver()
+        drv = _driver_state.get("driver") or _driver()
+        if not getattr(self._local, "context", False):
+            _ensure_context()  # once per thread; the CUkernel then launches in the current context
+            self._local.context = True
         gx, gy, gz = _dim3(grid)
         bx, by, bz = _dim3(block)
         params = self.pack(args)
         handle = stream_handle(stream)
-        fn = self._function()
+        fn = self._fn
         if cluster is None and not cooperative:
             _check(drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, shared_mem, handle, params, 0), "cuLaunchKernel")
             return
