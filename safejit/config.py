@@ -44,6 +44,7 @@ _ENV_REFUSED = frozenset(
         "SOURCE_DATE_EPOCH_OVERRIDE",
         "GCONV_PATH",
         "PYTHONPATH",
+        "OBJCPLUS_INCLUDE_PATH",
     }
 )
 
@@ -118,7 +119,7 @@ class Config:
         for name in self.env_passthrough:
             if not _ENV_NAME.match(name):
                 raise ConfigError(f"env_passthrough name {name!r} is not a variable name")
-            if name in _ENV_REFUSED or name.startswith(("LD_", "DYLD_")):
+            if name in _ENV_REFUSED or name.startswith(("LD_", "DYLD_", "CCC_", "GCC_", "NVCC_")):
                 raise ConfigError(
                     f"env_passthrough may not include {name}: it changes what the compiler reads, "
                     "writes or runs outside the policy",

@@ -212,6 +212,14 @@ class Anchors:
 
 
 _HAS_INCLUDE = re.compile(rb'__has_include(?:_next)?\s*\(\s*[<"]([^>"\n]+)[>"]\s*\)')
+_QUOTED_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.M)
+
+
+def quoted_includes(data: bytes) -> list[str]:
+    """Names in ``#include "..."`` lines: searched next to the including file first."""
+    if b"#" not in data:
+        return []
+    return [m.group(1).decode("utf-8", "replace") for m in _QUOTED_INCLUDE.finditer(data)]
 
 
 def has_include_names(data: bytes) -> list[str]:

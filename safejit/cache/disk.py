@@ -210,6 +210,8 @@ class DiskCache:
         try:
             marker = read_bytes(os.path.join(leaf, MARKER), 1024).decode("ascii", "replace").strip()
         except OSError as exc:
+            if exc.errno == errno.ENOENT and not os.path.isdir(leaf):
+                return reject("gone", "the leaf was removed meanwhile (prune)")
             return reject(_read_reason(exc, "marker"), f"no readable commit marker ({exc.strerror})")
         try:
             raw = read_bytes(os.path.join(leaf, MANIFEST), _MANIFEST_LIMIT)
@@ -230,7 +232,7 @@ class DiskCache:
             return reject("mismatch", "manifest names another leaf")
         if compute_deps_key(man.deps, man.negatives) != man.deps_key:
             return reject("mismatch", "the listed dependencies do not reproduce the leaf name")
-        if self.signer is not None and (man.signature is not None or self.require_signed):
+        if self.signer is not None:  # with a key, a leaf from another writer is a miss unless signed
             message = man.signed_message(f"build-{build_key}/{name}")
             if man.signature is None or not self.signer.verify(message, man.signature):
                 return reject("signature", "missing or bad signature")
@@ -389,6 +391,7 @@ class DiskCache:
 
     def quarantine(self, leaf: str, root: str) -> None:
         """Move a damaged leaf aside (same filesystem rename); best effort."""
+        instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: "quarantined"})
         qdir = os.path.join(root, LAYOUT, "quarantine")
         try:
             makedirs_durable(qdir)

@@ -6,7 +6,6 @@ These walk ``<root>/v1`` without following symlinks and never delete outside it.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import time
@@ -188,11 +187,13 @@ def prune(
 
 
 def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -> dict[str, int]:
-    """Remove staging residue, quarantined leaves, usage records and idle lock files
-    older than ``max_age_s``. Never follows symlinks; never leaves ``<root>/v1``."""
+    """Remove staging residue, quarantined leaves and usage records older than
+    ``max_age_s``. Never follows symlinks; never leaves ``<root>/v1``."""
     clock = time.time() if now is None else now
     base = os.path.join(root, LAYOUT)
-    counts = {"staging": 0, "quarantine": 0, "usage": 0, "locks": 0}
+    # Lock files are never deleted: a process blocked on the old inode would then hold a
+    # lock nobody else sees, and two compiles of one key would run at once.
+    counts = {"staging": 0, "quarantine": 0, "usage": 0}
 
     def old(entry: os.DirEntry[str]) -> bool:
         try:
@@ -213,9 +214,6 @@ def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -
             if old(entry) and entry.is_file(follow_symlinks=False):
                 os.unlink(entry.path)
                 counts["usage"] += 1
-    for entry in _entries(os.path.join(base, "locks")):
-        if old(entry) and entry.is_file(follow_symlinks=False) and _unheld(entry.path):
-            counts["locks"] += 1
     return counts
 
 
@@ -225,23 +223,3 @@ def _entries(path: str) -> list[os.DirEntry[str]]:
             return list(it)
     except OSError:
         return []
-
-
-def _unheld(path: str) -> bool:
-    """Delete a lock file only while holding it (a waiter then just takes a new one)."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return False
-    try:
-        os.unlink(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)

@@ -178,10 +178,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    table = Table("root", "staging", "quarantine", "usage", "locks")
+    table = Table("root", "staging", "quarantine", "usage")
     for root in roots_of(args):
         counts = maintenance.gc(root, max_age_s=args.older_than)
-        table.add_row(root, *(str(counts[k]) for k in ("staging", "quarantine", "usage", "locks")))
+        table.add_row(root, *(str(counts[k]) for k in ("staging", "quarantine", "usage")))
     console.print(table)
     return 0
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..deps import Anchors, Dep, has_include_names, negative_lookups, read_file
+from ..deps import Anchors, Dep, has_include_names, negative_lookups, quoted_includes, read_file
 from ..errors import LimitExceededError, UndeclaredDependencyError
 from ..keys import digest_bytes
 from .roots import is_under
@@ -62,6 +62,7 @@ def record_closure(
     probes = has_include_names(source)
     dirs: dict[str, str] = {}
     lexicals: list[str] = []
+    quoted: list[str] = []
     for path in paths:
         head, tail = os.path.split(path)
         real_dir = dirs.get(head)
@@ -86,6 +87,9 @@ def record_closure(
         data, snap = read_file(lexical)
         digest = digest_bytes(data)
         probes += has_include_names(data)
+        for name in quoted_includes(data):  # "x.h" is looked for next to its includer first
+            if not os.path.isabs(name) and ".." not in name.split("/"):
+                quoted.append(os.path.join(os.path.dirname(lexical), name))
         if max(snap[3], snap[4]) > started_ns - COARSE_NS:
             too_new.append(lexical)
         deps.append(Dep(anchored[0], anchored[1], digest))
@@ -93,9 +97,11 @@ def record_closure(
         lexicals.append(lexical)
     negative_paths = []
     negatives = []
-    for cand in negative_lookups(lexicals, search_dirs, probes):
-        found = anchors.anchor(cand)
-        if found is not None:
-            negatives.append(found)
+    read = set(lexicals)
+    extra = [q for q in quoted if q not in read and not os.path.lexists(q)]
+    for cand in sorted(set(negative_lookups(lexicals, search_dirs, probes)) | set(extra)):
+        anchored_cand = anchors.anchor(cand)
+        if anchored_cand is not None:
+            negatives.append(anchored_cand)
             negative_paths.append(cand)
     return Closure(deps, states, too_new, negatives, negative_paths)

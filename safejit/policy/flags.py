@@ -17,7 +17,7 @@ from ..errors import ConfigError, FlagPolicyError
 __all__ = ["PATH_FLAGS", "check_defines", "check_flags"]
 
 #: Flags whose value is a path; joined (``-I/x``) or separate (``-I /x``).
-PATH_FLAGS: Final = ("-isystem", "-iquote", "-idirafter", "-include", "-imacros", "-I", "-L")
+PATH_FLAGS: Final = ("-isystem", "-iquote", "-idirafter", "-include", "-imacros", "-I")
 #: Refused outright, with the reason given to the caller.
 _REFUSED: Final = (
     ("-o", "redirects output"),
@@ -38,6 +38,14 @@ _REFUSED: Final = (
     ("-fauto-profile", "reads a profile file"),
     ("-fuse-ld", "swaps the linker"),
     ("-fmodule-mapper", "runs a program or reads a mapper file"),
+    ("-fpass-plugin", "loads a plugin"),
+    ("-fmodule-file", "reads files elsewhere"),
+    ("-fmodules-cache-path", "writes files elsewhere"),
+    ("-fprebuilt-module-path", "reads files elsewhere"),
+    ("-fmodule-map-file", "reads files elsewhere"),
+    ("-fcrash-diagnostics-dir", "writes files elsewhere"),
+    ("-ftime-trace", "writes files elsewhere"),
+    ("-L", "adds library dirs whose contents are not tracked"),
     ("-fdeps-", "writes dependency files"),
     ("-fself-test", "reads files elsewhere"),
     ("-fdiagnostics-add-output", "writes files elsewhere"),
@@ -133,7 +141,7 @@ def _check_macro(flag: str, value: object) -> str:
 
 def _check_plain(flag: str, allowed: tuple[str, ...]) -> None:
     for prefix, reason in _REFUSED:
-        if flag == prefix or (flag.startswith(prefix) and (len(prefix) > 2 or prefix in ("-M", "@", "-B"))):
+        if flag == prefix or (flag.startswith(prefix) and (len(prefix) > 2 or prefix in ("-M", "@", "-B", "-L"))):
             raise FlagPolicyError(f"flag {flag!r} is refused: it {reason}", flag=flag, reason=reason)
     if flag.startswith("-l") and "/" in flag:
         raise FlagPolicyError(f"flag {flag!r} names a library by path", flag=flag, reason="path in -l")
@@ -169,7 +177,6 @@ _LINKER_ALLOWED: Final = frozenset(
         "--rpath",
         "-soname",
         "--soname",
-        "--version-script",
         "--exclude-libs",
         "--hash-style",
         "--icf",
@@ -179,9 +186,7 @@ _LINKER_ALLOWED: Final = frozenset(
         "-lm",
     }
 )
-_LINKER_VALUE: Final = frozenset(
-    {"-z", "-rpath", "--rpath", "-soname", "--soname", "--version-script", "--exclude-libs", "--hash-style"}
-)
+_LINKER_VALUE: Final = frozenset({"-z", "-rpath", "--rpath", "-soname", "--soname", "--exclude-libs", "--hash-style"})
 
 
 def _check_linker(flag: str, anchor_path: Confiner) -> str:

@@ -106,9 +106,9 @@ class Runtime:
         req = (
             source,
             tuple(include_dirs),
-            tuple(defines.items()) if defines else (),
+            tuple((k, v.__class__, v) for k, v in defines.items()) if defines else (),
             tuple(flags),
-            tuple(extras.items()) if extras else (),
+            tuple((k, v.__class__, v) for k, v in extras.items()) if extras else (),
             arch,
             tuple(name_expressions),
         )
@@ -137,9 +137,9 @@ class Runtime:
         req = (
             source,
             tuple(include_dirs),
-            tuple(defines.items()) if defines else (),
+            tuple((k, v.__class__, v) for k, v in defines.items()) if defines else (),
             tuple(flags),
-            tuple(extras.items()) if extras else (),
+            tuple((k, v.__class__, v) for k, v in extras.items()) if extras else (),
             arch,
             tuple(name_expressions),
         )
@@ -193,9 +193,9 @@ class Runtime:
         req = (
             source,
             tuple(include_dirs),
-            tuple(defines.items()) if defines else (),
+            tuple((k, v.__class__, v) for k, v in defines.items()) if defines else (),
             tuple(flags),
-            tuple(extras.items()) if extras else (),
+            tuple((k, v.__class__, v) for k, v in extras.items()) if extras else (),
             arch,
             tuple(name_expressions),
         )
@@ -297,12 +297,13 @@ class Runtime:
         if setup is None:
             with self._init_lock:
                 if self._setup is None:
-                    self._setup = Setup(self.config)
+                    fresh = Setup(self.config)
                     attrs = self._attrs
                     self._parts = (
-                        Resolver(self.config, self._setup, self._env, attrs),
-                        Builder(self.config, self._setup, self._env, self._counters, attrs),
+                        Resolver(self.config, fresh, self._env, attrs),
+                        Builder(self.config, fresh, self._env, self._counters, attrs),
                     )
+                    self._setup = fresh  # last: a reader that sees it also sees _parts
                 setup = self._setup
         return setup
 

@@ -151,42 +151,49 @@ class Builder:
             )
         return out
 
+    def build(self, spec: BuildSpec, key: str, anchors: Anchors, workdir: str, root: str) -> tuple[VerifiedLeaf, bool]:
+        """Compile and record the closure. Returns the leaf and whether it may be vouched
+        for (published, trusted by the memory tier)."""
+        started_ns = time.time_ns()
+        out = self.compile(spec, anchors, workdir)
+        closure = self.closure(spec, anchors, out, started_ns)
+        if closure.too_new:
+            # A dependency changed within a clock tick of the compile: what the compiler read
+            # is unknown. Once the tick has passed, compile again; vouch only for a clean run.
+            logger.info("%s changed while %s compiled; compiling again", closure.too_new[0], spec.name)
+            time.sleep(completeness.COARSE_NS / 1e9)
+            started_ns = time.time_ns()
+            out = self.compile(spec, anchors, workdir)
+            closure = self.closure(spec, anchors, out, started_ns)
+        manifest = make_manifest(spec, key, closure, out, self.config, self.setup.backend.artifact_ext)
+        leaf = VerifiedLeaf("", root, manifest, out.artifact, tuple(closure.states), tuple(closure.negative_paths))
+        if out.complete and not closure.too_new:
+            return leaf, True
+        # What the compiler read is not what was hashed (or is unknown): the build may be returned
+        # once, but nothing may vouch for it later — not the disk tier, and not the memory tier
+        # (its entry fails its first revalidation).
+        changed = set(closure.too_new)
+        unvouched = tuple((p, snap, "" if p in changed else d) for p, snap, d in closure.states)
+        why = f"{closure.too_new[0]} changed during compile" if closure.too_new else "the dependency scan is incomplete"
+        logger.warning("not caching %s: %s; it will be rebuilt next time", spec.name, why)
+        self.counters.add("not_published")
+        instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: "skipped"})
+        return dataclasses.replace(leaf, dep_states=unvouched, closure_known=out.complete), False
+
     def compile_and_publish(self, spec: BuildSpec, key: str, anchors: Anchors, root: str) -> tuple[VerifiedLeaf, str]:
         try:
             workdir = self.setup.disk.new_workdir(root)
         except OSError as exc:
             return self.cache_failure(spec, key, anchors, exc)
         try:
-            started_ns = time.time_ns()
-            out = self.compile(spec, anchors, workdir)
-            closure = self.closure(spec, anchors, out, started_ns)
-            if closure.too_new:
-                # A dependency changed within a clock tick of the compile: what the compiler read
-                # is unknown. Once the tick has passed, compile again; publish only a clean run.
-                logger.info("%s changed while %s compiled; compiling again", closure.too_new[0], spec.name)
-                time.sleep(completeness.COARSE_NS / 1e9)
-                started_ns = time.time_ns()
-                out = self.compile(spec, anchors, workdir)
-                closure = self.closure(spec, anchors, out, started_ns)
-            too_new, deps, states = closure.too_new, closure.deps, closure.states
-            manifest = make_manifest(spec, key, closure, out, self.config, self.setup.backend.artifact_ext)
-            leaf = VerifiedLeaf("", root, manifest, out.artifact, tuple(states), tuple(closure.negative_paths))
-            if not out.complete or too_new:
-                # What the compiler read is not what was hashed (or is unknown): the build may be
-                # returned once, but nothing may vouch for it later — not the disk tier, and not
-                # the memory tier (its entry fails its first revalidation).
-                changed = set(too_new)
-                unvouched = tuple((p, snap, "" if p in changed else d) for p, snap, d in states)
-                leaf = dataclasses.replace(leaf, dep_states=unvouched, closure_known=out.complete)
-                why = f"{too_new[0]} changed during compile" if too_new else "the dependency scan is incomplete"
-                logger.warning("not publishing %s: %s; it will be rebuilt next time", spec.name, why)
-                self.counters.add("not_published")
-                instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: "skipped"})
+            leaf, clean = self.build(spec, key, anchors, workdir, root)
+            if not clean:
                 return leaf, "compiled"
-            with span(SPAN.PUBLISH, {ATTR.DEPS_KEY: manifest.deps_key, ATTR.DEPS_COUNT: len(deps)}) as s:
+            manifest = leaf.manifest
+            with span(SPAN.PUBLISH, {ATTR.DEPS_KEY: manifest.deps_key, ATTR.DEPS_COUNT: len(manifest.deps)}) as s:
                 try:
                     leaf, outcome = self.setup.disk.publish(
-                        root, key, manifest, out.artifact, tuple(states), tuple(closure.negative_paths)
+                        root, key, manifest, leaf.artifact, leaf.dep_states, leaf.negatives
                     )
                 except OSError as exc:
                     s.set_attribute(ATTR.OUTCOME, "failed")
@@ -213,11 +220,7 @@ class Builder:
         self.note_bypass(why)
         workdir = tempfile.mkdtemp(prefix="safejit-bypass-")
         try:
-            started_ns = time.time_ns()
-            out = self.compile(spec, anchors, workdir)
-            closure = self.closure(spec, anchors, out, started_ns)
-            manifest = make_manifest(spec, key, closure, out, self.config, self.setup.backend.artifact_ext)
-            leaf = VerifiedLeaf("", "", manifest, out.artifact, tuple(closure.states), tuple(closure.negative_paths))
+            leaf, _ = self.build(spec, key, anchors, workdir, "")
             return leaf, "bypass"
         finally:
             shutil.rmtree(workdir, ignore_errors=True)

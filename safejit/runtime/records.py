@@ -83,10 +83,11 @@ def search_dirs(spec: BuildSpec, anchors: Anchors) -> list[str]:
     def from_flags(prefix: str) -> list[str]:
         return [anchors.expand_text(f[len(prefix) :]) for f in spec.flags if f.startswith(prefix)]
 
-    dirs = [anchors.expand(*spec.quote_dir) or ""] if spec.quote_dir else []
-    dirs += from_flags("-iquote")
-    dirs += [anchors.expand(*d) or "" for d in spec.include_dirs]
-    dirs += from_flags("-I") + from_flags("-isystem") + list(spec.toolchain.search_dirs) + from_flags("-idirafter")
+    # The backends put user flags first, then include_dirs, then the source's -iquote dir.
+    dirs = from_flags("-iquote")
+    dirs += [anchors.expand(*spec.quote_dir) or ""] if spec.quote_dir else []
+    dirs += from_flags("-I") + [anchors.expand(*d) or "" for d in spec.include_dirs]
+    dirs += from_flags("-isystem") + list(spec.toolchain.search_dirs) + from_flags("-idirafter")
     return [d for d in dirs if d]
 
 

@@ -32,7 +32,9 @@ class Resolver:
 
     def resolve(self, req: Request) -> tuple[BuildSpec, str, Anchors]:
         """Request → BuildSpec (confined, policy-checked) and its build key."""
-        source, include_dirs, defines, flags, extras, arch, name_expressions = req
+        source, include_dirs, typed_defines, flags, typed_extras, arch, name_expressions = req
+        defines = tuple((k, v) for k, _, v in typed_defines)
+        extras = tuple((k, v) for k, _, v in typed_extras)
         with span(SPAN.POLICY_CHECK) as s:
             try:
                 spec, anchors = self.make_spec(source, include_dirs, defines, flags, extras, arch, name_expressions)
