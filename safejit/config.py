@@ -83,8 +83,9 @@ class Config:
     inventory: str | None = None
     #: CUDA: "nvrtc" (in process, or in an isolated worker) or "nvcc" (sandboxed argv).
     cuda_compiler: Literal["nvrtc", "nvcc"] = "nvrtc"
-    #: CUDA: run NVRTC in a persistent worker with no filesystem access (for untrusted sources).
-    nvrtc_worker: bool = False
+    #: CUDA: run NVRTC in a persistent worker with no filesystem access. In process (False) is
+    #: for trusted sources only: NVRTC itself may read a quoted include from the working directory.
+    nvrtc_worker: bool = True
     #: CUDA: what register spills / local memory do: "warn" (SpillWarning), "error", "ignore".
     cuda_spills: Literal["warn", "error", "ignore"] = "warn"
     #: CUDA: the nvcc to use (absolute path); None: the toolkit's.

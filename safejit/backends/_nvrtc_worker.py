@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import resource
 import struct
 import sys
+import tempfile
 from typing import Any
 
 from safejit.backends.nvrtc import NvrtcRequest, NvrtcResult, nvrtc_compile_once
@@ -63,6 +65,8 @@ def main(argv: list[str]) -> int:
     warm = NvrtcRequest(b'extern "C" __global__ void safejit_warm() {}\n', "warm", [f"--gpu-architecture={arch}"], [])
     nvrtc_compile_once(warm)
     resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
+    # An empty working directory: even without Landlock, a relative include finds nothing.
+    os.chdir(tempfile.mkdtemp(prefix="safejit-nvrtc-"))
     landlock_restrict([], [], True, "--require-landlock" in argv)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write to the reply channel

@@ -14,7 +14,6 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from .. import _env
 from ..deps import hash_file, parse_depfile
 from ..errors import CompileError, ConfigError, LoadError
 from ..spec import BuildSpec, Source, Toolchain
@@ -30,9 +29,8 @@ _PROBE_SCHEMA: Final = 1
 _META: Final = ".ascend.meta."
 
 
-def find_toolkit(ascend_home: str | None) -> tuple[str, str, str]:
-    """``(home, bisheng, ld.lld)`` from ``Config.ascend_home`` or the environment's candidates."""
-    homes = [ascend_home] if ascend_home else list(_env.ascend_home_candidates())
+def find_toolkit(homes: Sequence[str]) -> tuple[str, str, str]:
+    """``(home, bisheng, ld.lld)`` from the first candidate home that has both tools."""
     for home in homes:
         for sub in _TOOL_DIRS:
             bisheng, lld = os.path.join(home, sub, "bisheng"), os.path.join(home, sub, "ld.lld")
@@ -66,8 +64,8 @@ class AscendBackend:
         "-mllvm",
     )
 
-    def __init__(self, *, ascend_home: str | None = None, state_dir: str | None = None, **_: Any) -> None:
-        self._home = ascend_home
+    def __init__(self, *, ascend_homes: Sequence[str] = (), state_dir: str | None = None, **_: Any) -> None:
+        self._homes = tuple(ascend_homes)
         self._probes = ProbeCache(state_dir)
         self._toolchain: Toolchain | None = None
 
@@ -83,7 +81,7 @@ class AscendBackend:
 
     def toolchain(self, source: Source, run: Runner) -> Toolchain:
         if self._toolchain is None:
-            home, bisheng, lld = find_toolkit(self._home)
+            home, bisheng, lld = find_toolkit(self._homes)
             ident = [*file_ident(bisheng), *file_ident(lld), _PROBE_SCHEMA]
             cached = self._probes.get(ident)
             if cached is None:

@@ -75,15 +75,17 @@ class HostBackend:
         cached = self._probes.get(ident)
         if cached is not None:
             return cached
-        version = run_text(run, [compiler, "--version"]).strip()
-        verbose = run_text(run, [compiler, "-E", "-v", "-x", language, "/dev/null", "-o", "/dev/null"])
+        where = (os.path.dirname(compiler),)  # a compiler outside /usr must be readable to probe it
+        version = run_text(run, [compiler, "--version"], where).strip()
+        verbose = run_text(run, [compiler, "-E", "-v", "-x", language, "/dev/null", "-o", "/dev/null"], where)
         search = compiler_search_dirs(verbose)
         roots = list(search)
-        cc1 = run_text(run, [compiler, f"-print-prog-name={'cc1plus' if language == 'c++' else 'cc1'}"]).strip()
+        cc1 = run_text(run, [compiler, f"-print-prog-name={'cc1plus' if language == 'c++' else 'cc1'}"], where).strip()
         digests = [hash_file(compiler)[0]]
         if os.path.isabs(cc1) and os.path.exists(cc1):
             digests.append(hash_file(cc1)[0])
             roots.append(os.path.dirname(os.path.realpath(cc1)))
+        roots.append(os.path.dirname(compiler))
         tc = Toolchain(
             compiler=compiler,
             version=version,

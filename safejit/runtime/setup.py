@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 
+from .. import _env
 from ..backends import Backend, get_backend
 from ..backends.base import Runner, RunOutcome
 from ..cache.disk import LAYOUT, DiskCache
@@ -55,7 +56,7 @@ class Setup:
             worker=config.nvrtc_worker,
             spills=config.cuda_spills,
             require_landlock=config.sandbox == "required",
-            ascend_home=config.ascend_home,
+            ascend_homes=(config.ascend_home,) if config.ascend_home else _env.ascend_home_candidates(),
         )
         self._probe_dir: str | None = None
         self._anchors: dict[Toolchain, Anchors] = {}
@@ -95,7 +96,8 @@ class Setup:
         """Run argv lists in the sandbox: fixed PATH, TMPDIR in the work dir, only
         ``env_passthrough`` variables; read access to the source roots."""
         base_env = {"PATH": SYSTEM_PATH, "LC_ALL": "C", **dict(env)}
-        roots = [*config.source_roots, *toolchain_roots]
+        # Resolved: the shim silently skips a path that does not exist as given ("~/x", relative).
+        roots = [os.path.realpath(os.path.expanduser(r)) for r in (*config.source_roots, *toolchain_roots)]
 
         def run(
             argv: Sequence[str], *, cwd: str, timeout: float | None = None, extra_read: Sequence[str] = ()

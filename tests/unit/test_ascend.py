@@ -85,15 +85,21 @@ def _rt(make_runtime, toolkit: Path, project: Path, **cfg) -> safejit.Runtime:
     return make_runtime(backend="ascend", ascend_home=str(toolkit), source_roots=(str(project),), **cfg)
 
 
-def test_toolkit_discovery_prefers_config_then_environment(toolkit, monkeypatch):
-    assert find_toolkit(str(toolkit))[1].endswith("ccec_compiler/bin/bisheng")
+def test_toolkit_discovery_prefers_config_then_environment(toolkit, monkeypatch, make_runtime):
+    from safejit import _env
+
+    assert find_toolkit([str(toolkit)])[1].endswith("ccec_compiler/bin/bisheng")
     monkeypatch.setenv("ASCEND_HOME_PATH", str(toolkit))
-    home, _, lld = find_toolkit(None)
+    home, _, lld = find_toolkit(_env.ascend_home_candidates())
     assert home == str(toolkit.resolve()) and lld.endswith("ld.lld")
     monkeypatch.setenv("ASCEND_HOME_PATH", str(toolkit.parent / "missing"))
     monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
     with pytest.raises(safejit.ConfigError, match="ascend_home"):
-        find_toolkit(None)
+        find_toolkit(_env.ascend_home_candidates())
+    monkeypatch.setenv("ASCEND_HOME_PATH", str(toolkit))
+    env_rt = make_runtime(backend="ascend")  # Config.ascend_home unset: the environment decides
+    assert env_rt.build(safejit.Source('// meta: k\nextern "C" void k() {}\n', "k"), arch="dav-c220").kernels == ("k",)
+    env_rt.close()
 
 
 def test_compile_cache_closure_and_rebuild_on_header_edit(make_runtime, toolkit, ascend_project, cache_dir):

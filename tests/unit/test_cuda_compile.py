@@ -184,7 +184,9 @@ COMPUTED = '#define HEADER "scale.h"\n#include HEADER\nextern "C" __global__ voi
 def test_computed_include_needs_the_isolated_worker(make_runtime, cuda_project, cache_dir):
     inc = (str(cuda_project / "include"),)
     with pytest.raises(safejit.PathConfinementError, match="nvrtc_worker"):
-        _rt(make_runtime, cuda_project, "nvrtc").build(safejit.Source(COMPUTED, "k"), include_dirs=inc, arch="sm_90")
+        _rt(make_runtime, cuda_project, "nvrtc", nvrtc_worker=False).build(
+            safejit.Source(COMPUTED, "k"), include_dirs=inc, arch="sm_90"
+        )
     assert leaves(cache_dir) == []
     art = _rt(make_runtime, cuda_project, "nvrtc", nvrtc_worker=True).build(
         safejit.Source(COMPUTED, "k"), include_dirs=inc, arch="sm_90"
