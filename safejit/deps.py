@@ -217,7 +217,7 @@ _QUOTED_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.M)
 
 def quoted_includes(data: bytes) -> list[str]:
     """Names in ``#include "..."`` lines: searched next to the including file first."""
-    if b"#" not in data:
+    if b'include "' not in data and b"include\t" not in data:
         return []
     return [m.group(1).decode("utf-8", "replace") for m in _QUOTED_INCLUDE.finditer(data)]
 

@@ -350,14 +350,16 @@ class DiskCache:
             write_file(os.path.join(stage, MARKER), digest_bytes(raw).encode() + b"\n")
             fsync_dir(stage)
             os.chmod(stage, 0o755)
-            makedirs_durable(bdir)
+            # New build dirs need no fsync of their parents: if a power cut loses the
+            # directory entry, the leaf is a miss, never a damaged hit.
+            os.makedirs(bdir, exist_ok=True)
             for attempt in (1, 2):
                 faults.point("publish.before_rename")
                 try:
                     rename(stage, leaf)
                 except OSError as exc:
                     if exc.errno == errno.ENOENT and attempt == 1 and os.path.isdir(stage):
-                        makedirs_durable(bdir)  # a concurrent prune removed the empty build dir
+                        os.makedirs(bdir, exist_ok=True)  # a concurrent prune removed the empty build dir
                         continue
                     if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                         raise

@@ -26,8 +26,8 @@ __all__ = ["StatMemo", "boot_id"]
 
 def boot_id() -> str:
     try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-            return fh.read().strip().replace("-", "")[:32]
+        with open("/proc/sys/kernel/random/boot_id", "rb") as fh:  # bytes: no codec lookup on the hot path
+            return fh.read().strip().replace(b"-", b"")[:32].decode("ascii", "replace")
     except OSError:
         return ""
 

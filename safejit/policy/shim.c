@@ -127,11 +127,23 @@ static void apply_landlock(const struct sandbox *b) {
 static volatile sig_atomic_t stopping = 0;
 static void on_stop(int sig) { (void)sig; stopping = 1; }
 
-/* SIGKILL every child of ours (the compiler, and whatever was reparented to us). */
+/* SIGKILL every child of ours (the compiler, and whatever was reparented to us).
+ * /proc/self/task/<tid>/children lists them directly; scanning /proc is the fallback. */
 static int kill_children(void) {
     char path[300], buf[512];
     int killed = 0;
     pid_t self = getpid();
+    snprintf(path, sizeof path, "/proc/self/task/%ld/children", (long)self);
+    FILE *list = fopen(path, "re");
+    if (list) {
+        long pid;
+        while (fscanf(list, "%ld", &pid) == 1) {
+            kill((pid_t)pid, SIGKILL);
+            killed++;
+        }
+        fclose(list);
+        return killed;
+    }
     DIR *proc = opendir("/proc");
     if (!proc) return 0;
     struct dirent *e;
