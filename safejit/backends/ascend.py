@@ -14,9 +14,10 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from ..deps import hash_file, parse_depfile
+from ..deps import hash_file
 from ..errors import CompileError, ConfigError, LoadError
 from ..spec import BuildSpec, Source, Toolchain
+from .argv_compile import run_argv
 from .ascend_launch import AscendLibrary
 from .base import CompileOutput, Runner
 from .probe import ProbeCache, compiler_search_dirs, file_ident, run_text
@@ -149,51 +150,15 @@ class AscendBackend:
         confine: Callable[[str], str] | None = None,
         max_deps: int = 20_000,
     ) -> CompileOutput:
-        src = os.path.join(workdir, "src", spec.filename)
-        os.makedirs(os.path.dirname(src), exist_ok=True)
-        with open(src, "wb") as fh:
-            fh.write(spec.code)
-        obj, out, dep = (os.path.join(workdir, f"{spec.name}{ext}") for ext in (".rel.o", ".o", ".d"))
-        slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep, "{OBJ}": obj}
-        argv = [slots.get(a) or expand(a) for a in spec.argv]
-        cut = argv.index("--")
-        logs, seconds = [], 0.0
-        for step in (argv[:cut], argv[cut + 1 :]):
-            result = run(step, cwd=workdir, timeout=timeout)
-            logs.append(result.log)
-            seconds += result.seconds
-            if result.returncode != 0:
-                raise CompileError(
-                    f"{spec.name}: {os.path.basename(step[0])} exited with {result.returncode}\n{result.log}",
-                    log=result.log,
-                    argv=step,
-                    returncode=result.returncode,
-                )
-        try:
-            with open(out, "rb") as fh:
-                binary = fh.read()
-            with open(dep, encoding="utf-8", errors="surrogateescape") as fh:
-                reported = parse_depfile(fh.read())
-            os.unlink(obj)  # the intermediate object is not kept
-        except OSError as exc:
-            raise CompileError(f"{spec.name}: toolchain output missing: {exc}", log="\n".join(logs)) from exc
-        kernels = ascend_kernel_names(binary)
+        b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, out_ext=".o")
+        kernels = ascend_kernel_names(b.artifact)
         if not kernels:
             raise CompileError(
                 f"{spec.name}: the binary has no .ascend.meta.<kernel> section, so no kernel (ACL cannot load it)",
-                log="\n".join(logs),
+                log=b.log,
             )
-        absolute = [p if os.path.isabs(p) else os.path.join(workdir, p) for p in reported]
-        deps = tuple(p for p in absolute if p != src)
         return CompileOutput(
-            binary,
-            deps,
-            kernels,
-            "\n".join(logs),
-            tuple(argv),
-            seconds,
-            src in absolute,
-            meta={"kernels": list(kernels)},
+            b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta={"kernels": list(kernels)}
         )
 
     def kernels(self, artifact: bytes) -> tuple[str, ...]:

@@ -6,29 +6,23 @@ needs no GPU; loading and launching do (see ``cuda_launch``).
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import json
 import logging
 import os
 import re
-import select
 import shutil
-import struct
-import subprocess
-import sys
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from ..deps import hash_file, parse_depfile
-from ..errors import CompileError, CompileTimeout, ConfigError
+from ..deps import hash_file
+from ..errors import CompileError, ConfigError
 from ..spec import BuildSpec, Source, Toolchain
+from .argv_compile import run_argv
 from .base import CompileOutput, Runner
 from .cubin import cubin_frame_sizes, cubin_kernels
 from .cuda_launch import CudaLibrary, device_arch
-from .nvrtc import NvrtcRequest, NvrtcResult, compile_with_headers, nvrtc_compile_once
+from .nvrtc import NvrtcWorker, compile_with_headers, nvrtc_compile_once
 from .probe import ProbeCache, compiler_search_dirs, file_ident, run_text
 
 try:  # imported with the backend (only when backend="cuda" is asked for), not on the compile path
@@ -307,39 +301,16 @@ class CudaBackend:
     def _compile_nvcc(
         self, spec: BuildSpec, workdir: str, expand: Callable[[str], str], run: Runner, timeout: float
     ) -> CompileOutput:
-        src = os.path.join(workdir, "src", spec.filename)
-        os.makedirs(os.path.dirname(src), exist_ok=True)
-        with open(src, "wb") as fh:
-            fh.write(spec.code)
-        out, dep = os.path.join(workdir, f"{spec.name}.cubin"), os.path.join(workdir, f"{spec.name}.d")
-        slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep}
-        argv = tuple(slots.get(a) or expand(a) for a in spec.argv)
-        result = run(argv, cwd=workdir, timeout=timeout)
-        if result.returncode != 0:
-            raise CompileError(
-                f"{spec.name}: nvcc exited with {result.returncode}\n{result.log}",
-                log=result.log,
-                argv=list(argv),
-                returncode=result.returncode,
-            )
-        try:
-            with open(out, "rb") as fh:
-                cubin = fh.read()
-            with open(dep, encoding="utf-8", errors="surrogateescape") as fh:
-                reported = parse_depfile(fh.read())
-        except OSError as exc:
-            raise CompileError(f"{spec.name}: nvcc output missing: {exc}", log=result.log) from exc
-        absolute = [p if os.path.isabs(p) else os.path.join(workdir, p) for p in reported]
-        deps = tuple(p for p in absolute if p != src)
+        b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, out_ext=".cubin")
         return CompileOutput(
-            cubin,
-            deps,
-            tuple(cubin_kernels(cubin)),
-            result.log,
-            argv,
-            result.seconds,
-            src in absolute,
-            meta=self._meta(cubin, {}),
+            b.artifact,
+            b.deps,
+            tuple(cubin_kernels(b.artifact)),
+            b.log,
+            b.argv,
+            b.seconds,
+            b.complete,
+            meta=self._meta(b.artifact, {}),
         )
 
     @staticmethod
@@ -392,102 +363,3 @@ def _check_ptxas(flags: Sequence[str]) -> None:
                 for opt in flag[len(prefix) :].split(","):
                     if opt.split("=", 1)[0] not in _PTXAS_OK:
                         raise ConfigError(f"ptxas option {opt!r} is not allowed", flag=flag)
-
-
-class NvrtcWorker:
-    """A persistent NVRTC process without filesystem access (see _nvrtc_worker)."""
-
-    def __init__(self, arch: str, require_landlock: bool) -> None:
-        self._arch = arch
-        self._require = require_landlock
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._lock = threading.Lock()
-
-    def _start(self) -> subprocess.Popen[bytes]:
-        # Isolated mode ignores the environment; the parent's import path is handed over
-        # explicitly so the worker finds safejit and cuda-python wherever they are installed.
-        boot = (
-            "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
-            "from safejit.backends._nvrtc_worker import main; sys.exit(main(sys.argv[2:]))"
-        )
-        argv = [sys.executable, "-I", "-c", boot, json.dumps([p for p in sys.path if p]), self._arch]
-        if self._require:
-            argv.append("--require-landlock")
-        return subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env={"PATH": _SYSTEM_PATH, "LC_ALL": "C"},
-            close_fds=True,
-            process_group=0,
-        )
-
-    def compile_once(self, req: NvrtcRequest, timeout: float = 300.0) -> NvrtcResult:
-        msg = json.dumps(
-            {
-                "code": base64.b64encode(req.code).decode(),
-                "name": req.name,
-                "options": req.options,
-                "name_expressions": req.name_expressions,
-                "headers": {k: base64.b64encode(v).decode() for k, v in req.headers.items()},
-            }
-        ).encode()
-        with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
-                self._proc = self._start()
-            proc = self._proc
-            assert proc.stdin is not None and proc.stdout is not None
-            try:
-                proc.stdin.write(struct.pack(">I", len(msg)) + msg)
-                proc.stdin.flush()
-                reply = self._read(proc, timeout)
-            except (OSError, CompileTimeout):
-                self._kill()
-                raise
-        if reply is None:
-            self._kill()
-            raise CompileError("the NVRTC worker died", log="")
-        return NvrtcResult(
-            bool(reply["ok"]),
-            str(reply["log"]),
-            cubin=base64.b64decode(reply["cubin"]),
-            lowered=dict(reply["lowered"]),
-            missing=[tuple(m) for m in reply["missing"]],
-        )
-
-    @staticmethod
-    def _read(proc: subprocess.Popen[bytes], timeout: float) -> dict[str, Any] | None:
-        assert proc.stdout is not None
-        fd = proc.stdout.fileno()
-        buf = b""
-        need = 4
-        length: int | None = None
-        while len(buf) < need:
-            ready, _, _ = select.select([fd], [], [], timeout)
-            if not ready:
-                raise CompileTimeout(f"the NVRTC worker did not answer in {timeout:g}s", log="", timeout=timeout)
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                return None
-            buf += chunk
-            if length is None and len(buf) >= 4:
-                (length,) = struct.unpack(">I", buf[:4])
-                need = 4 + length
-        data: dict[str, Any] = json.loads(buf[4:need])
-        return data
-
-    def _kill(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, 9)
-            proc.wait()
-            for pipe in (proc.stdin, proc.stdout):
-                if pipe is not None:
-                    with contextlib.suppress(OSError):
-                        pipe.close()
-
-    def close(self) -> None:
-        with self._lock:
-            self._kill()

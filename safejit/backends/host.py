@@ -17,9 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from .. import faults
-from ..deps import hash_file, parse_depfile
-from ..errors import CompileError, ConfigError, LoadError
+from ..deps import hash_file
+from ..errors import ConfigError, LoadError
 from ..spec import BuildSpec, Source, Toolchain
+from .argv_compile import run_argv
 from .base import CompileOutput, Runner
 from .probe import ProbeCache, compiler_search_dirs, file_ident, run_text
 
@@ -138,35 +139,8 @@ class HostBackend:
         confine: Callable[[str], str] | None = None,
         max_deps: int = 20_000,
     ) -> CompileOutput:
-        src = os.path.join(workdir, "src", spec.filename)
-        os.makedirs(os.path.dirname(src), exist_ok=True)
-        with open(src, "wb") as fh:
-            fh.write(spec.code)
-        out = os.path.join(workdir, f"{spec.name}.so")
-        dep = os.path.join(workdir, f"{spec.name}.d")
-        slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep}
-        argv = tuple(slots.get(a) or expand(a) for a in spec.argv)
-        result = run(argv, cwd=workdir, timeout=timeout)
-        if result.returncode != 0:
-            raise CompileError(
-                f"{spec.name}: compiler exited with {result.returncode}\n{result.log}",
-                log=result.log,
-                argv=list(argv),
-                returncode=result.returncode,
-            )
-        try:
-            with open(out, "rb") as fh:
-                artifact = fh.read()
-            with open(dep, encoding="utf-8", errors="surrogateescape") as fh:
-                reported = parse_depfile(fh.read())
-        except OSError as exc:
-            raise CompileError(f"{spec.name}: compiler output missing: {exc}", log=result.log, argv=list(argv)) from exc
-        # Joined, never normpath'd: "sub/.." after a symlinked dir is not "." (completeness resolves it).
-        absolute = [p if os.path.isabs(p) else os.path.join(workdir, p) for p in reported]
-        # A scan that does not even name the source is incomplete: never publish it.
-        complete = src in absolute
-        deps = tuple(p for p in absolute if p != src)
-        return CompileOutput(artifact, deps, self.kernels(artifact), result.log, argv, result.seconds, complete)
+        b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, out_ext=".so")
+        return CompileOutput(b.artifact, b.deps, self.kernels(b.artifact), b.log, b.argv, b.seconds, b.complete)
 
     # -- artifacts -----------------------------------------------------------
     def kernels(self, artifact: bytes) -> tuple[str, ...]:

@@ -12,8 +12,16 @@ The closure is therefore the set of headers handed over.
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import json
 import os
 import re
+import select
+import struct
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +29,7 @@ from typing import Any, Final
 
 from ..errors import CompileError, CompileTimeout, PathConfinementError
 
-__all__ = ["NvrtcRequest", "NvrtcResult", "compile_with_headers", "nvrtc_compile_once"]
+__all__ = ["NvrtcRequest", "NvrtcResult", "NvrtcWorker", "compile_with_headers", "nvrtc_compile_once"]
 
 #: The name NVRTC is given for the main source: in a directory that does not
 #: exist, so a relative include can never be found next to it on disk.
@@ -193,3 +201,102 @@ def _resolve(
         if os.path.isfile(cand):
             return confine(cand)
     return None
+
+
+class NvrtcWorker:
+    """A persistent NVRTC process without filesystem access (see _nvrtc_worker)."""
+
+    def __init__(self, arch: str, require_landlock: bool) -> None:
+        self._arch = arch
+        self._require = require_landlock
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        # Isolated mode ignores the environment; the parent's import path is handed over
+        # explicitly so the worker finds safejit and cuda-python wherever they are installed.
+        boot = (
+            "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
+            "from safejit.backends._nvrtc_worker import main; sys.exit(main(sys.argv[2:]))"
+        )
+        argv = [sys.executable, "-I", "-c", boot, json.dumps([p for p in sys.path if p]), self._arch]
+        if self._require:
+            argv.append("--require-landlock")
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C"},
+            close_fds=True,
+            process_group=0,
+        )
+
+    def compile_once(self, req: NvrtcRequest, timeout: float = 300.0) -> NvrtcResult:
+        msg = json.dumps(
+            {
+                "code": base64.b64encode(req.code).decode(),
+                "name": req.name,
+                "options": req.options,
+                "name_expressions": req.name_expressions,
+                "headers": {k: base64.b64encode(v).decode() for k, v in req.headers.items()},
+            }
+        ).encode()
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._proc = self._start()
+            proc = self._proc
+            assert proc.stdin is not None and proc.stdout is not None
+            try:
+                proc.stdin.write(struct.pack(">I", len(msg)) + msg)
+                proc.stdin.flush()
+                reply = self._read(proc, timeout)
+            except (OSError, CompileTimeout):
+                self._kill()
+                raise
+        if reply is None:
+            self._kill()
+            raise CompileError("the NVRTC worker died", log="")
+        return NvrtcResult(
+            bool(reply["ok"]),
+            str(reply["log"]),
+            cubin=base64.b64decode(reply["cubin"]),
+            lowered=dict(reply["lowered"]),
+            missing=[tuple(m) for m in reply["missing"]],
+        )
+
+    @staticmethod
+    def _read(proc: subprocess.Popen[bytes], timeout: float) -> dict[str, Any] | None:
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        buf = b""
+        need = 4
+        length: int | None = None
+        while len(buf) < need:
+            ready, _, _ = select.select([fd], [], [], timeout)
+            if not ready:
+                raise CompileTimeout(f"the NVRTC worker did not answer in {timeout:g}s", log="", timeout=timeout)
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return None
+            buf += chunk
+            if length is None and len(buf) >= 4:
+                (length,) = struct.unpack(">I", buf[:4])
+                need = 4 + length
+        data: dict[str, Any] = json.loads(buf[4:need])
+        return data
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, 9)
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._kill()

@@ -4,8 +4,8 @@ Compilers run as argv lists (never a shell) with stdin closed, a scrubbed
 environment, a new process group that is killed on timeout, rlimits, output
 captured to a size-limited file, and Landlock where the kernel offers it.
 Limits and Landlock are applied by a small exec shim (``shim.c``, built once
-per user and kept in a private directory) — never by ``preexec_fn``, which is
-unsafe in threaded programs.
+per user and kept in a private directory) — never by a Python callback between
+fork and exec, which is unsafe in threaded programs.
 """
 
 from __future__ import annotations

@@ -134,15 +134,7 @@ class Runtime:
         name_expressions: Sequence[str] = (),
     ) -> Artifact:
         """Compile and cache ``source`` without loading it."""
-        req = (
-            source,
-            tuple(include_dirs),
-            tuple((k, v.__class__, v) for k, v in defines.items()) if defines else (),
-            tuple(flags),
-            tuple((k, v.__class__, v) for k, v in extras.items()) if extras else (),
-            arch,
-            tuple(name_expressions),
-        )
+        req = _request(source, include_dirs, defines, flags, extras, arch, name_expressions)
         with span(SPAN.COMPILE, {**self._attrs, ATTR.KERNEL: name_of(source)}):
             spec, key, anchors = self._resolver().resolve(req)
             leaf, where = self._builder().obtain(spec, key, anchors)
@@ -190,15 +182,7 @@ class Runtime:
         name_expressions: Sequence[str] = (),
     ) -> Explanation:
         """Say whether a compile would hit the disk tier and, if not, why."""
-        req = (
-            source,
-            tuple(include_dirs),
-            tuple((k, v.__class__, v) for k, v in defines.items()) if defines else (),
-            tuple(flags),
-            tuple((k, v.__class__, v) for k, v in extras.items()) if extras else (),
-            arch,
-            tuple(name_expressions),
-        )
+        req = _request(source, include_dirs, defines, flags, extras, arch, name_expressions)
         _, key, anchors = self._resolver().resolve(req)
         disk = self._init().disk
         first: Rejection | None = None
@@ -320,6 +304,28 @@ class Runtime:
     def _evicted(self, module: Module) -> None:
         # The module stays loaded while callers hold it; the finalizer unloads it after.
         instruments.evictions.add(1, self._attrs)
+
+
+def _request(
+    source: Source,
+    include_dirs: Sequence[str],
+    defines: Mapping[str, Any] | None,
+    flags: Sequence[str],
+    extras: Mapping[str, Any] | None,
+    arch: str | None,
+    name_expressions: Sequence[str],
+) -> Request:
+    """The hashable request (the same tuple ``compile`` builds inline on its hot path).
+    Value types are part of it: ``1``, ``1.0`` and ``True`` compare equal but compile differently."""
+    return (
+        source,
+        tuple(include_dirs),
+        tuple((k, v.__class__, v) for k, v in defines.items()) if defines else (),
+        tuple(flags),
+        tuple((k, v.__class__, v) for k, v in extras.items()) if extras else (),
+        arch,
+        tuple(name_expressions),
+    )
 
 
 def _flush_at_exit(ref: weakref.ref[Runtime]) -> None:

@@ -1,0 +1,67 @@
+"""Running a compiler argv from a spec: stage the source, fill the slots, run each
+step (steps are separated by ``--``), then read the artifact and the depfile."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..deps import parse_depfile
+from ..errors import CompileError
+from ..spec import BuildSpec
+from .base import Runner
+
+__all__ = ["ArgvBuild", "run_argv"]
+
+
+@dataclass(frozen=True, slots=True)
+class ArgvBuild:
+    artifact: bytes
+    #: Absolute paths the depfile named, the staged source excluded. Joined, never
+    #: normpath'd: "sub/.." after a symlinked dir is not "." (completeness resolves it).
+    deps: tuple[str, ...]
+    #: False when the depfile does not even name the source: the closure is unknown.
+    complete: bool
+    log: str
+    argv: tuple[str, ...]
+    seconds: float
+
+
+def run_argv(
+    spec: BuildSpec, *, workdir: str, expand: Callable[[str], str], run: Runner, timeout: float, out_ext: str
+) -> ArgvBuild:
+    src = os.path.join(workdir, "src", spec.filename)
+    os.makedirs(os.path.dirname(src), exist_ok=True)
+    with open(src, "wb") as fh:
+        fh.write(spec.code)
+    out, dep, obj = (os.path.join(workdir, f"{spec.name}{ext}") for ext in (out_ext, ".d", ".rel.o"))
+    slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep, "{OBJ}": obj}
+    argv = [slots.get(a) or expand(a) for a in spec.argv]
+    logs, seconds, start = [], 0.0, 0
+    for end in [i for i, a in enumerate(argv) if a == "--"] + [len(argv)]:
+        step = argv[start:end]
+        start = end + 1
+        result = run(step, cwd=workdir, timeout=timeout)
+        logs.append(result.log)
+        seconds += result.seconds
+        if result.returncode != 0:
+            raise CompileError(
+                f"{spec.name}: {os.path.basename(step[0])} exited with {result.returncode}\n{result.log}",
+                log=result.log,
+                argv=step,
+                returncode=result.returncode,
+            )
+    log = "\n".join(logs)
+    try:
+        with open(out, "rb") as fh:
+            artifact = fh.read()
+        with open(dep, encoding="utf-8", errors="surrogateescape") as fh:
+            reported = parse_depfile(fh.read())
+        if os.path.exists(obj):
+            os.unlink(obj)  # intermediates are not kept
+    except OSError as exc:
+        raise CompileError(f"{spec.name}: compiler output missing: {exc}", log=log, argv=argv) from exc
+    absolute = [p if os.path.isabs(p) else os.path.join(workdir, p) for p in reported]
+    deps = tuple(p for p in absolute if p != src)
+    return ArgvBuild(artifact, deps, src in absolute, log, tuple(argv), seconds)
