@@ -37,6 +37,8 @@ class Entry(Generic[T]):
     negatives: tuple[str, ...] = ()
     #: False: the closure is unknown, so the entry never revalidates.
     trusted: bool = True
+    #: (path as the request gave it, what it resolved to): a re-pointed path makes the entry stale.
+    paths: tuple[tuple[str, str], ...] = ()
 
     @staticmethod
     def dep_list(states: tuple[tuple[str, Snapshot, str], ...]) -> list[list[Any]]:
@@ -72,6 +74,9 @@ class MemoryCache(Generic[T]):
         """Re-stat every dependency; rehash those whose stat moved (or is racy)."""
         if not entry.trusted:
             return False
+        for given, resolved in entry.paths:
+            if os.path.realpath(os.path.expanduser(given)) != resolved:
+                return False
         wall = time.time_ns()
         for dep in entry.deps:
             path, snap, digest, racy = dep

@@ -274,6 +274,12 @@ class Runtime:
             time.monotonic(),
             negatives=leaf.negatives,
             trusted=leaf.closure_known,
+            # The request names include dirs as given ("inc", "~/lib", a symlink): they must
+            # still resolve to what this build used.
+            paths=tuple(
+                (os.fspath(given), anchors.expand(*anchored) or "")
+                for given, anchored in zip(req[1], spec.include_dirs, strict=True)
+            ),
         )
 
     def _init(self) -> Setup:

@@ -102,3 +102,30 @@ def test_unhashable_define_value_is_a_config_error(make_runtime):
     rt = make_runtime()
     with pytest.raises(safejit.ConfigError):
         rt.compile(_src(1), defines={"X": [1, 2]})
+
+
+def test_a_repointed_include_dir_symlink_makes_the_entry_stale(make_runtime, tmp_path):
+    root = tmp_path / "proj"
+    (root / "v1").mkdir(parents=True)
+    (root / "v2").mkdir()
+    (root / "v1" / "ver.h").write_text("#define VER 1\n")
+    (root / "v2" / "ver.h").write_text("#define VER 2\n")
+    link = root / "current"
+    link.symlink_to(root / "v1")
+    rt = make_runtime(source_roots=(str(root),), max_staleness_s=0)
+    src = safejit.Source('#include "ver.h"\nint ver(void) { return VER; }\n', "ver")
+    assert rt.compile(src, include_dirs=(str(link),)).kernel("ver")() == 1
+    link.unlink()
+    link.symlink_to(root / "v2")
+    assert rt.compile(src, include_dirs=(str(link),)).kernel("ver")() == 2
+
+
+def test_equal_but_differently_typed_defines_are_different_requests(make_runtime):
+    rt = make_runtime()
+    src = safejit.Source("double v(void) { return (double)(X) / 2; }", "v")
+    import ctypes
+
+    one = rt.compile(src, defines={"X": 1}).kernel("v", restype=ctypes.c_double)()
+    one_float = rt.compile(src, defines={"X": 1.0}).kernel("v", restype=ctypes.c_double)()
+    assert (one, one_float) == (0.5, 0.5)
+    assert rt.stats()["compiles"] == 2  # "-DX=1" and "-DX=1.0" are different builds, never one memory entry
