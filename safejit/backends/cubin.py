@@ -59,7 +59,7 @@ def cubin_kernels(cubin: bytes) -> KernelParams:
     """Kernels (entry functions) of a cubin with their parameter layouts."""
     try:
         sections = _sections(cubin)
-    except (struct.error, ValueError, IndexError) as exc:
+    except (struct.error, ValueError, IndexError, OverflowError) as exc:
         raise LoadError(f"artifact is not a readable cubin: {exc}") from exc
     out: KernelParams = {}
     for name, data in sections.items():
@@ -107,5 +107,5 @@ def cubin_frame_sizes(cubin: bytes) -> dict[str, int]:
                 if size and index < len(names):
                     out[names[index]] = size
         return out
-    except (struct.error, ValueError, IndexError):
+    except (struct.error, ValueError, IndexError, OverflowError):
         return {}

@@ -159,7 +159,7 @@ def elf_exported_functions(artifact: bytes) -> tuple[str, ...]:
     """
     try:
         return _dynsym_functions(artifact)
-    except (struct.error, IndexError, ValueError) as exc:
+    except (struct.error, IndexError, ValueError, OverflowError) as exc:  # found by fuzzing: huge offsets
         raise LoadError(f"artifact is not a readable ELF shared object: {exc}") from exc
 
 

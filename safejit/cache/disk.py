@@ -102,6 +102,7 @@ class DiskCache:
         self.stat_memo = stat_memo
         self._attrs = {ATTR.BACKEND: backend, ATTR.TENANT: tenant}
         self._writable: str | None = None
+        self._root_ids: dict[str, tuple[int, int]] = {}
         self.last_error: OSError | None = None
 
     # -- layout --------------------------------------------------------------
@@ -115,21 +116,43 @@ class DiskCache:
     def writable_root(self) -> str | None:
         """The first root that can take new entries. A success is remembered; a
         failure is not (a full or flaky disk may recover), and its error is kept
-        in ``last_error`` for the caller to report."""
+        in ``last_error`` for the caller to report. A root whose directory was
+        swapped (for a symlink, or another directory) since it was first used is
+        unusable: nothing is written through it."""
         if isinstance(self._writable, str):
-            return self._writable
+            if self._same_root(self._writable):
+                return self._writable
+            self._writable = None
         for root in self.roots:
+            try:
+                st = os.lstat(root)
+                if stat.S_ISLNK(st.st_mode) or (root in self._root_ids and not self._same_root(root)):
+                    raise OSError(errno.EXDEV, "cache root was replaced since it was first used", root)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                self.last_error = exc
+                continue
             try:
                 makedirs_durable(os.path.join(root, LAYOUT, "tmp"))
                 makedirs_durable(os.path.join(root, LAYOUT, "locks"))
+                st = os.lstat(root)
             except OSError as exc:
                 self.last_error = exc
                 continue
             if os.access(os.path.join(root, LAYOUT, "tmp"), os.W_OK | os.X_OK):
+                self._root_ids.setdefault(root, (st.st_dev, st.st_ino))
                 self._writable = root
                 return root
             self.last_error = PermissionError(errno.EACCES, "cache root is not writable", root)
         return None
+
+    def _same_root(self, root: str) -> bool:
+        try:
+            st = os.lstat(root)
+        except OSError:
+            return False
+        return stat.S_ISDIR(st.st_mode) and self._root_ids.get(root) == (st.st_dev, st.st_ino)
 
     def new_workdir(self, root: str) -> str:
         path = os.path.join(root, LAYOUT, "tmp", uuid.uuid4().hex)

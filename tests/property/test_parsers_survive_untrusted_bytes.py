@@ -1,0 +1,109 @@
+"""Every parser of untrusted bytes (manifest, depfile, ELF symbol tables, cubin
+info, Ascend meta sections) either parses or raises its typed error — never
+anything else, never a hang. Random bytes, and mutations of real inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import safejit
+from safejit.backends.ascend import ascend_kernel_names
+from safejit.backends.cubin import cubin_frame_sizes, cubin_kernels
+from safejit.backends.host import elf_exported_functions
+from safejit.cache.manifest import ManifestError, parse_manifest
+from safejit.deps import parse_depfile
+from safejit.errors import LoadError
+
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture(scope="module")
+def real_inputs(tmp_path_factory) -> dict[str, bytes]:
+    cache = tmp_path_factory.mktemp("fuzz-cache")
+    rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(cache),)))
+    art = rt.build(safejit.Source("#include <stdint.h>\nint add(int a, int b) { return a + b; }\n", "add"))
+    rt.close()
+    leaf = Path(art.path)
+    return {"manifest": (leaf / "manifest.json").read_bytes(), "elf": (leaf / "artifact.so").read_bytes()}
+
+
+def _mutate(data: bytes, flips: list[tuple[int, int]], cut: int) -> bytes:
+    buf = bytearray(data[: max(1, len(data) - cut)])
+    for pos, value in flips:
+        buf[pos % len(buf)] = value
+    return bytes(buf)
+
+
+MUTATIONS = st.tuples(
+    st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), max_size=12), st.integers(0, 4096)
+)
+
+
+def _manifest_ok(raw: bytes) -> None:
+    try:
+        parse_manifest(raw)
+    except ManifestError:
+        pass
+
+
+def _elf_ok(raw: bytes) -> None:
+    for fn in (elf_exported_functions, cubin_kernels, ascend_kernel_names):
+        try:
+            fn(raw)
+        except LoadError:
+            pass
+    assert isinstance(cubin_frame_sizes(raw), dict)
+
+
+@FUZZ
+@given(st.binary(max_size=4096))
+def test_manifest_parser_on_random_bytes(raw):
+    _manifest_ok(raw)
+
+
+@FUZZ
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=70),
+        lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=12), c, max_size=6),
+        max_leaves=30,
+    )
+)
+def test_manifest_parser_on_random_json(value):
+    _manifest_ok(json.dumps(value).encode())
+
+
+@FUZZ
+@given(MUTATIONS)
+def test_manifest_parser_on_mutated_manifests(real_inputs, mutation):
+    _manifest_ok(_mutate(real_inputs["manifest"], *mutation))
+
+
+@FUZZ
+@given(st.text(max_size=2000))
+def test_depfile_parser_on_random_text(text):
+    assert all(isinstance(p, str) and p for p in parse_depfile(text))
+
+
+@FUZZ
+@given(st.binary(max_size=8192))
+def test_elf_readers_on_random_bytes(raw):
+    _elf_ok(raw)
+    _elf_ok(b"\x7fELF\x02\x01\x01" + raw)
+
+
+@FUZZ
+@given(MUTATIONS)
+def test_elf_readers_on_mutated_shared_objects(real_inputs, mutation):
+    _elf_ok(_mutate(real_inputs["elf"], *mutation))
+
+
+def test_elf_with_an_absurd_section_header_offset_is_a_load_error():
+    """Found by fuzz/fuzz_parsers.py: an e_shoff beyond ssize_t overflowed struct.unpack_from."""
+    crash = bytes.fromhex("7f454c46020101") + bytes(33) + b"\xff" * 8 + bytes(10) + b"\x40\x00\x05\x00\x01\x00"
+    _elf_ok(crash)

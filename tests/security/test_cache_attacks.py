@@ -1,0 +1,167 @@
+"""Attacks on the cache itself and on the names that build paths: one test per
+attack, each asserting the typed outcome and that nothing was read, written
+outside the staging dir, or published."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import safejit
+from safejit.keys import digest_bytes
+from tests.conftest import ADD_C, assert_cache_sound, leaves
+from tests.security._support import SECRET_TOKEN, assert_no_secret, assert_nothing_published, write_wrapper
+
+ADD = safejit.Source(ADD_C, "add")
+KEY = b"k" * 32
+
+
+@pytest.mark.parametrize("tenant", ["../other", "a/b", "A", "", "x" * 64, ".hidden", "t\0", "t\n"])
+def test_tenant_name_injection_is_refused(tenant, cache_dir):
+    with pytest.raises(safejit.ConfigError):
+        safejit.Config(tenant=tenant, cache_dirs=(str(cache_dir),))
+    assert os.listdir(cache_dir) == []
+
+
+@pytest.mark.parametrize("name", ["../evil", "a/b", "a b", "x;rm", "-o", "ä", "\0", "1st"])
+def test_kernel_name_injection_is_refused(name, make_runtime, cache_dir):
+    with pytest.raises(safejit.ConfigError):
+        safejit.Source(ADD_C, name)
+    # A file name only ever contributes its last component to the staging dir.
+    staged = safejit.Source(ADD_C, "ok", filename="../../etc/x.c").staged_filename(".c")
+    assert staged == "x.c"
+    assert os.listdir(cache_dir) == []
+
+
+def test_oversized_source_is_refused_before_any_work(make_runtime, cache_dir):
+    rt = make_runtime(max_source_bytes=1024)
+    with pytest.raises(safejit.LimitExceededError):
+        rt.compile(safejit.Source(ADD_C + "/*" + "x" * 2000 + "*/", "add"))
+    assert rt.stats()["compiles"] == 0
+    assert not (cache_dir / "v1").exists() or leaves(cache_dir) == []
+
+
+def test_compile_that_writes_without_bound_is_stopped(make_runtime, project, cache_dir):
+    """A compiler writing forever hits the file-size rlimit (or the timeout), never fills the disk."""
+    cc = write_wrapper(project, "yes > big.bin; echo rc=$?; ls -l big.bin; exit 1")
+    from safejit.policy import sandbox
+
+    rt = make_runtime(source_roots=(str(project),), host_cc=str(cc), compile_timeout_s=60)
+    limits = sandbox.Limits(file_size=1 << 20)
+    rt._init().sandbox.limits = limits  # a small limit keeps the test quick
+    with pytest.raises(safejit.CompileError) as exc:
+        rt.compile(ADD)
+    assert "rc=153" in exc.value.log  # 128 + SIGXFSZ: stopped by the file-size limit
+    assert " 1048576 " in exc.value.log  # and the file stopped at the limit
+    assert_nothing_published(cache_dir)
+
+
+def _one_leaf(make_runtime, cache_dir, **cfg) -> tuple[safejit.Runtime, Path]:
+    rt = make_runtime(**cfg)
+    art = rt.build(ADD)
+    return rt, Path(art.path)
+
+
+def _rewrite_manifest(leaf: Path, change) -> None:
+    manifest = leaf / "manifest.json"
+    data = json.loads(manifest.read_text())
+    change(data)
+    raw = json.dumps(data).encode()
+    manifest.write_bytes(raw)
+    (leaf / ".committed").write_bytes(digest_bytes(raw).encode())  # a consistent forgery
+
+
+@pytest.mark.parametrize("relpath", ["../../../../etc/hostname", "/etc/hostname", "a/../../../etc/hostname"])
+def test_manifest_rewritten_to_point_outside_the_roots_is_a_miss_and_reads_nothing(
+    make_runtime, cache_dir, outside, relpath
+):
+    _, leaf = _one_leaf(make_runtime, cache_dir)
+
+    def point_outside(data):
+        data["deps"][0][1] = relpath
+        from safejit.keys import deps_key
+
+        data["deps_key"] = deps_key([tuple(d) for d in data["deps"]], [tuple(n) for n in data["negatives"]])
+
+    _rewrite_manifest(leaf, point_outside)
+    rt = make_runtime()
+    mod = rt.compile(ADD)
+    assert mod.kernel("add")(1, 2) == 3
+    assert rt.stats()["disk_hits"] == 0 and rt.stats()["compiles"] == 1
+    assert_cache_sound(cache_dir)
+
+
+def test_planted_unsigned_leaf_is_a_miss_under_a_signing_key(make_runtime, cache_dir):
+    _one_leaf(make_runtime, cache_dir)  # written by someone without the key
+    rt = make_runtime(signing_key=KEY, require_signed=True)
+    assert rt.compile(ADD).kernel("add")(2, 2) == 4
+    assert rt.stats()["disk_hits"] == 0 and rt.stats()["compiles"] == 1
+    signed = make_runtime(signing_key=KEY)
+    assert signed.compile(ADD).artifact.source == "disk"  # the signed one now verifies
+
+
+def test_planted_leaf_with_a_forged_signature_is_a_miss(make_runtime, cache_dir):
+    _, leaf = _one_leaf(make_runtime, cache_dir, signing_key=KEY)
+    _rewrite_manifest(leaf, lambda d: d.update(signature="0" * 64))
+    rt = make_runtime(signing_key=KEY)
+    rt.compile(ADD)
+    assert rt.stats()["disk_hits"] == 0 and rt.stats()["compiles"] == 1
+
+
+def test_planted_artifact_swap_with_a_consistent_manifest_is_caught_by_the_signature(make_runtime, cache_dir):
+    """Someone with write access replaces the artifact and fixes the manifest digest and marker."""
+    _, leaf = _one_leaf(make_runtime, cache_dir, signing_key=KEY)
+    evil = make_runtime(cache_dirs=(str(cache_dir.parent / "evil"),)).build(
+        safejit.Source("int add(int a, int b) { return a - b; }", "add")
+    )
+    evil_bytes = (Path(evil.path) / "artifact.so").read_bytes()
+    (leaf / "artifact.so").write_bytes(evil_bytes)
+    _rewrite_manifest(leaf, lambda d: d["artifact"].update(size=len(evil_bytes), digest=digest_bytes(evil_bytes)))
+    rt = make_runtime(signing_key=KEY)
+    assert rt.compile(ADD).kernel("add")(5, 3) == 8  # never the planted subtraction
+    assert rt.stats()["disk_hits"] == 0
+
+
+def test_leaf_copied_from_another_tenant_is_not_used(make_runtime, cache_dir):
+    a = make_runtime(tenant="team-a")
+    art = a.build(ADD)
+    b = make_runtime(tenant="team-b")
+    b_key = b.build(ADD).build_key
+    assert b_key != art.build_key  # tenants never share a key
+    # Copy team-a's leaf to where team-b would look for its own key.
+    b_leaf_dir = cache_dir / "v1" / "team-b" / "host" / b_key[:2] / f"build-{b_key}"
+    shutil.rmtree(b_leaf_dir)
+    b_leaf_dir.mkdir(parents=True)
+    shutil.copytree(art.path, b_leaf_dir / Path(art.path).name)
+    fresh = make_runtime(tenant="team-b")
+    fresh.compile(ADD)
+    assert fresh.stats()["disk_hits"] == 0 and fresh.stats()["compiles"] == 1  # "mismatch": another key, tenant
+
+
+def test_cache_root_swapped_for_a_symlink_between_calls(make_runtime, tmp_path, outside):
+    """The root is resolved once; a later swap to a symlink pointing elsewhere is not followed."""
+    root = tmp_path / "cache-root"
+    root.mkdir()
+    rt = make_runtime(cache_dirs=(str(root),))
+    rt.compile(ADD)
+    moved = tmp_path / "moved"
+    root.rename(moved)
+    root.symlink_to(outside)  # now "cache-root" points at the outside dir
+    with pytest.raises(safejit.CacheError):
+        rt.compile(safejit.Source("int mul(int a, int b) { return a * b; }", "mul"))
+    assert not (outside / "v1").exists()  # nothing written through the swapped link
+    assert sorted(os.listdir(outside)) == ["secret", "secret.h"]
+    assert_cache_sound(moved)
+
+
+def test_secret_never_appears_in_errors_of_a_rejected_leaf(make_runtime, cache_dir, outside):
+    _, leaf = _one_leaf(make_runtime, cache_dir)
+    _rewrite_manifest(leaf, lambda d: d.update(name=(outside / "secret").read_text()))
+    rt = make_runtime()
+    rt.compile(ADD)
+    assert_no_secret(*(str(v) for v in rt.stats().values()))
+    assert SECRET_TOKEN not in json.dumps(rt.stats())
