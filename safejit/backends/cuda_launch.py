@@ -174,6 +174,7 @@ class CudaKernel:
             raise ConfigError(f"{name}: {len(self._argtypes)} argtypes for {len(self._params)} parameters")
         # One reusable packed buffer and void* array per thread.
         self._local = threading.local()
+        self._dims: dict[tuple[Any, Any], tuple[int, int, int, int, int, int]] = {}
         # A CUkernel launches as a CUfunction in whichever context is current (CUDA >= 12).
         self._fn = _driver().CUfunction(int(kernel)) if kernel is not None else None
 
@@ -232,8 +233,12 @@ class CudaKernel:
         if not getattr(self._local, "context", False):
             _ensure_context()  # once per thread; the CUkernel then launches in the current context
             self._local.context = True
-        gx, gy, gz = _dim3(grid)
-        bx, by, bz = _dim3(block)
+        dims = self._dims.get((grid, block)) if type(grid) is tuple and type(block) is tuple else None
+        if dims is None:
+            dims = (*_dim3(grid), *_dim3(block))
+            if type(grid) is tuple and type(block) is tuple and len(self._dims) < 64:
+                self._dims[(grid, block)] = dims
+        gx, gy, gz, bx, by, bz = dims
         params = self.pack(args)
         handle = stream_handle(stream)
         fn = self._fn
@@ -323,6 +328,9 @@ def _pointer(arg: Any) -> int | None:
     data_ptr = getattr(arg, "data_ptr", None)
     if callable(data_ptr):  # torch.Tensor
         return int(data_ptr())
+    ptr = getattr(getattr(arg, "data", None), "ptr", None)  # CuPy: cheaper than building the interface dict
+    if isinstance(ptr, int) and hasattr(type(arg), "__cuda_array_interface__"):  # the class: no dict built
+        return ptr
     iface = getattr(arg, "__cuda_array_interface__", None)
     if isinstance(iface, dict):
         return int(iface["data"][0])
