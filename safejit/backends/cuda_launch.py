@@ -128,6 +128,7 @@ class CudaLibrary:
         self._lib: Any = None
         self._lock = threading.Lock()
         self._closed = False
+        self._kernels: dict[tuple[str, Any], CudaKernel] = {}
 
     def _library(self) -> Any:
         with self._lock:
@@ -140,16 +141,24 @@ class CudaLibrary:
             return self._lib
 
     def function(self, name: str, **options: Any) -> CudaKernel:
+        argtypes = options.get("argtypes")
+        cache_key = (name, tuple(argtypes) if argtypes is not None else None)
+        found = self._kernels.get(cache_key)
+        if found is not None and not self._closed:
+            return found  # re-getting a kernel is a dict lookup
         lowered = self._symbols.get(name, name)
         if lowered not in self._params:
             raise KernelNotFoundError(f"no kernel {name!r}; this module has {sorted(self._params)}", name=name)
         lib = self._library()
         kern = _check(_driver().cuLibraryGetKernel(lib, lowered.encode()), "cuLibraryGetKernel")
-        return CudaKernel(name, kern, self._params[lowered], options.get("argtypes"))
+        kernel = CudaKernel(name, kern, self._params[lowered], argtypes)
+        self._kernels[cache_key] = kernel
+        return kernel
 
     def close(self) -> None:
         with self._lock:
             lib, self._lib, self._closed = self._lib, None, True
+            self._kernels.clear()
         if lib is not None and "driver" in _driver_state:
             _driver_state["driver"].cuLibraryUnload(lib)
 
