@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -59,13 +60,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
     args = parser.parse_args()
+    base = Path(tempfile.mkdtemp())
+    os.environ["CUPY_CACHE_DIR"] = str(base / "cupy-parent")  # CuPy's cold compile must really be cold
     import cupy as cp
     from cuda.bindings import driver
 
     import safejit
 
     results: dict[str, float] = {}
-    base = Path(tempfile.mkdtemp())
     rt = safejit.Runtime(config=safejit.Config(backend="cuda", cache_dirs=(str(base / "ours"),)))
     # Cold compile: fresh sources each time, alternating.
     ours, theirs = [], []
