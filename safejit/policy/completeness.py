@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..deps import Anchors, Dep, has_include_names, negative_lookups, quoted_includes, read_file
+from ..deps import (
+    Anchors,
+    Dep,
+    Snapshot,
+    has_include_names,
+    is_racy,
+    negative_lookups,
+    quoted_includes,
+    read_file,
+    snapshot_of,
+)
 from ..errors import LimitExceededError, UndeclaredDependencyError
 from ..keys import digest_bytes
 from .roots import is_under
@@ -26,6 +37,30 @@ def _coarse_ns() -> int:
 
 
 COARSE_NS = _coarse_ns()
+
+#: path -> (snapshot, digest, __has_include names, quoted include names). A warm process
+#: compiling many kernels re-reads the same system headers: an unchanged, non-racy stat
+#: stands for the content (the memory tier's rule, DESIGN.md §6). Process-local.
+_SCANS: dict[str, tuple[Snapshot, str, list[str], list[str]]] = {}
+_SCANS_MAX = 16_384
+
+
+def _scan(path: str, trust_stat: bool) -> tuple[Snapshot, str, list[str], list[str]]:
+    if trust_stat:
+        known = _SCANS.get(path)
+        if known is not None:
+            with contextlib.suppress(OSError):
+                snap = snapshot_of(os.stat(path))
+                if snap == known[0] and not is_racy(snap):
+                    return known
+    data, snap = read_file(path)
+    found = (snap, digest_bytes(data), has_include_names(data), quoted_includes(data))
+    if trust_stat and not is_racy(snap):
+        if len(_SCANS) >= _SCANS_MAX:
+            _SCANS.clear()
+        _SCANS[path] = found
+    return found
+
 
 DepState = tuple[str, tuple[int, int, int, int, int], str]
 
@@ -49,6 +84,7 @@ def record_closure(
     started_ns: int,
     search_dirs: Sequence[str] = (),
     source: bytes = b"",
+    trust_stat: bool = True,
 ) -> Closure:
     """Confine, anchor and hash the closure the compiler reported, and derive
     its negative lookups. Raises :class:`UndeclaredDependencyError` for a file
@@ -84,10 +120,9 @@ def record_closure(
         if anchored is None:  # pragma: no cover - real is under a root, so it anchors
             raise UndeclaredDependencyError(f"{path!r} cannot be anchored", path=path)
         lexical = anchors.expand(*anchored) or real
-        data, snap = read_file(lexical)
-        digest = digest_bytes(data)
-        probes += has_include_names(data)
-        for name in quoted_includes(data):  # "x.h" is looked for next to its includer first
+        snap, digest, file_probes, file_quoted = _scan(lexical, trust_stat)
+        probes += file_probes
+        for name in file_quoted:  # "x.h" is looked for next to its includer first
             if not os.path.isabs(name) and ".." not in name.split("/"):
                 quoted.append(os.path.join(os.path.dirname(lexical), name))
         if max(snap[3], snap[4]) > started_ns - COARSE_NS:

@@ -235,6 +235,7 @@ class Builder:
                     started_ns=started_ns,
                     search_dirs=search_dirs(spec, anchors),
                     source=spec.code,
+                    trust_stat=self.config.trust_stat,
                 )
             except (PolicyError, LimitExceededError) as exc:
                 kind = type(exc).__name__
