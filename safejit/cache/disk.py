@@ -17,6 +17,7 @@ rehashed *now* reproduce ``<D>``, the artifact bytes match the manifest and
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -106,10 +107,6 @@ class DiskCache:
         self.last_error: OSError | None = None
 
     # -- layout --------------------------------------------------------------
-    @staticmethod
-    def base(root: str) -> str:
-        return os.path.join(root, LAYOUT)
-
     def build_dir(self, root: str, build_key: str) -> str:
         return os.path.join(root, LAYOUT, self.tenant, self.backend, build_key[:2], f"build-{build_key}")
 
@@ -361,7 +358,7 @@ class DiskCache:
         name = f"deps-{manifest.deps_key}"
         if self.signer is not None:
             sig = self.signer.sign(manifest.signed_message(f"build-{build_key}/{name}"))
-            manifest = _with_signature(manifest, sig)
+            manifest = dataclasses.replace(manifest, signature=sig)
         raw = manifest.to_json()
         bdir = self.build_dir(root, build_key)
         leaf = os.path.join(bdir, name)
@@ -445,9 +442,3 @@ def _read_reason(exc: OSError, damaged: str) -> str:
     """A missing, oversized or non-regular file means a damaged leaf; any other read
     error (EIO, EACCES, ...) is the storage's fault: a miss, not a reason to quarantine."""
     return damaged if exc.errno in (errno.ENOENT, errno.EFBIG, errno.EINVAL, errno.ELOOP) else "io"
-
-
-def _with_signature(man: Manifest, sig: str) -> Manifest:
-    import dataclasses
-
-    return dataclasses.replace(man, signature=sig)
