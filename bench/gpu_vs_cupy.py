@@ -86,8 +86,9 @@ def main() -> None:
     disk: dict[str, list[float]] = {"safejit": [], "cupy": []}
     for _ in range(7):
         for mode, cache in (("safejit", base / "ours"), ("cupy", base / "cupy")):
-            out = subprocess.run([sys.executable, "-c", CHILD, mode, str(cache), CODE], check=True,
-                                 capture_output=True, text=True)
+            out = subprocess.run(
+                [sys.executable, "-c", CHILD, mode, str(cache), CODE], check=True, capture_output=True, text=True
+            )
             disk[mode].append(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
     results["disk_hit_ms"] = statistics.median(disk["safejit"]) * 1e3
     results["cupy_disk_hit_ms"] = statistics.median(disk["cupy"]) * 1e3
@@ -103,8 +104,9 @@ def main() -> None:
     results["launch_us"] = _per_call(lambda: k.launch((N // 256,), (256,), (2.0, x, y, N), stream=stream)) * 1e6
     cuk = cp.RawKernel(CODE, "axpy")
     cuk.compile()
-    results["cupy_launch_us"] = _per_call(lambda: cuk((N // 256,), (256,), (cp.float32(2.0), x, y, cp.int32(N)),
-                                                      stream=stream)) * 1e6
+    results["cupy_launch_us"] = (
+        _per_call(lambda: cuk((N // 256,), (256,), (cp.float32(2.0), x, y, cp.int32(N)), stream=stream)) * 1e6
+    )
     import numpy as np
 
     fn = driver.CUfunction(int(k._fn))
@@ -116,20 +118,35 @@ def main() -> None:
         driver.cuLaunchKernel(fn, N // 256, 1, 1, 256, 1, 1, 0, handle, packed.ctypes.data, 0)
 
     results["raw_launch_us"] = _per_call(raw) * 1e6
+    prepared = k.prepare((N // 256,), (256,), (2.0, x, y, N), stream=stream)
+    results["prepared_launch_us"] = _per_call(prepared) * 1e6
+    results["prepared_vs_raw"] = results["prepared_launch_us"] / results["raw_launch_us"]
     stream.synchronize()
     results["disk_hit_vs_cupy"] = results["disk_hit_ms"] / results["cupy_disk_hit_ms"]
     results["reget_vs_cupy"] = results["reget_us"] / results["cupy_reget_us"]
     results["launch_vs_raw"] = results["launch_us"] / results["raw_launch_us"]
     print("| measure | safejit | CuPy RawKernel | raw cuLaunchKernel | ratio (target) |")
     print("| --- | --- | --- | --- | --- |")
-    print(f"| cold compile | {results['cold_ms']:.1f} ms | {results['cupy_cold_ms']:.1f} ms | | "
-          f"{results['cold_ms'] / results['cupy_cold_ms']:.2f} |")
-    print(f"| fresh-process disk hit | {results['disk_hit_ms']:.2f} ms | {results['cupy_disk_hit_ms']:.2f} ms | | "
-          f"{results['disk_hit_vs_cupy']:.2f} (≤ 0.5) |")
-    print(f"| in-process re-get | {results['reget_us']:.2f} us | {results['cupy_reget_us']:.2f} us | | "
-          f"{results['reget_vs_cupy']:.2f} (≤ 1.0) |")
-    print(f"| launch | {results['launch_us']:.2f} us | {results['cupy_launch_us']:.2f} us | "
-          f"{results['raw_launch_us']:.2f} us | {results['launch_vs_raw']:.2f} (≤ 1.0 vs raw) |")
+    print(
+        f"| cold compile | {results['cold_ms']:.1f} ms | {results['cupy_cold_ms']:.1f} ms | | "
+        f"{results['cold_ms'] / results['cupy_cold_ms']:.2f} |"
+    )
+    print(
+        f"| fresh-process disk hit | {results['disk_hit_ms']:.2f} ms | {results['cupy_disk_hit_ms']:.2f} ms | | "
+        f"{results['disk_hit_vs_cupy']:.2f} (≤ 0.5) |"
+    )
+    print(
+        f"| in-process re-get | {results['reget_us']:.2f} us | {results['cupy_reget_us']:.2f} us | | "
+        f"{results['reget_vs_cupy']:.2f} (≤ 1.0) |"
+    )
+    print(
+        f"| launch | {results['launch_us']:.2f} us | {results['cupy_launch_us']:.2f} us | "
+        f"{results['raw_launch_us']:.2f} us | {results['launch_vs_raw']:.2f} (≤ 1.0 vs raw) |"
+    )
+    print(
+        f"| prepared launch | {results['prepared_launch_us']:.2f} us | | {results['raw_launch_us']:.2f} us | "
+        f"{results['prepared_vs_raw']:.2f} (≤ 1.0 vs raw) |"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

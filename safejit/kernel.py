@@ -60,7 +60,7 @@ class Module:
         if self._closed:
             raise LoadError(f"module {self.artifact.build_key[:12]} is closed")
         if self.backend != "host":
-            return self._library.function(name, argtypes=argtypes)
+            return self._library.function(name, argtypes=argtypes)  # the library caches kernels
         if self.artifact.kernels and name not in self.artifact.kernels:
             raise KernelNotFoundError(
                 f"no kernel {name!r}; this module has {list(self.artifact.kernels)}",

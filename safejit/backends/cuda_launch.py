@@ -274,8 +274,66 @@ class CudaKernel:
         config.numAttrs = len(attrs)
         _check(drv.cuLaunchKernelEx(config, fn, params, 0), "cuLaunchKernelEx")
 
+    def prepare(
+        self, grid: Any, block: Any, args: Sequence[Any] = (), *, shared_mem: int = 0, stream: Any = None
+    ) -> PreparedLaunch:
+        """A launch with its arguments packed once, into a buffer of its own: calling it
+        costs one ``cuLaunchKernel``. The stream is resolved now (pass it explicitly if
+        it will change); repack with a new ``prepare`` when the arguments change."""
+        drv = _driver_state.get("driver") or _driver()
+        _ensure_context()
+        total = max((o + s for o, s in self._params), default=0)
+        storage = (ctypes.c_char * max(total, 1))()
+        base = ctypes.addressof(storage)
+        view = memoryview(storage).cast("B")
+        if len(args) != len(self._params):
+            raise ConfigError(f"{self.name} takes {len(self._params)} arguments, got {len(args)}")
+        for i, (arg, (offset, size)) in enumerate(zip(args, self._params, strict=True)):
+            view[offset : offset + size] = _encode(
+                arg, size, self._argtypes[i] if self._argtypes else None, self.name, i
+            )
+        ptrs = (ctypes.c_void_p * max(len(self._params), 1))(*[base + o for o, _ in self._params])
+        return PreparedLaunch(
+            drv,
+            self._fn,
+            (*_dim3(grid), *_dim3(block)),
+            shared_mem,
+            stream_handle(stream),
+            (storage, ptrs, tuple(args)),
+        )
+
     def __call__(self, *args: Any) -> Any:
         raise LoadError(f"{self.name} is a CUDA kernel: use .launch(grid, block, args)")
+
+
+class PreparedLaunch:
+    """A packed launch; ``p()`` enqueues it again. Keeps its arguments alive."""
+
+    __slots__ = ("_call", "_keep")
+
+    def __init__(
+        self,
+        drv: Any,
+        fn: Any,
+        dims: tuple[int, ...],
+        shared_mem: int,
+        stream: int,
+        keep: tuple[Any, Any, tuple[Any, ...]],
+    ) -> None:
+        launch, success = drv.cuLaunchKernel, drv.CUresult.CUDA_SUCCESS
+        gx, gy, gz, bx, by, bz = dims
+        params = ctypes.addressof(keep[1])
+        self._keep = keep
+
+        def call() -> None:
+            (err,) = launch(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, params, 0)
+            if err != success:
+                raise LoadError(f"cuLaunchKernel failed: {err}")
+
+        self._call = call
+
+    def __call__(self) -> None:
+        self._call()
 
 
 def _dim3(value: Any) -> tuple[int, int, int]:

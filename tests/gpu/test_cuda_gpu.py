@@ -197,3 +197,16 @@ def test_module_close_unloads_and_kernels_refuse_afterwards(make_runtime, cuda_r
         mod.kernel("saxpy")
     mod.close()  # twice is fine
     assert os.environ.get("SAFEJIT_FAULTS") is None
+
+
+def test_prepared_launch_repeats_with_its_packed_arguments(rt, cuda_root):
+    torch = pytest.importorskip("torch")
+    n = 4096
+    x = torch.ones(n, device="cuda")
+    y = torch.zeros(n, device="cuda")
+    stream = torch.cuda.Stream()
+    launch = _saxpy(rt, cuda_root).kernel("saxpy").prepare((n // 256,), (256,), (1.0, x, y, n), stream=stream)
+    for _ in range(3):
+        launch()
+    stream.synchronize()
+    assert torch.equal(y, torch.full_like(y, 3.0))
