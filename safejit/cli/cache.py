@@ -117,12 +117,16 @@ def _percentile(samples: list[float], q: float) -> str:
 def cmd_verify(args: argparse.Namespace) -> int:
     failed = total = 0
     for root in roots_of(args):
-        for info, bad in maintenance.verify_all(root, fix=args.fix):
-            total += 1
-            if bad is not None:
-                failed += 1
-                action = " (quarantined)" if args.fix else ""
-                console.print(f"[red]FAIL[/] {info.path}: {bad.reason}: {bad.detail}{action}")
+        count = sum(1 for _ in maintenance.iter_leaves(root))
+        with progress() as bar:
+            task = bar.add_task(f"verifying {root}", total=count)
+            for info, bad in maintenance.verify_all(root, fix=args.fix):
+                total += 1
+                bar.advance(task)
+                if bad is not None:
+                    failed += 1
+                    action = " (quarantined)" if args.fix else ""
+                    bar.console.print(f"[red]FAIL[/] {info.path}: {bad.reason}: {bad.detail}{action}")
     console.print(f"{total - failed}/{total} leaves verify")
     return 1 if failed else 0
 
