@@ -19,7 +19,7 @@ from ..errors import CompileError, ConfigError, LoadError
 from ..spec import BuildSpec, Source, Toolchain
 from .argv_compile import run_argv
 from .ascend_launch import AscendLibrary
-from .base import CompileOutput, Runner
+from .base import CompileOutput, Runner, macro_flags
 from .probe import ProbeCache, compiler_search_dirs, file_ident, run_text
 
 __all__ = ["AscendBackend", "ascend_kernel_names", "find_toolkit"]
@@ -127,7 +127,7 @@ class AscendBackend:
             "--cce-aicore-only",
             arch_flag,
             *flags,
-            *(f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines),
+            *macro_flags(defines),
             *(f"-I{d}" for d in include_dirs),
             *(f"-I{d}" for d in toolchain.search_dirs),
         ]

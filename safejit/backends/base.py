@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from ..spec import BuildSpec, Source, Toolchain
 
-__all__ = ["Backend", "CompileOutput", "LoadedLibrary", "RunOutcome", "Runner"]
+__all__ = ["Backend", "CompileOutput", "LoadedLibrary", "RunOutcome", "Runner", "macro_flags"]
 
 
 class RunOutcome(Protocol):
@@ -94,3 +94,8 @@ class Backend(Protocol):
     def kernels(self, artifact: bytes) -> tuple[str, ...]: ...
 
     def load(self, artifact: bytes, *, name: str, options: Mapping[str, Any] | None = None) -> LoadedLibrary: ...
+
+
+def macro_flags(defines: Sequence[tuple[str, str | None]]) -> list[str]:
+    """``-DNAME`` / ``-DNAME=VALUE`` for checked defines (the same for every compiler)."""
+    return [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines]

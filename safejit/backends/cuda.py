@@ -19,7 +19,7 @@ from ..deps import hash_file
 from ..errors import CompileError, ConfigError
 from ..spec import BuildSpec, Source, Toolchain
 from .argv_compile import run_argv
-from .base import CompileOutput, Runner
+from .base import CompileOutput, Runner, macro_flags
 from .cubin import cubin_frame_sizes, cubin_kernels
 from .cuda_launch import CudaLibrary, device_arch
 from .nvrtc import NvrtcWorker, compile_with_headers, nvrtc_compile_once
@@ -218,7 +218,7 @@ class CudaBackend:
         arch: str | None,
     ) -> tuple[str, ...]:
         _check_ptxas(flags)
-        macros = [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines]
+        macros = macro_flags(defines)
         if self.compiler == "nvrtc":
             # No -I: headers are handed over in memory (see nvrtc.py). Include dirs enter the key
             # through the spec itself.

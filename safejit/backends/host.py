@@ -21,7 +21,7 @@ from ..deps import hash_file
 from ..errors import ConfigError, LoadError
 from ..spec import BuildSpec, Source, Toolchain
 from .argv_compile import run_argv
-from .base import CompileOutput, Runner
+from .base import CompileOutput, Runner, macro_flags
 from .probe import ProbeCache, compiler_search_dirs, file_ident, run_text
 
 __all__ = ["HostBackend", "HostLibrary", "elf_exported_functions"]
@@ -112,7 +112,7 @@ class HostBackend:
         if arch is not None:
             raise ConfigError("the host backend takes no arch; pass -march=… in flags")
         argv = [toolchain.compiler, "-shared", "-fPIC", "-O2", *flags]
-        argv += [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines]
+        argv += macro_flags(defines)
         argv += [f"-I{d}" for d in include_dirs]
         if quote_dir is not None:
             argv += ["-iquote", quote_dir]
