@@ -106,21 +106,28 @@ def parse_depfile(text: str) -> list[str]:
     out: list[str] = []
     seen: set[str] = set()
     for line in joined.splitlines():
-        words = _split_words(line)
-        if not words:
-            continue
-        # The target ends at the first word that ends with an unescaped ':'.
-        for i, (_, colon) in enumerate(words):
-            if colon:
-                prereqs = words[i + 1 :]
-                break
-        else:
-            continue
-        for word, _ in prereqs:
-            if word and word not in seen:
+        for word in _prerequisites(line):
+            if word not in seen:
                 seen.add(word)
                 out.append(word)
     return out
+
+
+def _prerequisites(line: str) -> list[str]:
+    """The words after a rule's target, or none when the line is no rule."""
+    if "\\" not in line and "$" not in line:
+        # Nothing escaped (what compilers write for ordinary paths): a plain split says the same.
+        plain = [w for w in line.replace("\t", " ").split(" ") if w]
+        for i, word in enumerate(plain):
+            if word.endswith(":"):
+                return plain[i + 1 :]
+        return []
+    words = _split_words(line)
+    # The target ends at the first word that ends with an unescaped ':'.
+    for i, (_, colon) in enumerate(words):
+        if colon:
+            return [w for w, _ in words[i + 1 :] if w]
+    return []
 
 
 def _split_words(line: str) -> list[tuple[str, bool]]:
@@ -168,6 +175,7 @@ class Anchors:
     def __init__(self, roots: Mapping[str, str]) -> None:
         self._roots = dict(roots)
         self._order = sorted(self._roots.items(), key=lambda kv: len(kv[1]), reverse=True)
+        self._anchored: dict[str, tuple[str, str] | None] = {}  # anchor() is pure: strings only
 
     @property
     def roots(self) -> Mapping[str, str]:
@@ -175,6 +183,16 @@ class Anchors:
 
     def anchor(self, path: str) -> tuple[str, str] | None:
         """``(anchor, relpath)`` for an absolute path under a root, else None."""
+        try:
+            return self._anchored[path]
+        except KeyError:
+            pass
+        if len(self._anchored) >= 65_536:
+            self._anchored.clear()
+        found = self._anchored[path] = self._anchor(path)
+        return found
+
+    def _anchor(self, path: str) -> tuple[str, str] | None:
         norm = os.path.normpath(path)
         for name, root in self._order:
             if norm == root:

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 
 import safejit
 from safejit import faults
-from safejit.cache import maintenance
+from safejit.cache import maintenance, spares
 
 settings.register_profile("ci", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=200, deadline=None)
@@ -80,6 +80,17 @@ def settle() -> None:
 def assert_cache_sound(root: Path | str) -> None:
     """The cache check every fault and security test ends with."""
     assert maintenance.check(str(root)) == []
+
+
+def staging_residue(root: Path | str) -> list[str]:
+    """What is left under ``<root>/v1/tmp`` once background work is done: everything but
+    unused prepared work directories (cache.spares: empty files only, so nothing in
+    them was written)."""
+    spares.settle()
+    tmp = Path(root) / "v1" / "tmp"
+    if not tmp.is_dir():
+        return []
+    return sorted(e.name for e in tmp.iterdir() if not spares.pristine(str(e)))
 
 
 def leaves(root: Path | str) -> list[maintenance.LeafInfo]:

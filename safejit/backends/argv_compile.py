@@ -28,13 +28,33 @@ class ArgvBuild:
     seconds: float
 
 
+#: An empty file a prepared work dir holds for the source (cache.spares): renaming it
+#: into place costs ~20 µs, creating a file up to a millisecond.
+_SOURCE_BLANK = ".source"
+
+
+def _write_source(path: str, code: bytes) -> None:
+    blank = os.path.join(os.path.dirname(path), _SOURCE_BLANK)
+    flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        os.rename(blank, path)
+    except OSError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        flags |= os.O_CREAT  # (or there already: a second compile in the same work dir)
+    fd = os.open(path, flags | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(code)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
 def run_argv(
     spec: BuildSpec, *, workdir: str, expand: Callable[[str], str], run: Runner, timeout: float, out_ext: str
 ) -> ArgvBuild:
     src = os.path.join(workdir, "src", spec.filename)
-    os.makedirs(os.path.dirname(src), exist_ok=True)
-    with open(src, "wb") as fh:
-        fh.write(spec.code)
+    _write_source(src, spec.code)
     out, dep, obj = (os.path.join(workdir, f"{spec.name}{ext}") for ext in (out_ext, ".d", ".rel.o"))
     slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep, "{OBJ}": obj}
     argv = [slots.get(a) or expand(a) for a in spec.argv]

@@ -25,18 +25,18 @@ import stat
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple, Protocol
-
-import filelock
 
 from .. import faults
 from ..deps import Anchors, Snapshot, hash_file, snapshot_of
 from ..keys import deps_key as compute_deps_key
 from ..keys import digest_bytes
 from ..telemetry import ATTR, SPAN, instruments, span
-from .fsio import fsync_dir, makedirs_durable, read_bytes, remove_tree, rename, write_file
+from .fsio import Flock, fsync_dir, fsync_file, lock_file, makedirs_durable, read_bytes, remove_tree, rename, write_file
 from .manifest import Manifest, ManifestError, parse_manifest
+from .spares import LOCK_BLANK, Spares, Workdir, background, make
 from .statmemo import StatMemo
 
 __all__ = ["LAYOUT", "DepState", "DiskCache", "Rejection", "Signer", "VerifiedLeaf"]
@@ -101,6 +101,8 @@ class DiskCache:
         self.max_artifact_bytes = max_artifact_bytes
         self.max_leaves = max_leaves
         self.stat_memo = stat_memo
+        #: Work directories prepared ahead (set by the runtime, which knows the artifact's name).
+        self.spares: Spares | None = None
         self._attrs = {ATTR.BACKEND: backend, ATTR.TENANT: tenant}
         self._writable: str | None = None
         self._root_ids: dict[str, tuple[int, int]] = {}
@@ -156,9 +158,32 @@ class DiskCache:
         os.mkdir(path, 0o700)
         return path
 
+    def workdir(self, root: str) -> Workdir:
+        """A work directory for one compile and its publish, prepared ahead when possible."""
+        base = os.path.join(root, LAYOUT, "tmp")
+        return self.spares.take(base) if self.spares is not None else make(base, "", prepared=False)
+
     def discard(self, path: str, root: str) -> None:
         with contextlib.suppress(OSError):
             remove_tree(path, within=os.path.join(root, LAYOUT))
+
+    def discard_later(self, path: str, root: str) -> None:
+        """Delete a work directory in the background (``gc`` removes it if the process dies first)."""
+        background().submit(self.discard, path, root)
+
+    def stage_artifact(self, stage: str, artifact_file: str, artifact: bytes, *, prepared: bool = True) -> Future[None]:
+        """Start writing (and fsyncing) the artifact into ``stage`` in the background."""
+        return background().submit(write_file, os.path.join(stage, artifact_file), artifact, prepared=prepared)
+
+    def refill_later(self, root: str) -> None:
+        """Prepare the next work directory in the background."""
+        if self.spares is not None:
+            self.spares.refill(os.path.join(root, LAYOUT, "tmp"))
+
+    def make_build_dir_later(self, root: str, build_key: str) -> None:
+        """Create ``build-<K>`` in the background while the compiler runs (publish makes
+        sure of it again; an empty build dir is a plain miss)."""
+        background().submit(_makedirs_quiet, self.build_dir(root, build_key))
 
     # -- lookup --------------------------------------------------------------
     def candidates(self, root: str, build_key: str) -> list[str]:
@@ -349,8 +374,12 @@ class DiskCache:
         artifact: bytes,
         dep_states: tuple[DepState, ...],
         negatives: tuple[str, ...] = (),
+        stage: str | None = None,
+        staged: Future[None] | None = None,
     ) -> tuple[VerifiedLeaf, str]:
         """Publish a leaf; returns it with the outcome ``published`` or ``adopted``.
+        ``stage`` is a prepared staging dir (its empty files are filled), else one is made;
+        ``staged`` is the artifact's write into it, already started (``stage_artifact``).
 
         Raises ``OSError`` when nothing could be published; a failed publish
         never reports success and never leaves a partial leaf visible.
@@ -362,14 +391,31 @@ class DiskCache:
         raw = manifest.to_json()
         bdir = self.build_dir(root, build_key)
         leaf = os.path.join(bdir, name)
-        stage = self.new_workdir(root)
+        prepared = stage is not None
+        stage = stage if stage is not None else self.new_workdir(root)
         try:
-            write_file(os.path.join(stage, manifest.artifact_file), artifact)
-            write_file(os.path.join(stage, MANIFEST), raw)
-            faults.point("publish.before_commit")
-            write_file(os.path.join(stage, MARKER), digest_bytes(raw).encode() + b"\n")
-            fsync_dir(stage)
-            os.chmod(stage, 0o755)
+            if staged is None:  # the artifact's write and fsync (the largest) overlap the manifest's
+                staged = self.stage_artifact(stage, manifest.artifact_file, artifact, prepared=prepared)
+            # Written first, made durable together: nothing in a stage is visible before the
+            # rename, so its three files and the dir are fsynced at once (one journal commit).
+            paths = [os.path.join(stage, MANIFEST), os.path.join(stage, MARKER)]
+            try:
+                write_file(paths[0], raw, prepared=prepared, sync=False)
+                faults.point("publish.before_commit")
+                write_file(paths[1], digest_bytes(raw).encode() + b"\n", prepared=prepared, sync=False)
+                if prepared:  # a leaf holds its three files and nothing else
+                    for extra in set(os.listdir(stage)) - {manifest.artifact_file, MANIFEST, MARKER}:
+                        os.unlink(os.path.join(stage, extra))
+                syncing = [background().submit(fsync_file, p) for p in paths]
+                try:
+                    fsync_dir(stage)
+                finally:
+                    for done in syncing:
+                        done.result()
+            finally:
+                staged.result()
+            if not prepared:
+                os.chmod(stage, 0o755)
             # New build dirs need no fsync of their parents: if a power cut loses the
             # directory entry, the leaf is a miss, never a damaged hit.
             os.makedirs(bdir, exist_ok=True)
@@ -421,21 +467,26 @@ class DiskCache:
         except OSError as exc:
             logger.debug("could not quarantine %s: %s", leaf, exc)
 
-    def acquire_lock(self, root: str, build_key: str, timeout: float) -> filelock.BaseFileLock | None:
+    def acquire_lock(self, root: str, build_key: str, timeout: float, workdir: Workdir | None = None) -> Flock | None:
         """Take the per-build-key lock; None when it timed out or is unusable (compile anyway:
-        the publish protocol is safe without it)."""
+        the publish protocol is safe without it). A new lock file is the prepared
+        ``workdir``'s empty one, linked into place."""
         path = os.path.join(root, LAYOUT, "locks", f"{build_key}.lock")
-        lock = filelock.FileLock(path, timeout=timeout, thread_local=False)
+        blank = os.path.join(workdir.path, LOCK_BLANK) if workdir is not None and workdir.prepared else None
         try:
             faults.point("lock.acquire")
-            lock.acquire()
-        except filelock.Timeout:
-            logger.warning("lock %s not acquired in %.1fs; compiling without it", path, timeout)
-            return None
+            lock = lock_file(path, timeout, blank=blank)
         except OSError as exc:
             logger.warning("lock %s unusable (%s); compiling without it", path, exc)
             return None
+        if lock is None:
+            logger.warning("lock %s not acquired in %.1fs; compiling without it", path, timeout)
         return lock
+
+
+def _makedirs_quiet(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.makedirs(path, exist_ok=True)
 
 
 def _read_reason(exc: OSError, damaged: str) -> str:

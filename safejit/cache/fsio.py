@@ -4,30 +4,71 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import stat
+import time
 from typing import Final
 
 from .. import faults
 
-__all__ = ["fsync_dir", "makedirs_durable", "read_bytes", "remove_tree", "rename", "write_file"]
+__all__ = [
+    "Flock",
+    "fsync_dir",
+    "fsync_file",
+    "lock_file",
+    "makedirs_durable",
+    "read_bytes",
+    "remove_tree",
+    "rename",
+    "write_file",
+]
 
 _O_DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-def write_file(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Create ``path`` (must not exist), write ``data`` and fsync it."""
+def write_file(path: str, data: bytes, mode: int = 0o644, *, prepared: bool = False, sync: bool = True) -> None:
+    """Create ``path`` (must not exist), write ``data`` and fsync it (unless not ``sync``:
+    then the caller fsyncs it, :func:`fsync_file`).
+
+    With ``prepared``, an empty file made ahead at ``path`` (cache.spares) is filled
+    instead — only if it is still exactly that: regular, empty, one link, ours.
+    """
     faults.point("disk.write")
     data = faults.mangle("disk.write", data)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+    fd = _open_blank(path) if prepared else -1
+    if fd < 0:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        faults.point("disk.fsync")
+        if sync:
+            faults.point("disk.fsync")
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str) -> None:
+    faults.point("disk.fsync")
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _open_blank(path: str) -> int:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return -1
+    st = os.fstat(fd)
+    if stat.S_ISREG(st.st_mode) and st.st_size == 0 and st.st_nlink == 1 and st.st_uid == os.geteuid():
+        return fd
+    os.close(fd)
+    return -1
 
 
 def fsync_dir(path: str) -> None:
@@ -106,3 +147,44 @@ def remove_tree(path: str, *, within: str) -> None:
                 os.unlink(entry.path)
     with contextlib.suppress(FileNotFoundError):
         os.rmdir(path)
+
+
+class Flock:
+    """An exclusive ``flock`` held through one open file description; ``release`` ends it
+    (so does the death of the process)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+def lock_file(path: str, timeout: float, *, blank: str | None = None) -> Flock | None:
+    """Lock ``path`` exclusively, waiting up to ``timeout`` seconds; None on timeout.
+
+    A missing lock file is created — by hard-linking ``blank`` (an empty file made
+    ahead, cache.spares) there when one is given, which allocates no inode.
+    """
+    if blank is not None:
+        with contextlib.suppress(OSError):  # EEXIST: it is there already; else create it below
+            os.link(blank, path, follow_symlinks=False)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return Flock(fd)
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.close(fd)
+                return None
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.05)
+        except BaseException:
+            os.close(fd)
+            raise

@@ -60,7 +60,7 @@ class Manifest:
             "signature": self.signature,
             "meta": self.meta,
         }
-        return json.dumps(data, indent=1, sort_keys=True).encode()
+        return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
     def signed_message(self, leaf_name: str) -> bytes:
         """What a signature covers: leaf name, artifact digest, dependencies and metadata."""

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -144,8 +144,10 @@ class Sandbox:
         timeout: float,
         read_roots: Sequence[str] = (),
         write_roots: Sequence[str] = (),
+        on_start: Callable[[], None] | None = None,
     ) -> RunResult:
-        """Run ``argv`` in ``cwd``; raise :class:`CompileTimeout` past ``timeout``."""
+        """Run ``argv`` in ``cwd``; raise :class:`CompileTimeout` past ``timeout``.
+        ``on_start`` runs once the process is started (work to overlap with it)."""
         self.check_available()
         limits = self.limits
         pre = [*self.shim(), "-a", str(limits.address_space), "-c", str(limits.cpu_s),
@@ -158,7 +160,10 @@ class Sandbox:
                 pre += ["-w", root]
             pre += ["-N", *(["-L"] if self.mode == "required" else [])]
         full = [*pre, "--", *argv]
-        log_fd, log_path = tempfile.mkstemp(prefix=".log-", dir=cwd)
+        # Output goes through a pipe, read as it comes and capped (head and tail): a
+        # log file would cost an inode per run, and a flood of output stays bounded.
+        log = _Log()
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         start = time.perf_counter()
         try:
             try:
@@ -168,7 +173,7 @@ class Sandbox:
                     cwd=cwd,
                     env=dict(env),
                     stdin=subprocess.DEVNULL,
-                    stdout=log_fd,
+                    stdout=write_fd,
                     stderr=subprocess.STDOUT,
                     close_fds=True,
                     process_group=0,
@@ -176,14 +181,18 @@ class Sandbox:
                 )
             except OSError as exc:
                 raise CompileError(f"could not start {argv[0]}: {exc}", log=str(exc), argv=list(argv)) from exc
+            finally:
+                os.close(write_fd)
+            if on_start is not None:
+                on_start()
             try:
-                rc = _wait(proc, timeout)
+                rc = _wait(proc, timeout, read_fd, log)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
-                log = _read_capped(log_path)
+                log.drain(read_fd)
                 raise CompileTimeout(
                     f"compiler ran past {timeout:g}s and was killed: {argv[0]}",
-                    log=log,
+                    log=log.text(),
                     argv=list(argv),
                     timeout=timeout,
                 ) from None
@@ -192,32 +201,84 @@ class Sandbox:
                     _kill_group(proc)
             # The group may hold stragglers (a driver's children); end them too.
             _kill_group(proc, quiet=True)
-            log = _read_capped(log_path)
+            log.drain(read_fd)
         finally:
-            os.close(log_fd)
-            _unlink_quiet(log_path)
-        if rc in _SHIM_ERRORS and "safejit-shim:" in log:
+            os.close(read_fd)
+        text = log.text()
+        if rc in _SHIM_ERRORS and "safejit-shim:" in text:
             if rc == 125:
-                raise SandboxUnavailableError(f"sandbox: {log.strip()}")
-            raise ConfigError(f"sandbox {_SHIM_ERRORS[rc]}: {log.strip()}")
-        return RunResult(rc, log, time.perf_counter() - start, landlocked)
+                raise SandboxUnavailableError(f"sandbox: {text.strip()}")
+            raise ConfigError(f"sandbox {_SHIM_ERRORS[rc]}: {text.strip()}")
+        return RunResult(rc, text, time.perf_counter() - start, landlocked)
 
 
-def _wait(proc: subprocess.Popen[bytes], timeout: float) -> int:
-    """Wait for exit, waking the moment it happens (``Popen.wait(timeout)`` polls
-    with sleeps of up to 50 ms, which would dominate a fast compile)."""
+class _Log:
+    """The head and tail of a process's output; the middle of a flood is counted, not kept."""
+
+    def __init__(self) -> None:
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.cut = 0
+
+    def add(self, chunk: bytes) -> None:
+        room = _LOG_HEAD - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            if len(self.tail) > _LOG_TAIL:
+                self.cut += len(self.tail) - _LOG_TAIL
+                del self.tail[: len(self.tail) - _LOG_TAIL]
+
+    def drain(self, fd: int) -> None:
+        """Read what is already in the pipe (a straggler may still hold its write end)."""
+        os.set_blocking(fd, False)
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            while chunk := os.read(fd, 1 << 16):
+                self.add(chunk)
+
+    def text(self) -> str:
+        cut = f"\n[... {self.cut} bytes cut ...]\n".encode() if self.cut else b""
+        return bytes(self.head + cut + self.tail).decode("utf-8", "replace")
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float, read_fd: int, log: _Log) -> int:
+    """Read the output until the process exits, waking the moment it does
+    (``Popen.wait(timeout)`` polls with sleeps of up to 50 ms, which would dominate
+    a fast compile). Raises ``TimeoutExpired`` past ``timeout``."""
+    deadline = time.monotonic() + timeout
     try:
         pidfd = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):
-        return proc.wait(timeout=timeout)
+        pidfd = -1
     try:
         poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
-        if not poller.poll(max(0, int(timeout * 1000))):
-            raise subprocess.TimeoutExpired(proc.args, timeout)
+        poller.register(read_fd, select.POLLIN)
+        if pidfd >= 0:
+            poller.register(pidfd, select.POLLIN)
+        open_pipe = True
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+            # Without a pidfd (or once the pipe is closed), look at the process every 10 ms.
+            wait_ms = int(left * 1000) + 1 if pidfd >= 0 and open_pipe else min(int(left * 1000) + 1, 10)
+            for fd, _ in poller.poll(wait_ms):
+                if fd == read_fd:
+                    chunk = os.read(read_fd, 1 << 16)
+                    if chunk:
+                        log.add(chunk)
+                    else:
+                        poller.unregister(read_fd)
+                        open_pipe = False
+                elif fd == pidfd:
+                    return proc.wait()
+            if pidfd < 0 and proc.poll() is not None:
+                return proc.wait()
     finally:
-        os.close(pidfd)
-    return proc.wait()
+        if pidfd >= 0:
+            os.close(pidfd)
 
 
 def _kill_group(proc: subprocess.Popen[bytes], *, quiet: bool = False) -> None:
@@ -235,22 +296,6 @@ def _kill_group(proc: subprocess.Popen[bytes], *, quiet: bool = False) -> None:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:  # pragma: no cover - unkillable process
             logger.error("process group %d did not exit after SIGKILL", proc.pid)
-
-
-def _read_capped(path: str) -> str:
-    """The head and tail of a log, so a flood of diagnostics stays bounded."""
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size <= _LOG_HEAD + _LOG_TAIL:
-                data = fh.read()
-            else:
-                head = fh.read(_LOG_HEAD)
-                fh.seek(size - _LOG_TAIL)
-                data = head + f"\n[... {size - _LOG_HEAD - _LOG_TAIL} bytes cut ...]\n".encode() + fh.read()
-    except OSError:
-        return ""
-    return data.decode("utf-8", "replace")
 
 
 def _unlink_quiet(path: str) -> None:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .. import _env
 from ..backends import Backend, get_backend
 from ..backends.base import Runner, RunOutcome
 from ..cache.disk import LAYOUT, DiskCache
+from ..cache.spares import Spares, settle
 from ..cache.statmemo import StatMemo
 from ..config import Config
 from ..deps import Anchors
@@ -58,8 +59,10 @@ class Setup:
             require_landlock=config.sandbox == "required",
             ascend_homes=(config.ascend_home,) if config.ascend_home else _env.ascend_home_candidates(),
         )
+        self.disk.spares = Spares(f"artifact.{self.backend.artifact_ext}")
         self._probe_dir: str | None = None
         self._anchors: dict[Toolchain, Anchors] = {}
+        self._toolchain_roots: dict[tuple[str, ...], list[str]] = {}
         self.source_roots = config.source_roots
 
     def _private_state_dir(self) -> str | None:
@@ -87,17 +90,36 @@ class Setup:
             self._anchors[toolchain] = found
         return found
 
+    def _read_roots(self, source_roots: Sequence[str], toolchain_roots: tuple[str, ...]) -> list[str]:
+        """Resolved: the shim silently skips a path that does not exist as given ("~/x",
+        relative). Toolchain roots were resolved by the probe; source roots are
+        resolved again on every compile (a re-pointed symlink takes effect at once)."""
+        tc = self._toolchain_roots.get(toolchain_roots)
+        if tc is None:
+            tc = self._toolchain_roots[toolchain_roots] = [os.path.realpath(r) for r in toolchain_roots]
+        return [*(os.path.realpath(os.path.expanduser(r)) for r in source_roots), *tc]
+
     def close(self) -> None:
         self.backend.close()
+        if self.disk.spares is not None:
+            settle()
+            self.disk.spares.discard_all()
         if self._probe_dir is not None:
             shutil.rmtree(self._probe_dir, ignore_errors=True)
 
-    def runner(self, config: Config, env: Sequence[tuple[str, str]], toolchain_roots: Sequence[str] = ()) -> Runner:
+    def runner(
+        self,
+        config: Config,
+        env: Sequence[tuple[str, str]],
+        toolchain_roots: Sequence[str] = (),
+        on_start: Callable[[], None] | None = None,
+    ) -> Runner:
         """Run argv lists in the sandbox: fixed PATH, TMPDIR in the work dir, only
-        ``env_passthrough`` variables; read access to the source roots."""
+        ``env_passthrough`` variables; read access to the source roots. ``on_start``
+        runs once, when the first process has started."""
+        pending = [on_start] if on_start is not None else []
         base_env = {"PATH": SYSTEM_PATH, "LC_ALL": "C", **dict(env)}
-        # Resolved: the shim silently skips a path that does not exist as given ("~/x", relative).
-        roots = [os.path.realpath(os.path.expanduser(r)) for r in (*config.source_roots, *toolchain_roots)]
+        roots = self._read_roots(config.source_roots, tuple(toolchain_roots))
 
         def run(
             argv: Sequence[str], *, cwd: str, timeout: float | None = None, extra_read: Sequence[str] = ()
@@ -112,6 +134,7 @@ class Setup:
                 timeout=timeout or config.compile_timeout_s,
                 read_roots=[*roots, *extra_read],
                 write_roots=[where],
+                on_start=pending.pop() if pending else None,
             )
 
         return run

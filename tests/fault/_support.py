@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import safejit
 from safejit.cache.disk import LAYOUT
-from tests.conftest import ADD_C, leaves
+from tests.conftest import ADD_C, leaves, staging_residue
 
 #: The leaf every seeded cache already holds before a fault test starts.
 EARLIER_NAME, EARLIER_C = "add", ADD_C
@@ -125,9 +125,8 @@ def only_leaf(cache: Path) -> str:
 
 
 def staging_entries(cache: Path) -> list[str]:
-    """What is left under ``<cache>/v1/tmp`` (staging and compile work dirs)."""
-    tmp = cache / LAYOUT / "tmp"
-    return sorted(os.listdir(tmp)) if tmp.is_dir() else []
+    """What is left under ``<cache>/v1/tmp`` (staging and compile work dirs), unused spares aside."""
+    return staging_residue(cache)
 
 
 def quarantined(cache: Path) -> list[str]:

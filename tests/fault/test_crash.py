@@ -32,6 +32,7 @@ from tests.fault._support import (
     run_child,
     run_verify,
     snapshot,
+    staging_entries,
     start_child,
     wait_for,
 )
@@ -52,6 +53,8 @@ CRASH_POINTS = (
 )
 #: Points inside the publish protocol before its rename: a staging dir is left behind.
 STAGING = frozenset({"disk.write", "disk.fsync", "publish.before_commit", "publish.before_rename", "disk.rename"})
+#: Points where the killed compile's work dir holds what it wrote (its source, a staged leaf).
+WORK_DIR_WRITTEN = frozenset({"compiler.spawn", *STAGING, "publish.after_rename"})
 #: Points past the publishing rename: the new leaf is complete and visible.
 AFTER_PUBLISH = frozenset({"publish.after_rename", "load"})
 REPEATS = 3
@@ -85,10 +88,14 @@ def test_compile_crash_at_point_leaves_no_partial_leaf(point, repeat, seeded_cac
 
     assert child.returncode == SIGKILLED, f"child was not killed at {point}: {child.returncode}\n{child.stderr}"
     assert child.stdout == "", "the child got past the crash point"
-    # It died where intended: inside publish exactly when a staging dir (not a compile
-    # work dir, which holds src/) was left under <cache>/v1/tmp.
-    stages = [d for d in (seeded_cache / LAYOUT / "tmp").iterdir() if not (d / "src").exists()]
-    assert bool(stages) == (point in STAGING), stages
+    # It died where intended: with its work dir written to (source staged, maybe a leaf
+    # staged in it) exactly from the compiler's start until that dir is deleted after
+    # the publishing rename (``load`` comes after the deletion was handed to a thread).
+    residue = staging_entries(seeded_cache)
+    if point in WORK_DIR_WRITTEN:
+        assert residue, point
+    elif point != "load":
+        assert not residue, (point, residue)
     assert_cache_sound(seeded_cache)  # every visible leaf verifies: nothing half-written
     published = point in AFTER_PUBLISH
     assert len(leaf_paths(seeded_cache)) == (2 if published else 1)
@@ -113,7 +120,7 @@ def test_publish_sigkill_while_staged_leaves_no_partial_leaf(point, staged_file,
     tmp = seeded_cache / LAYOUT / "tmp"
     child = start_child(seeded_cache, NEW_NAME, NEW_C, faults=f"{point}=delay:20")
     try:
-        staged = wait_for(lambda: list(tmp.glob(f"*/{staged_file}")), proc=child)
+        staged = wait_for(lambda: [p for p in tmp.glob(f"*/leaf/{staged_file}") if p.stat().st_size], proc=child)
     finally:
         returncode = kill_and_reap(child)
 

@@ -64,7 +64,7 @@ def _is_held(path: Path) -> bool:
 
 @contextlib.contextmanager
 def _held(path: Path) -> Iterator[None]:
-    """Hold ``path``'s flock (as filelock takes it) from this process until the block ends."""
+    """Hold ``path``'s flock (as the runtime takes it) from this process until the block ends."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:

@@ -26,10 +26,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from safejit.cache import maintenance
-from safejit.cache.disk import CORRUPT_REASONS, LAYOUT, MANIFEST, MARKER, DiskCache, Rejection, VerifiedLeaf
+from safejit.cache.disk import CORRUPT_REASONS, MANIFEST, MARKER, DiskCache, Rejection, VerifiedLeaf
 from safejit.cache.manifest import Manifest
 from safejit.deps import Anchors, hash_file
 from safejit.keys import deps_key, digest_bytes
+from tests.conftest import staging_residue
 
 TENANT = "default"
 BACKEND = "host"
@@ -194,7 +195,7 @@ class DiskTierMachine(RuleBasedStateMachine):
             assert leaf.artifact == artifact
             held[dkey] = Leaf(artifact, manifest.deps, manifest.negatives)
             self.damaged.pop((build_key, dkey), None)
-        assert not os.listdir(os.path.join(self.root, LAYOUT, "tmp")), "publish left its staging directory"
+        assert not staging_residue(self.root), "publish left its staging directory"
 
     @rule(build_key=st.sampled_from(BUILD_KEYS))
     def lookup(self, build_key: str) -> None:

@@ -16,7 +16,7 @@ from safejit.backends.ascend import ascend_kernel_names
 from safejit.backends.cubin import cubin_frame_sizes, cubin_kernels
 from safejit.backends.host import elf_exported_functions
 from safejit.cache.manifest import ManifestError, parse_manifest
-from safejit.deps import parse_depfile
+from safejit.deps import _prerequisites, _split_words, parse_depfile
 from safejit.errors import LoadError
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -88,6 +88,20 @@ def test_manifest_parser_on_mutated_manifests(real_inputs, mutation):
 @given(st.text(max_size=2000))
 def test_depfile_parser_on_random_text(text):
     assert all(isinstance(p, str) and p for p in parse_depfile(text))
+
+
+_DEP_CHARS = st.sampled_from(list("ab:. \t/-_x\\$#\n"))
+
+
+@FUZZ
+@given(st.lists(_DEP_CHARS, max_size=120).map("".join))
+def test_depfile_fast_split_agrees_with_the_escaping_parser(line):
+    """Lines with nothing escaped take a plain split; it must say what the full parser says."""
+    words = _split_words(line)
+    slow = next(([w for w, _ in words[i + 1 :] if w] for i, (_, colon) in enumerate(words) if colon), [])
+    if "\\" not in line and "$" not in line and "\n" not in line:
+        assert _prerequisites(line) == slow
+    assert all(p for p in _prerequisites(line.split("\n")[0]))
 
 
 @FUZZ

@@ -3,13 +3,12 @@ the "nothing was published" check every refusal ends with."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from safejit.policy.sandbox import landlock_abi
-from tests.conftest import assert_cache_sound, leaves
+from tests.conftest import assert_cache_sound, leaves, staging_residue
 
 #: Text that only exists in files outside every declared root.
 SECRET_TOKEN = "s3cr3t-0ut5ide-7f3a"
@@ -32,8 +31,8 @@ def write_wrapper(root: Path, body: str, *, name: str = "cc-wrapper", shell: str
 
 
 def staging_entries(cache_dir: Path) -> list[str]:
-    tmp = cache_dir / "v1" / "tmp"
-    return sorted(os.listdir(tmp)) if tmp.is_dir() else []
+    """What is left under ``<cache>/v1/tmp`` (staging and compile work dirs), unused spares aside."""
+    return staging_residue(cache_dir)
 
 
 def assert_nothing_published(cache_dir: Path) -> None:

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 import safejit
+from safejit.cache import spares
 from safejit.cache.disk import DiskCache, VerifiedLeaf
 from safejit.deps import parse_depfile
-from tests.conftest import ADD_C, KERNEL_WITH_HEADER, assert_cache_sound, leaves, settle
+from tests.conftest import ADD_C, KERNEL_WITH_HEADER, assert_cache_sound, leaves, settle, staging_residue
 
 
 def _value_source(project: Path) -> safejit.Source:
@@ -114,10 +115,15 @@ def test_missing_dependency_is_a_miss(make_runtime, project):
     assert rt.stats()["disk_hits"] == 0 and rt.stats()["compiles"] == 1
 
 
+def _tampered(raw: bytes, old: bytes, new: bytes) -> bytes:
+    assert old in raw, raw[:200]
+    return raw.replace(old, new)
+
+
 @pytest.mark.parametrize(
     "damage",
     [
-        pytest.param(lambda raw: raw.replace(b'"name": "value"', b'"name": "evil!"'), id="tampered"),
+        pytest.param(lambda raw: _tampered(raw, b'"name":"value"', b'"name":"evil!"'), id="tampered"),
         pytest.param(lambda raw: raw[: len(raw) // 2], id="truncated"),
         pytest.param(lambda raw: b"\x00garbage\xff" * 10, id="garbage"),
         pytest.param(lambda raw: b'{"schema": 1}', id="wrong-shape"),
@@ -164,6 +170,7 @@ def test_unwritable_root_still_serves_hits(make_runtime, project, cache_dir, tmp
     _compile_value(_fresh(make_runtime, project), project)
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
+    spares.settle()  # the first compile's work dir goes in the background
     before = sorted(str(p) for p in cache_dir.rglob("*"))
 
     def refuse(*args, **kwargs):
@@ -244,7 +251,7 @@ def test_lost_publish_race_adopts_the_winner(make_runtime, project, cache_dir):
     leaf, outcome = disk.publish(str(cache_dir), art.build_key, loser, loser_bytes, ())
     assert outcome == "adopted"
     assert leaf.artifact == winner.artifact and leaf.path == art.path
-    assert os.listdir(cache_dir / "v1" / "tmp") == []  # the loser's staging is gone
+    assert staging_residue(cache_dir) == []  # the loser's staging is gone
     assert_cache_sound(cache_dir)
 
 

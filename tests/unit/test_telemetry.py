@@ -200,9 +200,9 @@ def test_policy_violation_span_and_metric(make_runtime, spans, metric_reader, tm
 
 
 LOCK_HOLDER = r"""
-import sys, time, filelock
-lock = filelock.FileLock(sys.argv[1]); lock.acquire()
-open(sys.argv[2], "w").close(); time.sleep(float(sys.argv[3])); lock.release()
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644); fcntl.flock(fd, fcntl.LOCK_EX)
+open(sys.argv[2], "w").close(); time.sleep(float(sys.argv[3])); os.close(fd)
 """
 
 
