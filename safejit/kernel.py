@@ -44,6 +44,7 @@ class Module:
         self._library = library
         self._closed = False
         self._lock = threading.Lock()
+        self._kernels: dict[str, Any] = {}
         self._finalizer = weakref.finalize(self, library.close)
 
     @property
@@ -57,10 +58,21 @@ class Module:
     def kernel(self, name: str, *, argtypes: Sequence[Any] | None = None, restype: Any = ctypes.c_int) -> Any:
         """The kernel called ``name``: a :class:`Kernel` (host, called directly) or a
         backend kernel with ``launch(grid, block, args, ...)`` (CUDA)."""
+        plain = argtypes is None and restype is ctypes.c_int
+        if plain and not self._closed:
+            found = self._kernels.get(name)
+            if found is not None:
+                return found  # re-getting a kernel is a dict lookup
         if self._closed:
             raise LoadError(f"module {self.artifact.build_key[:12]} is closed")
+        kernel = self._make_kernel(name, argtypes, restype)
+        if plain and len(self._kernels) < 1024:
+            self._kernels[name] = kernel
+        return kernel
+
+    def _make_kernel(self, name: str, argtypes: Sequence[Any] | None, restype: Any) -> Any:
         if self.backend != "host":
-            return self._library.function(name, argtypes=argtypes)  # the library caches kernels
+            return self._library.function(name, argtypes=argtypes)
         if self.artifact.kernels and name not in self.artifact.kernels:
             raise KernelNotFoundError(
                 f"no kernel {name!r}; this module has {list(self.artifact.kernels)}",
@@ -83,6 +95,7 @@ class Module:
         """Unload the library. Kernels of a closed module raise LoadError."""
         with self._lock:
             self._closed = True
+            self._kernels.clear()
         self._finalizer()
 
     def __repr__(self) -> str:

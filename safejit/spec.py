@@ -9,7 +9,7 @@ closure, keyed separately). Paths inside a spec are *anchored*: stored as
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -38,6 +38,14 @@ class Source:
     name: str
     filename: str | None = None
     origin: str | None = None
+    #: Computed once: a Source is hashed on every memory-tier lookup.
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[Source], tuple[str, str, str | None, str | None]]:
+        return (Source, (self.code, self.name, self.filename, self.origin))  # the hash is per process
 
     def __post_init__(self) -> None:
         if not isinstance(self.code, str):
@@ -48,6 +56,7 @@ class Source:
             raise ConfigError(f"Source.name {self.name!r} must match [A-Za-z_][A-Za-z0-9_]{{0,127}}")
         if self.filename is not None and not _FILENAME.match(Path(self.filename).name):
             raise ConfigError(f"Source.filename {self.filename!r} has unsafe characters")
+        object.__setattr__(self, "_hash", hash((self.code, self.name, self.filename, self.origin)))
 
     @classmethod
     def from_file(cls, path: str | Path, *, name: str | None = None, max_bytes: int = 4 << 20) -> Source:

@@ -11,10 +11,11 @@ mismatch — and the packed buffers are reused between launches.
 from __future__ import annotations
 
 import ctypes
+import operator
 import struct
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError, KernelNotFoundError, LoadError
@@ -22,6 +23,7 @@ from ..errors import ConfigError, KernelNotFoundError, LoadError
 __all__ = ["CudaKernel", "CudaLibrary", "device_arch", "has_cuda_device", "stream_handle"]
 
 _driver_state: dict[str, Any] = {}
+_SUCCESS: list[Any] = [None]  # CUDA_SUCCESS, once the driver is loaded
 _driver_lock = threading.Lock()
 
 
@@ -45,6 +47,7 @@ def _driver() -> Any:
             _driver_state["error"] = f"no usable CUDA driver/device: {type(exc).__name__}: {exc}"
             raise LoadError(_driver_state["error"]) from exc
         _driver_state["driver"] = driver
+        _SUCCESS[0] = driver.CUresult.CUDA_SUCCESS
         return driver
 
 
@@ -90,6 +93,10 @@ def device_arch() -> str | None:
     return f"sm_{major}{minor}"
 
 
+#: Stream types without ``__cuda_stream__``, and the attribute that holds their handle.
+_STREAM_READERS: dict[type, Callable[[Any], Any]] = {}
+
+
 def stream_handle(stream: Any) -> int:
     """A raw ``CUstream`` from None (torch's current stream when torch is
     imported and initialised, else the default stream), an int, an object with
@@ -104,15 +111,37 @@ def stream_handle(stream: Any) -> int:
         return 0
     if isinstance(stream, int) and not isinstance(stream, bool):
         return stream
+    reader = _STREAM_READERS.get(type(stream))
+    if reader is not None:
+        try:
+            return int(reader(stream))
+        except (TypeError, ValueError, AttributeError):
+            _STREAM_READERS.pop(type(stream), None)  # not like the first of its type: look again
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
         _, handle = proto() if callable(proto) else proto
+        if len(_STREAM_READERS) < 16:
+            _STREAM_READERS[type(stream)] = _protocol_handle
         return int(handle)
     for attr in ("cuda_stream", "handle", "ptr"):
         value = getattr(stream, attr, None)
         if value is not None:
+            if len(_STREAM_READERS) < 16:  # next time, read just that attribute
+                _STREAM_READERS[type(stream)] = operator.attrgetter(attr)
             return int(value)
     raise ConfigError(f"cannot use {type(stream).__name__} as a CUDA stream")
+
+
+def _protocol_handle(stream: Any) -> Any:
+    proto = stream.__cuda_stream__
+    return (proto() if callable(proto) else proto)[1]
+
+
+def _read_stream(reader: Callable[[Any], Any], stream: Any) -> int:
+    try:
+        return int(reader(stream))
+    except (TypeError, ValueError, AttributeError):
+        return stream_handle(stream)
 
 
 class CudaLibrary:
@@ -184,6 +213,8 @@ class CudaKernel:
         # One reusable packed buffer and void* array per thread.
         self._local = threading.local()
         self._dims: dict[tuple[Any, Any], tuple[int, int, int, int, int, int]] = {}
+        self._plans: dict[tuple[type, ...], Any] = {}
+        self._last: Callable[[memoryview, Any], bool] | None = None
         # A CUkernel launches as a CUfunction in whichever context is current (CUDA >= 12).
         self._fn = _driver().CUfunction(int(kernel)) if kernel is not None else None
 
@@ -191,41 +222,83 @@ class CudaKernel:
     def num_params(self) -> int:
         return len(self._params)
 
-    def _buffers(self) -> tuple[Any, memoryview, int]:
-        """This thread's packed buffer: its storage, a writable view and the ``void**`` address."""
-        bufs = getattr(self._local, "bufs", None)
-        if bufs is None:
-            total = max((o + s for o, s in self._params), default=0)
-            storage = (ctypes.c_char * max(total, 1))()
-            base = ctypes.addressof(storage)
-            ptrs = (ctypes.c_void_p * max(len(self._params), 1))(*[base + o for o, _ in self._params])
-            bufs = self._local.bufs = (storage, memoryview(storage).cast("B"), ctypes.addressof(ptrs), ptrs)
-        return bufs[0], bufs[1], bufs[2]
-
     def pack(self, args: Sequence[Any]) -> int:
         """Write ``args`` into the reusable buffer; returns the ``void**`` address.
 
-        Python ints and floats take a fast path (one ``struct.pack_into`` at the
-        parameter's width); everything else goes through :func:`_encode`.
+        The argument types of a call pick a plan, made once per kernel and type tuple:
+        one ``struct`` for the whole layout and, per argument, how to read its value
+        (a tensor's pointer, a NumPy scalar's bytes), as one small function. A value
+        the plan cannot take (an int out of the signed range, say), or types without a
+        plan, go through :func:`_encode`, which also names every mismatch.
         """
-        params = self._params
-        if len(args) != len(params):
-            raise ConfigError(f"{self.name} takes {len(params)} arguments, got {len(args)}")
-        _, view, address = self._buffers()
+        bufs = getattr(self._local, "bufs", None) or self._new_buffers()
+        view = bufs[1]
+        last = self._last
+        if last is not None and last(view, args):
+            return bufs[2]
+        if len(args) != len(self._params):
+            raise ConfigError(f"{self.name} takes {len(self._params)} arguments, got {len(args)}")
+        kinds = tuple(map(type, args))
+        plan = self._plans.get(kinds, _NO_PLAN)
+        if plan is _NO_PLAN:
+            plan = self._plans[kinds] = self._plan(args, kinds) if len(self._plans) < 64 else None
+        if plan is not None:
+            self._last = plan
+            if plan(view, args):
+                return bufs[2]
         declared = self._argtypes
-        for i, arg in enumerate(args):
-            offset, size = params[i]
-            kind = type(arg)
-            if declared is None and (kind is int or kind is float):
-                packer = (_INT_PACK if kind is int else _FLOAT_PACK).get(size)
-                if packer is not None:
-                    try:
-                        packer.pack_into(view, offset, arg)
-                        continue
-                    except (struct.error, OverflowError):
-                        pass  # out of range for the signed form: _encode decides
+        for i, (arg, (offset, size)) in enumerate(zip(args, self._params, strict=True)):
             view[offset : offset + size] = _encode(arg, size, declared[i] if declared else None, self.name, i)
-        return address
+        return bufs[2]
+
+    def _new_buffers(self) -> tuple[Any, memoryview, int, Any]:
+        """This thread's packed buffer: its storage, a writable view, the ``void**`` address."""
+        total = max((o + s for o, s in self._params), default=0)
+        storage = (ctypes.c_char * max(total, 1))()
+        base = ctypes.addressof(storage)
+        ptrs = (ctypes.c_void_p * max(len(self._params), 1))(*[base + o for o, _ in self._params])
+        bufs = self._local.bufs = (storage, memoryview(storage).cast("B"), ctypes.addressof(ptrs), ptrs)
+        return bufs
+
+    def _plan(self, args: Sequence[Any], kinds: tuple[type, ...]) -> Callable[[memoryview, Any], bool] | None:
+        """The packing function for arguments of these types, or None when one has none.
+
+        It is generated from fixed text (argument positions and reader names only) and
+        returns False — packing nothing it cannot — when the arguments are not of these
+        types or a value does not fit, so the caller falls back to the general path.
+        """
+        if self._argtypes is not None:
+            return None
+        fmt, pos, values = "<", 0, []
+        for i, (arg, (offset, size)) in enumerate(zip(args, self._params, strict=True)):
+            step = _plan_one(arg, size) if offset >= pos else None
+            if step is None:
+                return None
+            code, reader = step
+            fmt += "x" * (offset - pos) + code
+            pos = offset + size
+            values.append(f"a{i}" if reader is None else _READERS[reader].format(f"a{i}"))
+        names = [f"a{i}" for i in range(len(args))]
+        checks = " or ".join(f"type(a{i}) is not t{i}" for i in range(len(args))) or "False"
+        source = (
+            "def packer(view, args):\n"
+            "    try:\n"
+            f"        ({''.join(n + ', ' for n in names)}) = args\n"
+            f"        if {checks}:\n"
+            "            return False\n"
+            f"        pack_into(view, 0, {', '.join(values)})\n"
+            "    except (ValueError, TypeError, AttributeError, OverflowError, struct_error):\n"
+            "        return False\n"
+            "    return True\n"
+        )
+        scope: dict[str, Any] = {
+            "pack_into": struct.Struct(fmt).pack_into,
+            "struct_error": struct.error,
+            **{f"t{i}": kind for i, kind in enumerate(kinds)},
+        }
+        exec(source, scope)  # noqa: S102 - fixed text: positions and the reader expressions above
+        packer: Callable[[memoryview, Any], bool] = scope["packer"]
+        return packer
 
     def launch(
         self,
@@ -238,21 +311,27 @@ class CudaKernel:
         cluster: Any = None,
         cooperative: bool = False,
     ) -> None:
-        drv = _driver_state.get("driver") or _driver()
-        if not getattr(self._local, "context", False):
+        try:
+            bufs = self._local.bufs
+        except AttributeError:
             _ensure_context()  # once per thread; the CUkernel then launches in the current context
-            self._local.context = True
-        dims = self._dims.get((grid, block)) if type(grid) is tuple and type(block) is tuple else None
-        if dims is None:
-            dims = (*_dim3(grid), *_dim3(block))
+            bufs = self._new_buffers()
+        packer = self._last
+        params = bufs[2] if packer is not None and packer(bufs[1], args) else self.pack(args)
+        reader = _STREAM_READERS.get(type(stream)) if stream is not None else None
+        handle = _read_stream(reader, stream) if reader is not None else stream_handle(stream)
+        try:
+            gx, gy, gz, bx, by, bz = self._dims[grid, block]
+        except (KeyError, TypeError):
+            gx, gy, gz, bx, by, bz = dims = (*_dim3(grid), *_dim3(block))
             if type(grid) is tuple and type(block) is tuple and len(self._dims) < 64:
-                self._dims[(grid, block)] = dims
-        gx, gy, gz, bx, by, bz = dims
-        params = self.pack(args)
-        handle = stream_handle(stream)
+                self._dims[grid, block] = dims
         fn = self._fn
+        drv = _driver_state["driver"]
         if cluster is None and not cooperative:
-            _check(drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, shared_mem, handle, params, 0), "cuLaunchKernel")
+            (err,) = drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, shared_mem, handle, params, 0)
+            if err != _SUCCESS[0]:
+                _check((err,), "cuLaunchKernel")
             return
         config = drv.CUlaunchConfig()
         config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
@@ -389,6 +468,38 @@ def _encode(arg: Any, size: int, declared: Any, kernel: str, index: int) -> byte
             raise ConfigError(f"{where}: a float cannot fill a {size}-byte parameter")
         return struct.pack("<" + fmt, arg)
     raise ConfigError(f"{where}: cannot pass a {type(arg).__name__}")
+
+
+_NO_PLAN: Any = object()
+#: How a plan reads an argument's value: the expression the generated packer uses.
+_READERS: dict[str, str] = {
+    "data_ptr": "{}.data_ptr()",
+    "data_dot_ptr": "{}.data.ptr",
+    "tobytes": "{}.tobytes()",
+    "to_bytes": "bytes({})",
+}
+
+
+def _plan_one(arg: Any, size: int) -> tuple[str, str | None] | None:
+    """How one argument of this type packs into ``size`` bytes (struct code, reader
+    name), if it always packs the same way; the same rules as :func:`_encode`."""
+    kind = type(arg)
+    if kind is int:
+        return (_INT[size], None) if size in _INT else None
+    if kind is float:
+        return (_FLOAT[size], None) if size in _FLOAT else None
+    if callable(getattr(arg, "data_ptr", None)):  # torch.Tensor
+        return ("Q", "data_ptr") if size == 8 else None
+    if hasattr(kind, "__cuda_array_interface__"):
+        if isinstance(getattr(getattr(arg, "data", None), "ptr", None), int):  # CuPy
+            return ("Q", "data_dot_ptr") if size == 8 else None
+        return None
+    if isinstance(arg, ctypes._SimpleCData):
+        return (f"{size}s", "to_bytes") if ctypes.sizeof(kind) == size else None
+    dtype = getattr(arg, "dtype", None)
+    if dtype is not None and getattr(arg, "ndim", None) == 0 and getattr(dtype, "kind", "") in "biuf":  # NumPy
+        return (f"{size}s", "tobytes") if dtype.itemsize == size else None
+    return None
 
 
 def _pointer(arg: Any) -> int | None:

@@ -8,11 +8,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import safejit
 from safejit.backends.cubin import cubin_kernels
 from safejit.backends.cuda import SpillWarning
-from safejit.backends.cuda_launch import CudaKernel, has_cuda_device, stream_handle
+from safejit.backends.cuda_launch import CudaKernel, _encode, has_cuda_device, stream_handle
 from tests.conftest import assert_cache_sound, leaves, settle
 
 pytest.importorskip("cuda.bindings.nvrtc")
@@ -276,6 +278,39 @@ def test_declared_argtypes_win():
     import struct
 
     assert _packed(k, [3, 2]) == [struct.pack("<I", 3), struct.pack("<f", 2.0)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(min_value=-(2**64), max_value=2**64),
+            st.floats(width=32),
+            st.booleans(),
+            st.sampled_from([_Tensor(), _CupyLike(), ctypes.c_int(5), ctypes.c_double(0.5)]),
+        ),
+        min_size=3,
+        max_size=3,
+    ),
+    st.lists(st.sampled_from([1, 2, 4, 8]), min_size=3, max_size=3),
+)
+def test_planned_packing_says_what_the_general_encoder_says(args, sizes):
+    """Calls after the first take a per-type-tuple plan; bytes and errors must not change."""
+    params, offset = [], 0
+    for size in sizes:
+        offset = (offset + size - 1) // size * size
+        params.append((offset, size))
+        offset += size
+    k = _kernel(params)
+    try:
+        expected = [_encode(a, size, None, "k", i) for i, (a, size) in enumerate(zip(args, sizes, strict=True))]
+    except (safejit.ConfigError, OverflowError) as exc:
+        for _ in range(2):  # the plan is made by the first call and used by the second
+            with pytest.raises(type(exc)):
+                _packed(k, args)
+        return
+    assert _packed(k, args) == expected
+    assert _packed(k, args) == expected
 
 
 def test_packed_buffers_are_reused():
