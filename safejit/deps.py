@@ -261,6 +261,16 @@ def negative_lookups(deps: Sequence[str], search_dirs: Sequence[str], probes: It
     dirs = [d.rstrip("/") for d in search_dirs]
     out: set[str] = set()
     found: set[str] = set(deps)
+    parents: dict[str, bool] = {}
+
+    def absent(cand: str) -> bool:
+        # Many candidates share a parent that does not exist (dir_0/bits/...): one lstat says so for all.
+        parent = cand.rpartition("/")[0]
+        there = parents.get(parent)
+        if there is None:
+            there = parents[parent] = os.path.lexists(parent)
+        return not there or not os.path.lexists(cand)
+
     for path in deps:
         for n, d in enumerate(dirs):
             if not path.startswith(d + "/"):
@@ -268,7 +278,7 @@ def negative_lookups(deps: Sequence[str], search_dirs: Sequence[str], probes: It
             rel = path[len(d) + 1 :]
             for earlier in dirs[:n]:
                 cand = f"{earlier}/{rel}"
-                if cand not in found and not os.path.lexists(cand):
+                if cand not in found and absent(cand):
                     out.add(cand)
     for name in probes:
         if not name or name.startswith("/") or _BAD_REL.search(name):
@@ -276,5 +286,5 @@ def negative_lookups(deps: Sequence[str], search_dirs: Sequence[str], probes: It
         cands = [f"{d}/{name}" for d in dirs]
         if any(c in found for c in cands):
             continue  # resolved: shadowing is covered above
-        out.update(c for c in cands if not os.path.lexists(c))
+        out.update(c for c in cands if absent(c))
     return sorted(out)

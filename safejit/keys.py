@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 import struct
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final
 
 import blake3
 
-from .spec import NOT_IN_KEY, BuildSpec
+from .spec import NOT_IN_KEY, BuildSpec, Toolchain
 
 __all__ = ["KEY_SCHEMA", "build_key", "deps_key", "digest_bytes", "encode", "new_hasher"]
 
@@ -52,16 +52,36 @@ def encode(value: object) -> bytes:
         return _frame(b"Y", bytes(value))
     if isinstance(value, (tuple, list)):
         return _frame(b"T", b"".join(encode(v) for v in value))
+    if type(value) is Toolchain:
+        return _encode_toolchain(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        items = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
-        return _frame(b"D", encode((type(value).__name__, items)))
+        return _encode_dataclass(value)
     raise TypeError(f"{type(value).__name__} cannot enter a key (unordered or unknown type)")
+
+
+def _encode_dataclass(value: Any) -> bytes:
+    items = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+    return _frame(b"D", encode((type(value).__name__, items)))
 
 
 def build_key(spec: BuildSpec) -> str:
     """Hash of every BuildSpec field not in ``NOT_IN_KEY``."""
     fields = [(f.name, getattr(spec, f.name)) for f in dataclasses.fields(spec) if f.name not in NOT_IN_KEY]
     return digest_bytes(encode(("safejit.build_key", KEY_SCHEMA, fields)))
+
+
+_ENCODED: dict[Any, bytes] = {}
+
+
+def _encode_toolchain(value: Any) -> bytes:
+    """A toolchain's encoding, computed once per (frozen, hashable) Toolchain: it is the
+    same for every compile, and its version text and roots are the bulk of a key."""
+    found = _ENCODED.get(value)
+    if found is None:
+        if len(_ENCODED) >= 256:
+            _ENCODED.clear()
+        found = _ENCODED[value] = _encode_dataclass(value)
+    return found
 
 
 def _encode_rows(rows: Iterable[tuple[str, ...]]) -> bytes:

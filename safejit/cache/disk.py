@@ -25,7 +25,6 @@ import stat
 import time
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple, Protocol
 
@@ -170,10 +169,6 @@ class DiskCache:
     def discard_later(self, path: str, root: str) -> None:
         """Delete a work directory in the background (``gc`` removes it if the process dies first)."""
         background().submit(self.discard, path, root)
-
-    def stage_artifact(self, stage: str, artifact_file: str, artifact: bytes, *, prepared: bool = True) -> Future[None]:
-        """Start writing (and fsyncing) the artifact into ``stage`` in the background."""
-        return background().submit(write_file, os.path.join(stage, artifact_file), artifact, prepared=prepared)
 
     def refill_later(self, root: str) -> None:
         """Prepare the next work directory in the background."""
@@ -375,11 +370,9 @@ class DiskCache:
         dep_states: tuple[DepState, ...],
         negatives: tuple[str, ...] = (),
         stage: str | None = None,
-        staged: Future[None] | None = None,
     ) -> tuple[VerifiedLeaf, str]:
         """Publish a leaf; returns it with the outcome ``published`` or ``adopted``.
-        ``stage`` is a prepared staging dir (its empty files are filled), else one is made;
-        ``staged`` is the artifact's write into it, already started (``stage_artifact``).
+        ``stage`` is a prepared staging dir (its empty files are filled), else one is made.
 
         Raises ``OSError`` when nothing could be published; a failed publish
         never reports success and never leaves a partial leaf visible.
@@ -394,26 +387,19 @@ class DiskCache:
         prepared = stage is not None
         stage = stage if stage is not None else self.new_workdir(root)
         try:
-            if staged is None:  # the artifact's write and fsync (the largest) overlap the manifest's
-                staged = self.stage_artifact(stage, manifest.artifact_file, artifact, prepared=prepared)
-            # Written first, made durable together: nothing in a stage is visible before the
-            # rename, so its three files and the dir are fsynced at once (one journal commit).
-            paths = [os.path.join(stage, MANIFEST), os.path.join(stage, MARKER)]
-            try:
-                write_file(paths[0], raw, prepared=prepared, sync=False)
-                faults.point("publish.before_commit")
-                write_file(paths[1], digest_bytes(raw).encode() + b"\n", prepared=prepared, sync=False)
-                if prepared:  # a leaf holds its three files and nothing else
-                    for extra in set(os.listdir(stage)) - {manifest.artifact_file, MANIFEST, MARKER}:
-                        os.unlink(os.path.join(stage, extra))
-                syncing = [background().submit(fsync_file, p) for p in paths]
-                try:
-                    fsync_dir(stage)
-                finally:
-                    for done in syncing:
-                        done.result()
-            finally:
-                staged.result()
+            # Everything is written first, its writeback started, then fsynced: the disk
+            # works on all of it at once, and the later fsyncs find their data written.
+            files = [os.path.join(stage, n) for n in (manifest.artifact_file, MANIFEST, MARKER)]
+            write_file(files[0], artifact, prepared=prepared, sync=False)
+            write_file(files[1], raw, prepared=prepared, sync=False)
+            faults.point("publish.before_commit")
+            write_file(files[2], digest_bytes(raw).encode() + b"\n", prepared=prepared, sync=False)
+            if prepared:  # a leaf holds its three files and nothing else
+                for extra in set(os.listdir(stage)) - {manifest.artifact_file, MANIFEST, MARKER}:
+                    os.unlink(os.path.join(stage, extra))
+            for path in files:
+                fsync_file(path)
+            fsync_dir(stage)
             if not prepared:
                 os.chmod(stage, 0o755)
             # New build dirs need no fsync of their parents: if a power cut loses the
@@ -449,7 +435,10 @@ class DiskCache:
                     self.quarantine(leaf, root)
                     continue
                 faults.point("publish.after_rename")
-                fsync_dir(bdir)
+                # The leaf is complete and durable already; making its new name durable
+                # too overlaps the caller's load. A power cut before that fsync loses the
+                # name (a later miss), never the leaf's integrity.
+                background().submit(_fsync_quietly, bdir)
                 stage = ""
                 return VerifiedLeaf(leaf, root, manifest, artifact, dep_states, negatives), "published"
             raise AssertionError("unreachable")  # pragma: no cover
@@ -482,6 +471,13 @@ class DiskCache:
         if lock is None:
             logger.warning("lock %s not acquired in %.1fs; compiling without it", path, timeout)
         return lock
+
+
+def _fsync_quietly(path: str) -> None:
+    try:
+        fsync_dir(path)
+    except OSError as exc:
+        logger.warning("could not make %s durable: %s (its newest leaf may not survive a power cut)", path, exc)
 
 
 def _makedirs_quiet(path: str) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import os
 import stat
 import time
+from collections.abc import Callable
 from typing import Final
 
 from .. import faults
@@ -46,8 +48,30 @@ def write_file(path: str, data: bytes, mode: int = 0o644, *, prepared: bool = Fa
         if sync:
             faults.point("disk.fsync")
             os.fsync(fd)
+        else:
+            _start_writeback(fd)
     finally:
         os.close(fd)
+
+
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
+
+
+def _start_writeback(fd: int) -> None:
+    """Have the kernel start writing ``fd``'s dirty pages now (Linux; a hint, never waited
+    on): a later fsync then finds them written, and several fsyncs share one commit."""
+    if _SYNC_FILE_RANGE is not None:
+        _SYNC_FILE_RANGE(fd, 0, 0, 2)  # SYNC_FILE_RANGE_WRITE
 
 
 def fsync_file(path: str) -> None:

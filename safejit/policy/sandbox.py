@@ -104,7 +104,10 @@ class Sandbox:
         self._tools_dir = tools_dir
         self._cc = cc
         self._shim: list[str] | None = None
+        self._c_shim: str | None = None
         self._shim_lock = threading.Lock()
+        self._spare: tuple[int, subprocess.Popen[bytes], int] | None = None
+        self._spare_lock = threading.Lock()
         self._abi = -1
 
     @property
@@ -132,8 +135,63 @@ class Sandbox:
                     built = _ensure_shim(self._tools_dir, self._cc)
                     if built is None:
                         logger.warning("using the Python sandbox shim (slower start) in place of the C one")
+                    self._c_shim = built
                     self._shim = [built] if built else [sys.executable, "-I", "-S", str(_PYSHIM)]
         return self._shim
+
+    def _hand_to_spare(self, command: Sequence[str]) -> tuple[subprocess.Popen[bytes], int] | None:
+        """Give ``command`` to the shim started ahead, if one is ready: its process
+        and the read end of its output pipe. None: start one the usual way."""
+        with self._spare_lock:
+            spare, self._spare = self._spare, None
+        if spare is None or spare[0] != os.getpid():
+            return None  # (a spare made before a fork belongs to the parent: leave it be)
+        _, proc, read_fd = spare
+        body = b"".join(os.fsencode(a) + b"\0" for a in command)
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(len(body).to_bytes(4, "little") + body)
+            proc.stdin.close()
+        except OSError:  # it died while waiting (killed from outside): start one now
+            _retire(proc, read_fd)
+            return None
+        return proc, read_fd
+
+    def _prepare_spare(self, shim: Sequence[str]) -> None:
+        """Start the shim for the next run (the C shim only: it reads ``-R`` requests)."""
+        if self._c_shim is None or self._spare is not None:
+            return
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        try:
+            proc = subprocess.Popen(
+                [self._c_shim, "-R"],
+                cwd="/",
+                env={},
+                stdin=subprocess.PIPE,
+                stdout=write_fd,
+                stderr=subprocess.STDOUT,
+                close_fds=True,
+                process_group=0,
+            )
+        except OSError as exc:
+            os.close(read_fd)
+            logger.debug("could not start a spare shim: %s", exc)
+            return
+        finally:
+            os.close(write_fd)
+        with self._spare_lock:
+            kept = self._spare is None
+            if kept:
+                self._spare = (os.getpid(), proc, read_fd)
+        if not kept:  # another thread was quicker
+            _retire(proc, read_fd)
+
+    def close(self) -> None:
+        """End the shim started ahead, if any."""
+        with self._spare_lock:
+            spare, self._spare = self._spare, None
+        if spare is not None and spare[0] == os.getpid():
+            _retire(spare[1], spare[2])
 
     def run(
         self,
@@ -150,26 +208,30 @@ class Sandbox:
         ``on_start`` runs once the process is started (work to overlap with it)."""
         self.check_available()
         limits = self.limits
-        pre = [*self.shim(), "-a", str(limits.address_space), "-c", str(limits.cpu_s),
-               "-f", str(limits.file_size), "-n", str(limits.open_files)]  # fmt: skip
+        opts = ["-a", str(limits.address_space), "-c", str(limits.cpu_s),
+                "-f", str(limits.file_size), "-n", str(limits.open_files)]  # fmt: skip
         landlocked = self.landlock
         if landlocked:
             for root in (*SYSTEM_READ_ROOTS, *read_roots):
-                pre += ["-r", root]
+                opts += ["-r", root]
             for root in (*write_roots, "/dev/null"):
-                pre += ["-w", root]
-            pre += ["-N", *(["-L"] if self.mode == "required" else [])]
-        full = [*pre, "--", *argv]
-        # Output goes through a pipe, read as it comes and capped (head and tail): a
-        # log file would cost an inode per run, and a flood of output stays bounded.
+                opts += ["-w", root]
+            opts += ["-N", *(["-L"] if self.mode == "required" else [])]
         log = _Log()
-        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        shim = self.shim()
         start = time.perf_counter()
         try:
+            faults.point("compiler.spawn")
+        except OSError as exc:
+            raise CompileError(f"could not start {argv[0]}: {exc}", log=str(exc), argv=list(argv)) from exc
+        # A shim started ahead takes the whole command on its stdin (-R): starting a
+        # process costs ~1 ms (fork, exec, loading), none of it while the compile waits.
+        started = self._hand_to_spare([*opts, "-C", cwd, *_env_options(env), "--", *argv])
+        if started is None:
+            read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
             try:
-                faults.point("compiler.spawn")
                 proc = subprocess.Popen(
-                    full,
+                    [*shim, *opts, "--", *argv],
                     cwd=cwd,
                     env=dict(env),
                     stdin=subprocess.DEVNULL,
@@ -180,9 +242,14 @@ class Sandbox:
                     shell=False,
                 )
             except OSError as exc:
+                os.close(read_fd)
                 raise CompileError(f"could not start {argv[0]}: {exc}", log=str(exc), argv=list(argv)) from exc
             finally:
                 os.close(write_fd)
+        else:
+            proc, read_fd = started
+        try:
+            self._prepare_spare(shim)
             if on_start is not None:
                 on_start()
             try:
@@ -210,6 +277,27 @@ class Sandbox:
                 raise SandboxUnavailableError(f"sandbox: {text.strip()}")
             raise ConfigError(f"sandbox {_SHIM_ERRORS[rc]}: {text.strip()}")
         return RunResult(rc, text, time.perf_counter() - start, landlocked)
+
+
+def _env_options(env: Mapping[str, str]) -> list[str]:
+    out = []
+    for name, value in env.items():
+        out += ["-E", f"{name}={value}"]
+    return out or ["-E", "LC_ALL=C"]  # -E given at all replaces the environment
+
+
+def _retire(proc: subprocess.Popen[bytes], read_fd: int) -> None:
+    """End a spare shim that never got a command: EOF on its stdin makes it exit."""
+    with contextlib.suppress(OSError):
+        if proc.stdin is not None:
+            proc.stdin.close()
+    try:
+        proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    os.close(read_fd)
 
 
 class _Log:
@@ -324,7 +412,7 @@ def _ensure_shim(tools_dir: str | None, cc: str | None) -> str | None:
         logger.warning("no C compiler to build the sandbox shim; compilers run without rlimits or Landlock")
         return None
     source = resources.files("safejit.policy").joinpath("shim.c").read_bytes()
-    tag = digest_bytes(source + b"\0" + cc.encode())[:16]
+    tag = digest_bytes(source + b"\0" + cc.encode() + b"\0static-first")[:16]
     base = Path(tools_dir) if tools_dir else Path(tempfile.gettempdir())
     private = base / f"u{os.geteuid()}"
     try:
@@ -345,15 +433,19 @@ def _ensure_shim(tools_dir: str | None, cc: str | None) -> str | None:
     try:
         (work / "shim.c").write_bytes(source)
         out = work / "shim"
-        proc = subprocess.run(
-            [cc, "-O2", "-o", str(out), str(work / "shim.c")],
-            cwd=work,
-            env={"PATH": SYSTEM_PATH, "TMPDIR": str(work), "LC_ALL": "C"},
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=120,
-            check=False,
-        )
+        # Static where the C library allows it: no dynamic loading on each start (~0.3 ms).
+        for link in (["-static"], []):
+            proc = subprocess.run(
+                [cc, "-O2", *link, "-o", str(out), str(work / "shim.c")],
+                cwd=work,
+                env={"PATH": SYSTEM_PATH, "TMPDIR": str(work), "LC_ALL": "C"},
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=120,
+                check=False,
+            )
+            if proc.returncode == 0:
+                break
         if proc.returncode != 0:
             logger.warning("building the sandbox shim failed: %s", proc.stderr.decode(errors="replace")[-2000:])
             return None

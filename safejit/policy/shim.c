@@ -1,8 +1,10 @@
 /* safejit exec shim: applies rlimits and a Landlock ruleset, then execs.
  *
  *   shim [-a AS] [-c CPU_S] [-f FSIZE] [-n NOFILE] [-r RO_PATH]... [-w RW_PATH]...
- *        [-N] [-L] -- PROGRAM ARGS...
+ *        [-N] [-L] [-C DIR] [-E NAME=VALUE]... -- PROGRAM ARGS...
+ *   shim -R        (the same arguments, read from stdin: see read_request)
  *
+ * -C changes to DIR; -E, given at all, replaces the environment with its entries.
  * -N denies TCP bind/connect where the Landlock ABI allows it (>= 4).
  * -L makes Landlock mandatory: exit 125 when the kernel does not offer it.
  * Without -r/-w no Landlock ruleset is applied. Exit codes 124-127 are the
@@ -204,16 +206,22 @@ static int supervise(char **prog, const struct sandbox *box) {
     return code;
 }
 
-int main(int argc, char **argv) {
-    const char *ro[MAX_PATHS], *rw[MAX_PATHS];
-    int nro = 0, nrw = 0, deny_net = 0, required = 0, i = 1;
+struct options {
+    const char *ro[MAX_PATHS], *rw[MAX_PATHS], *env[MAX_PATHS];
+    int nro, nrw, nenv, deny_net, required, from_stdin;
+    const char *cwd;
+};
+
+/* Parse options up to "--"; returns the index of the program (argc when there is none). */
+static int parse(int argc, char **argv, int i, struct options *o) {
     for (; i < argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "--") == 0) { i++; break; }
+        if (strcmp(a, "--") == 0) return i + 1;
         if (a[0] != '-' || a[1] == 0 || a[2] != 0) { errno = EINVAL; die(124, a); }
         switch (a[1]) {
-        case 'N': deny_net = 1; continue;
-        case 'L': required = 1; continue;
+        case 'N': o->deny_net = 1; continue;
+        case 'L': o->required = 1; continue;
+        case 'R': o->from_stdin = 1; continue;
         default: break;
         }
         if (i + 1 >= argc) { errno = EINVAL; die(124, a); }
@@ -223,13 +231,69 @@ int main(int argc, char **argv) {
         case 'c': set_limit(RLIMIT_CPU, v); break;
         case 'f': set_limit(RLIMIT_FSIZE, v); break;
         case 'n': set_limit(RLIMIT_NOFILE, v); break;
-        case 'r': if (nro == MAX_PATHS) { errno = E2BIG; die(124, "-r"); } ro[nro++] = v; break;
-        case 'w': if (nrw == MAX_PATHS) { errno = E2BIG; die(124, "-w"); } rw[nrw++] = v; break;
+        case 'r': if (o->nro == MAX_PATHS) { errno = E2BIG; die(124, "-r"); } o->ro[o->nro++] = v; break;
+        case 'w': if (o->nrw == MAX_PATHS) { errno = E2BIG; die(124, "-w"); } o->rw[o->nrw++] = v; break;
+        case 'E': if (o->nenv == MAX_PATHS - 1) { errno = E2BIG; die(124, "-E"); } o->env[o->nenv++] = v; break;
+        case 'C': o->cwd = v; break;
         default: errno = EINVAL; die(124, a);
         }
     }
-    if (i >= argc) { errno = EINVAL; die(124, "no program"); }
+    return argc;
+}
 
-    struct sandbox box = { ro, rw, nro, nrw, deny_net, required };
-    return supervise(&argv[i], &box);
+/* -R: the rest of the command line arrives on stdin, so the shim can be started
+ * before it is needed: a 4-byte little-endian length, then that many bytes of
+ * NUL-terminated arguments. stdin is /dev/null again afterwards. EOF before a
+ * request means the runner no longer needs this shim: exit quietly. */
+static char **read_request(int *count) {
+    unsigned char head[4];
+    size_t got = 0;
+    while (got < sizeof head) {
+        ssize_t n = read(0, head + got, sizeof head - got);
+        if (n == 0 && got == 0) _exit(0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) die(124, "request header");
+        got += (size_t)n;
+    }
+    size_t len = head[0] | (head[1] << 8) | ((size_t)head[2] << 16) | ((size_t)head[3] << 24);
+    if (len == 0 || len > (16u << 20)) { errno = EINVAL; die(124, "request length"); }
+    char *buf = malloc(len + 1);
+    if (!buf) die(126, "malloc");
+    for (got = 0; got < len;) {
+        ssize_t n = read(0, buf + got, len - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) die(124, "request body");
+        got += (size_t)n;
+    }
+    if (buf[len - 1] != 0) { errno = EINVAL; die(124, "request not NUL-terminated"); }
+    int n = 0;
+    for (size_t k = 0; k < len; k++) n += buf[k] == 0;
+    char **args = calloc((size_t)n + 1, sizeof *args);
+    if (!args) die(126, "calloc");
+    char *p = buf;
+    for (int k = 0; k < n; k++) { args[k] = p; p += strlen(p) + 1; }
+    int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null < 0 || dup2(null, 0) < 0) die(126, "stdin");
+    close(null);
+    *count = n;
+    return args;
+}
+
+int main(int argc, char **argv) {
+    static struct options o;
+    int prog = parse(argc, argv, 1, &o);
+    if (o.from_stdin) {
+        int n = 0;
+        argv = read_request(&n);
+        argc = n;
+        prog = parse(argc, argv, 0, &o);
+    }
+    if (prog >= argc) { errno = EINVAL; die(124, "no program"); }
+    if (o.cwd && chdir(o.cwd) != 0) die(126, "chdir");
+    if (o.nenv) {
+        o.env[o.nenv] = NULL;
+        environ = (char **)o.env;
+    }
+    struct sandbox box = { o.ro, o.rw, o.nro, o.nrw, o.deny_net, o.required };
+    return supervise(&argv[prog], &box);
 }

@@ -137,7 +137,7 @@ class Runtime:
         req = _request(source, include_dirs, defines, flags, extras, arch, name_expressions)
         with span(SPAN.COMPILE, {**self._attrs, ATTR.KERNEL: name_of(source)}):
             spec, key, anchors = self._resolver().resolve(req)
-            leaf, where = self._builder().obtain(spec, key, anchors)
+            leaf, where, _ = self._builder().obtain(spec, key, anchors)
             return artifact_of(leaf, where)
 
     def source(self, path: str | os.PathLike[str], *, name: str | None = None) -> Source:
@@ -256,17 +256,22 @@ class Runtime:
         spec, key, anchors = self._resolver().resolve(req)
         if self._inventory is not None:
             self._inventory.record(spec, self.config.backend)
-        leaf, where = self._builder().obtain(spec, key, anchors)
-        artifact = artifact_of(leaf, where)
         setup = self._init()
-        with span(SPAN.LOAD, {ATTR.BYTES: len(leaf.artifact)}):
-            started = time.perf_counter()
-            try:
-                library = setup.backend.load(leaf.artifact, name=spec.name, options=leaf.manifest.meta)
-            except OSError as exc:
-                raise LoadError(f"{spec.name}: loading the verified artifact failed: {exc}", name=spec.name) from exc
-            instruments.load_duration.record(time.perf_counter() - started, self._attrs)
-        module = Module(library, artifact, self.config.backend)
+
+        def load(leaf: VerifiedLeaf) -> Any:
+            with span(SPAN.LOAD, {ATTR.BYTES: len(leaf.artifact)}):
+                started = time.perf_counter()
+                try:
+                    library = setup.backend.load(leaf.artifact, name=spec.name, options=leaf.manifest.meta)
+                except OSError as exc:
+                    raise LoadError(
+                        f"{spec.name}: loading the verified artifact failed: {exc}", name=spec.name
+                    ) from exc
+                instruments.load_duration.record(time.perf_counter() - started, self._attrs)
+            return library
+
+        leaf, where, library = self._builder().obtain(spec, key, anchors, load)
+        module = Module(library, artifact_of(leaf, where), self.config.backend)
         return Entry(
             module,
             len(leaf.artifact),

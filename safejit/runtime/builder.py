@@ -3,17 +3,15 @@ closure, publish — or bypass an unusable cache. Composed by :class:`Runtime`."
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import os
 import shutil
 import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from typing import Any
 
 from ..backends.base import CompileOutput
 from ..cache.disk import DiskCache, Rejection, VerifiedLeaf
@@ -64,23 +62,26 @@ class Builder:
         self.counters = counters
         self._attrs = attrs
 
-    def obtain(self, spec: BuildSpec, key: str, anchors: Anchors) -> tuple[VerifiedLeaf, str]:
-        """A verified leaf for ``key``: from disk, or compiled and published."""
+    def obtain(
+        self, spec: BuildSpec, key: str, anchors: Anchors, load: Load | None = None
+    ) -> tuple[VerifiedLeaf, str, Any]:
+        """A verified leaf for ``key``: from disk, or compiled and published; and what
+        ``load`` made of it (a fresh build is loaded while it is being published)."""
         leaf = self.disk_lookup(self.setup.disk, key, anchors, spec.name)
         if leaf is not None:
             self.counters.add("disk_hits")
-            return leaf, "disk"
+            return leaf, "disk", _load(load, leaf)
         self.counters.add("misses")
         root = self.setup.disk.writable_root()
         if root is None:
             error = self.setup.disk.last_error
             if self.config.on_cache_error == "raise":
                 raise CacheError(f"no writable cache root: {error}", errno=getattr(error, "errno", None))
-            return self.bypass(spec, key, anchors, f"no writable cache root: {error}")
+            return self._loaded(self.bypass(spec, key, anchors, f"no writable cache root: {error}"), load)
         try:
             workdir = self.setup.disk.workdir(root)
         except OSError as exc:
-            return self.cache_failure(spec, key, anchors, exc)
+            return self._loaded(self.cache_failure(spec, key, anchors, exc), load)
         try:
             with span(SPAN.LOCK_WAIT, {ATTR.ROOT: root}) as s:
                 started = time.perf_counter()
@@ -94,13 +95,17 @@ class Builder:
                     leaf = self.disk_lookup(self.setup.disk, key, anchors, spec.name)
                     if leaf is not None:
                         self.counters.add("disk_hits")
-                        return leaf, "disk"
-                return self.compile_and_publish(spec, key, anchors, root, workdir)
+                        return leaf, "disk", _load(load, leaf)
+                return self.compile_and_publish(spec, key, anchors, root, workdir, load)
             finally:
                 if lock is not None:
                     lock.release()
         finally:
             self.setup.disk.discard_later(workdir.path, root)
+
+    @staticmethod
+    def _loaded(found: tuple[VerifiedLeaf, str], load: Load | None) -> tuple[VerifiedLeaf, str, Any]:
+        return found[0], found[1], _load(load, found[0])
 
     def disk_lookup(self, disk: DiskCache, key: str, anchors: Anchors, name: str) -> VerifiedLeaf | None:
         rejections: list[Rejection] = []
@@ -136,13 +141,19 @@ class Builder:
         self, spec: BuildSpec, anchors: Anchors, workdir: str, on_start: Callable[[], None] | None = None
     ) -> CompileOutput:
         self.counters.add("compiles")
+        waiting = [on_start] if on_start is not None else []
+
+        def started() -> None:  # once: when the compiler has started, else when it is done
+            if waiting:
+                waiting.pop()()
+
         with span(SPAN.COMPILER_RUN, {ATTR.SANDBOX: self.setup.sandbox.describe()}) as s:
             try:
                 out = self.setup.backend.compile(
                     spec,
                     workdir=workdir,
                     expand=anchors.expand_text,
-                    run=self.setup.runner(self.config, self.env, spec.toolchain.roots, on_start),
+                    run=self.setup.runner(self.config, self.env, spec.toolchain.roots, started),
                     timeout=self.config.compile_timeout_s,
                     search_dirs=search_dirs(spec, anchors),
                     confine=lambda path: root_policy.confine(path, anchors, what="header"),
@@ -152,6 +163,8 @@ class Builder:
                 self.counters.add("errors")
                 s.add_event("compiler.log", {"safejit.log": exc.log[:LOG_EVENT_CAP]})
                 raise
+            finally:
+                started()  # (NVRTC runs no process through the runner)
             s.set_attribute(ATTR.BYTES, len(out.artifact))
             if out.log:
                 s.add_event("compiler.log", {"safejit.log": out.log[:LOG_EVENT_CAP]})
@@ -172,52 +185,24 @@ class Builder:
         workdir: str,
         root: str,
         on_start: Callable[[], None] | None = None,
-        stage: str | None = None,
-    ) -> tuple[VerifiedLeaf, bool, Future[None] | None]:
-        """Compile and record the closure. Returns the leaf, whether it may be vouched
-        for (published, trusted by the memory tier) and, given a prepared ``stage``, the
-        artifact's write into it (started before the closure check, which it overlaps)."""
+    ) -> tuple[VerifiedLeaf, bool]:
+        """Compile and record the closure. Returns the leaf and whether it may be vouched
+        for (published, trusted by the memory tier)."""
         started_ns = time.time_ns()
         out = self.compile(spec, anchors, workdir, on_start)
-        staged = self._stage(stage, out)
-        try:
-            return self._check_and_record(spec, key, anchors, workdir, root, stage, out, started_ns, staged)
-        except BaseException:
-            if staged is not None:  # never leave a write running into a work dir about to go
-                with contextlib.suppress(Exception):
-                    staged.result()
-            raise
-
-    def _check_and_record(
-        self,
-        spec: BuildSpec,
-        key: str,
-        anchors: Anchors,
-        workdir: str,
-        root: str,
-        stage: str | None,
-        out: CompileOutput,
-        started_ns: int,
-        staged: Future[None] | None,
-    ) -> tuple[VerifiedLeaf, bool, Future[None] | None]:
         closure = self.closure(spec, anchors, out, started_ns)
         if closure.too_new:
             # A dependency changed within a clock tick of the compile: what the compiler read
             # is unknown. Once the tick has passed, compile again; vouch only for a clean run.
             logger.info("%s changed while %s compiled; compiling again", closure.too_new[0], spec.name)
-            if staged is not None:
-                staged.result()
-                staged = None
-                os.unlink(os.path.join(stage or "", self._artifact_file))  # restaged below
             time.sleep(completeness.COARSE_NS / 1e9)
             started_ns = time.time_ns()
             out = self.compile(spec, anchors, workdir)
-            staged = self._stage(stage, out)
             closure = self.closure(spec, anchors, out, started_ns)
         manifest = make_manifest(spec, key, closure, out, self.config, self.setup.backend.artifact_ext)
         leaf = VerifiedLeaf("", root, manifest, out.artifact, tuple(closure.states), tuple(closure.negative_paths))
         if out.complete and not closure.too_new:
-            return leaf, True, staged
+            return leaf, True
         # What the compiler read is not what was hashed (or is unknown): the build may be returned
         # once, but nothing may vouch for it later — not the disk tier, and not the memory tier
         # (its entry fails its first revalidation).
@@ -227,44 +212,31 @@ class Builder:
         logger.warning("not caching %s: %s; it will be rebuilt next time", spec.name, why)
         self.counters.add("not_published")
         instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: "skipped"})
-        return dataclasses.replace(leaf, dep_states=unvouched, closure_known=out.complete), False, staged
-
-    @property
-    def _artifact_file(self) -> str:
-        return f"artifact.{self.setup.backend.artifact_ext}"
-
-    def _stage(self, stage: str | None, out: CompileOutput) -> Future[None] | None:
-        if stage is None or len(out.artifact) > self.config.max_artifact_bytes:
-            return None
-        return self.setup.disk.stage_artifact(stage, self._artifact_file, out.artifact)
+        return dataclasses.replace(leaf, dep_states=unvouched, closure_known=out.complete), False
 
     def compile_and_publish(
-        self, spec: BuildSpec, key: str, anchors: Anchors, root: str, workdir: Workdir
-    ) -> tuple[VerifiedLeaf, str]:
+        self, spec: BuildSpec, key: str, anchors: Anchors, root: str, workdir: Workdir, load: Load | None = None
+    ) -> tuple[VerifiedLeaf, str, Any]:
         disk = self.setup.disk
 
         def while_compiling() -> None:  # filesystem work the compile does not wait for
             disk.make_build_dir_later(root, key)
             disk.refill_later(root)
 
-        stage = workdir.stage if workdir.prepared else None
-        leaf, clean, staged = self.build(spec, key, anchors, workdir.path, root, while_compiling, stage)
+        leaf, clean = self.build(spec, key, anchors, workdir.path, root, while_compiling)
         if not clean:
-            if staged is not None:
-                staged.result()  # finished before the work dir goes
-            return leaf, "compiled"
+            return leaf, "compiled", _load(load, leaf)
         manifest = leaf.manifest
         with span(SPAN.PUBLISH, {ATTR.DEPS_KEY: manifest.deps_key, ATTR.DEPS_COUNT: len(manifest.deps)}) as s:
             try:
-                leaf, outcome = self.setup.disk.publish(
+                published, outcome = disk.publish(
                     root,
                     key,
                     manifest,
                     leaf.artifact,
                     leaf.dep_states,
                     leaf.negatives,
-                    stage=stage,
-                    staged=staged,
+                    stage=workdir.stage if workdir.prepared else None,
                 )
             except OSError as exc:
                 s.set_attribute(ATTR.OUTCOME, "failed")
@@ -272,11 +244,11 @@ class Builder:
                 if self.config.on_cache_error == "raise":
                     raise CacheError(f"publishing {spec.name} failed: {exc}", path=root, errno=exc.errno) from exc
                 self.note_bypass(f"publish failed: {exc}")
-                return leaf, "bypass"
+                return leaf, "bypass", _load(load, leaf)
             s.set_attribute(ATTR.OUTCOME, outcome)
         instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: outcome})
         self.counters.add("not_published" if outcome == "kept" else outcome)
-        return leaf, "disk" if outcome == "adopted" else "compiled"
+        return published, "disk" if outcome == "adopted" else "compiled", _load(load, published)
 
     def cache_failure(self, spec: BuildSpec, key: str, anchors: Anchors, exc: OSError) -> tuple[VerifiedLeaf, str]:
         if self.config.on_cache_error == "raise":
@@ -289,7 +261,7 @@ class Builder:
         self.note_bypass(why)
         workdir = tempfile.mkdtemp(prefix="safejit-bypass-")
         try:
-            leaf, _, _ = self.build(spec, key, anchors, workdir, "")
+            leaf, _ = self.build(spec, key, anchors, workdir, "")
             return leaf, "bypass"
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -316,3 +288,10 @@ class Builder:
         logger.warning("safejit cache bypassed: %s; the kernel is compiled privately and not cached", why)
         self.counters.add("bypass")
         instruments.bypass.add(1, self._attrs)
+
+
+Load = Callable[[VerifiedLeaf], Any]
+
+
+def _load(load: Load | None, leaf: VerifiedLeaf) -> Any:
+    return load(leaf) if load is not None else None

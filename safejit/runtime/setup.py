@@ -101,6 +101,7 @@ class Setup:
 
     def close(self) -> None:
         self.backend.close()
+        self.sandbox.close()
         if self.disk.spares is not None:
             settle()
             self.disk.spares.discard_all()

@@ -210,3 +210,26 @@ def test_prepared_launch_repeats_with_its_packed_arguments(rt, cuda_root):
         launch()
     stream.synchronize()
     assert torch.equal(y, torch.full_like(y, 3.0))
+
+
+def test_repeated_launches_with_changing_argument_types_stay_correct(rt, cuda_root):
+    """Each call's argument types pick a packing plan: switching between torch tensors,
+    CuPy arrays, NumPy scalars and plain numbers (and back) must never reuse the wrong one."""
+    torch = pytest.importorskip("torch")
+    cp = pytest.importorskip("cupy")
+    np = pytest.importorskip("numpy")
+    n = 2048
+    kernel = _saxpy(rt, cuda_root).kernel("saxpy")
+    tx, ty = torch.arange(n, dtype=torch.float32, device="cuda"), torch.zeros(n, device="cuda")
+    cx, cy = cp.arange(n, dtype=cp.float32), cp.zeros(n, dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    for round_ in range(3):
+        kernel.launch((n // 256,), (256,), (1.0, tx, ty, n))
+        kernel.launch((n // 256,), (256,), (np.float32(2.0), cx, cy, np.int32(n)), stream=stream)
+        kernel.launch((n // 256,), (256,), (0.5, cx, cy, n), stream=stream)
+        stream.synchronize()
+        torch.cuda.synchronize()
+        assert torch.allclose(ty, tx * (round_ + 1))
+        assert cp.allclose(cy, cx * 2.5 * (round_ + 1))
+    with pytest.raises(safejit.ConfigError):
+        kernel.launch((n // 256,), (256,), (1.0, tx, ty, 2**40))  # too wide for int, after plans exist
