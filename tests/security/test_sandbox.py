@@ -364,3 +364,37 @@ def test_python_shim_fallback_keeps_landlock_and_reaping(make_runtime, project, 
     ok = _rt(make_runtime, project)
     assert ok.compile(ADD).kernel("add")(2, 3) == 5
     assert len(leaves(cache_dir)) == 1
+
+
+@needs_landlock
+def test_a_shim_started_ahead_sandboxes_its_run_like_a_fresh_one(tmp_path, outside):
+    """The shim that waits for the next run (-R) gets its limits, Landlock rules, working
+    dir and environment with the command: nothing of it is decided before."""
+    import shutil
+
+    sb = sandbox_mod.Sandbox("auto", tools_dir=str(tmp_path / "tools"), cc=shutil.which("cc"))
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"PATH": SYSTEM_PATH, "LC_ALL": "C", "TMPDIR": str(work)}
+    assert sb.run(["/bin/true"], cwd=str(work), env=env, timeout=30, write_roots=[str(work)]).returncode == 0
+    assert sb._spare is not None, "no shim was started ahead"
+    waiting = sb._spare[1]
+    script = (
+        f"pwd; env; cat {outside / 'secret'}; echo pwned > {outside / 'pwned'}; "
+        "cat; ulimit -v; exit 3"  # stdin is /dev/null: cat ends at once
+    )
+    result = sb.run(["/bin/sh", "-c", script], cwd=str(work), env=env, timeout=30, write_roots=[str(work)])
+    try:
+        assert waiting.returncode is not None and waiting.returncode == 3, "the run did not go to the waiting shim"
+        assert result.returncode == 3
+        lines = result.log.splitlines()
+        assert lines[0] == str(work)
+        names = {line.split("=", 1)[0] for line in lines if "=" in line}
+        assert names <= SANDBOX_ENV, sorted(names - SANDBOX_ENV)
+        assert result.log.count("Permission denied") == 2
+        assert str(sb.limits.address_space // 1024) in lines  # ulimit -v, in KiB
+        assert_no_secret(result.log)
+        assert not (outside / "pwned").exists()
+    finally:
+        sb.close()
+    assert sb._spare is None
