@@ -137,13 +137,6 @@ def _protocol_handle(stream: Any) -> Any:
     return (proto() if callable(proto) else proto)[1]
 
 
-def _read_stream(reader: Callable[[Any], Any], stream: Any) -> int:
-    try:
-        return int(reader(stream))
-    except (TypeError, ValueError, AttributeError):
-        return stream_handle(stream)
-
-
 class CudaLibrary:
     """A cubin, loaded into the driver on first use."""
 
@@ -312,14 +305,23 @@ class CudaKernel:
         cooperative: bool = False,
     ) -> None:
         try:
-            bufs = self._local.bufs
+            view, params = self._local.fast
         except AttributeError:
             _ensure_context()  # once per thread; the CUkernel then launches in the current context
             bufs = self._new_buffers()
+            view, params = self._local.fast = (bufs[1], bufs[2])
         packer = self._last
-        params = bufs[2] if packer is not None and packer(bufs[1], args) else self.pack(args)
-        reader = _STREAM_READERS.get(type(stream)) if stream is not None else None
-        handle = _read_stream(reader, stream) if reader is not None else stream_handle(stream)
+        if packer is None or not packer(view, args):
+            self.pack(args)
+        if stream is None or type(stream) is int:
+            handle = stream_handle(stream)
+        else:
+            try:
+                handle = _STREAM_READERS[type(stream)](stream)
+                if type(handle) is not int:
+                    handle = int(handle)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                handle = stream_handle(stream)
         try:
             gx, gy, gz, bx, by, bz = self._dims[grid, block]
         except (KeyError, TypeError):
