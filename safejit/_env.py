@@ -66,6 +66,7 @@ VARIABLES: Mapping[str, tuple[str, Callable[[str], Any]]] = {
     "SAFEJIT_ON_CACHE_ERROR": ("on_cache_error", str),
     "SAFEJIT_TRACE_MEMORY_HITS": ("trace_memory_hits", _bool),
     "SAFEJIT_TRUST_STAT": ("trust_stat", _bool),
+    "SAFEJIT_SCRATCH": ("scratch", str),
     "SAFEJIT_INVENTORY": ("inventory", str),
     "SAFEJIT_CUDA_COMPILER": ("cuda_compiler", str),
     "SAFEJIT_NVRTC_WORKER": ("nvrtc_worker", _bool),

@@ -79,6 +79,10 @@ class Config:
     #: Let a verification trust an unchanged stat recorded by this user on this boot
     #: (see cache/statmemo.py). Turn off where stat may lag content (NFS attribute caching).
     trust_stat: bool = True
+    #: Where compilers write their scratch files (the source, outputs, temporaries):
+    #: "memory", a private directory on /dev/shm when there is one (else as "cache");
+    #: "cache", the cache root's ``tmp/``. Leaves are staged in the cache root either way.
+    scratch: Literal["memory", "cache"] = "memory"
     #: Append each distinct compile request here (JSON lines) for ``safejit warm``.
     inventory: str | None = None
     #: CUDA: "nvrtc" (in process, or in an isolated worker) or "nvcc" (sandboxed argv).
@@ -129,6 +133,8 @@ class Config:
         self._check_numbers()
         if self.sandbox not in ("auto", "required", "off"):
             raise ConfigError(f"Config.sandbox must be auto|required|off, got {self.sandbox!r}")
+        if self.scratch not in ("memory", "cache"):
+            raise ConfigError(f"Config.scratch must be memory|cache, got {self.scratch!r}")
         if self.on_cache_error not in ("raise", "bypass"):
             raise ConfigError(f"Config.on_cache_error must be raise|bypass, got {self.on_cache_error!r}")
         if self.cuda_compiler not in ("nvrtc", "nvcc"):

@@ -35,7 +35,7 @@ from ..keys import digest_bytes
 from ..telemetry import ATTR, SPAN, instruments, span
 from .fsio import Flock, fsync_dir, fsync_file, lock_file, makedirs_durable, read_bytes, remove_tree, rename, write_file
 from .manifest import Manifest, ManifestError, parse_manifest
-from .spares import LOCK_BLANK, Spares, Workdir, background, make
+from .spares import LOCK_BLANK, Spares, Workdir, background, make, memory_scratch, with_scratch
 from .statmemo import StatMemo
 
 __all__ = ["LAYOUT", "DepState", "DiskCache", "Rejection", "Signer", "VerifiedLeaf"]
@@ -102,6 +102,8 @@ class DiskCache:
         self.stat_memo = stat_memo
         #: Work directories prepared ahead (set by the runtime, which knows the artifact's name).
         self.spares: Spares | None = None
+        #: Compile in a private directory on /dev/shm (Config.scratch == "memory").
+        self.memory_scratch = False
         self._attrs = {ATTR.BACKEND: backend, ATTR.TENANT: tenant}
         self._writable: str | None = None
         self._root_ids: dict[str, tuple[int, int]] = {}
@@ -158,9 +160,22 @@ class DiskCache:
         return path
 
     def workdir(self, root: str) -> Workdir:
-        """A work directory for one compile and its publish, prepared ahead when possible."""
+        """A work directory for one compile and its publish, prepared ahead when possible,
+        with its scratch in memory when ``memory_scratch`` is set."""
         base = os.path.join(root, LAYOUT, "tmp")
-        return self.spares.take(base) if self.spares is not None else make(base, "", prepared=False)
+        wd = self.spares.take(base) if self.spares is not None else make(base, "", prepared=False)
+        try:
+            return with_scratch(wd, memory_scratch() if self.memory_scratch else None)
+        except OSError as exc:
+            logger.debug("no scratch in memory (%s); compiling in the cache root", exc)
+            return wd
+
+    def discard_workdir_later(self, wd: Workdir, root: str) -> None:
+        """Delete a work directory (and its scratch) in the background; ``gc`` (and, for
+        memory scratch, the next process) removes what a dead process left."""
+        self.discard_later(wd.path, root)
+        if wd.scratch != wd.path:
+            background().submit(_remove_scratch, wd.scratch)
 
     def discard(self, path: str, root: str) -> None:
         with contextlib.suppress(OSError):
@@ -471,6 +486,11 @@ class DiskCache:
         if lock is None:
             logger.warning("lock %s not acquired in %.1fs; compiling without it", path, timeout)
         return lock
+
+
+def _remove_scratch(path: str) -> None:
+    with contextlib.suppress(OSError):
+        remove_tree(path, within=os.path.dirname(path))
 
 
 def _fsync_quietly(path: str) -> None:

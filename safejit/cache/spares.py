@@ -117,10 +117,16 @@ def pristine(path: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Workdir:
-    """A compile's work directory; ``prepared`` when made ahead with its empty files."""
+    """A compile's work directory; ``prepared`` when made ahead with its empty files.
+    ``scratch`` is where the compiler works: ``path``, or a private directory in memory."""
 
     path: str
     prepared: bool
+    scratch: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.scratch:
+            object.__setattr__(self, "scratch", self.path)
 
     @property
     def src(self) -> str:
@@ -135,33 +141,92 @@ class Workdir:
         return os.path.join(self.path, TMP)
 
 
-def make(base: str, artifact_file: str, *, prepared: bool) -> Workdir:
+def make(base: str, artifact_file: str, *, prepared: bool, scratch: bool = True) -> Workdir:
     """A new work directory under ``base`` (``<root>/v1/tmp``); with ``prepared``, every
-    directory and empty file a compile and its publish will fill."""
+    directory and empty file a compile and its publish will fill (the compiler's own,
+    ``src/`` and ``.tmp/``, only with ``scratch``: else it works in memory)."""
     path = os.path.join(base, uuid.uuid4().hex)
     os.mkdir(path, 0o700)
     wd = Workdir(path, prepared)
     if prepared:
-        os.mkdir(wd.tmp, 0o700)
-        os.mkdir(wd.src, 0o700)
-        os.mkdir(wd.stage, 0o755)
-        for blank, mode in (
-            (os.path.join(wd.src, SOURCE_BLANK), 0o600),
+        blanks = [
             (os.path.join(wd.path, LOCK_BLANK), 0o666),
             (os.path.join(wd.stage, artifact_file), 0o644),
             (os.path.join(wd.stage, "manifest.json"), 0o644),
             (os.path.join(wd.stage, ".committed"), 0o644),
-        ):
+        ]
+        if scratch:
+            os.mkdir(wd.tmp, 0o700)
+            os.mkdir(wd.src, 0o700)
+            blanks.append((os.path.join(wd.src, SOURCE_BLANK), 0o600))
+        os.mkdir(wd.stage, 0o755)
+        for blank, mode in blanks:
             os.close(os.open(blank, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode))
     return wd
+
+
+_scratch_lock = threading.Lock()
+_scratch: dict[int, str | None] = {}  # pid -> this user's memory scratch base (None: none usable)
+
+
+def memory_scratch() -> str | None:
+    """This user's scratch directory on /dev/shm (0700, owned, not a link), made once per
+    process; None where there is none. Directories that processes which have died left
+    there are removed the first time a process uses it."""
+    pid = os.getpid()
+    with _scratch_lock:
+        if pid not in _scratch:
+            _scratch[pid] = _open_memory_scratch()
+        return _scratch[pid]
+
+
+def _open_memory_scratch() -> str | None:
+    base = f"/dev/shm/safejit-u{os.geteuid()}"
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(base, 0o700)
+        st = os.lstat(base)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        logger.warning("%s is not a private directory; compiling in the cache root", base)
+        return None
+    with contextlib.suppress(OSError), os.scandir(base) as it:
+        for entry in it:
+            owner = entry.name.partition("-")[0]
+            if owner.startswith("p") and owner[1:].isdigit() and not _alive(int(owner[1:])):
+                _remove(entry.path)
+    return base
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def with_scratch(wd: Workdir, base: str | None) -> Workdir:
+    """``wd`` compiling in a fresh private directory under ``base`` (memory), if given."""
+    if base is None:
+        return wd
+    scratch = os.path.join(base, f"p{os.getpid()}-{uuid.uuid4().hex}")
+    os.mkdir(scratch, 0o700)
+    os.mkdir(os.path.join(scratch, TMP), 0o700)
+    os.mkdir(os.path.join(scratch, "src"), 0o700)
+    return Workdir(wd.path, wd.prepared, scratch)
 
 
 class Spares:
     """At most ``keep`` prepared work directories per root, refilled in the background."""
 
-    def __init__(self, artifact_file: str, *, keep: int = 2) -> None:
+    def __init__(self, artifact_file: str, *, keep: int = 2, scratch: bool = True) -> None:
         self.artifact_file = artifact_file
         self.keep = keep
+        self.scratch = scratch  # False: compilers work in memory, so no src/ or .tmp/ here
         self._lock = threading.Lock()
         self._ready: dict[str, list[tuple[float, Workdir]]] = {}
         self._pending: dict[str, int] = {}
@@ -181,7 +246,7 @@ class Spares:
                         wd = cand
                     else:
                         background().submit(_remove, cand.path)
-        return wd if wd is not None else make(base, self.artifact_file, prepared=True)
+        return wd if wd is not None else make(base, self.artifact_file, prepared=True, scratch=self.scratch)
 
     def refill(self, base: str) -> None:
         if os.getpid() != self._pid:
@@ -195,7 +260,7 @@ class Spares:
 
     def _fill(self, base: str) -> None:
         try:
-            wd = make(base, self.artifact_file, prepared=True)
+            wd = make(base, self.artifact_file, prepared=True, scratch=self.scratch)
         except OSError as exc:  # the caller's own attempt will report it
             logger.debug("could not prepare a work directory in %s: %s", base, exc)
             wd = None

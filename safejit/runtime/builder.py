@@ -101,7 +101,7 @@ class Builder:
                 if lock is not None:
                     lock.release()
         finally:
-            self.setup.disk.discard_later(workdir.path, root)
+            self.setup.disk.discard_workdir_later(workdir, root)
 
     @staticmethod
     def _loaded(found: tuple[VerifiedLeaf, str], load: Load | None) -> tuple[VerifiedLeaf, str, Any]:
@@ -223,7 +223,7 @@ class Builder:
             disk.make_build_dir_later(root, key)
             disk.refill_later(root)
 
-        leaf, clean = self.build(spec, key, anchors, workdir.path, root, while_compiling)
+        leaf, clean = self.build(spec, key, anchors, workdir.scratch, root, while_compiling)
         if not clean:
             return leaf, "compiled", _load(load, leaf)
         manifest = leaf.manifest

@@ -12,7 +12,7 @@ from .. import _env
 from ..backends import Backend, get_backend
 from ..backends.base import Runner, RunOutcome
 from ..cache.disk import LAYOUT, DiskCache
-from ..cache.spares import Spares, settle
+from ..cache.spares import Spares, memory_scratch, settle
 from ..cache.statmemo import StatMemo
 from ..config import Config
 from ..deps import Anchors
@@ -59,7 +59,9 @@ class Setup:
             require_landlock=config.sandbox == "required",
             ascend_homes=(config.ascend_home,) if config.ascend_home else _env.ascend_home_candidates(),
         )
-        self.disk.spares = Spares(f"artifact.{self.backend.artifact_ext}")
+        in_memory = config.scratch == "memory" and memory_scratch() is not None
+        self.disk.spares = Spares(f"artifact.{self.backend.artifact_ext}", scratch=not in_memory)
+        self.disk.memory_scratch = in_memory
         self._probe_dir: str | None = None
         self._anchors: dict[Toolchain, Anchors] = {}
         self._toolchain_roots: dict[tuple[str, ...], list[str]] = {}

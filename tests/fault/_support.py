@@ -32,7 +32,7 @@ import sys
 import safejit
 
 cache, name, code, lock_timeout = sys.argv[1:5]
-cfg = safejit.Config(cache_dirs=(cache,), lock_timeout_s=float(lock_timeout))
+cfg = safejit.Config.from_env().replace(cache_dirs=(cache,), lock_timeout_s=float(lock_timeout))
 rt = safejit.Runtime(config=cfg)
 mod = rt.compile(safejit.Source(code, name))
 print(mod.kernel(name)(6, 7), mod.artifact.source, flush=True)
@@ -43,17 +43,22 @@ def child_argv(cache: Path, name: str, code: str, *, lock_timeout: float = 600.0
     return [sys.executable, "-c", CHILD, str(cache), name, code, str(lock_timeout)]
 
 
-def child_env(faults: str | None) -> dict[str, str]:
+def child_env(faults: str | None, scratch: str = "cache") -> dict[str, str]:
+    """The child's environment. Its compiler works in the cache root (``scratch="cache"``)
+    unless told otherwise, so what a killed child left is all under ``<cache>/v1/tmp``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAFEJIT_")}
+    env["SAFEJIT_SCRATCH"] = scratch
     if faults:
         env["SAFEJIT_FAULTS"] = faults
     return env
 
 
-def run_child(cache: Path, name: str, code: str, *, faults: str | None) -> subprocess.CompletedProcess[str]:
+def run_child(
+    cache: Path, name: str, code: str, *, faults: str | None, scratch: str = "cache"
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         child_argv(cache, name, code),
-        env=child_env(faults),
+        env=child_env(faults, scratch),
         capture_output=True,
         text=True,
         timeout=60,
@@ -61,10 +66,12 @@ def run_child(cache: Path, name: str, code: str, *, faults: str | None) -> subpr
     )
 
 
-def start_child(cache: Path, name: str, code: str, *, faults: str | None) -> subprocess.Popen[str]:
+def start_child(
+    cache: Path, name: str, code: str, *, faults: str | None, scratch: str = "cache"
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         child_argv(cache, name, code),
-        env=child_env(faults),
+        env=child_env(faults, scratch),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import safejit
+from safejit.cache import spares
 from safejit.cache.disk import LAYOUT, MANIFEST, MARKER
 from tests.conftest import assert_cache_sound
 from tests.fault._support import (
@@ -132,4 +133,31 @@ def test_publish_sigkill_while_staged_leaves_no_partial_leaf(point, staged_file,
     assert_cache_sound(seeded_cache)
     rt = _assert_recovered(seeded_cache, earlier, earlier_bytes, make_runtime)
     assert rt.stats()["compiles"] == 1 and rt.stats()["published"] == 1
+    assert_cache_sound(seeded_cache)
+
+
+@pytest.mark.skipif(spares.memory_scratch() is None, reason="no /dev/shm")
+def test_memory_scratch_of_a_killed_compile_is_removed_by_the_next_process(seeded_cache, tmp_path):
+    """A compiler works in a private directory in memory. A process killed mid-compile
+    leaves its own there (source and all); the next process to use the scratch removes
+    the directories of processes that are gone, and only those."""
+    base = Path(spares.memory_scratch() or "")
+    child = start_child(seeded_cache, NEW_NAME, NEW_C, faults=f"compiler.spawn=delay:{20}", scratch="memory")
+    try:
+        mine = wait_for(lambda: [d for d in base.glob(f"p{child.pid}-*") if list(d.glob("src/*.c"))], proc=child)
+    finally:
+        assert kill_and_reap(child) == SIGKILLED
+    (left,) = mine
+    assert NEW_C.encode() in next(left.glob("src/*.c")).read_bytes()
+    assert staging_entries(seeded_cache) == [], "the compile's files were in memory, not in the cache root"
+    alive = base / f"p{os.getpid()}-keep"  # a live process's scratch must survive the sweep
+    alive.mkdir()
+    try:
+        after = run_child(seeded_cache, NEW_NAME, NEW_C, faults=None, scratch="memory")
+        assert after.returncode == 0, after.stderr
+        assert after.stdout.split()[0] == str(EXPECTED[NEW_NAME])
+        assert not left.exists(), "a dead process's scratch was left in memory"
+        assert alive.is_dir()
+    finally:
+        alive.rmdir()
     assert_cache_sound(seeded_cache)

@@ -19,6 +19,7 @@ import pytest
 
 import safejit
 import safejit.policy.sandbox as sandbox_mod
+from safejit.cache import spares
 from safejit.policy.sandbox import SYSTEM_PATH, landlock_abi
 from tests.conftest import ADD_C, assert_cache_sound, leaves
 from tests.security._support import (
@@ -65,7 +66,10 @@ def test_compiler_environment_is_scrubbed(make_runtime, project, cache_dir, monk
     env = _env_names(exc.value.log)
     assert set(env) <= SANDBOX_ENV, sorted(set(env) - SANDBOX_ENV)
     assert env["PATH"] == SYSTEM_PATH
-    assert env["TMPDIR"].startswith(str(cache_dir / "v1" / "tmp") + "/")
+    # The compile's own private scratch dir: in memory, or in the cache root.
+    scratch = spares.memory_scratch() or str(cache_dir / "v1" / "tmp")
+    assert env["TMPDIR"].startswith(scratch + f"/p{os.getpid()}-" if spares.memory_scratch() else scratch + "/")
+    assert env["TMPDIR"].endswith("/.tmp") and env["PWD"] == env["TMPDIR"].removesuffix("/.tmp")
     assert str(outside) not in exc.value.log
     assert_no_secret(exc.value, exc.value.log)
     assert_nothing_published(cache_dir)

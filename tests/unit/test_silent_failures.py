@@ -335,3 +335,23 @@ def test_header_edited_while_the_compiler_runs_is_never_vouched_for(make_runtime
     assert any("changed during compile" in m for m in caplog.messages)
     # The memory entry does not vouch for it either: the next call rebuilds.
     assert _compile_value(rt, project).kernel("value")() >= 103
+
+
+def test_memory_scratch_is_private_and_gone_after_the_compile(make_runtime, project):
+    """The compiler works in a private directory in memory (0700, this user's), which is
+    deleted once the compile is over; with scratch="cache" it works in the cache root."""
+    base = spares.memory_scratch()
+    if base is None:
+        pytest.skip("no /dev/shm")
+    st = os.lstat(base)
+    assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == 0o700
+    before = set(os.listdir(base))
+    assert _compile_value(_fresh(make_runtime, project), project).kernel("value")() == 42
+    spares.settle()
+    assert set(os.listdir(base)) == before, "the compile's scratch was left in memory"
+    on_disk = make_runtime(scratch="cache", source_roots=(str(project),))
+    assert on_disk.compile(safejit.Source(ADD_C, "add")).kernel("add")(2, 3) == 5
+    spares.settle()
+    assert set(os.listdir(base)) == before
+    with pytest.raises(safejit.ConfigError):
+        safejit.Config(scratch="tmpfs")  # type: ignore[arg-type]
