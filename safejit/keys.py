@@ -96,8 +96,26 @@ def _encode_rows(rows: Iterable[tuple[str, ...]]) -> bytes:
     return b"T" + pack(len(body)) + body
 
 
+_DEPS_KEYS: dict[tuple[tuple[tuple[str, ...], ...], tuple[tuple[str, ...], ...]], str] = {}
+_deps_rows = 0
+
+
 def deps_key(deps: Iterable[tuple[str, str, str]], negatives: Iterable[tuple[str, str]] = ()) -> str:
-    """Hash of the sorted ``(anchor, relpath, digest)`` closure and negative lookups."""
-    head = encode("safejit.deps_key") + encode(KEY_SCHEMA)
-    body = head + _encode_rows(sorted(deps)) + _encode_rows(sorted(negatives))
-    return digest_bytes(b"T" + _LEN.pack(len(body)) + body)
+    """Hash of the sorted ``(anchor, relpath, digest)`` closure and negative lookups.
+
+    Remembered per process: kernels that include the same headers share a closure, and
+    encoding a closure of thousands of rows costs milliseconds.
+    """
+    rows = (tuple(sorted(map(tuple, deps))), tuple(sorted(map(tuple, negatives))))
+    found = _DEPS_KEYS.get(rows)
+    if found is None:
+        head = encode("safejit.deps_key") + encode(KEY_SCHEMA)
+        body = head + _encode_rows(rows[0]) + _encode_rows(rows[1])
+        found = digest_bytes(b"T" + _LEN.pack(len(body)) + body)
+        global _deps_rows
+        _deps_rows += len(rows[0]) + len(rows[1])
+        if _deps_rows > 262_144:  # bounded memory: about 30 MB of rows
+            _DEPS_KEYS.clear()
+            _deps_rows = len(rows[0]) + len(rows[1])
+        _DEPS_KEYS[rows] = found
+    return found
