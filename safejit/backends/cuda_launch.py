@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import ctypes
 import operator
-import struct
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError, KernelNotFoundError, LoadError
+from .cuda_args import NO_PLAN, encode_argument, make_packer
 
 __all__ = ["CudaKernel", "CudaLibrary", "device_arch", "has_cuda_device", "stream_handle"]
 
@@ -185,12 +185,6 @@ class CudaLibrary:
             _driver_state["driver"].cuLibraryUnload(lib)
 
 
-_INT = {1: "b", 2: "h", 4: "i", 8: "q"}
-_FLOAT = {2: "e", 4: "f", 8: "d"}
-_INT_PACK = {size: struct.Struct("<" + fmt) for size, fmt in _INT.items()}
-_FLOAT_PACK = {size: struct.Struct("<" + fmt) for size, fmt in _FLOAT.items()}
-
-
 class CudaKernel:
     """``launch(grid, block, args, *, shared_mem=0, stream=None, cluster=None, cooperative=False)``."""
 
@@ -232,8 +226,8 @@ class CudaKernel:
         if len(args) != len(self._params):
             raise ConfigError(f"{self.name} takes {len(self._params)} arguments, got {len(args)}")
         kinds = tuple(map(type, args))
-        plan = self._plans.get(kinds, _NO_PLAN)
-        if plan is _NO_PLAN:
+        plan = self._plans.get(kinds, NO_PLAN)
+        if plan is NO_PLAN:
             plan = self._plans[kinds] = self._plan(args, kinds) if len(self._plans) < 64 else None
         if plan is not None:
             self._last = plan
@@ -241,7 +235,7 @@ class CudaKernel:
                 return bufs[2]
         declared = self._argtypes
         for i, (arg, (offset, size)) in enumerate(zip(args, self._params, strict=True)):
-            view[offset : offset + size] = _encode(arg, size, declared[i] if declared else None, self.name, i)
+            view[offset : offset + size] = encode_argument(arg, size, declared[i] if declared else None, self.name, i)
         return bufs[2]
 
     def _new_buffers(self) -> tuple[Any, memoryview, int, Any]:
@@ -254,44 +248,7 @@ class CudaKernel:
         return bufs
 
     def _plan(self, args: Sequence[Any], kinds: tuple[type, ...]) -> Callable[[memoryview, Any], bool] | None:
-        """The packing function for arguments of these types, or None when one has none.
-
-        It is generated from fixed text (argument positions and reader names only) and
-        returns False — packing nothing it cannot — when the arguments are not of these
-        types or a value does not fit, so the caller falls back to the general path.
-        """
-        if self._argtypes is not None:
-            return None
-        fmt, pos, values = "<", 0, []
-        for i, (arg, (offset, size)) in enumerate(zip(args, self._params, strict=True)):
-            step = _plan_one(arg, size) if offset >= pos else None
-            if step is None:
-                return None
-            code, reader = step
-            fmt += "x" * (offset - pos) + code
-            pos = offset + size
-            values.append(f"a{i}" if reader is None else _READERS[reader].format(f"a{i}"))
-        names = [f"a{i}" for i in range(len(args))]
-        checks = " or ".join(f"type(a{i}) is not t{i}" for i in range(len(args))) or "False"
-        source = (
-            "def packer(view, args):\n"
-            "    try:\n"
-            f"        ({''.join(n + ', ' for n in names)}) = args\n"
-            f"        if {checks}:\n"
-            "            return False\n"
-            f"        pack_into(view, 0, {', '.join(values)})\n"
-            "    except (ValueError, TypeError, AttributeError, OverflowError, struct_error):\n"
-            "        return False\n"
-            "    return True\n"
-        )
-        scope: dict[str, Any] = {
-            "pack_into": struct.Struct(fmt).pack_into,
-            "struct_error": struct.error,
-            **{f"t{i}": kind for i, kind in enumerate(kinds)},
-        }
-        exec(source, scope)  # noqa: S102 - fixed text: positions and the reader expressions above
-        packer: Callable[[memoryview, Any], bool] = scope["packer"]
-        return packer
+        return None if self._argtypes is not None else make_packer(self._params, args, kinds)
 
     def launch(
         self,
@@ -370,7 +327,7 @@ class CudaKernel:
         if len(args) != len(self._params):
             raise ConfigError(f"{self.name} takes {len(self._params)} arguments, got {len(args)}")
         for i, (arg, (offset, size)) in enumerate(zip(args, self._params, strict=True)):
-            view[offset : offset + size] = _encode(
+            view[offset : offset + size] = encode_argument(
                 arg, size, self._argtypes[i] if self._argtypes else None, self.name, i
             )
         ptrs = (ctypes.c_void_p * max(len(self._params), 1))(*[base + o for o, _ in self._params])
@@ -423,95 +380,3 @@ def _dim3(value: Any) -> tuple[int, int, int]:
         raise ConfigError(f"a grid/block/cluster dimension must be 1-3 positive ints, got {value!r}")
     full = (*dims, 1, 1)
     return (full[0], full[1], full[2])
-
-
-def _encode(arg: Any, size: int, declared: Any, kernel: str, index: int) -> bytes:
-    """The bytes of one argument for a parameter of ``size`` bytes."""
-    where = f"{kernel} argument {index}"
-    if declared is not None:
-        value = declared(arg) if not isinstance(arg, declared) else arg
-        if ctypes.sizeof(value) != size:
-            raise ConfigError(
-                f"{where}: declared {declared.__name__} is {ctypes.sizeof(value)} bytes, the kernel takes {size}"
-            )
-        return bytes(value)
-    ptr = _pointer(arg)
-    if ptr is not None:
-        if size != 8:
-            raise ConfigError(f"{where}: a device pointer is 8 bytes, the parameter is {size}")
-        return struct.pack("<Q", ptr)
-    if isinstance(arg, ctypes._SimpleCData):
-        if ctypes.sizeof(arg) != size:
-            raise ConfigError(f"{where}: {type(arg).__name__} is {ctypes.sizeof(arg)} bytes, the kernel takes {size}")
-        return bytes(arg)
-    itemsize = getattr(arg, "itemsize", None)
-    if itemsize is not None and hasattr(arg, "tobytes") and getattr(arg, "ndim", 0) == 0:  # NumPy scalar
-        if itemsize != size:
-            raise ConfigError(f"{where}: {arg.dtype} is {itemsize} bytes, the kernel takes {size}")
-        return bytes(arg.tobytes())
-    if isinstance(arg, bool):
-        return int(arg).to_bytes(size, "little")
-    if isinstance(arg, int):
-        fmt = _INT.get(size)
-        if fmt is None:
-            raise ConfigError(f"{where}: an int cannot fill a {size}-byte parameter")
-        try:
-            return struct.pack("<" + fmt, arg)
-        except struct.error:
-            if arg >= 0:
-                try:
-                    return struct.pack("<" + fmt.upper(), arg)
-                except struct.error:
-                    pass
-            raise ConfigError(f"{where}: {arg} does not fit {size} bytes") from None
-    if isinstance(arg, float):
-        fmt = _FLOAT.get(size)
-        if fmt is None:
-            raise ConfigError(f"{where}: a float cannot fill a {size}-byte parameter")
-        return struct.pack("<" + fmt, arg)
-    raise ConfigError(f"{where}: cannot pass a {type(arg).__name__}")
-
-
-_NO_PLAN: Any = object()
-#: How a plan reads an argument's value: the expression the generated packer uses.
-_READERS: dict[str, str] = {
-    "data_ptr": "{}.data_ptr()",
-    "data_dot_ptr": "{}.data.ptr",
-    "tobytes": "{}.tobytes()",
-    "to_bytes": "bytes({})",
-}
-
-
-def _plan_one(arg: Any, size: int) -> tuple[str, str | None] | None:
-    """How one argument of this type packs into ``size`` bytes (struct code, reader
-    name), if it always packs the same way; the same rules as :func:`_encode`."""
-    kind = type(arg)
-    if kind is int:
-        return (_INT[size], None) if size in _INT else None
-    if kind is float:
-        return (_FLOAT[size], None) if size in _FLOAT else None
-    if callable(getattr(arg, "data_ptr", None)):  # torch.Tensor
-        return ("Q", "data_ptr") if size == 8 else None
-    if hasattr(kind, "__cuda_array_interface__"):
-        if isinstance(getattr(getattr(arg, "data", None), "ptr", None), int):  # CuPy
-            return ("Q", "data_dot_ptr") if size == 8 else None
-        return None
-    if isinstance(arg, ctypes._SimpleCData):
-        return (f"{size}s", "to_bytes") if ctypes.sizeof(kind) == size else None
-    dtype = getattr(arg, "dtype", None)
-    if dtype is not None and getattr(arg, "ndim", None) == 0 and getattr(dtype, "kind", "") in "biuf":  # NumPy
-        return (f"{size}s", "tobytes") if dtype.itemsize == size else None
-    return None
-
-
-def _pointer(arg: Any) -> int | None:
-    data_ptr = getattr(arg, "data_ptr", None)
-    if callable(data_ptr):  # torch.Tensor
-        return int(data_ptr())
-    ptr = getattr(getattr(arg, "data", None), "ptr", None)  # CuPy: cheaper than building the interface dict
-    if isinstance(ptr, int) and hasattr(type(arg), "__cuda_array_interface__"):  # the class: no dict built
-        return ptr
-    iface = getattr(arg, "__cuda_array_interface__", None)
-    if isinstance(iface, dict):
-        return int(iface["data"][0])
-    return None

@@ -12,6 +12,10 @@ A leaf is a hit only if ``.committed`` holds the digest of ``manifest.json``,
 the manifest parses under the strict schema and names this leaf, its deps
 rehashed *now* reproduce ``<D>``, the artifact bytes match the manifest and
 (when a key is configured) the signature verifies. Readers take no lock.
+
+Layout, lookup and publish stay in one module on purpose (~500 lines): they are
+one protocol (DESIGN.md §5), and each half is checked against the other. Work
+directories prepared ahead are in ``spares.py``, file primitives in ``fsio.py``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 import safejit
 from safejit.backends.cubin import cubin_kernels
 from safejit.backends.cuda import SpillWarning
-from safejit.backends.cuda_launch import CudaKernel, _encode, has_cuda_device, stream_handle
+from safejit.backends.cuda_args import encode_argument
+from safejit.backends.cuda_launch import CudaKernel, has_cuda_device, stream_handle
 from tests.conftest import assert_cache_sound, leaves, settle
 
 pytest.importorskip("cuda.bindings.nvrtc")
@@ -303,7 +304,7 @@ def test_planned_packing_says_what_the_general_encoder_says(args, sizes):
         offset += size
     k = _kernel(params)
     try:
-        expected = [_encode(a, size, None, "k", i) for i, (a, size) in enumerate(zip(args, sizes, strict=True))]
+        expected = [encode_argument(a, size, None, "k", i) for i, (a, size) in enumerate(zip(args, sizes, strict=True))]
     except (safejit.ConfigError, OverflowError) as exc:
         for _ in range(2):  # the plan is made by the first call and used by the second
             with pytest.raises(type(exc)):
