@@ -44,16 +44,22 @@ print(json.dumps({"seconds": t1 - t0}))
 """
 
 
-def _per_call(fn, n: int = 1000, rounds: int = 15) -> float:
-    for _ in range(50):
-        fn()
-    out = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(n):
+def _per_call(fns: dict, n: int = 1000, rounds: int = 31, drain=lambda: None) -> dict:
+    """Median seconds per call of each function, measured in interleaved rounds (one
+    round of each in turn), so that the host's drifting speed weighs on all alike.
+    ``drain`` runs between rounds, untimed (a launch round must not queue behind another)."""
+    for fn in fns.values():
+        for _ in range(50):
             fn()
-        out.append((time.perf_counter() - t0) / n)
-    return statistics.median(out)
+    out: dict = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            out[name].append((time.perf_counter() - t0) / n)
+            drain()
+    return {name: statistics.median(v) for name, v in out.items()}
 
 
 def main() -> None:
@@ -94,19 +100,18 @@ def main() -> None:
     results["cupy_disk_hit_ms"] = statistics.median(disk["cupy"]) * 1e3
     # In-process re-get of an already-known kernel.
     src = safejit.Source(CODE, "axpy")
-    results["reget_us"] = _per_call(lambda: rt.compile(src).kernel("axpy")) * 1e6
-    results["cupy_reget_us"] = _per_call(lambda: cp.RawKernel(CODE, "axpy").kernel) * 1e6
+    reget = _per_call(
+        {"ours": lambda: rt.compile(src).kernel("axpy"), "cupy": lambda: cp.RawKernel(CODE, "axpy").kernel}
+    )
+    results["reget_us"] = reget["ours"] * 1e6
+    results["cupy_reget_us"] = reget["cupy"] * 1e6
     # Launch: safejit vs raw cuLaunchKernel with a prepacked void* array.
     x = cp.ones(N, dtype=cp.float32)
     y = cp.zeros(N, dtype=cp.float32)
     k = rt.compile(src).kernel("axpy")
     stream = cp.cuda.Stream(non_blocking=True)
-    results["launch_us"] = _per_call(lambda: k.launch((N // 256,), (256,), (2.0, x, y, N), stream=stream)) * 1e6
     cuk = cp.RawKernel(CODE, "axpy")
     cuk.compile()
-    results["cupy_launch_us"] = (
-        _per_call(lambda: cuk((N // 256,), (256,), (cp.float32(2.0), x, y, cp.int32(N)), stream=stream)) * 1e6
-    )
     import numpy as np
 
     fn = driver.CUfunction(int(k._fn))
@@ -117,9 +122,20 @@ def main() -> None:
     def raw() -> None:
         driver.cuLaunchKernel(fn, N // 256, 1, 1, 256, 1, 1, 0, handle, packed.ctypes.data, 0)
 
-    results["raw_launch_us"] = _per_call(raw) * 1e6
     prepared = k.prepare((N // 256,), (256,), (2.0, x, y, N), stream=stream)
-    results["prepared_launch_us"] = _per_call(prepared) * 1e6
+    launch = _per_call(
+        {
+            "ours": lambda: k.launch((N // 256,), (256,), (2.0, x, y, N), stream=stream),
+            "cupy": lambda: cuk((N // 256,), (256,), (cp.float32(2.0), x, y, cp.int32(N)), stream=stream),
+            "raw": raw,
+            "prepared": prepared,
+        },
+        drain=stream.synchronize,
+    )
+    results["launch_us"] = launch["ours"] * 1e6
+    results["cupy_launch_us"] = launch["cupy"] * 1e6
+    results["raw_launch_us"] = launch["raw"] * 1e6
+    results["prepared_launch_us"] = launch["prepared"] * 1e6
     results["prepared_vs_raw"] = results["prepared_launch_us"] / results["raw_launch_us"]
     stream.synchronize()
     results["disk_hit_vs_cupy"] = results["disk_hit_ms"] / results["cupy_disk_hit_ms"]

@@ -204,6 +204,9 @@ class CudaKernel:
         self._last: Callable[[memoryview, Any], bool] | None = None
         # A CUkernel launches as a CUfunction in whichever context is current (CUDA >= 12).
         self._fn = _driver().CUfunction(int(kernel)) if kernel is not None else None
+        drv = _driver_state.get("driver")
+        self._launch_fn: Any = drv.cuLaunchKernel if drv is not None else None
+        self._success: Any = _SUCCESS[0]
 
     @property
     def num_params(self) -> int:
@@ -286,12 +289,12 @@ class CudaKernel:
             if type(grid) is tuple and type(block) is tuple and len(self._dims) < 64:
                 self._dims[grid, block] = dims
         fn = self._fn
-        drv = _driver_state["driver"]
         if cluster is None and not cooperative:
-            (err,) = drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, shared_mem, handle, params, 0)
-            if err != _SUCCESS[0]:
+            (err,) = self._launch_fn(fn, gx, gy, gz, bx, by, bz, shared_mem, handle, params, 0)
+            if err != self._success:
                 _check((err,), "cuLaunchKernel")
             return
+        drv = _driver_state["driver"]
         config = drv.CUlaunchConfig()
         config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
         config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
