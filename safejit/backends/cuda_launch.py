@@ -104,9 +104,11 @@ def stream_handle(stream: Any) -> int:
     if stream is None:
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
-            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # no Stream object per launch
-            if raw is not None:
-                return int(raw(torch.cuda.current_device()))
+            # The raw handle of the current stream: no Stream object per launch.
+            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+            device = getattr(torch._C, "_cuda_getDevice", None)
+            if raw is not None and device is not None:
+                return int(raw(device()))
             return int(torch.cuda.current_stream().cuda_stream)
         return 0
     if isinstance(stream, int) and not isinstance(stream, bool):
@@ -119,10 +121,15 @@ def stream_handle(stream: Any) -> int:
             _STREAM_READERS.pop(type(stream), None)  # not like the first of its type: look again
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
-        _, handle = proto() if callable(proto) else proto
+        _, raw_handle = proto() if callable(proto) else proto
+        handle = int(raw_handle)
         if len(_STREAM_READERS) < 16:
-            _STREAM_READERS[type(stream)] = _protocol_handle
-        return int(handle)
+            # Next time: for CuPy's and torch's streams, whose handle attribute is by
+            # definition the protocol's handle, that attribute (cheaper than the call).
+            same = [a for a in ("ptr", "cuda_stream") if _int_or_none(getattr(stream, a, None)) == handle]
+            known = type(stream).__module__.partition(".")[0] in ("cupy", "torch")
+            _STREAM_READERS[type(stream)] = operator.attrgetter(same[0]) if same and known else _protocol_handle
+        return handle
     for attr in ("cuda_stream", "handle", "ptr"):
         value = getattr(stream, attr, None)
         if value is not None:
@@ -130,6 +137,13 @@ def stream_handle(stream: Any) -> int:
                 _STREAM_READERS[type(stream)] = operator.attrgetter(attr)
             return int(value)
     raise ConfigError(f"cannot use {type(stream).__name__} as a CUDA stream")
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _protocol_handle(stream: Any) -> Any:

@@ -335,3 +335,20 @@ def test_stream_handles():
     assert stream_handle(_Attr()) == 77
     with pytest.raises(safejit.ConfigError):
         stream_handle("default")
+
+
+class _ProtoAndPtr:
+    def __init__(self, handle: int, ptr: int) -> None:
+        self.handle_value, self.ptr = handle, ptr
+
+    def __cuda_stream__(self):
+        return (0, self.handle_value)
+
+
+def test_stream_types_remember_how_to_read_their_handle():
+    """After the first of a type, a stream is read the way that type showed; the protocol
+    stays the authority for types not known to keep the same handle in an attribute."""
+    assert stream_handle(_ProtoAndPtr(5, 5)) == 5
+    assert stream_handle(_ProtoAndPtr(6, 7)) == 6  # its ptr is something else: never read instead
+    assert stream_handle(_Proto()) == 4242 and stream_handle(_Proto()) == 4242
+    assert stream_handle(_Attr()) == 77 and stream_handle(_Attr()) == 77
