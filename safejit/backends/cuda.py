@@ -122,6 +122,11 @@ class CudaBackend:
         self._toolchains: dict[str, Toolchain] = {}
         self._lock = threading.Lock()
 
+    @property
+    def compiles_in_process(self) -> bool:
+        """NVRTC compiles without the sandboxed runner (in process, or in its worker)."""
+        return self.compiler == "nvrtc"
+
     # -- toolchain -----------------------------------------------------------
     def language(self, source: Source) -> str:
         return "cuda"

@@ -33,12 +33,10 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Final
 
-T = TypeVar("T")
+from .._background import background, settle
 
 __all__ = ["MAX_AGE_S", "Spares", "Workdir", "background", "pristine", "settle"]
 
@@ -50,46 +48,6 @@ SOURCE_BLANK: Final = ".source"
 LOCK_BLANK: Final = ".lock"
 STAGE: Final = "leaf"
 TMP: Final = ".tmp"
-
-_pool_lock = threading.Lock()
-_pool: tuple[int, _Pool] | None = None
-
-
-class _Pool(ThreadPoolExecutor):
-    """A thread pool that knows its unfinished work (for :func:`settle`)."""
-
-    def __init__(self) -> None:
-        super().__init__(max_workers=4, thread_name_prefix="safejit-io")
-        self.unfinished: set[Future[Any]] = set()
-        self._track = threading.Lock()
-
-    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        future = super().submit(fn, *args, **kwargs)
-        with self._track:
-            self.unfinished.add(future)
-        future.add_done_callback(self._done)
-        return future
-
-    def _done(self, future: Future[Any]) -> None:
-        with self._track:
-            self.unfinished.discard(future)
-
-
-def background() -> ThreadPoolExecutor:
-    """This process's small pool for filesystem work off the critical path (per pid:
-    a forked child has no threads, so it gets its own)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None or _pool[0] != os.getpid():
-            _pool = (os.getpid(), _Pool())
-        return _pool[1]
-
-
-def settle() -> None:
-    """Wait until this process's background filesystem work is done."""
-    pool = _pool[1] if _pool is not None and _pool[0] == os.getpid() else None
-    while pool is not None and pool.unfinished:
-        wait(list(pool.unfinished))
 
 
 def pristine(path: str) -> bool:

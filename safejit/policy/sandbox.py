@@ -19,12 +19,14 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from .. import faults
+from .._background import background
 from ..errors import CompileError, CompileTimeout, ConfigError, SandboxUnavailableError
 from .shim_build import SYSTEM_PATH
 from .shim_build import ensure_shim as _ensure_shim
@@ -101,9 +103,13 @@ class Sandbox:
         self._shim: list[str] | None = None
         self._c_shim: str | None = None
         self._shim_lock = threading.Lock()
-        self._spare: tuple[int, subprocess.Popen[bytes], int] | None = None
+        # The shim started ahead: [(owner pid, process, output read end)] or []. A list, so
+        # that the finalizer below can end it when this Sandbox goes without close().
+        self._spares: list[tuple[int, subprocess.Popen[bytes], int]] = []
         self._spare_lock = threading.Lock()
+        self._closed = False
         self._abi = -1
+        weakref.finalize(self, _retire_all, self._spares, self._spare_lock)
 
     @property
     def landlock(self) -> bool:
@@ -138,7 +144,7 @@ class Sandbox:
         """Give ``command`` to the shim started ahead, if one is ready: its process
         and the read end of its output pipe. None: start one the usual way."""
         with self._spare_lock:
-            spare, self._spare = self._spare, None
+            spare = self._spares.pop() if self._spares else None
         if spare is None or spare[0] != os.getpid():
             return None  # (a spare made before a fork belongs to the parent: leave it be)
         _, proc, read_fd = spare
@@ -154,7 +160,7 @@ class Sandbox:
 
     def _prepare_spare(self, shim: Sequence[str]) -> None:
         """Start the shim for the next run (the C shim only: it reads ``-R`` requests)."""
-        if self._c_shim is None or self._spare is not None:
+        if self._c_shim is None or self._spares or self._closed:
             return
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         try:
@@ -175,18 +181,21 @@ class Sandbox:
         finally:
             os.close(write_fd)
         with self._spare_lock:
-            kept = self._spare is None
+            kept = not self._spares and not self._closed
             if kept:
-                self._spare = (os.getpid(), proc, read_fd)
-        if not kept:  # another thread was quicker
+                self._spares.append((os.getpid(), proc, read_fd))
+        if not kept:  # another thread was quicker, or the sandbox was closed meanwhile
             _retire(proc, read_fd)
 
+    @property
+    def _spare(self) -> tuple[int, subprocess.Popen[bytes], int] | None:
+        return self._spares[0] if self._spares else None
+
     def close(self) -> None:
-        """End the shim started ahead, if any."""
+        """End the shim started ahead, if any; none is started after this."""
         with self._spare_lock:
-            spare, self._spare = self._spare, None
-        if spare is not None and spare[0] == os.getpid():
-            _retire(spare[1], spare[2])
+            self._closed = True
+        _retire_all(self._spares, self._spare_lock)
 
     def run(
         self,
@@ -244,7 +253,6 @@ class Sandbox:
         else:
             proc, read_fd = started
         try:
-            self._prepare_spare(shim)
             if on_start is not None:
                 on_start()
             try:
@@ -266,6 +274,7 @@ class Sandbox:
             log.drain(read_fd)
         finally:
             os.close(read_fd)
+        background().submit(self._prepare_spare, shim)  # for the next run, off this one's path
         text = log.text()
         if rc in _SHIM_ERRORS and "safejit-shim:" in text:
             if rc == 125:
@@ -279,6 +288,14 @@ def _env_options(env: Mapping[str, str]) -> list[str]:
     for name, value in env.items():
         out += ["-E", f"{name}={value}"]
     return out or ["-E", "LC_ALL=C"]  # -E given at all replaces the environment
+
+
+def _retire_all(spares: list[tuple[int, subprocess.Popen[bytes], int]], lock: threading.Lock) -> None:
+    with lock:
+        mine = [s for s in spares if s[0] == os.getpid()]
+        spares.clear()
+    for _, proc, read_fd in mine:
+        _retire(proc, read_fd)
 
 
 def _retire(proc: subprocess.Popen[bytes], read_fd: int) -> None:

@@ -143,9 +143,12 @@ class Builder:
         self.counters.add("compiles")
         waiting = [on_start] if on_start is not None else []
 
-        def started() -> None:  # once: when the compiler has started, else when it is done
+        def started() -> None:  # once: when the compiler has started (or, NVRTC, now)
             if waiting:
                 waiting.pop()()
+
+        if getattr(self.setup.backend, "compiles_in_process", False):
+            started()  # no process to wait for: the work runs alongside the compile all the same
 
         with span(SPAN.COMPILER_RUN, {ATTR.SANDBOX: self.setup.sandbox.describe()}) as s:
             try:
@@ -164,7 +167,7 @@ class Builder:
                 s.add_event("compiler.log", {"safejit.log": exc.log[:LOG_EVENT_CAP]})
                 raise
             finally:
-                started()  # (NVRTC runs no process through the runner)
+                started()  # (a compile that failed before starting its process)
             s.set_attribute(ATTR.BYTES, len(out.artifact))
             if out.log:
                 s.add_event("compiler.log", {"safejit.log": out.log[:LOG_EVENT_CAP]})

@@ -102,10 +102,10 @@ class Setup:
         return [*(os.path.realpath(os.path.expanduser(r)) for r in source_roots), *tc]
 
     def close(self) -> None:
+        self.sandbox.close()  # (a shim that background work starts after this is ended at once)
+        settle()
         self.backend.close()
-        self.sandbox.close()
         if self.disk.spares is not None:
-            settle()
             self.disk.spares.discard_all()
         if self._probe_dir is not None:
             shutil.rmtree(self._probe_dir, ignore_errors=True)

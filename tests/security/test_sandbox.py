@@ -20,6 +20,7 @@ import pytest
 import safejit
 import safejit.policy.sandbox as sandbox_mod
 from safejit.cache import spares
+from safejit.cache.spares import settle
 from safejit.policy.sandbox import SYSTEM_PATH, landlock_abi
 from tests.conftest import ADD_C, assert_cache_sound, leaves
 from tests.security._support import (
@@ -381,6 +382,7 @@ def test_a_shim_started_ahead_sandboxes_its_run_like_a_fresh_one(tmp_path, outsi
     work.mkdir()
     env = {"PATH": SYSTEM_PATH, "LC_ALL": "C", "TMPDIR": str(work)}
     assert sb.run(["/bin/true"], cwd=str(work), env=env, timeout=30, write_roots=[str(work)]).returncode == 0
+    settle()  # the next shim is started in the background
     assert sb._spare is not None, "no shim was started ahead"
     waiting = sb._spare[1]
     script = (
