@@ -39,7 +39,7 @@ from ..keys import digest_bytes
 from ..telemetry import ATTR, SPAN, instruments, span
 from .fsio import Flock, fsync_dir, fsync_file, lock_file, makedirs_durable, read_bytes, remove_tree, rename, write_file
 from .manifest import Manifest, ManifestError, parse_manifest
-from .spares import LOCK_BLANK, Spares, Workdir, background, make, memory_scratch, with_scratch
+from .spares import LOCK_BLANK, Spares, Workdir, background, make, memory_scratch, remove_quietly, with_scratch
 from .statmemo import StatMemo
 
 __all__ = ["LAYOUT", "DepState", "DiskCache", "Rejection", "Signer", "VerifiedLeaf"]
@@ -179,7 +179,7 @@ class DiskCache:
         memory scratch, the next process) removes what a dead process left."""
         self.discard_later(wd.path, root)
         if wd.scratch != wd.path:
-            background().submit(_remove_scratch, wd.scratch)
+            background().submit(remove_quietly, wd.scratch)
 
     def discard(self, path: str, root: str) -> None:
         with contextlib.suppress(OSError):
@@ -490,11 +490,6 @@ class DiskCache:
         if lock is None:
             logger.warning("lock %s not acquired in %.1fs; compiling without it", path, timeout)
         return lock
-
-
-def _remove_scratch(path: str) -> None:
-    with contextlib.suppress(OSError):
-        remove_tree(path, within=os.path.dirname(path))
 
 
 def _fsync_quietly(path: str) -> None:

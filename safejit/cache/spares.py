@@ -38,7 +38,7 @@ from typing import Final
 
 from .._background import background, settle
 
-__all__ = ["MAX_AGE_S", "Spares", "Workdir", "background", "pristine", "settle"]
+__all__ = ["MAX_AGE_S", "Spares", "Workdir", "background", "pristine", "remove_quietly", "settle"]
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def _open_memory_scratch() -> str | None:
         for entry in it:
             owner = entry.name.partition("-")[0]
             if owner.startswith("p") and owner[1:].isdigit() and not _alive(int(owner[1:])):
-                _remove(entry.path)
+                remove_quietly(entry.path)
     return base
 
 
@@ -203,7 +203,7 @@ class Spares:
                     if time.monotonic() - made < MAX_AGE_S and os.path.isdir(cand.stage):
                         wd = cand
                     else:
-                        background().submit(_remove, cand.path)
+                        background().submit(remove_quietly, cand.path)
         return wd if wd is not None else make(base, self.artifact_file, prepared=True, scratch=self.scratch)
 
     def refill(self, base: str) -> None:
@@ -234,10 +234,11 @@ class Spares:
             doomed = [wd for ready in self._ready.values() for _, wd in ready]
             self._ready.clear()
         for wd in doomed:
-            _remove(wd.path)
+            remove_quietly(wd.path)
 
 
-def _remove(path: str) -> None:
+def remove_quietly(path: str) -> None:
+    """Delete a work or scratch dir (never following links), ignoring errors."""
     from .fsio import remove_tree
 
     with contextlib.suppress(OSError):
