@@ -247,8 +247,11 @@ def has_include_names(data: bytes) -> list[str]:
     return [m.group(1).decode("utf-8", "replace").strip() for m in _HAS_INCLUDE.finditer(data)]
 
 
-def negative_lookups(deps: Sequence[str], search_dirs: Sequence[str], probes: Iterable[str]) -> list[str]:
-    """Paths that must stay absent for the build to stay valid.
+def negative_lookups(
+    deps: Sequence[str], search_dirs: Sequence[str], probes: Iterable[str]
+) -> tuple[list[str], list[str]]:
+    """Paths that must stay absent for the build to stay valid; and those of the same
+    kind that are there, yet were not read (made during the compile? the caller checks).
 
     * Shadowing: a dependency found as ``dir_N/rel`` must not appear as
       ``dir_i/rel`` for any earlier search directory ``i < N``.
@@ -260,6 +263,7 @@ def negative_lookups(deps: Sequence[str], search_dirs: Sequence[str], probes: It
     """
     dirs = [d.rstrip("/") for d in search_dirs]
     out: set[str] = set()
+    present: set[str] = set()
     found: set[str] = set(deps)
     parents: dict[str, bool] = {}
 
@@ -278,13 +282,14 @@ def negative_lookups(deps: Sequence[str], search_dirs: Sequence[str], probes: It
             rel = path[len(d) + 1 :]
             for earlier in dirs[:n]:
                 cand = f"{earlier}/{rel}"
-                if cand not in found and absent(cand):
-                    out.add(cand)
+                if cand not in found:
+                    (out if absent(cand) else present).add(cand)
     for name in probes:
         if not name or name.startswith("/") or _BAD_REL.search(name):
             continue
         cands = [f"{d}/{name}" for d in dirs]
         if any(c in found for c in cands):
             continue  # resolved: shadowing is covered above
-        out.update(c for c in cands if absent(c))
-    return sorted(out)
+        for c in cands:
+            (out if absent(c) else present).add(c)
+    return sorted(out), sorted(present)

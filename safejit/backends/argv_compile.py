@@ -12,7 +12,7 @@ from ..errors import CompileError
 from ..spec import BuildSpec
 from .base import Runner
 
-__all__ = ["ArgvBuild", "run_argv"]
+__all__ = ["ArgvBuild", "depfile_deps", "run_argv"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +50,18 @@ def _write_source(path: str, code: bytes) -> None:
         os.close(fd)
 
 
+def depfile_deps(dep: str, spec: BuildSpec) -> tuple[tuple[str, ...], bool]:
+    """The paths the depfile ``dep`` of ``spec``'s build names, absolute, the staged
+    source excluded; and whether it names that source (else the closure is unknown).
+    Raises ``OSError`` when it cannot be read."""
+    workdir = os.path.dirname(dep)
+    src = os.path.join(workdir, "src", spec.filename)
+    with open(dep, encoding="utf-8", errors="surrogateescape") as fh:
+        reported = parse_depfile(fh.read())
+    absolute = [p if os.path.isabs(p) else os.path.join(workdir, p) for p in reported]
+    return tuple(p for p in absolute if p != src), src in absolute
+
+
 def run_argv(
     spec: BuildSpec, *, workdir: str, expand: Callable[[str], str], run: Runner, timeout: float, out_ext: str
 ) -> ArgvBuild:
@@ -62,7 +74,7 @@ def run_argv(
     for end in [i for i, a in enumerate(argv) if a == "--"] + [len(argv)]:
         step = argv[start:end]
         start = end + 1
-        result = run(step, cwd=workdir, timeout=timeout)
+        result = run(step, cwd=workdir, timeout=timeout, watch=dep if dep in step else None)
         logs.append(result.log)
         seconds += result.seconds
         if result.returncode != 0:
@@ -76,12 +88,9 @@ def run_argv(
     try:
         with open(out, "rb") as fh:
             artifact = fh.read()
-        with open(dep, encoding="utf-8", errors="surrogateescape") as fh:
-            reported = parse_depfile(fh.read())
+        deps, complete = depfile_deps(dep, spec)
         if os.path.exists(obj):
             os.unlink(obj)  # intermediates are not kept
     except OSError as exc:
         raise CompileError(f"{spec.name}: compiler output missing: {exc}", log=log, argv=argv) from exc
-    absolute = [p if os.path.isabs(p) else os.path.join(workdir, p) for p in reported]
-    deps = tuple(p for p in absolute if p != src)
-    return ArgvBuild(artifact, deps, src in absolute, log, tuple(argv), seconds)
+    return ArgvBuild(artifact, deps, complete, log, tuple(argv), seconds)

@@ -26,8 +26,16 @@ class RunOutcome(Protocol):
 
 class Runner(Protocol):
     def __call__(
-        self, argv: Sequence[str], *, cwd: str, timeout: float | None = None, extra_read: Sequence[str] = ()
-    ) -> RunOutcome: ...
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        timeout: float | None = None,
+        extra_read: Sequence[str] = (),
+        watch: str | None = None,
+    ) -> RunOutcome:
+        """``watch``: a file the step writes and closes before it ends (a depfile); the
+        runner may act on it early. A runner is free to ignore it."""
 
 
 @dataclass(frozen=True, slots=True)

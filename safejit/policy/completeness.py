@@ -23,7 +23,7 @@ from ..errors import LimitExceededError, UndeclaredDependencyError
 from ..keys import digest_bytes
 from .roots import is_under
 
-__all__ = ["Closure", "record_closure"]
+__all__ = ["Closure", "record_closure", "unchanged"]
 
 
 def _coarse_ns() -> int:
@@ -148,13 +148,38 @@ def record_closure(
         deps.append(Dep(anchored[0], anchored[1], digest))
         states.append((lexical, snap, digest))
         lexicals.append(lexical)
+    read = set(lexicals)
+    absent, present = negative_lookups(lexicals, search_dirs, probes)
+    for q in quoted:
+        if q not in read:
+            (present if os.path.lexists(q) else absent).append(q)
+    # A header where the compiler would have looked first, there now yet not read, may
+    # have appeared during the compile: then what the compiler saw is unknown.
+    for cand in present:
+        with contextlib.suppress(OSError):
+            st = os.lstat(cand)
+            if max(st.st_mtime_ns, st.st_ctime_ns) > started_ns - COARSE_NS:
+                too_new.append(cand)
     negative_paths = []
     negatives = []
-    read = set(lexicals)
-    extra = [q for q in quoted if q not in read and not os.path.lexists(q)]
-    for cand in sorted(set(negative_lookups(lexicals, search_dirs, probes)) | set(extra)):
+    for cand in sorted(set(absent)):
         anchored_cand = anchors.anchor(cand)
         if anchored_cand is not None:
             negatives.append(anchored_cand)
             negative_paths.append(cand)
     return Closure(deps, states, too_new, negatives, negative_paths)
+
+
+def unchanged(closure: Closure) -> bool:
+    """Whether every file of ``closure`` still has the stat it was hashed with and every
+    negative is still absent. A scan made while the compiler ran (cf. ``scan_early`` in
+    the builder) holds only if so when it has ended: nvcc, for one, reads the headers
+    again after writing its depfile. A file that passed the scan has a ctime from before
+    the compile; any write since gives it a later one."""
+    try:
+        for path, snap, _ in closure.states:
+            if snapshot_of(os.stat(path)) != snap:
+                return False
+    except OSError:
+        return False
+    return not any(os.path.lexists(path) for path in closure.negative_paths)

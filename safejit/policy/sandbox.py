@@ -2,7 +2,7 @@
 
 Compilers run as argv lists (never a shell) with stdin closed, a scrubbed
 environment, a new process group that is killed on timeout, rlimits, output
-captured to a size-limited file, and Landlock where the kernel offers it.
+captured through a pipe (head and tail kept), and Landlock where the kernel offers it.
 Limits and Landlock are applied by a small exec shim (``shim.c``, built once
 per user and kept in a private directory) — never by a Python callback between
 fork and exec, which is unsafe in threaded programs.
@@ -28,6 +28,7 @@ from typing import Final
 from .. import faults
 from .._background import background
 from ..errors import CompileError, CompileTimeout, ConfigError, SandboxUnavailableError
+from .closewatch import CloseWatch
 from .shim_build import SYSTEM_PATH
 from .shim_build import ensure_shim as _ensure_shim
 
@@ -53,6 +54,8 @@ _TERM_GRACE_S: Final = 2.0
 _PYSHIM: Final = Path(__file__).with_name("_pyshim.py")
 _LOG_HEAD: Final = 48 * 1024
 _LOG_TAIL: Final = 16 * 1024
+#: How many times a watched file's close is acted on, at most.
+_WATCH_CALLS: Final = 3
 _SHIM_ERRORS: Final = {124: "bad usage", 125: "Landlock unavailable", 126: "sandbox setup failed"}
 
 
@@ -197,6 +200,35 @@ class Sandbox:
             self._closed = True
         _retire_all(self._spares, self._spare_lock)
 
+    def _start(
+        self, shim: list[str], opts: list[str], argv: Sequence[str], cwd: str, env: Mapping[str, str]
+    ) -> tuple[subprocess.Popen[bytes], int]:
+        """Start ``argv`` under the shim; returns the process and its output's read end."""
+        # A shim started ahead takes the whole command on its stdin (-R): starting a
+        # process costs ~1 ms (fork, exec, loading), none of it while the compile waits.
+        started = self._hand_to_spare([*opts, "-C", cwd, *_env_options(env), "--", *argv])
+        if started is not None:
+            return started
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        try:
+            proc = subprocess.Popen(
+                [*shim, *opts, "--", *argv],
+                cwd=cwd,
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=write_fd,
+                stderr=subprocess.STDOUT,
+                close_fds=True,
+                process_group=0,
+                shell=False,
+            )
+        except OSError as exc:
+            os.close(read_fd)
+            raise CompileError(f"could not start {argv[0]}: {exc}", log=str(exc), argv=list(argv)) from exc
+        finally:
+            os.close(write_fd)
+        return proc, read_fd
+
     def run(
         self,
         argv: Sequence[str],
@@ -207,9 +239,13 @@ class Sandbox:
         read_roots: Sequence[str] = (),
         write_roots: Sequence[str] = (),
         on_start: Callable[[], None] | None = None,
+        watch: tuple[str, Callable[[], None]] | None = None,
     ) -> RunResult:
         """Run ``argv`` in ``cwd``; raise :class:`CompileTimeout` past ``timeout``.
-        ``on_start`` runs once the process is started (work to overlap with it)."""
+        ``on_start`` runs once the process is started (work to overlap with it);
+        ``watch`` = (path, callback): the callback runs, while the process still
+        runs, each time it closes that file after writing (a few times at most;
+        never where inotify is not to be had)."""
         self.check_available()
         limits = self.limits
         opts = ["-a", str(limits.address_space), "-c", str(limits.cpu_s),
@@ -228,52 +264,34 @@ class Sandbox:
             faults.point("compiler.spawn")
         except OSError as exc:
             raise CompileError(f"could not start {argv[0]}: {exc}", log=str(exc), argv=list(argv)) from exc
-        # A shim started ahead takes the whole command on its stdin (-R): starting a
-        # process costs ~1 ms (fork, exec, loading), none of it while the compile waits.
-        started = self._hand_to_spare([*opts, "-C", cwd, *_env_options(env), "--", *argv])
-        if started is None:
-            read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-            try:
-                proc = subprocess.Popen(
-                    [*shim, *opts, "--", *argv],
-                    cwd=cwd,
-                    env=dict(env),
-                    stdin=subprocess.DEVNULL,
-                    stdout=write_fd,
-                    stderr=subprocess.STDOUT,
-                    close_fds=True,
-                    process_group=0,
-                    shell=False,
-                )
-            except OSError as exc:
-                os.close(read_fd)
-                raise CompileError(f"could not start {argv[0]}: {exc}", log=str(exc), argv=list(argv)) from exc
-            finally:
-                os.close(write_fd)
-        else:
-            proc, read_fd = started
+        closes = CloseWatch.open(watch[0]) if watch is not None else None
         try:
-            if on_start is not None:
-                on_start()
+            proc, read_fd = self._start(shim, opts, argv, cwd, env)
             try:
-                rc = _wait(proc, timeout, read_fd, log)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                log.drain(read_fd)
-                raise CompileTimeout(
-                    f"compiler ran past {timeout:g}s and was killed: {argv[0]}",
-                    log=log.text(),
-                    argv=list(argv),
-                    timeout=timeout,
-                ) from None
-            finally:
-                if proc.poll() is None:  # interrupted: never leave the group running
+                if on_start is not None:
+                    on_start()
+                try:
+                    rc = _wait(proc, timeout, read_fd, log, (closes, watch[1]) if closes and watch else None)
+                except subprocess.TimeoutExpired:
                     _kill_group(proc)
-            # The group may hold stragglers (a driver's children); end them too.
-            _kill_group(proc, quiet=True)
-            log.drain(read_fd)
+                    log.drain(read_fd)
+                    raise CompileTimeout(
+                        f"compiler ran past {timeout:g}s and was killed: {argv[0]}",
+                        log=log.text(),
+                        argv=list(argv),
+                        timeout=timeout,
+                    ) from None
+                finally:
+                    if proc.poll() is None:  # interrupted: never leave the group running
+                        _kill_group(proc)
+                # The group may hold stragglers (a driver's children); end them too.
+                _kill_group(proc, quiet=True)
+                log.drain(read_fd)
+            finally:
+                os.close(read_fd)
         finally:
-            os.close(read_fd)
+            if closes is not None:
+                closes.close()
         background().submit(self._prepare_spare, shim)  # for the next run, off this one's path
         text = log.text()
         if rc in _SHIM_ERRORS and "safejit-shim:" in text:
@@ -343,10 +361,17 @@ class _Log:
         return bytes(self.head + cut + self.tail).decode("utf-8", "replace")
 
 
-def _wait(proc: subprocess.Popen[bytes], timeout: float, read_fd: int, log: _Log) -> int:
+def _wait(
+    proc: subprocess.Popen[bytes],
+    timeout: float,
+    read_fd: int,
+    log: _Log,
+    watch: tuple[CloseWatch, Callable[[], None]] | None = None,
+) -> int:
     """Read the output until the process exits, waking the moment it does
     (``Popen.wait(timeout)`` polls with sleeps of up to 50 ms, which would dominate
-    a fast compile). Raises ``TimeoutExpired`` past ``timeout``."""
+    a fast compile); ``watch`` = (what, callback): run the callback when it reports
+    its file closed. Raises ``TimeoutExpired`` past ``timeout``."""
     deadline = time.monotonic() + timeout
     try:
         pidfd = os.pidfd_open(proc.pid)
@@ -357,6 +382,9 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float, read_fd: int, log: _Log
         poller.register(read_fd, select.POLLIN)
         if pidfd >= 0:
             poller.register(pidfd, select.POLLIN)
+        calls_left = _WATCH_CALLS
+        if watch is not None:
+            poller.register(watch[0].fd, select.POLLIN)
         open_pipe = True
         while True:
             left = deadline - time.monotonic()
@@ -364,16 +392,28 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float, read_fd: int, log: _Log
                 raise subprocess.TimeoutExpired(proc.args, timeout)
             # Without a pidfd (or once the pipe is closed), look at the process every 10 ms.
             wait_ms = int(left * 1000) + 1 if pidfd >= 0 and open_pipe else min(int(left * 1000) + 1, 10)
-            for fd, _ in poller.poll(wait_ms):
-                if fd == read_fd:
-                    chunk = os.read(read_fd, 1 << 16)
-                    if chunk:
-                        log.add(chunk)
-                    else:
-                        poller.unregister(read_fd)
-                        open_pipe = False
-                elif fd == pidfd:
-                    return proc.wait()
+            events = dict(poller.poll(wait_ms))
+            if read_fd in events:
+                chunk = os.read(read_fd, 1 << 16)
+                if chunk:
+                    log.add(chunk)
+                else:
+                    poller.unregister(read_fd)
+                    open_pipe = False
+            # The process may have exited already: its close was queued before its exit.
+            if watch is not None and (watch[0].fd in events or pidfd in events):
+                try:
+                    closed = watch[0].closed()
+                except OSError:
+                    closed, calls_left = False, 0
+                if closed:
+                    watch[1]()
+                    calls_left -= 1
+                if calls_left <= 0:  # a file closed over and over is not worth following
+                    poller.unregister(watch[0].fd)
+                    watch = None
+            if pidfd in events:
+                return proc.wait()
             if pidfd < 0 and proc.poll() is not None:
                 return proc.wait()
     finally:

@@ -3,6 +3,7 @@ closure, publish — or bypass an unusable cache. Composed by :class:`Runtime`."
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import shutil
@@ -13,13 +14,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..backends.argv_compile import depfile_deps
 from ..backends.base import CompileOutput
 from ..cache.disk import DiskCache, Rejection, VerifiedLeaf
 from ..cache.spares import Workdir
 from ..cache.usage import MAX_SAMPLES
 from ..config import Config
 from ..deps import Anchors
-from ..errors import CacheError, CompileError, LimitExceededError, PolicyError
+from ..errors import CacheError, CompileError, LimitExceededError, PolicyError, SafejitError
 from ..policy import completeness
 from ..policy import roots as root_policy
 from ..policy.completeness import Closure
@@ -138,7 +140,12 @@ class Builder:
         return None
 
     def compile(
-        self, spec: BuildSpec, anchors: Anchors, workdir: str, on_start: Callable[[], None] | None = None
+        self,
+        spec: BuildSpec,
+        anchors: Anchors,
+        workdir: str,
+        on_start: Callable[[], None] | None = None,
+        on_closed: Callable[[str], None] | None = None,
     ) -> CompileOutput:
         self.counters.add("compiles")
         waiting = [on_start] if on_start is not None else []
@@ -156,7 +163,7 @@ class Builder:
                     spec,
                     workdir=workdir,
                     expand=anchors.expand_text,
-                    run=self.setup.runner(self.config, self.env, spec.toolchain.roots, started),
+                    run=self.setup.runner(self.config, self.env, spec.toolchain.roots, started, on_closed),
                     timeout=self.config.compile_timeout_s,
                     search_dirs=search_dirs(spec, anchors),
                     confine=lambda path: root_policy.confine(path, anchors, what="header"),
@@ -192,8 +199,23 @@ class Builder:
         """Compile and record the closure. Returns the leaf and whether it may be vouched
         for (published, trusted by the memory tier)."""
         started_ns = time.time_ns()
-        out = self.compile(spec, anchors, workdir, on_start)
-        closure = self.closure(spec, anchors, out, started_ns)
+        early: dict[tuple[str, ...], Closure] = {}
+
+        def scan_early(depfile: str) -> None:
+            # The compiler has written its depfile; its assembler and linker still run.
+            # Scanning now takes the scan off the caller's time; it is used only if the
+            # final depfile names the very same files and none of them has changed since.
+            # Any failure is left to the late scan.
+            early.clear()
+            with contextlib.suppress(OSError, ValueError, SafejitError):
+                deps, complete = depfile_deps(depfile, spec)
+                if complete:
+                    early[deps] = self.closure(spec, anchors, deps, started_ns, early=True)
+
+        out = self.compile(spec, anchors, workdir, on_start, scan_early)
+        closure = early.get(out.deps)
+        if closure is None or not completeness.unchanged(closure):
+            closure = self.closure(spec, anchors, out.deps, started_ns)
         if closure.too_new:
             # A dependency changed within a clock tick of the compile: what the compiler read
             # is unknown. Once the tick has passed, compile again; vouch only for a clean run.
@@ -201,7 +223,7 @@ class Builder:
             time.sleep(completeness.COARSE_NS / 1e9)
             started_ns = time.time_ns()
             out = self.compile(spec, anchors, workdir)
-            closure = self.closure(spec, anchors, out, started_ns)
+            closure = self.closure(spec, anchors, out.deps, started_ns)
         manifest = make_manifest(spec, key, closure, out, self.config, self.setup.backend.artifact_ext)
         leaf = VerifiedLeaf("", root, manifest, out.artifact, tuple(closure.states), tuple(closure.negative_paths))
         if out.complete and not closure.too_new:
@@ -269,11 +291,15 @@ class Builder:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    def closure(self, spec: BuildSpec, anchors: Anchors, out: CompileOutput, started_ns: int) -> Closure:
+    def closure(
+        self, spec: BuildSpec, anchors: Anchors, deps: Sequence[str], started_ns: int, *, early: bool = False
+    ) -> Closure:
+        """The closure of ``deps``, confined and hashed. ``early``: a scan while the
+        compiler still runs, which a later one may repeat (its violations are not counted)."""
         with span(SPAN.POLICY_CHECK, {ATTR.KIND: "completeness"}) as s:
             try:
                 return completeness.record_closure(
-                    out.deps,
+                    deps,
                     anchors,
                     max_deps=self.config.max_deps,
                     started_ns=started_ns,
@@ -284,7 +310,8 @@ class Builder:
             except (PolicyError, LimitExceededError) as exc:
                 kind = type(exc).__name__
                 s.set_attribute(ATTR.KIND, kind)
-                instruments.policy_violations.add(1, {**self._attrs, ATTR.KIND: kind})
+                if not early:
+                    instruments.policy_violations.add(1, {**self._attrs, ATTR.KIND: kind})
                 raise
 
     def note_bypass(self, why: str) -> None:

@@ -337,6 +337,81 @@ def test_header_edited_while_the_compiler_runs_is_never_vouched_for(make_runtime
     assert _compile_value(rt, project).kernel("value")() >= 103
 
 
+#: A compiler driver that, like nvcc, writes its depfile first and reads the headers
+#: again afterwards: here the header is edited (once) in between.
+_REREADING_CC = """#!/bin/sh
+case "$*" in *"-MD -MF"*) ;; *) exec /usr/bin/cc "$@";; esac
+/usr/bin/cc "$@" || exit $?
+sleep 0.3
+if [ ! -e {marker} ]; then echo '#define INNER 50' > {inner}; touch {marker}; fi
+skip=0
+for a in "$@"; do
+  shift
+  if [ $skip = 1 ]; then skip=0; continue; fi
+  case "$a" in -MD) continue;; -MF) skip=1; continue;; esac
+  set -- "$@" "$a"
+done
+exec /usr/bin/cc "$@"
+"""
+
+
+def test_header_edited_after_the_depfile_is_scanned_again(make_runtime, project, cache_dir, spans):
+    """The closure is scanned as soon as the depfile is written, while the compiler still
+    runs; a header changed after that scan must not be vouched for by it."""
+    inner = project / "include" / "inner.h"
+    wrapper = project / "cc-rereading"
+    wrapper.write_text(_REREADING_CC.format(marker=project / "edited", inner=inner))
+    wrapper.chmod(0o755)
+    config = {"source_roots": (str(project),), "host_cc": str(wrapper), "sandbox": "off"}
+    rt = make_runtime(**config)
+    assert _compile_value(rt, project).kernel("value")() == 51  # built from the edited header
+    # The early scan ran inside the compiler's span, and a later one after it: the edit was seen.
+    checks = [
+        s
+        for s in spans.get_finished_spans()
+        if s.name == "safejit.policy.check" and s.attributes.get("safejit.kind") == "completeness"
+    ]
+    runs = {s.context.span_id for s in spans.get_finished_spans() if s.name == "safejit.compiler.run"}
+    assert [s.parent is not None and s.parent.span_id in runs for s in checks][:2] == [True, False]
+    assert rt.stats()["compiles"] == 2 and rt.stats()["published"] == 1
+    settle()
+    # The only leaf is the clean rebuild's: with the header back as it was, nothing hits it.
+    inner.write_text("#define INNER 41\n")
+    again = make_runtime(**config)
+    assert _compile_value(again, project).kernel("value")() == 42
+    assert again.stats()["compiles"] == 1
+
+
+def test_shadowing_header_made_during_the_compile_is_never_vouched_for(make_runtime, tmp_path, cache_dir):
+    """A header that appears, during the compile, where the compiler would have looked
+    first: what the compiler saw is unknown, so that build is not published."""
+    root = tmp_path / "proj"
+    first, second = root / "first", root / "second"
+    first.mkdir(parents=True)
+    second.mkdir()
+    (second / "cfg.h").write_text("#define CFG 2\n")
+    wrapper = root / "cc-shadowing"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *"-MD -MF"*) ;; *) exec /usr/bin/cc "$@";; esac\n'
+        '/usr/bin/cc "$@"; rc=$?\n'
+        "sleep 0.3\n"
+        f"[ -e {first}/cfg.h ] || echo '#define CFG 1' > {first}/cfg.h\n"
+        "exit $rc\n"
+    )
+    wrapper.chmod(0o755)
+    src = safejit.Source('#include "cfg.h"\nint cfg(void) { return CFG; }\n', "cfg")
+    dirs = (str(first), str(second))
+    config = {"source_roots": (str(root),), "host_cc": str(wrapper), "sandbox": "off"}
+    rt = make_runtime(**config)
+    assert rt.compile(src, include_dirs=dirs).kernel("cfg")() == 1  # compiled again, with the shadow
+    assert rt.stats()["compiles"] == 2 and rt.stats()["published"] == 1
+    settle()
+    fresh = make_runtime(**config)
+    assert fresh.compile(src, include_dirs=dirs).kernel("cfg")() == 1
+    assert fresh.stats()["compiles"] == 0  # the one leaf is the rebuild's, and it hits
+
+
 def test_memory_scratch_is_private_and_gone_after_the_compile(make_runtime, project):
     """The compiler works in a private directory in memory (0700, this user's), which is
     deleted once the compile is over; with scratch="cache" it works in the cache root."""

@@ -65,7 +65,7 @@ COLD = [
     (1, "safejit.lock.wait"),
     (1, "safejit.cache.disk.lookup"),
     (1, "safejit.compiler.run"),
-    (1, "safejit.policy.check"),
+    (2, "safejit.policy.check"),  # the closure, scanned once the depfile is written
     (1, "safejit.publish"),
     (1, "safejit.load"),
 ]
