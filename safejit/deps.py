@@ -247,6 +247,23 @@ def has_include_names(data: bytes) -> list[str]:
     return [m.group(1).decode("utf-8", "replace").strip() for m in _HAS_INCLUDE.finditer(data)]
 
 
+class Absence:
+    """``absence(path)``: whether ``path`` does not exist now. Many candidates share a
+    parent that does not exist (dir_0/bits/...): one lstat says so for all of them."""
+
+    __slots__ = ("_parents",)
+
+    def __init__(self) -> None:
+        self._parents: dict[str, bool] = {}
+
+    def __call__(self, path: str) -> bool:
+        parent = path.rpartition("/")[0]
+        there = self._parents.get(parent)
+        if there is None:
+            there = self._parents[parent] = os.path.lexists(parent)
+        return not there or not os.path.lexists(path)
+
+
 def negative_lookups(
     deps: Sequence[str], search_dirs: Sequence[str], probes: Iterable[str]
 ) -> tuple[list[str], list[str]]:
@@ -265,16 +282,7 @@ def negative_lookups(
     out: set[str] = set()
     present: set[str] = set()
     found: set[str] = set(deps)
-    parents: dict[str, bool] = {}
-
-    def absent(cand: str) -> bool:
-        # Many candidates share a parent that does not exist (dir_0/bits/...): one lstat says so for all.
-        parent = cand.rpartition("/")[0]
-        there = parents.get(parent)
-        if there is None:
-            there = parents[parent] = os.path.lexists(parent)
-        return not there or not os.path.lexists(cand)
-
+    absent = Absence()
     for path in deps:
         for n, d in enumerate(dirs):
             if not path.startswith(d + "/"):

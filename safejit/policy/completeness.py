@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..deps import (
+    Absence,
     Anchors,
     Dep,
     Snapshot,
@@ -182,4 +183,5 @@ def unchanged(closure: Closure) -> bool:
                 return False
     except OSError:
         return False
-    return not any(os.path.lexists(path) for path in closure.negative_paths)
+    absent = Absence()
+    return all(absent(path) for path in closure.negative_paths)
