@@ -352,3 +352,28 @@ def test_stream_types_remember_how_to_read_their_handle():
     assert stream_handle(_ProtoAndPtr(6, 7)) == 6  # its ptr is something else: never read instead
     assert stream_handle(_Proto()) == 4242 and stream_handle(_Proto()) == 4242
     assert stream_handle(_Attr()) == 77 and stream_handle(_Attr()) == 77
+
+
+def _minor_faults(pid: int) -> int:
+    # /proc/<pid>/stat: the comm field may hold spaces; minflt is the 8th field after it.
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[7])
+
+
+def test_the_nvrtc_worker_keeps_its_heap_between_compiles():
+    """NVRTC allocates and frees megabytes per compile; the worker must not hand them back
+    to the kernel only to fault them in again, zeroed, on the next compile."""
+    from safejit.backends.nvrtc import NvrtcRequest, NvrtcWorker
+
+    worker = NvrtcWorker("sm_90", require_landlock=False)
+    code = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] *= %d.0f; }\n'
+    try:
+        for i in range(3):  # start, then settle into a steady heap
+            assert worker.compile_once(NvrtcRequest((code % i).encode(), "k", ["--gpu-architecture=sm_90"], [])).ok
+        assert worker._proc is not None
+        before = _minor_faults(worker._proc.pid)
+        for i in range(3, 6):
+            assert worker.compile_once(NvrtcRequest((code % i).encode(), "k", ["--gpu-architecture=sm_90"], [])).ok
+        faults = _minor_faults(worker._proc.pid) - before
+    finally:
+        worker.close()
+    assert faults < 3 * 200, f"{faults} page faults in three compiles"
