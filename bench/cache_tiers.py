@@ -25,6 +25,7 @@ import argparse
 import functools
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -396,10 +397,13 @@ def cuda_tiers(results: dict[str, Any], quick: bool) -> None:
         # drifts). Our background work (deleting the work dir, refilling the prepared ones,
         # the build dir's fsync) is let finish, untimed, before the peer's turn: it must
         # not slow the peer down.
+        # The constants are new in every run: NVRTC may keep its own cache of compiled code
+        # (the driver's ComputeCache, ~/.nv), which a repeated source would hit.
         cold_ours, cold_peer = [], []
+        salt = random.SystemRandom().randrange(1 << 20)
         for i in range(3 if quick else 25):
-            code_a = CUDA_CODE.replace("*= a", f"*= a + {i}.0f")
-            code_b = CUDA_CODE.replace("*= a", f"*= a - {i}.0f")
+            code_a = CUDA_CODE.replace("*= a", f"*= a + {salt + i}.0f")
+            code_b = CUDA_CODE.replace("*= a", f"*= a - {salt + i}.0f")
             t0 = time.perf_counter()
             rt.compile(safejit.Source(code_a, "scale"), arch="sm_90")
             cold_ours.append(time.perf_counter() - t0)

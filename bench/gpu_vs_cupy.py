@@ -12,6 +12,7 @@ import argparse
 import ctypes
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -75,14 +76,16 @@ def main() -> None:
 
     results: dict[str, float] = {}
     rt = safejit.Runtime(config=safejit.Config(backend="cuda", cache_dirs=(str(base / "ours"),)))
-    # Cold compile: fresh sources each time, alternating.
+    # Cold compile: fresh sources each time (new constants in every run: NVRTC may keep
+    # its own cache of compiled code, the driver's ComputeCache), alternating.
     ours, theirs = [], []
+    salt = random.SystemRandom().randrange(1 << 20)
     for i in range(7):
         t0 = time.perf_counter()
-        rt.compile(safejit.Source(CODE.replace("a * x[i]", f"a * x[i] + {i}.0f"), "axpy"))
+        rt.compile(safejit.Source(CODE.replace("a * x[i]", f"a * x[i] + {salt + i}.0f"), "axpy"))
         ours.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        cp.RawKernel(CODE.replace("a * x[i]", f"a * x[i] - {i}.0f"), "axpy").compile()
+        cp.RawKernel(CODE.replace("a * x[i]", f"a * x[i] - {salt + i}.0f"), "axpy").compile()
         theirs.append(time.perf_counter() - t0)
     results["cold_ms"] = statistics.median(ours) * 1e3
     results["cupy_cold_ms"] = statistics.median(theirs) * 1e3
