@@ -379,7 +379,7 @@ def test_header_edited_after_the_depfile_is_scanned_again(make_runtime, project,
     inner.write_text("#define INNER 41\n")
     again = make_runtime(**config)
     assert _compile_value(again, project).kernel("value")() == 42
-    assert again.stats()["compiles"] == 1
+    assert again.stats()["disk_hits"] == 0  # (and compiled: twice if the rewrite was within a tick)
 
 
 def test_shadowing_header_made_during_the_compile_is_never_vouched_for(make_runtime, tmp_path, cache_dir):
