@@ -7,8 +7,10 @@ roots), so a second checkout at another path records the same closure.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ __all__ = [
     "Snapshot",
     "hash_file",
     "parse_depfile",
+    "read_output",
     "snapshot_of",
 ]
 
@@ -92,6 +95,23 @@ def read_file(path: str) -> tuple[bytes, Snapshot]:
                 break
             chunks.append(chunk)
         return b"".join(chunks), snapshot_of(st)
+    finally:
+        os.close(fd)
+
+
+def read_output(path: str) -> bytes:
+    """A file a sandboxed process wrote (artifact, depfile), read without trusting it:
+    never through a symlink, never blocking on a FIFO. Anything but a regular file
+    raises ``OSError``."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        chunks = []
+        while chunk := os.read(fd, max(st.st_size + 1, 1 << 16)):
+            chunks.append(chunk)
+        return b"".join(chunks)
     finally:
         os.close(fd)
 

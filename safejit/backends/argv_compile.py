@@ -4,15 +4,15 @@ step (steps are separated by ``--``), then read the artifact and the depfile."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..deps import parse_depfile
+from ..deps import parse_depfile, read_output
 from ..errors import CompileError
 from ..spec import BuildSpec
 from .base import Runner
 
-__all__ = ["ArgvBuild", "depfile_deps", "run_argv"]
+__all__ = ["ArgvBuild", "depfile_deps", "depfile_path", "run_argv"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,14 +50,20 @@ def _write_source(path: str, code: bytes) -> None:
         os.close(fd)
 
 
-def depfile_deps(dep: str, spec: BuildSpec) -> tuple[tuple[str, ...], bool]:
-    """The paths the depfile ``dep`` of ``spec``'s build names, absolute, the staged
-    source excluded; and whether it names that source (else the closure is unknown).
-    Raises ``OSError`` when it cannot be read."""
+def depfile_path(workdir: str, spec: BuildSpec) -> str:
+    """Where ``run_argv`` has the compiler write ``spec``'s depfile."""
+    return os.path.join(workdir, f"{spec.name}.d")
+
+
+def depfile_deps(dep: str, spec: BuildSpec, data: bytes | None = None) -> tuple[tuple[str, ...], bool]:
+    """The paths the depfile ``dep`` of ``spec``'s build names (its bytes ``data``, else
+    read now), absolute, the staged source excluded; and whether it names that source
+    (else the closure is unknown). Raises ``OSError`` when it cannot be read."""
     workdir = os.path.dirname(dep)
     src = os.path.join(workdir, "src", spec.filename)
-    with open(dep, encoding="utf-8", errors="surrogateescape") as fh:
-        reported = parse_depfile(fh.read())
+    if data is None:
+        data = read_output(dep)
+    reported = parse_depfile(data.decode("utf-8", "surrogateescape"))
     absolute = [p if os.path.isabs(p) else os.path.join(workdir, p) for p in reported]
     return tuple(p for p in absolute if p != src), src in absolute
 
@@ -67,14 +73,19 @@ def run_argv(
 ) -> ArgvBuild:
     src = os.path.join(workdir, "src", spec.filename)
     _write_source(src, spec.code)
-    out, dep, obj = (os.path.join(workdir, f"{spec.name}{ext}") for ext in (out_ext, ".d", ".rel.o"))
+    out, obj = (os.path.join(workdir, f"{spec.name}{ext}") for ext in (out_ext, ".rel.o"))
+    dep = depfile_path(workdir, spec)
     slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep, "{OBJ}": obj}
     argv = [slots.get(a) or expand(a) for a in spec.argv]
     logs, seconds, start = [], 0.0, 0
+    files: Mapping[str, bytes] = {}
     for end in [i for i, a in enumerate(argv) if a == "--"] + [len(argv)]:
         step = argv[start:end]
         start = end + 1
-        result = run(step, cwd=workdir, timeout=timeout, watch=dep if dep in step else None)
+        # The runner reads the depfile and the artifact as the compiler closes them:
+        # off the caller's time, and what stands is their content when the step ended.
+        result = run(step, cwd=workdir, timeout=timeout, watch=[p for p in (dep, out) if p in step])
+        files = result.files  # (only the last step's: a later step may rewrite a file)
         logs.append(result.log)
         seconds += result.seconds
         if result.returncode != 0:
@@ -86,9 +97,10 @@ def run_argv(
             )
     log = "\n".join(logs)
     try:
-        with open(out, "rb") as fh:
-            artifact = fh.read()
-        deps, complete = depfile_deps(dep, spec)
+        artifact = files.get(out)
+        if artifact is None:
+            artifact = read_output(out)
+        deps, complete = depfile_deps(dep, spec, files.get(dep))
         if os.path.exists(obj):
             os.unlink(obj)  # intermediates are not kept
     except OSError as exc:

@@ -22,6 +22,8 @@ class RunOutcome(Protocol):
     def log(self) -> str: ...
     @property
     def seconds(self) -> float: ...
+    @property
+    def files(self) -> Mapping[str, bytes]: ...
 
 
 class Runner(Protocol):
@@ -32,10 +34,11 @@ class Runner(Protocol):
         cwd: str,
         timeout: float | None = None,
         extra_read: Sequence[str] = (),
-        watch: str | None = None,
+        watch: Sequence[str] = (),
     ) -> RunOutcome:
-        """``watch``: a file the step writes and closes before it ends (a depfile); the
-        runner may act on it early. A runner is free to ignore it."""
+        """``watch``: files the step writes (a depfile, the artifact), which the runner
+        may read as they are closed, while the step still runs: ``files`` then holds
+        them as they were when the step ended. A runner is free to ignore it."""
 
 
 @dataclass(frozen=True, slots=True)

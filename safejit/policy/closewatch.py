@@ -2,13 +2,15 @@
 
 A compiler writes its depfile when preprocessing and compiling are done; the
 assembler and linker (gcc), or ptxas and fatbinary (nvcc), run for a further
-20 ms to seconds. Whoever reads that depfile early can overlap work with the
-rest of the run. Linux inotify (``IN_CLOSE_WRITE``) reports the close; where it
-is not available, nothing is reported and that work runs after the compile.
+20 ms to seconds; the linker's output is closed a millisecond or two before the
+driver has cleaned up and exited. Whoever reads those files at their close
+overlaps that work with the rest of the run. Linux inotify (``IN_CLOSE_WRITE``,
+``IN_MOVED_TO``) reports the closes; where it is not available, nothing is
+reported and the files are read after the compile.
 
-What a watch reports is only a hint: the file may be written again before the
-compiler exits, so work done on an early read must be checked against the
-final file.
+A file may be written again before the compiler exits: its next close is
+reported too, and only what was read at the last close reported before the
+process was reaped stands for the file (the sandbox drains the watch then).
 """
 
 from __future__ import annotations
@@ -17,12 +19,19 @@ import ctypes
 import os
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Final
 
 __all__ = ["CloseWatch"]
 
 _IN_CLOSE_WRITE: Final = 0x8
+_IN_MOVED_FROM: Final = 0x40
+_IN_MOVED_TO: Final = 0x80  # (a file renamed onto a watched name is new content too)
+_IN_CREATE: Final = 0x100
+_IN_DELETE: Final = 0x200
+_WRITTEN: Final = _IN_CLOSE_WRITE | _IN_MOVED_TO
+_REPLACED: Final = _IN_CREATE | _IN_DELETE | _IN_MOVED_FROM
+_IN_Q_OVERFLOW: Final = 0x4000
 _EVENT: Final = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
 
 
@@ -58,19 +67,22 @@ os.register_at_fork(after_in_child=_forget_idle)
 
 
 class CloseWatch:
-    """Watch one file for its close after writing; ``fd`` is for ``poll``."""
+    """Watch files of one directory for their close after writing; ``fd`` is for ``poll``."""
 
-    __slots__ = ("fd", "name", "wd")
+    __slots__ = ("fd", "head", "names", "wd")
 
-    def __init__(self, fd: int, wd: int, name: bytes) -> None:
+    def __init__(self, fd: int, wd: int, head: str, names: frozenset[bytes]) -> None:
         self.fd = fd
         self.wd = wd
-        self.name = name
+        self.head = head
+        self.names = names
 
     @classmethod
-    def open(cls, path: str) -> CloseWatch | None:
-        """A watch for ``path``'s close after writing, or ``None`` where inotify is not to be had."""
-        if _LIBC is None:
+    def open(cls, paths: Sequence[str]) -> CloseWatch | None:
+        """A watch for the close after writing of ``paths`` (all in one directory), or
+        ``None`` where inotify is not to be had."""
+        heads = {os.path.dirname(p) for p in paths}
+        if _LIBC is None or len(heads) != 1:
             return None
         with _IDLE_LOCK:
             fd = _IDLE.pop() if _IDLE else -1
@@ -78,19 +90,24 @@ class CloseWatch:
             fd = _LIBC.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
             if fd < 0:
                 return None
-        head, tail = os.path.split(os.fsencode(path))
-        wd = _LIBC.inotify_add_watch(fd, head or b".", _IN_CLOSE_WRITE)
+        (head,) = heads
+        wd = _LIBC.inotify_add_watch(fd, os.fsencode(head or "."), _WRITTEN | _REPLACED)
         if wd < 0:
             _put_idle(fd)
             return None
-        return cls(fd, wd, tail)
+        return cls(fd, wd, head, frozenset(os.fsencode(os.path.basename(p)) for p in paths))
 
-    def closed(self) -> bool:
-        """Whether the watched file was closed after writing since the last call.
-        Raises ``OSError`` when the watch cannot be read."""
-        seen = False
+    def closed(self) -> list[tuple[str, bool]]:
+        """What happened to the watched files since the last call, in order: (path, True)
+        when one was closed after writing or renamed into place (read it now), (path,
+        False) when one was created, deleted or renamed away (what was read no longer
+        stands). Raises ``OSError`` when the watch cannot be read or events were lost."""
+        seen: list[tuple[str, bool]] = []
         for wd, mask, name in _events(self.fd):
-            seen |= wd == self.wd and bool(mask & _IN_CLOSE_WRITE) and name == self.name
+            if mask & _IN_Q_OVERFLOW:
+                raise OSError("inotify queue overflow: events were lost")
+            if wd == self.wd and name in self.names and mask & (_WRITTEN | _REPLACED):
+                seen.append((os.path.join(self.head, os.fsdecode(name)), bool(mask & _WRITTEN)))
         return seen
 
     def close(self) -> None:

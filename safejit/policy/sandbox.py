@@ -21,12 +21,13 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 from .. import faults
 from .._background import background
+from ..deps import read_output
 from ..errors import CompileError, CompileTimeout, ConfigError, SandboxUnavailableError
 from .closewatch import CloseWatch
 from .shim_build import SYSTEM_PATH
@@ -73,6 +74,8 @@ class RunResult:
     log: str
     seconds: float
     sandboxed: bool
+    #: Watched files as read at their last close, while the process ran (see ``run``).
+    files: Mapping[str, bytes] = field(default_factory=dict)
 
 
 def landlock_abi() -> int:
@@ -239,13 +242,16 @@ class Sandbox:
         read_roots: Sequence[str] = (),
         write_roots: Sequence[str] = (),
         on_start: Callable[[], None] | None = None,
-        watch: tuple[str, Callable[[], None]] | None = None,
+        watch: Sequence[str] = (),
+        on_closed: Callable[[str, bytes], None] | None = None,
     ) -> RunResult:
         """Run ``argv`` in ``cwd``; raise :class:`CompileTimeout` past ``timeout``.
-        ``on_start`` runs once the process is started (work to overlap with it);
-        ``watch`` = (path, callback): the callback runs, while the process still
-        runs, each time it closes that file after writing (a few times at most;
-        never where inotify is not to be had)."""
+        ``on_start`` runs once the process is started (work to overlap with it).
+
+        ``watch``: files (of one directory) the process writes. Each time it closes one
+        after writing, while it still runs, the file is read and ``on_closed(path, data)``
+        called; ``RunResult.files`` holds what was read at the last close, for the files
+        known not to have changed since (none where inotify is not to be had)."""
         self.check_available()
         limits = self.limits
         opts = ["-a", str(limits.address_space), "-c", str(limits.cpu_s),
@@ -264,14 +270,15 @@ class Sandbox:
             faults.point("compiler.spawn")
         except OSError as exc:
             raise CompileError(f"could not start {argv[0]}: {exc}", log=str(exc), argv=list(argv)) from exc
-        closes = CloseWatch.open(watch[0]) if watch is not None else None
+        closes = CloseWatch.open(watch) if watch else None
+        files: dict[str, bytes] = {}
         try:
             proc, read_fd = self._start(shim, opts, argv, cwd, env)
             try:
                 if on_start is not None:
                     on_start()
                 try:
-                    rc = _wait(proc, timeout, read_fd, log, (closes, watch[1]) if closes and watch else None)
+                    rc = _wait(proc, timeout, read_fd, log, _Reader(closes, files, on_closed) if closes else None)
                 except subprocess.TimeoutExpired:
                     _kill_group(proc)
                     log.drain(read_fd)
@@ -287,6 +294,12 @@ class Sandbox:
                 # The group may hold stragglers (a driver's children); end them too.
                 _kill_group(proc, quiet=True)
                 log.drain(read_fd)
+                if closes is not None:  # a file closed since (by a straggler) is read afresh
+                    try:
+                        for path, _ in closes.closed():
+                            files.pop(path, None)
+                    except OSError:
+                        files.clear()
             finally:
                 os.close(read_fd)
         finally:
@@ -298,7 +311,7 @@ class Sandbox:
             if rc == 125:
                 raise SandboxUnavailableError(f"sandbox: {text.strip()}")
             raise ConfigError(f"sandbox {_SHIM_ERRORS[rc]}: {text.strip()}")
-        return RunResult(rc, text, time.perf_counter() - start, landlocked)
+        return RunResult(rc, text, time.perf_counter() - start, landlocked, files)
 
 
 def _env_options(env: Mapping[str, str]) -> list[str]:
@@ -361,17 +374,52 @@ class _Log:
         return bytes(self.head + cut + self.tail).decode("utf-8", "replace")
 
 
-def _wait(
-    proc: subprocess.Popen[bytes],
-    timeout: float,
-    read_fd: int,
-    log: _Log,
-    watch: tuple[CloseWatch, Callable[[], None]] | None = None,
-) -> int:
+class _Reader:
+    """Reads watched files as they are closed (``_wait``); gives up on a file closed
+    over and over, and on all of them when the watch fails."""
+
+    def __init__(
+        self, closes: CloseWatch, files: dict[str, bytes], on_closed: Callable[[str, bytes], None] | None
+    ) -> None:
+        self.closes = closes
+        self.files = files
+        self.on_closed = on_closed
+        self.reads: dict[str, int] = {}
+        self.active = True
+
+    def __call__(self) -> None:
+        try:
+            closed = self.closes.closed()
+        except OSError:
+            self.stop()
+            return
+        for path, written in closed:
+            if not written:
+                self.files.pop(path, None)  # (its next close, if any, is read again)
+                continue
+            self.reads[path] = self.reads.get(path, 0) + 1
+            if self.reads[path] > _WATCH_CALLS:  # not worth following
+                self.stop()
+                return
+            try:
+                data = read_output(path)
+            except OSError:
+                self.files.pop(path, None)
+                continue
+            self.files[path] = data
+            if self.on_closed is not None:
+                self.on_closed(path, data)
+
+    def stop(self) -> None:
+        self.active = False
+        self.files.clear()
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float, read_fd: int, log: _Log, reader: _Reader | None = None) -> int:
     """Read the output until the process exits, waking the moment it does
     (``Popen.wait(timeout)`` polls with sleeps of up to 50 ms, which would dominate
-    a fast compile); ``watch`` = (what, callback): run the callback when it reports
-    its file closed. Raises ``TimeoutExpired`` past ``timeout``."""
+    a fast compile), and let ``reader`` read the watched files it reports closed.
+    Raises ``TimeoutExpired`` past ``timeout``."""
     deadline = time.monotonic() + timeout
     try:
         pidfd = os.pidfd_open(proc.pid)
@@ -382,9 +430,8 @@ def _wait(
         poller.register(read_fd, select.POLLIN)
         if pidfd >= 0:
             poller.register(pidfd, select.POLLIN)
-        calls_left = _WATCH_CALLS
-        if watch is not None:
-            poller.register(watch[0].fd, select.POLLIN)
+        if reader is not None:
+            poller.register(reader.closes.fd, select.POLLIN)
         open_pipe = True
         while True:
             left = deadline - time.monotonic()
@@ -400,21 +447,16 @@ def _wait(
                 else:
                     poller.unregister(read_fd)
                     open_pipe = False
-            # The process may have exited already: its close was queued before its exit.
-            if watch is not None and (watch[0].fd in events or pidfd in events):
-                try:
-                    closed = watch[0].closed()
-                except OSError:
-                    closed, calls_left = False, 0
-                if closed:
-                    watch[1]()
-                    calls_left -= 1
-                if calls_left <= 0:  # a file closed over and over is not worth following
-                    poller.unregister(watch[0].fd)
-                    watch = None
+            # The process may have exited already: its closes were queued before its exit.
+            if reader is not None and reader.active and (reader.closes.fd in events or pidfd in events):
+                reader()
+                if not reader.active:
+                    poller.unregister(reader.closes.fd)
             if pidfd in events:
                 return proc.wait()
             if pidfd < 0 and proc.poll() is not None:
+                if reader is not None and reader.active:
+                    reader()
                 return proc.wait()
     finally:
         if pidfd >= 0:

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..backends.argv_compile import depfile_deps
+from ..backends.argv_compile import depfile_deps, depfile_path
 from ..backends.base import CompileOutput
 from ..cache.disk import DiskCache, Rejection, VerifiedLeaf
 from ..cache.spares import Workdir
@@ -145,7 +145,7 @@ class Builder:
         anchors: Anchors,
         workdir: str,
         on_start: Callable[[], None] | None = None,
-        on_closed: Callable[[str], None] | None = None,
+        on_closed: Callable[[str, bytes], None] | None = None,
     ) -> CompileOutput:
         self.counters.add("compiles")
         waiting = [on_start] if on_start is not None else []
@@ -201,14 +201,18 @@ class Builder:
         started_ns = time.time_ns()
         early: dict[tuple[str, ...], Closure] = {}
 
-        def scan_early(depfile: str) -> None:
+        depfile = depfile_path(workdir, spec)
+
+        def scan_early(path: str, data: bytes) -> None:
             # The compiler has written its depfile; its assembler and linker still run.
             # Scanning now takes the scan off the caller's time; it is used only if the
             # final depfile names the very same files and none of them has changed since.
             # Any failure is left to the late scan.
+            if path != depfile:
+                return
             early.clear()
             with contextlib.suppress(OSError, ValueError, SafejitError):
-                deps, complete = depfile_deps(depfile, spec)
+                deps, complete = depfile_deps(depfile, spec, data)
                 if complete:
                     early[deps] = self.closure(spec, anchors, deps, started_ns, early=True)
 

@@ -3,7 +3,6 @@ sandboxed runner every compiler and probe goes through."""
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import tempfile
@@ -117,12 +116,12 @@ class Setup:
         env: Sequence[tuple[str, str]],
         toolchain_roots: Sequence[str] = (),
         on_start: Callable[[], None] | None = None,
-        on_closed: Callable[[str], None] | None = None,
+        on_closed: Callable[[str, bytes], None] | None = None,
     ) -> Runner:
         """Run argv lists in the sandbox: fixed PATH, TMPDIR in the work dir, only
         ``env_passthrough`` variables; read access to the source roots. ``on_start``
-        runs once, when the first process has started; ``on_closed(path)`` while a
-        process runs, when it has closed the file a step named in ``watch``."""
+        runs once, when the first process has started; ``on_closed(path, data)`` while
+        a process runs, when it has closed a file the step named in ``watch``."""
         pending = [on_start] if on_start is not None else []
         base_env = {"PATH": SYSTEM_PATH, "LC_ALL": "C", **dict(env)}
         roots = self._read_roots(config.source_roots, tuple(toolchain_roots))
@@ -133,7 +132,7 @@ class Setup:
             cwd: str,
             timeout: float | None = None,
             extra_read: Sequence[str] = (),
-            watch: str | None = None,
+            watch: Sequence[str] = (),
         ) -> RunOutcome:
             where = cwd or self.probe_dir
             tmp = os.path.join(where, ".tmp")
@@ -146,7 +145,8 @@ class Setup:
                 read_roots=[*roots, *extra_read],
                 write_roots=[where],
                 on_start=pending.pop() if pending else None,
-                watch=(watch, functools.partial(on_closed, watch)) if watch and on_closed else None,
+                watch=watch,
+                on_closed=on_closed,
             )
 
         return run

@@ -404,3 +404,34 @@ def test_a_shim_started_ahead_sandboxes_its_run_like_a_fresh_one(tmp_path, outsi
     finally:
         sb.close()
     assert sb._spare is None
+
+
+#: Runs the real compile, then replaces its output (``-o``) with $1 of the body's choosing.
+_SWAP_OUTPUT = (
+    'prev=""\n'
+    'for a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done\n'
+    '/usr/bin/cc "$@" || exit $?\n'
+    'rm -f "$out"\n'
+)
+
+
+def test_an_output_swapped_for_a_symlink_out_is_never_read(make_runtime, project, cache_dir, outside):
+    """The compiler's output turned into a symlink to a file outside the roots: that file
+    must not be read in place of the artifact (nor published as one)."""
+    cc = write_wrapper(project, _SWAP_OUTPUT + f'ln -s {outside / "secret"} "$out"\n')
+    rt = _rt(make_runtime, project, host_cc=str(cc))
+    with pytest.raises(safejit.CompileError) as exc:
+        rt.compile(ADD)
+    assert "compiler output" in str(exc.value)
+    assert_no_secret(exc.value, exc.value.log)
+    assert_nothing_published(cache_dir)
+
+
+def test_an_output_swapped_for_a_fifo_does_not_hang_the_caller(make_runtime, project, cache_dir):
+    """A FIFO in place of the output would block a plain open() for reading forever."""
+    cc = write_wrapper(project, _SWAP_OUTPUT + 'mkfifo "$out"\n')
+    rt = _rt(make_runtime, project, host_cc=str(cc))
+    with pytest.raises(safejit.CompileError) as exc:
+        rt.compile(ADD)
+    assert "not a regular file" in str(exc.value)
+    assert_nothing_published(cache_dir)

@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 from safejit.policy import closewatch
 from safejit.policy.closewatch import CloseWatch
+from safejit.policy.sandbox import Sandbox
 
 
 def _watch(path: Path) -> CloseWatch:
-    watch = CloseWatch.open(str(path))
+    watch = CloseWatch.open([str(path)])
     if watch is None:
         pytest.skip("no inotify here")
     return watch
 
 
-def test_counts_closes_of_the_watched_file_only(tmp_path):
+def test_reports_closes_after_writing_of_the_watched_files_only(tmp_path):
     watch = _watch(tmp_path / "k.d")
     try:
         assert not watch.closed()
@@ -44,9 +46,9 @@ def test_a_reused_instance_reports_nothing_of_an_earlier_watch(tmp_path):
     try:
         assert second.fd == first.fd, "the idle instance was not reused"
         (tmp_path / "a" / "k.d").write_text("y")
-        assert not second.closed()
+        assert second.closed() == []
         (tmp_path / "b" / "k.d").write_text("z")
-        assert second.closed()
+        assert second.closed() == [(str(tmp_path / "b" / "k.d"), False), (str(tmp_path / "b" / "k.d"), True)]
     finally:
         second.close()
 
@@ -67,4 +69,43 @@ def test_a_child_process_does_not_share_the_idle_instances(tmp_path):
 
 
 def test_an_unwatchable_directory_gives_no_watch(tmp_path):
-    assert CloseWatch.open(str(tmp_path / "missing" / "k.d")) is None
+    assert CloseWatch.open([str(tmp_path / "missing" / "k.d")]) is None
+    assert CloseWatch.open([str(tmp_path / "a" / "k.d"), str(tmp_path / "b" / "k.so")]) is None  # two dirs
+
+
+def _run_writing(tmp_path: Path, script: str, names: list[str]) -> tuple[dict[str, bytes], list[tuple[str, bytes]]]:
+    sb = Sandbox("auto", tools_dir=str(tmp_path / "tools"), cc=shutil.which("cc"))
+    work = tmp_path / "work"
+    work.mkdir()
+    seen: list[tuple[str, bytes]] = []
+    try:
+        result = sb.run(
+            ["/bin/sh", "-c", script],
+            cwd=str(work),
+            env={"PATH": "/usr/bin:/bin"},
+            timeout=30,
+            write_roots=[str(work)],
+            watch=[str(work / n) for n in names],
+            on_closed=lambda path, data: seen.append((os.path.basename(path), data)),
+        )
+    finally:
+        sb.close()
+    assert result.returncode == 0, result.log
+    return {os.path.basename(p): d for p, d in result.files.items()}, seen
+
+
+def test_the_sandbox_reads_watched_files_at_each_close_and_keeps_the_last(tmp_path):
+    files, seen = _run_writing(
+        tmp_path, "echo one > k.d; sleep 0.2; echo two > k.d; echo out > k.so; sleep 0.2", ["k.d", "k.so"]
+    )
+    if not seen:
+        pytest.skip("no inotify here")
+    assert files == {"k.d": b"two\n", "k.so": b"out\n"}
+    assert ("k.d", b"one\n") in seen and seen[-1] in {("k.d", b"two\n"), ("k.so", b"out\n")}
+
+
+def test_a_file_closed_over_and_over_is_not_vouched_for(tmp_path):
+    files, seen = _run_writing(tmp_path, "for i in 1 2 3 4 5; do echo $i > k.d; sleep 0.05; done", ["k.d"])
+    if not seen:
+        pytest.skip("no inotify here")
+    assert files == {}  # (the caller reads it after the run)
