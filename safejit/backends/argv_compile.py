@@ -50,6 +50,10 @@ def _write_source(path: str, code: bytes) -> None:
         os.close(fd)
 
 
+def _source_path(workdir: str, spec: BuildSpec) -> str:
+    return os.path.join(workdir, "src", spec.filename)
+
+
 def depfile_path(workdir: str, spec: BuildSpec) -> str:
     """Where ``run_argv`` has the compiler write ``spec``'s depfile."""
     return os.path.join(workdir, f"{spec.name}.d")
@@ -60,7 +64,7 @@ def depfile_deps(dep: str, spec: BuildSpec, data: bytes | None = None) -> tuple[
     read now), absolute, the staged source excluded; and whether it names that source
     (else the closure is unknown). Raises ``OSError`` when it cannot be read."""
     workdir = os.path.dirname(dep)
-    src = os.path.join(workdir, "src", spec.filename)
+    src = _source_path(workdir, spec)
     if data is None:
         data = read_output(dep)
     reported = parse_depfile(data.decode("utf-8", "surrogateescape"))
@@ -71,7 +75,7 @@ def depfile_deps(dep: str, spec: BuildSpec, data: bytes | None = None) -> tuple[
 def run_argv(
     spec: BuildSpec, *, workdir: str, expand: Callable[[str], str], run: Runner, timeout: float, out_ext: str
 ) -> ArgvBuild:
-    src = os.path.join(workdir, "src", spec.filename)
+    src = _source_path(workdir, spec)
     _write_source(src, spec.code)
     out, obj = (os.path.join(workdir, f"{spec.name}{ext}") for ext in (out_ext, ".rel.o"))
     dep = depfile_path(workdir, spec)

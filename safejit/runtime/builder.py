@@ -200,7 +200,6 @@ class Builder:
         for (published, trusted by the memory tier)."""
         started_ns = time.time_ns()
         early: dict[tuple[str, ...], Closure] = {}
-
         depfile = depfile_path(workdir, spec)
 
         def scan_early(path: str, data: bytes) -> None:
