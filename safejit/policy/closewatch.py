@@ -19,10 +19,12 @@ import ctypes
 import os
 import struct
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
-__all__ = ["CloseWatch"]
+from ..deps import read_output
+
+__all__ = ["CloseWatch", "ClosedFiles"]
 
 _IN_CLOSE_WRITE: Final = 0x8
 _IN_MOVED_FROM: Final = 0x40
@@ -32,6 +34,8 @@ _IN_DELETE: Final = 0x200
 _WRITTEN: Final = _IN_CLOSE_WRITE | _IN_MOVED_TO
 _REPLACED: Final = _IN_CREATE | _IN_DELETE | _IN_MOVED_FROM
 _IN_Q_OVERFLOW: Final = 0x4000
+#: How many times a watched file's close is acted on, at most.
+_WATCH_CALLS: Final = 3
 _EVENT: Final = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
 
 
@@ -120,6 +124,50 @@ class CloseWatch:
             os.close(self.fd)
             return
         _put_idle(self.fd)
+
+
+class ClosedFiles:
+    """``files``: the watched files as read at their last close, kept up to date by
+    calling this whenever ``closes.fd`` polls readable (and once the process has
+    exited); ``on_closed(path, data)`` is told of each read. Gives up — ``files``
+    emptied, ``active`` false — on a file closed over and over, and on all of them
+    when the watch fails."""
+
+    def __init__(
+        self, closes: CloseWatch, files: dict[str, bytes], on_closed: Callable[[str, bytes], None] | None
+    ) -> None:
+        self.closes = closes
+        self.files = files
+        self.on_closed = on_closed
+        self.reads: dict[str, int] = {}
+        self.active = True
+
+    def __call__(self) -> None:
+        try:
+            closed = self.closes.closed()
+        except OSError:
+            self.stop()
+            return
+        for path, written in closed:
+            if not written:
+                self.files.pop(path, None)  # (its next close, if any, is read again)
+                continue
+            self.reads[path] = self.reads.get(path, 0) + 1
+            if self.reads[path] > _WATCH_CALLS:  # not worth following
+                self.stop()
+                return
+            try:
+                data = read_output(path)
+            except OSError:
+                self.files.pop(path, None)
+                continue
+            self.files[path] = data
+            if self.on_closed is not None:
+                self.on_closed(path, data)
+
+    def stop(self) -> None:
+        self.active = False
+        self.files.clear()
 
 
 def _events(fd: int) -> Iterator[tuple[int, int, bytes]]:

@@ -27,9 +27,8 @@ from typing import Final
 
 from .. import faults
 from .._background import background
-from ..deps import read_output
 from ..errors import CompileError, CompileTimeout, ConfigError, SandboxUnavailableError
-from .closewatch import CloseWatch
+from .closewatch import ClosedFiles, CloseWatch
 from .shim_build import SYSTEM_PATH
 from .shim_build import ensure_shim as _ensure_shim
 
@@ -55,8 +54,6 @@ _TERM_GRACE_S: Final = 2.0
 _PYSHIM: Final = Path(__file__).with_name("_pyshim.py")
 _LOG_HEAD: Final = 48 * 1024
 _LOG_TAIL: Final = 16 * 1024
-#: How many times a watched file's close is acted on, at most.
-_WATCH_CALLS: Final = 3
 _SHIM_ERRORS: Final = {124: "bad usage", 125: "Landlock unavailable", 126: "sandbox setup failed"}
 
 
@@ -278,7 +275,7 @@ class Sandbox:
                 if on_start is not None:
                     on_start()
                 try:
-                    rc = _wait(proc, timeout, read_fd, log, _Reader(closes, files, on_closed) if closes else None)
+                    rc = _wait(proc, timeout, read_fd, log, ClosedFiles(closes, files, on_closed) if closes else None)
                 except subprocess.TimeoutExpired:
                     _kill_group(proc)
                     log.drain(read_fd)
@@ -374,48 +371,9 @@ class _Log:
         return bytes(self.head + cut + self.tail).decode("utf-8", "replace")
 
 
-class _Reader:
-    """Reads watched files as they are closed (``_wait``); gives up on a file closed
-    over and over, and on all of them when the watch fails."""
-
-    def __init__(
-        self, closes: CloseWatch, files: dict[str, bytes], on_closed: Callable[[str, bytes], None] | None
-    ) -> None:
-        self.closes = closes
-        self.files = files
-        self.on_closed = on_closed
-        self.reads: dict[str, int] = {}
-        self.active = True
-
-    def __call__(self) -> None:
-        try:
-            closed = self.closes.closed()
-        except OSError:
-            self.stop()
-            return
-        for path, written in closed:
-            if not written:
-                self.files.pop(path, None)  # (its next close, if any, is read again)
-                continue
-            self.reads[path] = self.reads.get(path, 0) + 1
-            if self.reads[path] > _WATCH_CALLS:  # not worth following
-                self.stop()
-                return
-            try:
-                data = read_output(path)
-            except OSError:
-                self.files.pop(path, None)
-                continue
-            self.files[path] = data
-            if self.on_closed is not None:
-                self.on_closed(path, data)
-
-    def stop(self) -> None:
-        self.active = False
-        self.files.clear()
-
-
-def _wait(proc: subprocess.Popen[bytes], timeout: float, read_fd: int, log: _Log, reader: _Reader | None = None) -> int:
+def _wait(
+    proc: subprocess.Popen[bytes], timeout: float, read_fd: int, log: _Log, reader: ClosedFiles | None = None
+) -> int:
     """Read the output until the process exits, waking the moment it does
     (``Popen.wait(timeout)`` polls with sleeps of up to 50 ms, which would dominate
     a fast compile), and let ``reader`` read the watched files it reports closed.
