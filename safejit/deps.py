@@ -60,16 +60,31 @@ class Dep:
         return (self.anchor, self.relpath, self.digest)
 
 
+def _open_regular(path: str, *, nofollow: bool = False) -> tuple[int, os.stat_result]:
+    """An fd open for reading on the regular file ``path``, and its stat. Never blocks
+    on a FIFO (one planted where a file was would hang every reader): anything but a
+    regular file raises ``OSError``; so does a symlink with ``nofollow``."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_NOFOLLOW if nofollow else 0)
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
 def hash_file(path: str, *, nofollow: bool = False) -> tuple[str, Snapshot]:
-    """BLAKE3 of a file's bytes and its stat, taken *before* reading.
+    """BLAKE3 of a regular file's bytes and its stat, taken *before* reading.
 
     Stat-then-read means a concurrent edit can only make the snapshot look
     older than the digest, which forces a rehash later — never a stale pass.
     With ``nofollow`` a symlink raises ``OSError(ELOOP)``.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_NOFOLLOW if nofollow else 0))
+    fd, st = _open_regular(path, nofollow=nofollow)
     try:
-        st = os.fstat(fd)
         # Large files hash on every core (BLAKE3's tree mode); small ones on one.
         h = blake3.blake3(max_threads=blake3.blake3.AUTO) if st.st_size >= _PARALLEL_BYTES else blake3.blake3()
         want = st.st_size + 1
@@ -84,34 +99,28 @@ def hash_file(path: str, *, nofollow: bool = False) -> tuple[str, Snapshot]:
 
 
 def read_file(path: str) -> tuple[bytes, Snapshot]:
-    """A file's bytes and its stat, taken before reading."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    """A regular file's bytes and its stat, taken before reading."""
+    fd, st = _open_regular(path)
     try:
-        st = os.fstat(fd)
-        chunks = []
-        while True:
-            chunk = os.read(fd, max(st.st_size + 1, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return b"".join(chunks), snapshot_of(st)
+        return _read_all(fd, st), snapshot_of(st)
     finally:
         os.close(fd)
+
+
+def _read_all(fd: int, st: os.stat_result) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, max(st.st_size + 1, 1 << 16)):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def read_output(path: str) -> bytes:
     """A file a sandboxed process wrote (artifact, depfile), read without trusting it:
     never through a symlink, never blocking on a FIFO. Anything but a regular file
     raises ``OSError``."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    fd, st = _open_regular(path, nofollow=True)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", path)
-        chunks = []
-        while chunk := os.read(fd, max(st.st_size + 1, 1 << 16)):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return _read_all(fd, st)
     finally:
         os.close(fd)
 

@@ -110,9 +110,10 @@ def rename(src: str, dst: str) -> None:
 
 
 def read_bytes(path: str, limit: int) -> bytes:
-    """Read a regular file (not through a symlink), at most ``limit`` bytes."""
+    """Read a regular file (not through a symlink, never blocking on a FIFO), at most
+    ``limit`` bytes."""
     faults.point("disk.read")
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

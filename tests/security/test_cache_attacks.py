@@ -165,3 +165,32 @@ def test_secret_never_appears_in_errors_of_a_rejected_leaf(make_runtime, cache_d
     rt.compile(ADD)
     assert_no_secret(*(str(v) for v in rt.stats().values()))
     assert SECRET_TOKEN not in json.dumps(rt.stats())
+
+
+@pytest.mark.parametrize("planted", ["artifact.so", "manifest.json", ".committed"])
+def test_fifo_planted_in_a_leaf_does_not_hang_readers(planted, make_runtime, cache_dir):
+    """Anyone who can write the cache swaps a leaf file for a FIFO: opening it to read would
+    block every process that looks the key up. The leaf must be a miss, at once."""
+    _, leaf = _one_leaf(make_runtime, cache_dir)
+    (leaf / planted).unlink()
+    os.mkfifo(leaf / planted)
+    rt = make_runtime()
+    assert rt.compile(ADD).kernel("add")(2, 5) == 7
+    assert rt.stats()["disk_hits"] == 0 and rt.stats()["compiles"] == 1
+    assert_cache_sound(cache_dir)
+
+
+def test_header_swapped_for_a_fifo_does_not_hang_revalidation(make_runtime, project, cache_dir):
+    """A dependency replaced by a FIFO: the memory and disk tiers must not block reading it
+    (the rebuild then blocks in the compiler, which the timeout ends)."""
+    src = safejit.Source('#include "value.h"\nint value(void) { return VALUE; }\n', "value")
+    inc = (str(project / "include"),)
+    rt = make_runtime(source_roots=(str(project),), max_staleness_s=0, compile_timeout_s=2)
+    assert rt.compile(src, include_dirs=inc).kernel("value")() == 42
+    inner = project / "include" / "inner.h"
+    inner.unlink()
+    os.mkfifo(inner)
+    for runtime in (rt, make_runtime(source_roots=(str(project),), compile_timeout_s=2)):  # memory, then disk
+        with pytest.raises(safejit.CompileTimeout):
+            runtime.compile(src, include_dirs=inc)
+    assert len(leaves(cache_dir)) == 1  # the first build's, and nothing new
