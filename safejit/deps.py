@@ -24,6 +24,7 @@ __all__ = [
     "Dep",
     "Snapshot",
     "hash_file",
+    "open_regular",
     "parse_depfile",
     "read_output",
     "snapshot_of",
@@ -60,7 +61,7 @@ class Dep:
         return (self.anchor, self.relpath, self.digest)
 
 
-def _open_regular(path: str, *, nofollow: bool = False) -> tuple[int, os.stat_result]:
+def open_regular(path: str, *, nofollow: bool = False) -> tuple[int, os.stat_result]:
     """An fd open for reading on the regular file ``path``, and its stat. Never blocks
     on a FIFO (one planted where a file was would hang every reader): anything but a
     regular file raises ``OSError``; so does a symlink with ``nofollow``."""
@@ -83,7 +84,7 @@ def hash_file(path: str, *, nofollow: bool = False) -> tuple[str, Snapshot]:
     older than the digest, which forces a rehash later — never a stale pass.
     With ``nofollow`` a symlink raises ``OSError(ELOOP)``.
     """
-    fd, st = _open_regular(path, nofollow=nofollow)
+    fd, st = open_regular(path, nofollow=nofollow)
     try:
         # Large files hash on every core (BLAKE3's tree mode); small ones on one.
         h = blake3.blake3(max_threads=blake3.blake3.AUTO) if st.st_size >= _PARALLEL_BYTES else blake3.blake3()
@@ -100,7 +101,7 @@ def hash_file(path: str, *, nofollow: bool = False) -> tuple[str, Snapshot]:
 
 def read_file(path: str) -> tuple[bytes, Snapshot]:
     """A regular file's bytes and its stat, taken before reading."""
-    fd, st = _open_regular(path)
+    fd, st = open_regular(path)
     try:
         return _read_all(fd, st), snapshot_of(st)
     finally:
@@ -118,7 +119,7 @@ def read_output(path: str) -> bytes:
     """A file a sandboxed process wrote (artifact, depfile), read without trusting it:
     never through a symlink, never blocking on a FIFO. Anything but a regular file
     raises ``OSError``."""
-    fd, st = _open_regular(path, nofollow=True)
+    fd, st = open_regular(path, nofollow=True)
     try:
         return _read_all(fd, st)
     finally:

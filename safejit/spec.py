@@ -8,11 +8,13 @@ closure, keyed separately). Paths inside a spec are *anchored*: stored as
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from .deps import open_regular
 from .errors import ConfigError, LimitExceededError
 
 __all__ = ["NOT_IN_KEY", "AnchoredPath", "BuildSpec", "Source", "Toolchain"]
@@ -62,8 +64,11 @@ class Source:
     def from_file(cls, path: str | Path, *, name: str | None = None, max_bytes: int = 4 << 20) -> Source:
         """Read a source file. Confinement of ``path`` happens at compile time."""
         p = Path(path)
-        with p.open("rb") as fh:
-            data = fh.read(max_bytes + 1)
+        fd, _ = open_regular(str(p))  # (never blocks on a FIFO)
+        try:
+            data = os.read(fd, max_bytes + 1)
+        finally:
+            os.close(fd)
         if len(data) > max_bytes:
             raise LimitExceededError(f"source {p} is over {max_bytes} bytes", path=str(p), limit=max_bytes)
         try:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from ..deps import read_file
 from ..errors import CompileError, CompileTimeout, PathConfinementError
 
 __all__ = ["NvrtcRequest", "NvrtcResult", "NvrtcWorker", "compile_with_headers", "nvrtc_compile_once"]
@@ -147,8 +148,10 @@ def compile_with_headers(
         if known is None:
             if len(paths) >= max_headers:
                 raise CompileError(f"more than {max_headers} headers", log="")
-            with open(path, "rb") as fh:
-                data = fh.read()
+            try:
+                data, _ = read_file(path)  # (a FIFO there would block this process for good)
+            except OSError as exc:
+                raise CompileError(f"cannot read header {path}: {exc}", log=str(exc)) from exc
             headers[header], paths[header] = data, path
             scan(data, path)
         return True

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from ..deps import read_file
 from .disk import LAYOUT
 
 __all__ = ["MAX_SAMPLES", "read_usage", "usage_name", "write_usage"]
@@ -68,8 +69,7 @@ def read_usage(root: str) -> Iterator[tuple[str, dict[str, Any]]]:
             if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
                 continue
             try:
-                with open(entry.path, encoding="utf-8") as fh:
-                    record = json.load(fh)
+                record = json.loads(read_file(entry.path)[0])  # (never blocks on a FIFO)
             except (OSError, ValueError):
                 continue
             if isinstance(record, dict) and isinstance(record.get("counters"), dict):

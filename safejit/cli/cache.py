@@ -13,6 +13,7 @@ from rich.table import Table
 
 from ..cache import maintenance
 from ..cache.disk import LAYOUT
+from ..cache.fsio import read_bytes
 from ..cache.usage import read_usage
 from ..runtime import Runtime
 from ._common import age_text, config_for, console, count_dir, progress, roots_of
@@ -216,8 +217,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     leaf = os.path.realpath(args.leaf)
     try:
-        with open(os.path.join(leaf, "manifest.json"), "rb") as fh:
-            man = parse_manifest(fh.read())
+        man = parse_manifest(read_bytes(os.path.join(leaf, "manifest.json"), 1 << 24))
     except (OSError, ManifestError) as exc:
         console.print(f"[red]error[/]: {leaf}: {exc}")
         return 1

@@ -213,3 +213,10 @@ def test_symlink_dotdot_decoy_cannot_mask_a_header_edit(make_runtime, tmp_path):
     (root / "deep" / "x.h").write_text("#define V 2\n")
     second = _runtime(make_runtime, root)
     assert second.compile(src, include_dirs=(root / "inc",)).kernel("v")() == 2
+
+
+def test_source_from_a_fifo_is_an_error_not_a_hang(tmp_path):
+    fifo = tmp_path / "kernel.c"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        safejit.Source.from_file(fifo)

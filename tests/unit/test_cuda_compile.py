@@ -4,6 +4,7 @@ rebuilds, the environment, diagnostics, argument packing."""
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 from pathlib import Path
 
@@ -377,3 +378,17 @@ def test_the_nvrtc_worker_keeps_its_heap_between_compiles():
     finally:
         worker.close()
     assert faults < 3 * 200, f"{faults} page faults in three compiles"
+
+
+@pytest.mark.parametrize("worker", [True, False])
+def test_nvrtc_header_swapped_for_a_fifo_is_an_error_not_a_hang(make_runtime, cuda_project, cache_dir, worker):
+    """Headers are read in this process to be handed to NVRTC: a FIFO must not block it
+    (the resolver passes over it; reading it, were it swapped in later, fails at once)."""
+    detail = cuda_project / "include" / "detail.h"
+    detail.unlink()
+    os.mkfifo(detail)
+    rt = _rt(make_runtime, cuda_project, "nvrtc", nvrtc_worker=worker)
+    with pytest.raises(safejit.CompileError) as info:
+        rt.compile(safejit.Source(SAXPY, "saxpy"), include_dirs=(str(cuda_project / "include"),), arch="sm_90")
+    assert "detail.h" in str(info.value)
+    assert leaves(cache_dir) == []
