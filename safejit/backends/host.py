@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from .. import faults
+from .._proc import alive
 from ..deps import hash_file
 from ..errors import ConfigError, LoadError
 from ..spec import BuildSpec, Source, Toolchain
@@ -231,7 +232,7 @@ def _sweep_loader_dirs(parent: str, prefix: str) -> None:
     with contextlib.suppress(OSError), os.scandir(parent) as it:
         for entry in it:
             pid = entry.name[len(prefix) :].partition("-")[0] if entry.name.startswith(prefix) else ""
-            if not pid.isdigit() or _alive(int(pid)):
+            if not pid.isdigit() or alive(int(pid)):
                 continue
             with contextlib.suppress(OSError):
                 # Our own real directory only (anyone can make a name in /dev/shm).
@@ -239,16 +240,6 @@ def _sweep_loader_dirs(parent: str, prefix: str) -> None:
                     for link in os.listdir(entry.path):  # symlinks a dead process left
                         os.unlink(os.path.join(entry.path, link))
                     os.rmdir(entry.path)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove_empty_dir(path: str, owner: int) -> None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from .._background import background, settle
+from .._proc import alive
 
 __all__ = ["MAX_AGE_S", "Spares", "Workdir", "background", "pristine", "remove_quietly", "settle"]
 
@@ -168,19 +169,9 @@ def _open_memory_scratch() -> str | None:
     with contextlib.suppress(OSError), os.scandir(base) as it:
         for entry in it:
             owner = entry.name.partition("-")[0]
-            if owner.startswith("p") and owner[1:].isdigit() and not _alive(int(owner[1:])):
+            if owner.startswith("p") and owner[1:].isdigit() and not alive(int(owner[1:])):
                 remove_quietly(entry.path)
     return base
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def with_scratch(wd: Workdir, base: str | None) -> Workdir:
