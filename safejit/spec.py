@@ -99,6 +99,9 @@ class Toolchain:
     roots: tuple[str, ...]
     #: The compiler's own include search list, in order.
     search_dirs: tuple[str, ...] = ()
+    #: The assembler reports the files it reads (``.incbin``, ``.include`` in inline
+    #: asm), which the compiler's depfile never names (host: GNU as ``--MD``).
+    asm_deps: bool = False
 
 
 @dataclass(frozen=True, slots=True)

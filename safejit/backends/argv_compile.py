@@ -12,7 +12,13 @@ from ..errors import CompileError
 from ..spec import BuildSpec
 from .base import Runner
 
-__all__ = ["ArgvBuild", "depfile_deps", "depfile_path", "run_argv"]
+__all__ = ["ASM_DEP_FLAG", "ArgvBuild", "depfile_deps", "depfile_path", "run_argv"]
+
+#: Where the assembler lists what it read (relative to the work dir: ``-Wa,`` splits
+#: its argument at commas, which a cache root's path may hold).
+ASM_DEPFILE = "asm.d"
+#: GNU as: list every file read (``.incbin``, ``.include``) in :data:`ASM_DEPFILE`.
+ASM_DEP_FLAG = f"-Wa,--MD,{ASM_DEPFILE}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +111,32 @@ def run_argv(
         if artifact is None:
             artifact = read_output(out)
         deps, complete = depfile_deps(dep, spec, files.get(dep))
+        if ASM_DEP_FLAG in argv:
+            deps, complete = _with_assembler_reads(workdir, src, deps, complete)
         if os.path.exists(obj):
             os.unlink(obj)  # intermediates are not kept
     except OSError as exc:
         raise CompileError(f"{spec.name}: compiler output missing: {exc}", log=log, argv=argv) from exc
     return ArgvBuild(artifact, deps, complete, log, tuple(argv), seconds)
+
+
+def _with_assembler_reads(
+    workdir: str, src: str, deps: tuple[str, ...], complete: bool
+) -> tuple[tuple[str, ...], bool]:
+    """``deps`` and the files the assembler read on top (inline asm's ``.incbin`` and
+    ``.include``), less the compiler's own temporaries (``.tmp/``) and the staged source
+    (which gcc's ``.file`` names by its base name: nothing by that name is in the work
+    dir). Without the assembler's list the closure is unknown."""
+    try:
+        data = read_output(os.path.join(workdir, ASM_DEPFILE))
+    except OSError:
+        return deps, False
+    temporaries = os.path.join(workdir, ".tmp") + "/"
+    known = set(deps)
+    extra = []
+    for path in parse_depfile(data.decode("utf-8", "surrogateescape")):
+        full = path if os.path.isabs(path) else os.path.join(workdir, path)
+        if path != os.path.basename(src) and full != src and not full.startswith(temporaries) and full not in known:
+            known.add(full)
+            extra.append(full)
+    return (*deps, *extra), complete

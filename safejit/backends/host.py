@@ -7,6 +7,7 @@ import atexit
 import contextlib
 import ctypes
 import fcntl
+import logging
 import os
 import shutil
 import struct
@@ -22,15 +23,17 @@ from .._proc import alive
 from ..deps import hash_file
 from ..errors import ConfigError, LoadError
 from ..spec import BuildSpec, Source, Toolchain
-from .argv_compile import run_argv
+from .argv_compile import ASM_DEP_FLAG, run_argv
 from .base import CompileOutput, Runner, macro_flags
 from .probe import ProbeCache, compiler_search_dirs, file_ident, run_text
 
 __all__ = ["HostBackend", "HostLibrary", "elf_exported_functions"]
 
+logger = logging.getLogger(__name__)
+
 _SYSTEM_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
 _SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
-_PROBE_SCHEMA: Final = 2
+_PROBE_SCHEMA: Final = 3
 
 
 class HostBackend:
@@ -89,12 +92,23 @@ class HostBackend:
             digests.append(hash_file(cc1)[0])
             roots.append(os.path.dirname(os.path.realpath(cc1)))
         roots.append(os.path.dirname(compiler))
+        # Inline asm can read files (.incbin, .include) that no depfile of the compiler
+        # names; GNU as writes its own (--MD). Without it such reads go unseen.
+        probe = [compiler, "-c", "-x", language, "/dev/null", "-o", "/dev/null", "-Wa,--MD,/dev/null"]
+        asm_deps = run(probe, cwd="", timeout=60, extra_read=where).returncode == 0
+        if not asm_deps:
+            logger.warning(
+                "the assembler of %s cannot list the files it reads (GNU as --MD): files that "
+                "inline asm reads (.incbin, .include) are not part of the dependency closure",
+                compiler,
+            )
         tc = Toolchain(
             compiler=compiler,
             version=version,
             digest=":".join(digests),
             roots=tuple(dict.fromkeys(roots)),
             search_dirs=tuple(search),
+            asm_deps=asm_deps,
         )
         self._probes.put(ident, tc)
         return tc
@@ -118,6 +132,8 @@ class HostBackend:
         argv += [f"-I{d}" for d in include_dirs]
         if quote_dir is not None:
             argv += ["-iquote", quote_dir]
+        if toolchain.asm_deps:
+            argv.append(ASM_DEP_FLAG)
         argv += ["-MD", "-MF", "{DEP}", "-o", "{OUT}", "-x", language, "{SRC}"]
         return tuple(argv)
 

@@ -75,6 +75,7 @@ class ProbeCache:
                 digest=data["digest"],
                 roots=tuple(data["roots"]),
                 search_dirs=tuple(data["search_dirs"]),
+                asm_deps=data["asm_deps"] is True,
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -90,6 +91,7 @@ class ProbeCache:
             "digest": tc.digest,
             "roots": list(tc.roots),
             "search_dirs": list(tc.search_dirs),
+            "asm_deps": tc.asm_deps,
         }
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:

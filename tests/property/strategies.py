@@ -57,6 +57,7 @@ TOOLCHAIN_FIELD_STRATEGIES: dict[str, st.SearchStrategy[Any]] = {
     "digest": hex64,
     "roots": _tool_dirs,
     "search_dirs": _tool_dirs,
+    "asm_deps": st.booleans(),
 }
 
 toolchains = st.fixed_dictionaries(TOOLCHAIN_FIELD_STRATEGIES).map(lambda kw: Toolchain(**kw))
@@ -150,6 +151,7 @@ _TOOLCHAIN_FALLBACKS: dict[str, tuple[Any, Any]] = {
     "digest": (digest_bytes(b"a"), digest_bytes(b"b")),
     "roots": ((), ("/usr",)),
     "search_dirs": ((), ("/usr/include",)),
+    "asm_deps": (False, True),
 }
 
 _TABLES: dict[type, tuple[dict[str, st.SearchStrategy[Any]], dict[str, tuple[Any, Any]]]] = {

@@ -220,3 +220,28 @@ def test_source_from_a_fifo_is_an_error_not_a_hang(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(OSError, match="not a regular file"):
         safejit.Source.from_file(fifo)
+
+
+def _asm_reading(directive: str, path: Path) -> safejit.Source:
+    """A kernel whose inline asm makes the assembler read ``path`` (the compiler's
+    depfile never names it)."""
+    asm = f'.section .rodata\\n.globl blob\\nblob:\\n{directive} \\"{path}\\"\\n.text\\n'
+    return safejit.Source(f'__asm__("{asm}");\nint s(void) {{ return 1; }}\n', "s")
+
+
+@pytest.mark.parametrize("directive", [".incbin", ".include"])
+@pytest.mark.parametrize(("mode", "error"), READ_BY_COMPILER)
+def test_inline_asm_reading_outside_roots_is_refused(make_runtime, project, outside, cache_dir, mode, error, directive):
+    target = outside / ("secret" if directive == ".incbin" else "secret.s")
+    if directive == ".include":
+        target.write_text(f"/* {SECRET_TOKEN} */\n.long 1\n")
+    rt = _runtime(make_runtime, project, sandbox=mode)
+    with pytest.raises(error) as exc:
+        rt.compile(_asm_reading(directive, target))
+    if mode == "off":  # read, then refused: the assembler's own depfile names it
+        assert exc.value.resolved == str(target)
+    else:  # Landlock denied the open (gas reports a denied .incbin as "file not found")
+        assert f"{target} for reading: Permission denied" in exc.value.log or f"not found: {target}" in exc.value.log
+        assert_no_secret(exc.value.log)
+    assert_no_secret(exc.value)
+    assert_nothing_published(cache_dir)

@@ -1,0 +1,88 @@
+"""Files the assembler reads (inline asm's ``.incbin`` and ``.include``) are part of
+the dependency closure, though the compiler's depfile never names them: GNU as
+lists them (``--MD``). A change to one is a miss, never a stale binary."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+import safejit
+from safejit.backends.argv_compile import ASM_DEP_FLAG
+from safejit.cache.manifest import Manifest, parse_manifest
+from tests.conftest import settle
+from tests.security._support import write_wrapper
+
+
+def _kernel(directive: str, path: Path) -> safejit.Source:
+    asm = f'.section .rodata\\n.globl blob\\nblob:\\n{directive} \\"{path}\\"\\n.text\\n'
+    code = f'__asm__("{asm}");\nextern const unsigned char blob[];\nint first(void) {{ return blob[0]; }}\n'
+    return safejit.Source(code, "first")
+
+
+def _manifest(module: safejit.Module) -> Manifest:
+    return parse_manifest((Path(module.artifact.path) / "manifest.json").read_bytes())
+
+
+def _data(root: Path, directive: str, value: int) -> Path:
+    if directive == ".incbin":
+        path = root / "table.bin"
+        path.write_bytes(bytes([value, 0, 0, 0]))
+    else:
+        path = root / "table.s"
+        path.write_text(f".byte {value}\n")
+    return path
+
+
+@pytest.mark.parametrize("directive", [".incbin", ".include"])
+def test_a_changed_assembler_input_is_a_disk_miss_named_by_explain(make_runtime, tmp_path, directive):
+    root = tmp_path / "proj"
+    root.mkdir()
+    path = _data(root, directive, 3)
+    src = _kernel(directive, path)
+    first = make_runtime(source_roots=(str(root),))
+    assert first.compile(src).kernel("first")() == 3
+    assert path.name in [relpath for _, relpath, _ in _manifest(first.compile(src)).deps]
+    _data(root, directive, 5)
+    settle()
+    rt = make_runtime(source_roots=(str(root),))
+    explanation = rt.explain(src)
+    assert explanation.result == "miss" and explanation.path == str(path)
+    assert rt.compile(src).kernel("first")() == 5
+    assert rt.stats()["compiles"] == 1
+
+
+def test_a_changed_assembler_input_makes_a_memory_entry_stale(make_runtime, tmp_path):
+    root = tmp_path / "proj"
+    root.mkdir()
+    path = _data(root, ".incbin", 3)
+    rt = make_runtime(source_roots=(str(root),), max_staleness_s=0)
+    src = _kernel(".incbin", path)
+    assert rt.compile(src).kernel("first")() == 3
+    _data(root, ".incbin", 9)
+    settle()
+    assert rt.compile(src).kernel("first")() == 9
+    assert rt.stats()["stale"] == 1
+
+
+def test_the_compilers_own_temporaries_are_not_dependencies(make_runtime):
+    manifest = _manifest(make_runtime().compile(safejit.Source("int one(void) { return 1; }\n", "one")))
+    assert ASM_DEP_FLAG in manifest.argv
+    # What cc1 read (the predefines header): not the temporary .s, nor the name in .file.
+    assert [relpath for _, relpath, _ in manifest.deps] == ["stdc-predef.h"]
+
+
+def test_an_assembler_without_a_dependency_list_is_reported(make_runtime, tmp_path, caplog):
+    root = tmp_path / "proj"
+    root.mkdir()
+    # A compiler whose assembler refuses --MD (as clang's integrated one does).
+    cc = write_wrapper(root, 'exec /usr/bin/cc "$@"', name="cc-no-asm-deps")
+    cc.write_text(cc.read_text().replace("case", 'case "$*" in *"--MD,/dev/null"*) exit 1;; esac\ncase', 1))
+    caplog.set_level(logging.WARNING)
+    rt = make_runtime(source_roots=(str(root),), host_cc=str(cc))
+    module = rt.compile(safejit.Source("int one(void) { return 1; }\n", "one"))
+    assert module.kernel("one")() == 1
+    assert ASM_DEP_FLAG not in _manifest(module).argv
+    assert any("cannot list the files it reads" in r.getMessage() for r in caplog.records)
