@@ -12,7 +12,7 @@ from ..errors import CompileError
 from ..spec import BuildSpec
 from .base import Runner
 
-__all__ = ["ASM_DEP_FLAG", "ArgvBuild", "depfile_deps", "depfile_path", "run_argv"]
+__all__ = ["ASM_DEP_FLAG", "ArgvBuild", "artifact_path", "depfile_deps", "depfile_path", "run_argv"]
 
 #: Where the assembler lists what it read (relative to the work dir: ``-Wa,`` splits
 #: its argument at commas, which a cache root's path may hold).
@@ -65,6 +65,11 @@ def depfile_path(workdir: str, spec: BuildSpec) -> str:
     return os.path.join(workdir, f"{spec.name}.d")
 
 
+def artifact_path(workdir: str, spec: BuildSpec, ext: str) -> str:
+    """Where ``run_argv`` has the compiler write ``spec``'s artifact (``ext``: ``so``, ...)."""
+    return os.path.join(workdir, f"{spec.name}.{ext}")
+
+
 def depfile_deps(dep: str, spec: BuildSpec, data: bytes | None = None) -> tuple[tuple[str, ...], bool]:
     """The paths the depfile ``dep`` of ``spec``'s build names (its bytes ``data``, else
     read now), absolute, the staged source excluded; and whether it names that source
@@ -79,12 +84,13 @@ def depfile_deps(dep: str, spec: BuildSpec, data: bytes | None = None) -> tuple[
 
 
 def run_argv(
-    spec: BuildSpec, *, workdir: str, expand: Callable[[str], str], run: Runner, timeout: float, out_ext: str
+    spec: BuildSpec, *, workdir: str, expand: Callable[[str], str], run: Runner, timeout: float, ext: str
 ) -> ArgvBuild:
     src = _source_path(workdir, spec)
     _write_source(src, spec.code)
-    out, obj = (os.path.join(workdir, f"{spec.name}{ext}") for ext in (out_ext, ".rel.o"))
+    out, obj = artifact_path(workdir, spec, ext), artifact_path(workdir, spec, "rel.o")
     dep = depfile_path(workdir, spec)
+    asm = os.path.join(workdir, ASM_DEPFILE)
     slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep, "{OBJ}": obj}
     argv = [slots.get(a) or expand(a) for a in spec.argv]
     logs, seconds, start = [], 0.0, 0
@@ -94,7 +100,8 @@ def run_argv(
         start = end + 1
         # The runner reads the depfile and the artifact as the compiler closes them:
         # off the caller's time, and what stands is their content when the step ended.
-        result = run(step, cwd=workdir, timeout=timeout, watch=[p for p in (dep, out) if p in step])
+        watch = [p for p in (dep, out) if p in step] + ([asm] if ASM_DEP_FLAG in step else [])
+        result = run(step, cwd=workdir, timeout=timeout, watch=watch)
         files = result.files  # (only the last step's: a later step may rewrite a file)
         logs.append(result.log)
         seconds += result.seconds
@@ -112,7 +119,7 @@ def run_argv(
             artifact = read_output(out)
         deps, complete = depfile_deps(dep, spec, files.get(dep))
         if ASM_DEP_FLAG in argv:
-            deps, complete = _with_assembler_reads(workdir, src, deps, complete)
+            deps, complete = _with_assembler_reads(workdir, src, deps, complete, files.get(asm))
         if os.path.exists(obj):
             os.unlink(obj)  # intermediates are not kept
     except OSError as exc:
@@ -121,16 +128,17 @@ def run_argv(
 
 
 def _with_assembler_reads(
-    workdir: str, src: str, deps: tuple[str, ...], complete: bool
+    workdir: str, src: str, deps: tuple[str, ...], complete: bool, data: bytes | None
 ) -> tuple[tuple[str, ...], bool]:
     """``deps`` and the files the assembler read on top (inline asm's ``.incbin`` and
     ``.include``), less the compiler's own temporaries (``.tmp/``) and the staged source
     (which gcc's ``.file`` names by its base name: nothing by that name is in the work
     dir). Without the assembler's list the closure is unknown."""
-    try:
-        data = read_output(os.path.join(workdir, ASM_DEPFILE))
-    except OSError:
-        return deps, False
+    if data is None:
+        try:
+            data = read_output(os.path.join(workdir, ASM_DEPFILE))
+        except OSError:
+            return deps, False
     temporaries = os.path.join(workdir, ".tmp") + "/"
     known = set(deps)
     extra = []

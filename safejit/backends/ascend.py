@@ -150,7 +150,7 @@ class AscendBackend:
         confine: Callable[[str], str] | None = None,
         max_deps: int = 20_000,
     ) -> CompileOutput:
-        b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, out_ext=".o")
+        b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, ext=self.artifact_ext)
         kernels = ascend_kernel_names(b.artifact)
         if not kernels:
             raise CompileError(

@@ -306,7 +306,7 @@ class CudaBackend:
     def _compile_nvcc(
         self, spec: BuildSpec, workdir: str, expand: Callable[[str], str], run: Runner, timeout: float
     ) -> CompileOutput:
-        b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, out_ext=".cubin")
+        b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, ext=self.artifact_ext)
         return CompileOutput(
             b.artifact,
             b.deps,

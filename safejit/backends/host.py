@@ -157,7 +157,7 @@ class HostBackend:
         confine: Callable[[str], str] | None = None,
         max_deps: int = 20_000,
     ) -> CompileOutput:
-        b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, out_ext=".so")
+        b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, ext=self.artifact_ext)
         return CompileOutput(b.artifact, b.deps, self.kernels(b.artifact), b.log, b.argv, b.seconds, b.complete)
 
     # -- artifacts -----------------------------------------------------------

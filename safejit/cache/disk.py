@@ -37,7 +37,18 @@ from ..deps import Anchors, Snapshot, hash_file, snapshot_of
 from ..keys import deps_key as compute_deps_key
 from ..keys import digest_bytes
 from ..telemetry import ATTR, SPAN, instruments, span
-from .fsio import Flock, fsync_dir, fsync_file, lock_file, makedirs_durable, read_bytes, remove_tree, rename, write_file
+from .fsio import (
+    EarlyWrite,
+    Flock,
+    fsync_dir,
+    fsync_file,
+    lock_file,
+    makedirs_durable,
+    read_bytes,
+    remove_tree,
+    rename,
+    write_file,
+)
 from .manifest import Manifest, ManifestError, parse_manifest
 from .spares import LOCK_BLANK, Spares, Workdir, background, make, memory_scratch, remove_quietly, with_scratch
 from .statmemo import StatMemo
@@ -389,9 +400,11 @@ class DiskCache:
         dep_states: tuple[DepState, ...],
         negatives: tuple[str, ...] = (),
         stage: str | None = None,
+        early: EarlyWrite | None = None,
     ) -> tuple[VerifiedLeaf, str]:
         """Publish a leaf; returns it with the outcome ``published`` or ``adopted``.
-        ``stage`` is a prepared staging dir (its empty files are filled), else one is made.
+        ``stage`` is a prepared staging dir (its empty files are filled), else one is made;
+        ``early``: its artifact file, written already (:meth:`early_artifact`).
 
         Raises ``OSError`` when nothing could be published; a failed publish
         never reports success and never leaves a partial leaf visible.
@@ -409,14 +422,18 @@ class DiskCache:
             # Everything is written first, its writeback started, then fsynced: the disk
             # works on all of it at once, and the later fsyncs find their data written.
             files = [os.path.join(stage, n) for n in (manifest.artifact_file, MANIFEST, MARKER)]
-            write_file(files[0], artifact, prepared=prepared, sync=False)
+            unsynced = list(files)
+            if early is not None and prepared and early.path == files[0] and early.use(artifact):
+                del unsynced[0]  # written and fsynced while the compiler was finishing
+            else:
+                write_file(files[0], artifact, prepared=prepared, sync=False)
             write_file(files[1], raw, prepared=prepared, sync=False)
             faults.point("publish.before_commit")
             write_file(files[2], digest_bytes(raw).encode() + b"\n", prepared=prepared, sync=False)
             if prepared:  # a leaf holds its three files and nothing else
                 for extra in set(os.listdir(stage)) - {manifest.artifact_file, MANIFEST, MARKER}:
                     os.unlink(os.path.join(stage, extra))
-            for path in files:
+            for path in unsynced:
                 fsync_file(path)
             fsync_dir(stage)
             if not prepared:
@@ -464,6 +481,11 @@ class DiskCache:
         finally:
             if stage:
                 self.discard(stage, root)
+
+    def early_artifact(self, workdir: Workdir, artifact_file: str) -> EarlyWrite | None:
+        """The artifact file of ``workdir``'s prepared stage, to be written ahead of the
+        publish; None when the stage is not prepared (the publish makes one)."""
+        return EarlyWrite(os.path.join(workdir.stage, artifact_file)) if workdir.prepared else None
 
     def quarantine(self, leaf: str, root: str) -> None:
         """Move a damaged leaf aside (same filesystem rename); best effort."""

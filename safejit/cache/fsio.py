@@ -10,11 +10,14 @@ import os
 import stat
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Final
 
 from .. import faults
+from .._background import background
 
 __all__ = [
+    "EarlyWrite",
     "Flock",
     "fsync_dir",
     "fsync_file",
@@ -131,6 +134,51 @@ def read_bytes(path: str, limit: int) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+class EarlyWrite:
+    """A staging file written ahead of its publish — the artifact, while the compiler
+    that closed it is still finishing — with its fsync started at once in the
+    background, so that the publish finds it written and durable.
+
+    Best effort: a write that fails is undone (the publish then writes the file and
+    reports what fails); a second write replaces the first. :meth:`use` is the
+    publish's check, and raises the background fsync's error as its own."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._data: bytes | None = None
+        self._synced: Future[None] | None = None
+        self._tried = False
+
+    def write(self, data: bytes) -> None:
+        again, self._tried = self._tried, True
+        self._data = self._synced = None
+        try:
+            if again:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path)
+            write_file(self.path, data, prepared=True, sync=False)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)  # no partial file: the publish creates it afresh
+            return
+        self._data = data
+        self._synced = background().submit(fsync_file, self.path)
+
+    def use(self, data: bytes) -> bool:
+        """True when the file holds exactly ``data``, durably; raises ``OSError`` when its
+        fsync failed (a later fsync could succeed without the data being safe). False
+        when it does not: then what was written early is gone, for the file to be
+        written afresh (a build compiled again, say, made other bytes)."""
+        if self._synced is not None and self._data == data:
+            self._synced.result()
+            return True
+        if self._tried:
+            self._data = self._synced = None
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+        return False
 
 
 def makedirs_durable(path: str, mode: int = 0o755) -> None:

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..backends.argv_compile import depfile_deps, depfile_path
+from ..backends.argv_compile import artifact_path, depfile_deps, depfile_path
 from ..backends.base import CompileOutput
 from ..cache.disk import DiskCache, Rejection, VerifiedLeaf
 from ..cache.spares import Workdir
@@ -195,14 +195,20 @@ class Builder:
         workdir: str,
         root: str,
         on_start: Callable[[], None] | None = None,
+        on_artifact: Callable[[bytes], None] | None = None,
     ) -> tuple[VerifiedLeaf, bool]:
         """Compile and record the closure. Returns the leaf and whether it may be vouched
-        for (published, trusted by the memory tier)."""
+        for (published, trusted by the memory tier). ``on_artifact(data)``: the compiler
+        has closed its artifact, holding ``data`` (it may yet close it again)."""
         started_ns = time.time_ns()
         early: dict[tuple[str, ...], Closure] = {}
         depfile = depfile_path(workdir, spec)
+        artifact = artifact_path(workdir, spec, self.setup.backend.artifact_ext)
 
         def scan_early(path: str, data: bytes) -> None:
+            if path == artifact and on_artifact is not None:
+                on_artifact(data)
+                return
             # The compiler has written its depfile; its assembler and linker still run.
             # Scanning now takes the scan off the caller's time; it is used only if the
             # final depfile names the very same files and none of them has changed since.
@@ -251,7 +257,11 @@ class Builder:
             disk.make_build_dir_later(root, key)
             disk.refill_later(root)
 
-        leaf, clean = self.build(spec, key, anchors, workdir.scratch, root, while_compiling)
+        # The artifact is staged as soon as the compiler closes it (its driver takes another
+        # millisecond or two to exit), its fsync started in the background.
+        early = disk.early_artifact(workdir, f"artifact.{self.setup.backend.artifact_ext}")
+        on_artifact = early.write if early is not None else None
+        leaf, clean = self.build(spec, key, anchors, workdir.scratch, root, while_compiling, on_artifact)
         if not clean:
             return leaf, "compiled", _load(load, leaf)
         manifest = leaf.manifest
@@ -265,6 +275,7 @@ class Builder:
                     leaf.dep_states,
                     leaf.negatives,
                     stage=workdir.stage if workdir.prepared else None,
+                    early=early,
                 )
             except OSError as exc:
                 s.set_attribute(ATTR.OUTCOME, "failed")
