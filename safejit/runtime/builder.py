@@ -205,17 +205,31 @@ class Builder:
         depfile = depfile_path(workdir, spec)
         artifact = artifact_path(workdir, spec, self.setup.backend.artifact_ext)
 
+        # (closure, artifact bytes): the early closure found unchanged when the compiler
+        # closed its artifact holding those bytes.
+        held: list[tuple[Closure, bytes]] = []
+
         def scan_early(path: str, data: bytes) -> None:
-            if path == artifact and on_artifact is not None:
-                on_artifact(data)
+            if path == artifact:
+                if on_artifact is not None:
+                    on_artifact(data)
+                # Whatever the compiler read went into these bytes before it closed them:
+                # if the early closure still holds now, it holds for them, however long
+                # the driver takes to exit (reads after this close cannot change them).
+                held.clear()
+                closure = next(iter(early.values()), None)
+                if closure is not None and completeness.unchanged(closure):
+                    held.append((closure, data))
                 return
             # The compiler has written its depfile; its assembler and linker still run.
             # Scanning now takes the scan off the caller's time; it is used only if the
-            # final depfile names the very same files and none of them has changed since.
+            # final depfile names the very same files and none of them has changed before
+            # the artifact's last close (or, failing that, the compiler's exit).
             # Any failure is left to the late scan.
             if path != depfile:
                 return
             early.clear()
+            held.clear()
             with contextlib.suppress(OSError, ValueError, SafejitError):
                 deps, complete = depfile_deps(depfile, spec, data)
                 if complete:
@@ -223,7 +237,9 @@ class Builder:
 
         out = self.compile(spec, anchors, workdir, on_start, scan_early)
         closure = early.get(out.deps)
-        if closure is None or not completeness.unchanged(closure):
+        if closure is not None and held and held[0][0] is closure and held[0][1] is out.artifact:
+            pass  # checked at the close that made these very bytes
+        elif closure is None or not completeness.unchanged(closure):
             closure = self.closure(spec, anchors, out.deps, started_ns)
         if closure.too_new:
             # A dependency changed within a clock tick of the compile: what the compiler read

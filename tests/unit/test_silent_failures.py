@@ -312,6 +312,42 @@ def test_depfiles_with_continuations_and_escaped_spaces_parse():
     assert parse_depfile("") == []
 
 
+#: Shell: the wrapped compiler's output (``-o``) is put in place again, after what
+#: precedes it: the compiler's output is final only then, so whatever happened before
+#: may have gone into it.
+_FINISH_OUTPUT_AGAIN = (
+    'out=; prev=; for a in "$@"; do [ "$prev" = "-o" ] && out=$a; prev=$a; done\n'
+    'cp "$out" "$out.tmp" && mv "$out.tmp" "$out"\n'
+)
+
+
+def test_header_edited_after_the_output_is_final_is_vouched_for_what_was_read(make_runtime, project, cache_dir, caplog):
+    """An edit after the compiler closed its output for the last time cannot have gone
+    into it: the build is vouched for with what the compiler read (the old header), and
+    the edit makes the next lookup a miss, never a stale hit."""
+    inner = project / "include" / "inner.h"
+    wrapper = project / "cc-editing-late"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *"-MD -MF"*) ;; *) exec /usr/bin/cc "$@";; esac\n'
+        '/usr/bin/cc "$@"; rc=$?\n'
+        "sleep 0.2\n"  # (the runtime reads the output at its close, before the edit)
+        f'[ -e {project}/edited ] || {{ echo "#define INNER 7" > {inner}; touch {project}/edited; }}\n'
+        "exit $rc\n"
+    )
+    wrapper.chmod(0o755)
+    config = {"source_roots": (str(project),), "host_cc": str(wrapper), "sandbox": "off"}
+    rt = make_runtime(**config)
+    assert _compile_value(rt, project).kernel("value")() == 42  # what the compiler read: INNER 41
+    assert rt.stats()["compiles"] == 1 and rt.stats()["published"] == 1
+    settle()
+    again = make_runtime(**config)
+    explanation = again.explain(_value_source(project), include_dirs=(str(project / "include"),))
+    assert explanation.result == "miss" and explanation.path == str(inner)
+    assert _compile_value(again, project).kernel("value")() == 8
+    assert again.stats()["compiles"] == 1 and again.stats()["disk_hits"] == 0
+
+
 def test_header_edited_while_the_compiler_runs_is_never_vouched_for(make_runtime, project, cache_dir, caplog):
     """The compiler reads inner.h, then it changes before the closure is hashed: the
     build must not be published under the new digest, nor trusted by the memory tier."""
@@ -323,6 +359,7 @@ def test_header_edited_while_the_compiler_runs_is_never_vouched_for(make_runtime
         '/usr/bin/cc "$@"; rc=$?\n'
         f"n=$(cat {project}/n 2>/dev/null || echo 100); n=$((n+1)); echo $n > {project}/n\n"
         f'echo "#define INNER $n" > {inner}\n'  # an edit after the compiler read the header
+        f"{_FINISH_OUTPUT_AGAIN}"  # ... and before its output was final
         "exit $rc\n"
     )
     wrapper.chmod(0o755)
@@ -397,6 +434,7 @@ def test_shadowing_header_made_during_the_compile_is_never_vouched_for(make_runt
         '/usr/bin/cc "$@"; rc=$?\n'
         "sleep 0.3\n"
         f"[ -e {first}/cfg.h ] || echo '#define CFG 1' > {first}/cfg.h\n"
+        f"{_FINISH_OUTPUT_AGAIN}"
         "exit $rc\n"
     )
     wrapper.chmod(0o755)
