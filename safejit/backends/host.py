@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 _SYSTEM_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
 _SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
-_PROBE_SCHEMA: Final = 3
+_PROBE_SCHEMA: Final = 4
 
 
 class HostBackend:
@@ -86,11 +86,17 @@ class HostBackend:
         verbose = run_text(run, [compiler, "-E", "-v", "-x", language, "/dev/null", "-o", "/dev/null"], where)
         search = compiler_search_dirs(verbose)
         roots = list(search)
-        cc1 = run_text(run, [compiler, f"-print-prog-name={'cc1plus' if language == 'c++' else 'cc1'}"], where).strip()
         digests = [hash_file(compiler)[0]]
-        if os.path.isabs(cc1) and os.path.exists(cc1):
-            digests.append(hash_file(cc1)[0])
-            roots.append(os.path.dirname(os.path.realpath(cc1)))
+        # The programs the driver runs are part of the toolchain: their digests enter the
+        # key, and the probe is redone when one of them changes.
+        tools = []
+        for prog in ("cc1plus" if language == "c++" else "cc1", "as", "ld"):
+            path = self._program(run, compiler, prog, where)
+            if path is not None:
+                digests.append(hash_file(path)[0])
+                tools.append(path)
+                if prog.startswith("cc1"):
+                    roots.append(os.path.dirname(path))
         roots.append(os.path.dirname(compiler))
         # Inline asm can read files (.incbin, .include) that no depfile of the compiler
         # names; GNU as writes its own (--MD). Without it such reads go unseen.
@@ -110,8 +116,16 @@ class HostBackend:
             search_dirs=tuple(search),
             asm_deps=asm_deps,
         )
-        self._probes.put(ident, tc)
+        self._probes.put(ident, tc, tools)
         return tc
+
+    @staticmethod
+    def _program(run: Runner, compiler: str, prog: str, where: Sequence[str]) -> str | None:
+        """Where ``compiler`` finds ``prog`` (its own dirs, else the fixed PATH); None when
+        it names none (clang has no cc1 of its own: the driver is the compiler)."""
+        name = run_text(run, [compiler, f"-print-prog-name={prog}"], where).strip()
+        found = name if os.path.isabs(name) else shutil.which(name, path=_SYSTEM_PATH)
+        return os.path.realpath(found) if found and os.path.isfile(found) else None
 
     # -- compile -------------------------------------------------------------
     def argv(

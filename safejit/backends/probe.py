@@ -52,6 +52,11 @@ def compiler_search_dirs(verbose: str) -> list[str]:
 
 
 class ProbeCache:
+    """Probed toolchains, one JSON file each, keyed by the driver's identity. The other
+    programs a probe found (cc1, as, ld) are recorded with their stat: a probe is
+    reused only while each of them is still the same file (binutils upgraded on its
+    own changes no driver)."""
+
     def __init__(self, state_dir: str | None) -> None:
         self._dir = state_dir
 
@@ -69,6 +74,9 @@ class ProbeCache:
             data = json.loads(path.read_text())
             if data.get("ident") != ident:
                 return None
+            for tool in data["tools"]:
+                if file_ident(tool[0]) != tool:
+                    return None
             return Toolchain(
                 compiler=data["compiler"],
                 version=data["version"],
@@ -77,10 +85,10 @@ class ProbeCache:
                 search_dirs=tuple(data["search_dirs"]),
                 asm_deps=data["asm_deps"] is True,
             )
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, IndexError, ConfigError):
             return None
 
-    def put(self, ident: list[Any], tc: Toolchain) -> None:
+    def put(self, ident: list[Any], tc: Toolchain, tools: Sequence[str] = ()) -> None:
         path = self._path(ident)
         if path is None:
             return
@@ -92,6 +100,7 @@ class ProbeCache:
             "roots": list(tc.roots),
             "search_dirs": list(tc.search_dirs),
             "asm_deps": tc.asm_deps,
+            "tools": [file_ident(t) for t in tools],
         }
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:

@@ -1,0 +1,50 @@
+"""The programs a host compiler driver runs (cc1, as, ld) are part of its toolchain:
+their digests enter the build key, and a probe remembered from an earlier process
+is reused only while each of them is still the same file — binutils upgraded on
+its own changes no driver, and must not leave a silently stale cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import safejit
+
+ONE = safejit.Source("int one(void) { return 1; }\n", "one")
+
+
+def _toolchain(tmp_path: Path) -> tuple[Path, Path]:
+    """A compiler driver (in a declared root) that runs its own assembler from ``bin/``."""
+    root = tmp_path / "proj"
+    bindir = root / "bin"
+    bindir.mkdir(parents=True)
+    assembler = bindir / "as"
+    assembler.write_text('#!/bin/sh\nexec /usr/bin/as "$@"\n')
+    assembler.chmod(0o755)
+    driver = root / "cc-own-as"
+    driver.write_text(f'#!/bin/sh\nexec /usr/bin/cc -B{bindir}/ "$@"\n')
+    driver.chmod(0o755)
+    return root, driver
+
+
+def test_the_assembler_is_part_of_the_toolchain_digest(make_runtime, tmp_path):
+    root, driver = _toolchain(tmp_path)
+    module = make_runtime(source_roots=(str(root),), host_cc=str(driver)).compile(ONE)
+    manifest = json.loads((Path(module.artifact.path) / "manifest.json").read_text())
+    assert len(manifest["toolchain"]["digest"].split(":")) == 4  # driver, cc1, as, ld
+
+
+def test_an_upgraded_assembler_is_a_miss_not_a_stale_hit(make_runtime, tmp_path):
+    root, driver = _toolchain(tmp_path)
+    config = {"source_roots": (str(root),), "host_cc": str(driver)}
+    before = make_runtime(**config).compile(ONE)
+    assert before.kernel("one")() == 1
+    (root / "bin" / "as").write_text('#!/bin/sh\n# a newer assembler\nexec /usr/bin/as "$@"\n')
+    rt = make_runtime(**config)  # a new backend: the probe remembered on disk is looked at again
+    after = rt.compile(ONE)
+    assert rt.stats()["compiles"] == 1 and rt.stats()["disk_hits"] == 0
+    assert after.artifact.build_key != before.artifact.build_key
+    assert after.kernel("one")() == 1
+    again = make_runtime(**config)  # unchanged since: the remembered probe and the leaf stand
+    assert again.compile(ONE).artifact.build_key == after.artifact.build_key
+    assert again.stats()["disk_hits"] == 1
