@@ -119,7 +119,7 @@ def run_argv(
             artifact = read_output(out)
         deps, complete = depfile_deps(dep, spec, files.get(dep))
         if ASM_DEP_FLAG in argv:
-            deps, complete = _with_assembler_reads(workdir, src, deps, complete, files.get(asm))
+            deps, complete = _with_assembler_reads(workdir, deps, complete, files.get(asm))
         if os.path.exists(obj):
             os.unlink(obj)  # intermediates are not kept
     except OSError as exc:
@@ -128,23 +128,30 @@ def run_argv(
 
 
 def _with_assembler_reads(
-    workdir: str, src: str, deps: tuple[str, ...], complete: bool, data: bytes | None
+    workdir: str, deps: tuple[str, ...], complete: bool, data: bytes | None
 ) -> tuple[tuple[str, ...], bool]:
     """``deps`` and the files the assembler read on top (inline asm's ``.incbin`` and
-    ``.include``), less the compiler's own temporaries (``.tmp/``) and the staged source
-    (which gcc's ``.file`` names by its base name: nothing by that name is in the work
-    dir). Without the assembler's list the closure is unknown."""
+    ``.include``). Left out: what lies in the work dir — the compiler's temporaries,
+    the staged source, and the names ``.file`` directives give (gas lists them too:
+    the source's base name, ``<artificial>`` under -flto), which the assembler never
+    reads. A relative name resolves in the work dir, the assembler's working dir
+    (it searches no other dir), unless ``..`` takes it out. Without the assembler's
+    list the closure is unknown."""
     if data is None:
         try:
             data = read_output(os.path.join(workdir, ASM_DEPFILE))
         except OSError:
             return deps, False
-    temporaries = os.path.join(workdir, ".tmp") + "/"
+    own, real_own = (d.rstrip("/") + "/" for d in (workdir, os.path.realpath(workdir)))
     known = set(deps)
     extra = []
     for path in parse_depfile(data.decode("utf-8", "surrogateescape")):
         full = path if os.path.isabs(path) else os.path.join(workdir, path)
-        if path != os.path.basename(src) and full != src and not full.startswith(temporaries) and full not in known:
-            known.add(full)
-            extra.append(full)
+        if full in known:
+            continue
+        # (through a symlink out of the work dir, it is what it points at)
+        if os.path.normpath(full).startswith(own) and os.path.realpath(full).startswith(real_own):
+            continue
+        known.add(full)
+        extra.append(full)
     return (*deps, *extra), complete

@@ -229,19 +229,24 @@ def _asm_reading(directive: str, path: Path) -> safejit.Source:
     return safejit.Source(f'__asm__("{asm}");\nint s(void) {{ return 1; }}\n', "s")
 
 
+@pytest.mark.parametrize("spelling", ["absolute", "relative"])
 @pytest.mark.parametrize("directive", [".incbin", ".include"])
 @pytest.mark.parametrize(("mode", "error"), READ_BY_COMPILER)
-def test_inline_asm_reading_outside_roots_is_refused(make_runtime, project, outside, cache_dir, mode, error, directive):
+def test_inline_asm_reading_outside_roots_is_refused(
+    make_runtime, project, outside, cache_dir, mode, error, directive, spelling
+):
     target = outside / ("secret" if directive == ".incbin" else "secret.s")
     if directive == ".include":
         target.write_text(f"/* {SECRET_TOKEN} */\n.long 1\n")
+    # Relative: from the assembler's working dir (the compile's own), up and out.
+    named = target if spelling == "absolute" else Path("../" * 32 + str(target).lstrip("/"))
     rt = _runtime(make_runtime, project, sandbox=mode)
     with pytest.raises(error) as exc:
-        rt.compile(_asm_reading(directive, target))
+        rt.compile(_asm_reading(directive, named))
     if mode == "off":  # read, then refused: the assembler's own depfile names it
         assert exc.value.resolved == str(target)
     else:  # Landlock denied the open (gas reports a denied .incbin as "file not found")
-        assert f"{target} for reading: Permission denied" in exc.value.log or f"not found: {target}" in exc.value.log
+        assert f"{named} for reading: Permission denied" in exc.value.log or f"not found: {named}" in exc.value.log
         assert_no_secret(exc.value.log)
     assert_no_secret(exc.value)
     assert_nothing_published(cache_dir)
