@@ -18,13 +18,13 @@ with atheris.instrument_imports():
     from safejit.backends.cubin import cubin_frame_sizes, cubin_kernels
     from safejit.backends.host import elf_exported_functions
     from safejit.cache.manifest import ManifestError, parse_manifest
-    from safejit.deps import parse_depfile
+    from safejit.deps import parse_depfile, parse_single_rule
     from safejit.errors import LoadError
 
 
 def one_input(data: bytes) -> None:
     fdp = atheris.FuzzedDataProvider(data)
-    which = fdp.ConsumeIntInRange(0, 4)
+    which = fdp.ConsumeIntInRange(0, 5)
     rest = fdp.ConsumeBytes(fdp.remaining_bytes())
     if which == 0:
         try:
@@ -33,8 +33,13 @@ def one_input(data: bytes) -> None:
             pass
     elif which == 1:
         parse_depfile(rest.decode("utf-8", "replace"))
+    elif which == 2:
+        try:
+            parse_single_rule(rest.decode("utf-8", "replace"))
+        except ValueError:
+            pass
     else:
-        fn = (elf_exported_functions, cubin_kernels, ascend_kernel_names)[which - 2]
+        fn = (elf_exported_functions, cubin_kernels, ascend_kernel_names)[which - 3]
         try:
             fn(b"\x7fELF\x02\x01\x01" + rest if rest[:1] != b"\x7f" else rest)
         except LoadError:

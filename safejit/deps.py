@@ -135,12 +135,28 @@ def parse_depfile(text: str) -> list[str]:
     joined = text.replace("\\\r\n", " ").replace("\\\n", " ")
     out: list[str] = []
     seen: set[str] = set()
-    for line in joined.splitlines():
-        for word in _prerequisites(line):
+    # Lines end at "\n" only: str.splitlines would also end one at \f, \v, \x1c..., which
+    # a name may hold.
+    for line in joined.split("\n"):
+        for word in _prerequisites(line.removesuffix("\r")):
             if word not in seen:
                 seen.add(word)
                 out.append(word)
     return out
+
+
+def parse_single_rule(text: str) -> list[str]:
+    """Prerequisites of a depfile that must hold exactly one rule and no control
+    character (the assembler's: it lists names from the source's ``.file``
+    directives verbatim, so a control character could hide the rest of a line).
+    Raises ``ValueError`` otherwise."""
+    joined = text.replace("\\\n", " ")
+    if any((c < " " and c not in "\n\t") or c == "\x7f" for c in joined):
+        raise ValueError("a control character in the depfile")
+    lines = [line for line in joined.split("\n") if line.strip()]
+    if len(lines) != 1 or not _has_colon(_split_words(lines[0])):
+        raise ValueError(f"{len(lines)} rules in a depfile that must hold one")
+    return parse_depfile(lines[0])
 
 
 def _prerequisites(line: str) -> list[str]:

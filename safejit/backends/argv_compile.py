@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..deps import parse_depfile, read_output
+from ..deps import parse_depfile, parse_single_rule, read_output
 from ..errors import CompileError
 from ..spec import BuildSpec
 from .base import Runner
@@ -119,7 +119,12 @@ def run_argv(
             artifact = read_output(out)
         deps, complete = depfile_deps(dep, spec, files.get(dep))
         if ASM_DEP_FLAG in argv:
-            deps, complete = _with_assembler_reads(workdir, deps, complete, files.get(asm))
+            try:
+                deps = _with_assembler_reads(workdir, deps, files.get(asm))
+            except ValueError as exc:
+                raise CompileError(
+                    f"{spec.name}: what the assembler read is unknown ({exc}); refusing the build", log=log, argv=argv
+                ) from None
         if os.path.exists(obj):
             os.unlink(obj)  # intermediates are not kept
     except OSError as exc:
@@ -127,25 +132,24 @@ def run_argv(
     return ArgvBuild(artifact, deps, complete, log, tuple(argv), seconds)
 
 
-def _with_assembler_reads(
-    workdir: str, deps: tuple[str, ...], complete: bool, data: bytes | None
-) -> tuple[tuple[str, ...], bool]:
+def _with_assembler_reads(workdir: str, deps: tuple[str, ...], data: bytes | None) -> tuple[str, ...]:
     """``deps`` and the files the assembler read on top (inline asm's ``.incbin`` and
     ``.include``). Left out: what lies in the work dir — the compiler's temporaries,
     the staged source, and the names ``.file`` directives give (gas lists them too:
-    the source's base name, ``<artificial>`` under -flto), which the assembler never
-    reads. A relative name resolves in the work dir, the assembler's working dir
-    (it searches no other dir), unless ``..`` takes it out. Without the assembler's
-    list the closure is unknown."""
+    the source's base name), which the assembler never reads. A relative name
+    resolves in the work dir, the assembler's working dir (it searches no other
+    dir), unless ``..`` takes it out. Raises ``ValueError`` when the list is missing
+    or malformed: what the assembler read is then unknown."""
     if data is None:
         try:
             data = read_output(os.path.join(workdir, ASM_DEPFILE))
-        except OSError:
-            return deps, False
+        except OSError as exc:
+            raise ValueError(f"the assembler listed no files: {exc}") from None
+    listed = parse_single_rule(data.decode("utf-8", "surrogateescape"))
     own, real_own = (d.rstrip("/") + "/" for d in (workdir, os.path.realpath(workdir)))
     known = set(deps)
     extra = []
-    for path in parse_depfile(data.decode("utf-8", "surrogateescape")):
+    for path in listed:
         full = path if os.path.isabs(path) else os.path.join(workdir, path)
         if full in known:
             continue
@@ -154,4 +158,4 @@ def _with_assembler_reads(
             continue
         known.add(full)
         extra.append(full)
-    return (*deps, *extra), complete
+    return (*deps, *extra)

@@ -51,6 +51,9 @@ _REFUSED: Final = (
     ("-fdiagnostics-add-output", "writes files elsewhere"),
     ("-fdiagnostics-set-output", "writes files elsewhere"),
     ("-fsanitize-", "reads list files"),
+    # At link time, once per partition, possibly in parallel: the assembler's list of
+    # what it read (inline asm's .incbin) would hold one run's reads only.
+    ("-flto", "assembles at link time, where what is read cannot be tracked"),
     ("-Wp,", "passes raw preprocessor options"),
     ("-Wa,", "passes raw assembler options"),
     ("-X", "passes raw options to a sub-tool"),

@@ -16,7 +16,7 @@ from safejit.backends.ascend import ascend_kernel_names
 from safejit.backends.cubin import cubin_frame_sizes, cubin_kernels
 from safejit.backends.host import elf_exported_functions
 from safejit.cache.manifest import ManifestError, parse_manifest
-from safejit.deps import _prerequisites, _split_words, parse_depfile
+from safejit.deps import _prerequisites, _split_words, parse_depfile, parse_single_rule
 from safejit.errors import LoadError
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -88,6 +88,29 @@ def test_manifest_parser_on_mutated_manifests(real_inputs, mutation):
 @given(st.text(max_size=2000))
 def test_depfile_parser_on_random_text(text):
     assert all(isinstance(p, str) and p for p in parse_depfile(text))
+
+
+@FUZZ
+@given(st.text(max_size=2000))
+def test_single_rule_parser_on_random_text(text):
+    """The assembler's depfile parser: one clean rule, or ValueError — never a partial list."""
+    try:
+        listed = parse_single_rule(text)
+    except ValueError:
+        return
+    assert not any(c < " " and c not in "\t" for c in text.replace("\\\n", "").replace("\n", ""))
+    assert listed == parse_depfile(text)
+
+
+def test_depfile_lines_end_at_newlines_only():
+    # str.splitlines would also end a line at each of these; a name may hold them.
+    for sep in "\f\v\x1c\x1d\x1e\x85\u2028":
+        assert parse_depfile(f"out.o: /a/x{sep}y /b/c\n") == [f"/a/x{sep}y", "/b/c"]
+    assert parse_depfile("out.o: /a /b\r\nother.o: /c\r\n") == ["/a", "/b", "/c"]
+    assert parse_single_rule("t.o: /a \\\n /b\n") == ["/a", "/b"]
+    for bad in ("t.o: /a\n/b\n", "t.o: /a\x1c/b\n", "t.o: /a\nu.o: /b\n", "/a /b\n", ""):
+        with pytest.raises(ValueError):
+            parse_single_rule(bad)
 
 
 _DEP_CHARS = st.sampled_from(list("ab:. \t/-_x\\$#\n"))

@@ -40,6 +40,9 @@ REFUSED = {
     "assembly-only": ["-S"],
     "object-only": ["-c"],
     "library-by-path": ["-l/abs/lib"],
+    "link-time-optimisation": ["-flto"],
+    "lto-partitions": ["-flto-partition=max"],
+    "lto-jobs": ["-flto=8"],
 }
 
 

@@ -250,3 +250,17 @@ def test_inline_asm_reading_outside_roots_is_refused(
         assert_no_secret(exc.value.log)
     assert_no_secret(exc.value)
     assert_nothing_published(cache_dir)
+
+
+@pytest.mark.parametrize("hider", ["\\n", "\\f", "\\013", "\\034", "\\r"])
+def test_inline_asm_file_name_with_a_control_character_is_refused(make_runtime, project, outside, cache_dir, hider):
+    """gas lists .file names verbatim in its depfile: a control character there could
+    end the line early and hide what .incbin read. Such a list is refused whole."""
+    target = outside / "secret"
+    asm = f'.section .rodata\\nblob:\\n.incbin \\"{target}\\"\\n.text\\n.file \\"x{hider}y\\"\\n'
+    rt = _runtime(make_runtime, project, sandbox="off")
+    with pytest.raises(safejit.CompileError) as exc:
+        rt.compile(safejit.Source(f'__asm__("{asm}");\nint s(void) {{ return 1; }}\n', "s"))
+    assert "what the assembler read is unknown" in str(exc.value)
+    assert_no_secret(exc.value)
+    assert_nothing_published(cache_dir)

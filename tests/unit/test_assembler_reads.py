@@ -54,22 +54,6 @@ def test_a_changed_assembler_input_is_a_disk_miss_named_by_explain(make_runtime,
     assert rt.stats()["compiles"] == 1
 
 
-def test_under_lto_the_assembler_input_is_still_tracked(make_runtime, tmp_path):
-    # With -flto the assembler runs at link time, and lists "<artificial>" (a .file name).
-    root = tmp_path / "proj"
-    root.mkdir()
-    path = _data(root, ".incbin", 3)
-    src = _kernel(".incbin", path)
-    assert make_runtime(source_roots=(str(root),)).compile(src, flags=["-flto"]).kernel("first")() == 3
-    _data(root, ".incbin", 4)
-    settle()
-    rt = make_runtime(source_roots=(str(root),))
-    assert rt.compile(src, flags=["-flto"]).kernel("first")() == 4
-    assert rt.stats()["compiles"] == 1
-    plain = make_runtime().compile(safejit.Source("int one(void) { return 1; }\n", "one"), flags=["-flto"])
-    assert plain.kernel("one")() == 1
-
-
 def test_a_changed_assembler_input_makes_a_memory_entry_stale(make_runtime, tmp_path):
     root = tmp_path / "proj"
     root.mkdir()
