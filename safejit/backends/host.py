@@ -25,7 +25,7 @@ from ..errors import ConfigError, LoadError
 from ..spec import BuildSpec, Source, Toolchain
 from .argv_compile import ASM_DEP_FLAG, run_argv
 from .base import CompileOutput, Runner, macro_flags
-from .probe import ProbeCache, compiler_search_dirs, file_ident, run_text
+from .probe import ProbeCache, compiler_search_dirs, file_ident, find_program, run_text
 
 __all__ = ["HostBackend", "HostLibrary", "elf_exported_functions"]
 
@@ -91,10 +91,11 @@ class HostBackend:
         # key, and the probe is redone when one of them changes.
         tools = []
         for prog in ("cc1plus" if language == "c++" else "cc1", "as", "ld"):
-            path = self._program(run, compiler, prog, where)
+            name = run_text(run, [compiler, f"-print-prog-name={prog}"], where).strip()
+            path = find_program(name)
             if path is not None:
                 digests.append(hash_file(path)[0])
-                tools.append(path)
+                tools.append((name, path))
                 if prog.startswith("cc1"):
                     roots.append(os.path.dirname(path))
         roots.append(os.path.dirname(compiler))
@@ -118,14 +119,6 @@ class HostBackend:
         )
         self._probes.put(ident, tc, tools)
         return tc
-
-    @staticmethod
-    def _program(run: Runner, compiler: str, prog: str, where: Sequence[str]) -> str | None:
-        """Where ``compiler`` finds ``prog`` (its own dirs, else the fixed PATH); None when
-        it names none (clang has no cc1 of its own: the driver is the compiler)."""
-        name = run_text(run, [compiler, f"-print-prog-name={prog}"], where).strip()
-        found = name if os.path.isabs(name) else shutil.which(name, path=_SYSTEM_PATH)
-        return os.path.realpath(found) if found and os.path.isfile(found) else None
 
     # -- compile -------------------------------------------------------------
     def argv(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import stat
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,10 +15,11 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..keys import digest_bytes, encode
+from ..policy.shim_build import SYSTEM_PATH
 from ..spec import Toolchain
 from .base import Runner
 
-__all__ = ["ProbeCache", "compiler_search_dirs", "file_ident", "run_text"]
+__all__ = ["ProbeCache", "compiler_search_dirs", "file_ident", "find_program", "run_text"]
 
 
 def file_ident(path: str) -> list[Any]:
@@ -27,6 +29,13 @@ def file_ident(path: str) -> list[Any]:
     except OSError as exc:
         raise ConfigError(f"{path} cannot be used: {exc}") from exc
     return [path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def find_program(name: str) -> str | None:
+    """The file a driver runs for ``name`` as it reported it (``-print-prog-name``):
+    itself when absolute, else found on the fixed PATH; resolved. None if none."""
+    found = name if os.path.isabs(name) else shutil.which(name, path=SYSTEM_PATH)
+    return os.path.realpath(found) if found and os.path.isfile(found) else None
 
 
 def run_text(run: Runner, argv: Sequence[str], extra_read: Sequence[str] = ()) -> str:
@@ -53,9 +62,10 @@ def compiler_search_dirs(verbose: str) -> list[str]:
 
 class ProbeCache:
     """Probed toolchains, one JSON file each, keyed by the driver's identity. The other
-    programs a probe found (cc1, as, ld) are recorded with their stat: a probe is
-    reused only while each of them is still the same file (binutils upgraded on its
-    own changes no driver)."""
+    programs a probe found (cc1, as, ld) are recorded by the name the driver gave and
+    the file it resolved to, with its stat: a probe is reused only while each name
+    still resolves to that same, unchanged file (binutils upgraded on its own, or a
+    symlink switched, changes no driver)."""
 
     def __init__(self, state_dir: str | None) -> None:
         self._dir = state_dir
@@ -74,8 +84,9 @@ class ProbeCache:
             data = json.loads(path.read_text())
             if data.get("ident") != ident:
                 return None
-            for tool in data["tools"]:
-                if file_ident(tool[0]) != tool:
+            for name, *ident_of in data["tools"]:
+                real = find_program(name)
+                if real is None or file_ident(real) != ident_of:
                     return None
             return Toolchain(
                 compiler=data["compiler"],
@@ -88,7 +99,8 @@ class ProbeCache:
         except (OSError, ValueError, KeyError, TypeError, IndexError, ConfigError):
             return None
 
-    def put(self, ident: list[Any], tc: Toolchain, tools: Sequence[str] = ()) -> None:
+    def put(self, ident: list[Any], tc: Toolchain, tools: Sequence[tuple[str, str]] = ()) -> None:
+        """Remember ``tc``; ``tools``: ``(name, resolved path)`` of the programs it runs."""
         path = self._path(ident)
         if path is None:
             return
@@ -100,7 +112,7 @@ class ProbeCache:
             "roots": list(tc.roots),
             "search_dirs": list(tc.search_dirs),
             "asm_deps": tc.asm_deps,
-            "tools": [file_ident(t) for t in tools],
+            "tools": [[name, *file_ident(real)] for name, real in tools],
         }
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:

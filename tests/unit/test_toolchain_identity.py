@@ -48,3 +48,21 @@ def test_an_upgraded_assembler_is_a_miss_not_a_stale_hit(make_runtime, tmp_path)
     again = make_runtime(**config)  # unchanged since: the remembered probe and the leaf stand
     assert again.compile(ONE).artifact.build_key == after.artifact.build_key
     assert again.stats()["disk_hits"] == 1
+
+
+def test_an_assembler_switched_by_symlink_is_a_miss(make_runtime, tmp_path):
+    # As /usr/bin/ld -> x86_64-linux-gnu-ld -> ld.bfd: the name stays, the file changes.
+    root, driver = _toolchain(tmp_path)
+    bindir = root / "bin"
+    for version in ("v1", "v2"):
+        (bindir / f"as-{version}").write_text(f'#!/bin/sh\n# {version}\nexec /usr/bin/as "$@"\n')
+        (bindir / f"as-{version}").chmod(0o755)
+    (bindir / "as").unlink()
+    (bindir / "as").symlink_to("as-v1")
+    config = {"source_roots": (str(root),), "host_cc": str(driver)}
+    before = make_runtime(**config).compile(ONE)
+    (bindir / "as").unlink()
+    (bindir / "as").symlink_to("as-v2")  # as-v1 itself is untouched
+    rt = make_runtime(**config)
+    after = rt.compile(ONE)
+    assert rt.stats()["compiles"] == 1 and after.artifact.build_key != before.artifact.build_key
