@@ -12,7 +12,16 @@ from ..errors import CompileError
 from ..spec import BuildSpec
 from .base import Runner
 
-__all__ = ["ASM_DEP_FLAG", "ArgvBuild", "artifact_path", "depfile_deps", "depfile_path", "run_argv"]
+__all__ = [
+    "ASM_DEPFILE",
+    "ASM_DEP_FLAG",
+    "ArgvBuild",
+    "artifact_path",
+    "depfile_deps",
+    "depfile_path",
+    "run_argv",
+    "with_assembler_reads",
+]
 
 #: Where the assembler lists what it read (relative to the work dir: ``-Wa,`` splits
 #: its argument at commas, which a cache root's path may hold).
@@ -120,7 +129,7 @@ def run_argv(
         deps, complete = depfile_deps(dep, spec, files.get(dep))
         if ASM_DEP_FLAG in argv:
             try:
-                deps = _with_assembler_reads(workdir, deps, files.get(asm))
+                deps = with_assembler_reads(workdir, deps, files.get(asm))
             except ValueError as exc:
                 raise CompileError(
                     f"{spec.name}: what the assembler read is unknown ({exc}); refusing the build", log=log, argv=argv
@@ -132,7 +141,7 @@ def run_argv(
     return ArgvBuild(artifact, deps, complete, log, tuple(argv), seconds)
 
 
-def _with_assembler_reads(workdir: str, deps: tuple[str, ...], data: bytes | None) -> tuple[str, ...]:
+def with_assembler_reads(workdir: str, deps: tuple[str, ...], data: bytes | None) -> tuple[str, ...]:
     """``deps`` and the files the assembler read on top (inline asm's ``.incbin`` and
     ``.include``). Left out: what lies in the work dir — the compiler's temporaries,
     the staged source, and the names ``.file`` directives give (gas lists them too:

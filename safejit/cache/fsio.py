@@ -8,6 +8,7 @@ import errno
 import fcntl
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -138,46 +139,61 @@ def read_bytes(path: str, limit: int) -> bytes:
 
 class EarlyWrite:
     """A staging file written ahead of its publish — the artifact, while the compiler
-    that closed it is still finishing — with its fsync started at once in the
-    background, so that the publish finds it written and durable.
+    that closed it is still finishing — on a background thread, which then fsyncs it:
+    the publish finds it written and durable, and nothing slow runs on the compile's
+    path.
 
     Best effort: a write that fails is undone (the publish then writes the file and
-    reports what fails); a second write replaces the first. :meth:`use` is the
+    reports what fails); a later write replaces an earlier one. :meth:`use` is the
     publish's check, and raises the background fsync's error as its own."""
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self._lock = threading.Lock()  # one write (or undo) at a time, in order
+        self._seq = 0
         self._data: bytes | None = None
-        self._synced: Future[None] | None = None
+        self._done: Future[bool] | None = None
         self._tried = False
 
     def write(self, data: bytes) -> None:
-        again, self._tried = self._tried, True
-        self._data = self._synced = None
-        try:
-            if again:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path)
-            write_file(self.path, data, prepared=True, sync=False)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)  # no partial file: the publish creates it afresh
-            return
+        if self._done is not None and self._data == data:
+            return  # being written already
+        self._seq += 1
         self._data = data
-        self._synced = background().submit(fsync_file, self.path)
+        self._done = background().submit(self._write, data, self._seq)
+
+    def _write(self, data: bytes, seq: int) -> bool:
+        with self._lock:
+            if seq != self._seq:
+                return False  # replaced by a later write, or undone
+            try:
+                self._undo()
+                self._tried = True
+                write_file(self.path, data, prepared=True, sync=False)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)  # no partial file: the publish creates it afresh
+                return False
+            fsync_file(self.path)  # its error is the publish's (use)
+            return True
+
+    def _undo(self) -> None:
+        if self._tried:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
 
     def use(self, data: bytes) -> bool:
         """True when the file holds exactly ``data``, durably; raises ``OSError`` when its
         fsync failed (a later fsync could succeed without the data being safe). False
         when it does not: then what was written early is gone, for the file to be
         written afresh (a build compiled again, say, made other bytes)."""
-        if self._synced is not None and self._data == data:
-            self._synced.result()
+        if self._done is not None and self._data == data and self._done.result():
             return True
-        if self._tried:
-            self._data = self._synced = None
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+        self._seq += 1  # a write not yet started does not start
+        with self._lock:
+            self._undo()
+            self._tried = False
+        self._data = self._done = None
         return False
 
 

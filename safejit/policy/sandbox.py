@@ -394,7 +394,12 @@ def _wait(
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise subprocess.TimeoutExpired(proc.args, timeout)
+                if proc.poll() is None:
+                    raise subprocess.TimeoutExpired(proc.args, timeout)
+                # It ended in time; this loop was busy (reading what it closed).
+                if reader is not None and reader.active:
+                    reader()
+                return proc.wait()
             # Without a pidfd (or once the pipe is closed), look at the process every 10 ms.
             wait_ms = int(left * 1000) + 1 if pidfd >= 0 and open_pipe else min(int(left * 1000) + 1, 10)
             events = dict(poller.poll(wait_ms))

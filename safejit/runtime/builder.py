@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -14,7 +15,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..backends.argv_compile import artifact_path, depfile_deps, depfile_path
+from ..backends.argv_compile import (
+    ASM_DEP_FLAG,
+    ASM_DEPFILE,
+    artifact_path,
+    depfile_deps,
+    depfile_path,
+    with_assembler_reads,
+)
 from ..backends.base import CompileOutput
 from ..cache.disk import DiskCache, Rejection, VerifiedLeaf
 from ..cache.spares import Workdir
@@ -209,17 +217,25 @@ class Builder:
         # closed its artifact holding those bytes.
         held: list[tuple[Closure, bytes]] = []
 
+        asm_depfile = os.path.join(workdir, ASM_DEPFILE) if ASM_DEP_FLAG in spec.argv else None
+        asm_listed: list[bytes] = []
+
         def scan_early(path: str, data: bytes) -> None:
+            if path == asm_depfile:
+                asm_listed[:] = [data]
+                return
             if path == artifact:
-                if on_artifact is not None:
-                    on_artifact(data)
                 # Whatever the compiler read went into these bytes before it closed them:
                 # if the early closure still holds now, it holds for them, however long
                 # the driver takes to exit (reads after this close cannot change them).
                 held.clear()
-                closure = next(iter(early.values()), None)
-                if closure is not None and completeness.unchanged(closure):
-                    held.append((closure, data))
+                found = next(iter(early.items()), None)
+                if found is not None and completeness.unchanged(found[1]):
+                    held.append((found[1], data))
+                    # Staged early only once all it was made of is known to be confined.
+                    listed = asm_listed if asm_depfile is not None else None
+                    if on_artifact is not None and self._read_nothing_else(workdir, found[0], listed):
+                        on_artifact(data)
                 return
             # The compiler has written its depfile; its assembler and linker still run.
             # Scanning now takes the scan off the caller's time; it is used only if the
@@ -320,6 +336,19 @@ class Builder:
             return leaf, "bypass"
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
+
+    @staticmethod
+    def _read_nothing_else(workdir: str, deps: tuple[str, ...], asm_listed: list[bytes] | None) -> bool:
+        """Whether the assembler read nothing beyond ``deps``, as far as its list (the
+        one item of ``asm_listed``, None where it lists nothing) says yet."""
+        if asm_listed is None:
+            return True
+        if not asm_listed:
+            return False
+        try:
+            return with_assembler_reads(workdir, deps, asm_listed[0]) == deps
+        except ValueError:
+            return False
 
     def closure(
         self, spec: BuildSpec, anchors: Anchors, deps: Sequence[str], started_ns: int, *, early: bool = False

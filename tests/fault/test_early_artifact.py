@@ -31,8 +31,10 @@ def blank(tmp_path: Path) -> Path:
 def test_an_early_write_is_used_only_for_the_same_bytes(blank):
     early = fsio.EarlyWrite(str(blank))
     early.write(b"first")
+    settle()  # (written on a background thread)
     assert blank.read_bytes() == b"first"
     early.write(b"second")  # the compiler closed it again
+    settle()
     assert blank.read_bytes() == b"second"
     assert early.use(b"second")
     assert blank.read_bytes() == b"second"
@@ -41,14 +43,16 @@ def test_an_early_write_is_used_only_for_the_same_bytes(blank):
 def test_other_bytes_undo_the_early_write(blank):
     early = fsio.EarlyWrite(str(blank))
     early.write(b"compiled once")
-    assert not early.use(b"compiled again")
-    assert not blank.exists()  # the publish creates it afresh (O_EXCL)
+    assert not early.use(b"compiled again")  # (waits for the write, or stops it, and undoes it)
+    # Left for the publish to write: gone (it creates the file afresh), or never touched.
+    assert not blank.exists() or blank.read_bytes() == b""
 
 
 def test_a_failed_early_write_leaves_no_partial_file(blank):
     early = fsio.EarlyWrite(str(blank))
     with faults.inject("disk.write", "raise:ENOSPC"):
         early.write(b"bytes")
+        settle()
     assert not blank.exists()
     assert not early.use(b"bytes")
 
@@ -83,3 +87,31 @@ def test_a_cold_compile_publishes_the_artifact_staged_early(make_runtime, cache_
     settle()
     assert staging_entries(cache_dir) == []
     assert sorted(os.listdir(leaf)) == [".committed", "artifact.so", "manifest.json"]
+
+
+def test_a_slow_cache_disk_does_not_time_the_compiler_out(make_runtime, cache_dir):
+    """The early write runs off the compile's path: a compiler that ended in time is not
+    killed as too slow because the cache disk is (the publish just waits for it)."""
+    rt = make_runtime(compile_timeout_s=1.0)
+    with faults.inject("disk.write", "delay:1.5"):
+        mod = rt.compile(safejit.Source(NEW_C, NEW_NAME))
+    assert mod.kernel(NEW_NAME)(6, 7) == EXPECTED[NEW_NAME]
+    assert mod.artifact.path in leaf_paths(cache_dir)
+
+
+def test_bytes_of_a_refused_build_are_never_staged(make_runtime, cache_dir, tmp_path, monkeypatch):
+    """An artifact that embeds a file from outside the roots (inline asm .incbin) is
+    refused; it never reaches the cache's disk, not even its staging dir."""
+    secret = tmp_path / "outside.bin"
+    secret.write_bytes(b"s3cr3t-early-7f3a")
+    staged: list[bytes] = []
+    real_write = fsio.EarlyWrite.write
+    monkeypatch.setattr(fsio.EarlyWrite, "write", lambda self, data: (staged.append(data), real_write(self, data)))
+    asm = f'.section .rodata\\n.incbin \\"{secret}\\"\\n.text\\n'
+    rt = make_runtime(source_roots=(str(tmp_path / "proj"),), sandbox="off")
+    (tmp_path / "proj").mkdir()
+    with pytest.raises(safejit.UndeclaredDependencyError):
+        rt.compile(safejit.Source(f'__asm__("{asm}");\nint s(void) {{ return 1; }}\n', "s"))
+    assert staged == []
+    settle()
+    assert not [p for p in cache_dir.rglob("*") if p.is_file() and b"s3cr3t-early" in p.read_bytes()]
