@@ -83,6 +83,9 @@ def _real_dir(path: str) -> str:
 
 DepState = tuple[str, tuple[int, int, int, int, int], str]
 
+#: Paths that mean something else in the compiler than in this process.
+_PER_PROCESS = ("/proc/", "/dev/")
+
 
 @dataclass(frozen=True, slots=True)
 class Closure:
@@ -119,6 +122,13 @@ def record_closure(
     lexicals: list[str] = []
     quoted: list[str] = []
     for path in paths:
+        if path.startswith(_PER_PROCESS):
+            # /proc/self/cwd/... named the compiler's own view, which the scan cannot share.
+            raise UndeclaredDependencyError(
+                f"the compiler read {path!r}, a per-process path; include files by their own path",
+                path=path,
+                resolved=path,
+            )
         head, tail = os.path.split(path)
         real_dir = dirs.get(head)
         if real_dir is None:

@@ -264,3 +264,20 @@ def test_inline_asm_file_name_with_a_control_character_is_refused(make_runtime, 
     assert "what the assembler read is unknown" in str(exc.value)
     assert_no_secret(exc.value)
     assert_nothing_published(cache_dir)
+
+
+def test_include_through_a_per_process_path_is_refused(make_runtime, project, cache_dir, monkeypatch):
+    """/proc/self/cwd/... means the compiler's working dir to the compiler and this
+    process's to the scan: such a path is refused, never hashed as something else."""
+    monkeypatch.chdir(project)  # (here, the scan's reading of the path would even be under a root)
+    (project / "inc.h").write_text("#define V 1\n")
+    rt = _runtime(make_runtime, project, sandbox="off")
+    with pytest.raises(safejit.UndeclaredDependencyError) as exc:
+        rt.compile(
+            safejit.Source(
+                '#include "/proc/self/root/' + str(project / "inc.h").lstrip("/") + '"\nint v(void) { return V; }\n',
+                "v",
+            )
+        )
+    assert exc.value.path.startswith("/proc/self/")
+    assert_nothing_published(cache_dir)
