@@ -122,7 +122,7 @@ def record_closure(
     lexicals: list[str] = []
     quoted: list[str] = []
     for path in paths:
-        if os.path.normpath(path).startswith(_PER_PROCESS):
+        if ("/" + os.path.normpath(path).lstrip("/")).startswith(_PER_PROCESS):  # ("//proc" too)
             # /proc/self/cwd/... named the compiler's own view, which the scan cannot share.
             raise UndeclaredDependencyError(
                 f"the compiler read {path!r}, a per-process path; include files by their own path",

@@ -189,6 +189,8 @@ _LINKER_ALLOWED: Final = frozenset(
         "-lm",
     }
 )
+#: What a linker option or value may hold (a path is confined besides).
+_LINKER_WORD: Final = re.compile(r"[A-Za-z0-9_.+=:$/-]+\Z")
 _LINKER_VALUE: Final = frozenset({"-z", "-rpath", "--rpath", "-soname", "--soname", "--exclude-libs", "--hash-style"})
 
 
@@ -200,6 +202,10 @@ def _check_linker(flag: str, anchor_path: Confiner) -> str:
     expect_value = False
     for part in parts:
         key, eq, value = part.partition("=")
+        # The linker expands "@file" anywhere in its arguments (a response file: the
+        # assembler's depfile would do), and a value is never another option.
+        if part.startswith("@") or (expect_value and part.startswith("-")) or not _LINKER_WORD.match(part):
+            raise FlagPolicyError(f"linker argument {part!r} is not allowed", flag=flag, reason="linker")
         if expect_value:
             expect_value = False
         elif key not in _LINKER_ALLOWED and not key.startswith("--build-id"):

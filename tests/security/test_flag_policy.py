@@ -43,6 +43,10 @@ REFUSED = {
     "link-time-optimisation": ["-flto"],
     "lto-partitions": ["-flto-partition=max"],
     "lto-jobs": ["-flto=8"],
+    "linker-response-file": ["-Wl,@asm.d"],
+    "linker-response-file-as-value": ["-Wl,-z,@asm.d"],
+    "linker-option-as-value": ["-Wl,-soname,--version-script=x.map"],
+    "linker-odd-characters": ["-Wl,-soname,lib x.so"],
 }
 
 

@@ -266,7 +266,8 @@ def test_inline_asm_file_name_with_a_control_character_is_refused(make_runtime, 
     assert_nothing_published(cache_dir)
 
 
-def test_include_through_a_per_process_path_is_refused(make_runtime, project, cache_dir, monkeypatch):
+@pytest.mark.parametrize("prefix", ["/proc", "//proc", "/./proc", "/dev/../proc"])
+def test_include_through_a_per_process_path_is_refused(make_runtime, project, cache_dir, monkeypatch, prefix):
     """/proc/self/cwd/... means the compiler's working dir to the compiler and this
     process's to the scan: such a path is refused, never hashed as something else."""
     monkeypatch.chdir(project)  # (here, the scan's reading of the path would even be under a root)
@@ -275,9 +276,11 @@ def test_include_through_a_per_process_path_is_refused(make_runtime, project, ca
     with pytest.raises(safejit.UndeclaredDependencyError) as exc:
         rt.compile(
             safejit.Source(
-                '#include "/proc/self/root/' + str(project / "inc.h").lstrip("/") + '"\nint v(void) { return V; }\n',
+                f'#include "{prefix}/self/root/'
+                + str(project / "inc.h").lstrip("/")
+                + '"\nint v(void) { return V; }\n',
                 "v",
             )
         )
-    assert exc.value.path.startswith("/proc/self/")
+    assert "proc/self/" in exc.value.path
     assert_nothing_published(cache_dir)
