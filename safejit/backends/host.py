@@ -25,7 +25,7 @@ from ..errors import ConfigError, LoadError
 from ..spec import BuildSpec, Source, Toolchain
 from .argv_compile import ASM_DEP_FLAG, run_argv
 from .base import CompileOutput, Runner, macro_flags
-from .probe import ProbeCache, compiler_search_dirs, file_ident, find_program, run_text
+from .probe import ProbeCache, compiler_search_dirs, file_ident, find_program, program_dirs, run_text
 
 __all__ = ["HostBackend", "HostLibrary", "elf_exported_functions"]
 
@@ -90,6 +90,7 @@ class HostBackend:
         # The programs the driver runs are part of the toolchain: their digests enter the
         # key, and the probe is redone when one of them changes.
         tools = []
+        dirs = program_dirs(run_text(run, [compiler, "-print-search-dirs"], where))
         for prog in ("cc1plus" if language == "c++" else "cc1", "as", "ld"):
             name = run_text(run, [compiler, f"-print-prog-name={prog}"], where).strip()
             path = find_program(name)
@@ -117,7 +118,7 @@ class HostBackend:
             search_dirs=tuple(search),
             asm_deps=asm_deps,
         )
-        self._probes.put(ident, tc, tools)
+        self._probes.put(ident, tc, tools, dirs)
         return tc
 
     # -- compile -------------------------------------------------------------

@@ -19,7 +19,7 @@ from ..policy.shim_build import SYSTEM_PATH
 from ..spec import Toolchain
 from .base import Runner
 
-__all__ = ["ProbeCache", "compiler_search_dirs", "file_ident", "find_program", "run_text"]
+__all__ = ["ProbeCache", "compiler_search_dirs", "dir_ident", "file_ident", "find_program", "program_dirs", "run_text"]
 
 
 def file_ident(path: str) -> list[Any]:
@@ -29,6 +29,24 @@ def file_ident(path: str) -> list[Any]:
     except OSError as exc:
         raise ConfigError(f"{path} cannot be used: {exc}") from exc
     return [path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def dir_ident(path: str) -> list[int]:
+    """A directory's identity and last change (a program added to it changes it); []
+    when there is none (one made later changes that)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return []
+    return [st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def program_dirs(search_dirs_output: str) -> list[str]:
+    """The directories a driver looks in for the programs it runs (``-print-search-dirs``)."""
+    for line in search_dirs_output.splitlines():
+        if line.startswith("programs: ="):
+            return list(dict.fromkeys(os.path.normpath(d) for d in line[len("programs: =") :].split(":") if d))
+    return []
 
 
 def find_program(name: str) -> str | None:
@@ -63,9 +81,10 @@ def compiler_search_dirs(verbose: str) -> list[str]:
 class ProbeCache:
     """Probed toolchains, one JSON file each, keyed by the driver's identity. The other
     programs a probe found (cc1, as, ld) are recorded by the name the driver gave and
-    the file it resolved to, with its stat: a probe is reused only while each name
-    still resolves to that same, unchanged file (binutils upgraded on its own, or a
-    symlink switched, changes no driver)."""
+    the file it resolved to, with its stat, and so are the directories the driver
+    looks in for them: a probe is reused only while each name still resolves to that
+    same, unchanged file and no such directory has changed (binutils upgraded on its
+    own, a symlink switched, a program newly placed ahead: none changes the driver)."""
 
     def __init__(self, state_dir: str | None) -> None:
         self._dir = state_dir
@@ -88,6 +107,9 @@ class ProbeCache:
                 real = find_program(name)
                 if real is None or file_ident(real) != ident_of:
                     return None
+            for path, *ident_of in data["dirs"]:
+                if dir_ident(path) != ident_of:
+                    return None
             return Toolchain(
                 compiler=data["compiler"],
                 version=data["version"],
@@ -99,8 +121,11 @@ class ProbeCache:
         except (OSError, ValueError, KeyError, TypeError, IndexError, ConfigError):
             return None
 
-    def put(self, ident: list[Any], tc: Toolchain, tools: Sequence[tuple[str, str]] = ()) -> None:
-        """Remember ``tc``; ``tools``: ``(name, resolved path)`` of the programs it runs."""
+    def put(
+        self, ident: list[Any], tc: Toolchain, tools: Sequence[tuple[str, str]] = (), dirs: Sequence[str] = ()
+    ) -> None:
+        """Remember ``tc``; ``tools``: ``(name, resolved path)`` of the programs it runs,
+        ``dirs``: where the driver looks for them."""
         path = self._path(ident)
         if path is None:
             return
@@ -113,6 +138,7 @@ class ProbeCache:
             "search_dirs": list(tc.search_dirs),
             "asm_deps": tc.asm_deps,
             "tools": [[name, *file_ident(real)] for name, real in tools],
+            "dirs": [[d, *dir_ident(d)] for d in dirs],
         }
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:

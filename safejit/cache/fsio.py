@@ -154,10 +154,11 @@ class EarlyWrite:
         self._data: bytes | None = None
         self._done: Future[bool] | None = None
         self._tried = False
+        self._used = False
 
     def write(self, data: bytes) -> None:
-        if self._done is not None and self._data == data:
-            return  # being written already
+        if self._used or (self._done is not None and self._data == data):
+            return  # the publish has looked already; or being written already
         self._seq += 1
         self._data = data
         self._done = background().submit(self._write, data, self._seq)
@@ -187,6 +188,7 @@ class EarlyWrite:
         fsync failed (a later fsync could succeed without the data being safe). False
         when it does not: then what was written early is gone, for the file to be
         written afresh (a build compiled again, say, made other bytes)."""
+        self._used = True
         if self._done is not None and self._data == data and self._done.result():
             return True
         self._seq += 1  # a write not yet started does not start

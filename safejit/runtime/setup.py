@@ -3,6 +3,7 @@ sandboxed runner every compiler and probe goes through."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -83,6 +84,7 @@ class Setup:
         """A scratch directory for toolchain probes, made on first need."""
         if self._probe_dir is None:
             self._probe_dir = tempfile.mkdtemp(prefix="safejit-probe-")
+            atexit.register(_remove_probe_dir, self._probe_dir, os.getpid())  # (if never closed)
         return self._probe_dir
 
     def anchors(self, toolchain: Toolchain) -> Anchors:
@@ -150,3 +152,8 @@ class Setup:
             )
 
         return run
+
+
+def _remove_probe_dir(path: str, owner: int) -> None:
+    if os.getpid() == owner:
+        shutil.rmtree(path, ignore_errors=True)

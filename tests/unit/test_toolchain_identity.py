@@ -66,3 +66,18 @@ def test_an_assembler_switched_by_symlink_is_a_miss(make_runtime, tmp_path):
     rt = make_runtime(**config)
     after = rt.compile(ONE)
     assert rt.stats()["compiles"] == 1 and after.artifact.build_key != before.artifact.build_key
+
+
+def test_an_assembler_placed_ahead_in_the_drivers_dirs_is_a_miss(make_runtime, tmp_path):
+    # The driver looks in its own dirs (here -B bin/) before PATH: a program that appears
+    # there is what it runs from then on, though "as" still names /usr/bin/as on PATH.
+    root, driver = _toolchain(tmp_path)
+    (root / "bin" / "as").unlink()
+    config = {"source_roots": (str(root),), "host_cc": str(driver)}
+    before = make_runtime(**config).compile(ONE)
+    assembler = root / "bin" / "as"
+    assembler.write_text('#!/bin/sh\n# placed ahead\nexec /usr/bin/as "$@"\n')
+    assembler.chmod(0o755)
+    rt = make_runtime(**config)
+    after = rt.compile(ONE)
+    assert rt.stats()["compiles"] == 1 and after.artifact.build_key != before.artifact.build_key
