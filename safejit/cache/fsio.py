@@ -191,12 +191,18 @@ class EarlyWrite:
         self._used = True
         if self._done is not None and self._data == data and self._done.result():
             return True
-        self._seq += 1  # a write not yet started does not start
+        self.cancel()
+        return False
+
+    def cancel(self) -> None:
+        """Stop a write not yet started, wait for one running, and remove what was
+        written; later writes are ignored."""
+        self._used = True
+        self._seq += 1
         with self._lock:
             self._undo()
             self._tried = False
         self._data = self._done = None
-        return False
 
 
 def makedirs_durable(path: str, mode: int = 0o755) -> None:

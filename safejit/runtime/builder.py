@@ -293,8 +293,15 @@ class Builder:
         # millisecond or two to exit), its fsync started in the background.
         early = disk.early_artifact(workdir, f"artifact.{self.setup.backend.artifact_ext}")
         on_artifact = early.write if early is not None else None
-        leaf, clean = self.build(spec, key, anchors, workdir.scratch, root, while_compiling, on_artifact)
+        try:
+            leaf, clean = self.build(spec, key, anchors, workdir.scratch, root, while_compiling, on_artifact)
+        except BaseException:
+            if early is not None:
+                early.cancel()  # (before the work dir is deleted: no write may land in it after)
+            raise
         if not clean:
+            if early is not None:
+                early.cancel()
             return leaf, "compiled", _load(load, leaf)
         manifest = leaf.manifest
         with span(SPAN.PUBLISH, {ATTR.DEPS_KEY: manifest.deps_key, ATTR.DEPS_COUNT: len(manifest.deps)}) as s:

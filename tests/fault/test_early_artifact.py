@@ -115,3 +115,22 @@ def test_bytes_of_a_refused_build_are_never_staged(make_runtime, cache_dir, tmp_
     assert staged == []
     settle()
     assert not [p for p in cache_dir.rglob("*") if p.is_file() and b"s3cr3t-early" in p.read_bytes()]
+
+
+def test_a_cancelled_early_write_leaves_nothing_and_takes_no_more(blank):
+    early = fsio.EarlyWrite(str(blank))
+    early.write(b"bytes of a build that is not published")
+    early.cancel()
+    early.write(b"a late close")  # ignored: the work dir is being deleted
+    settle()
+    assert not blank.exists() or blank.read_bytes() == b""
+    assert not early.use(b"a late close")
+
+
+def test_an_oversized_artifact_is_not_left_staged(make_runtime, cache_dir):
+    rt = make_runtime(max_artifact_bytes=1024)
+    with pytest.raises(safejit.LimitExceededError):
+        rt.compile(safejit.Source(NEW_C, NEW_NAME))
+    settle()
+    assert staging_entries(cache_dir) == []
+    assert leaf_paths(cache_dir) == set()
