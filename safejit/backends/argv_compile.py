@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..deps import parse_depfile, parse_single_rule, read_output
-from ..errors import CompileError
+from ..errors import CompileError, FlagPolicyError
 from ..spec import BuildSpec
 from .base import Runner
 
@@ -102,6 +102,10 @@ def run_argv(
     asm = os.path.join(workdir, ASM_DEPFILE)
     slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep, "{OBJ}": obj}
     argv = [slots.get(a) or expand(a) for a in spec.argv]
+    for template, arg in zip(spec.argv, argv, strict=True):
+        if template.startswith("-Wl,") and arg.count(",") != template.count(","):
+            # A root with a comma in its path would split a linker argument in two.
+            raise FlagPolicyError(f"{arg!r}: a root's path holds a comma", flag=template, reason="linker")
     logs, seconds, start = [], 0.0, 0
     files: Mapping[str, bytes] = {}
     for end in [i for i, a in enumerate(argv) if a == "--"] + [len(argv)]:

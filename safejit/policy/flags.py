@@ -189,22 +189,22 @@ _LINKER_ALLOWED: Final = frozenset(
         "-lm",
     }
 )
-#: What a linker option or value may hold (a path is confined besides).
-_LINKER_WORD: Final = re.compile(r"[A-Za-z0-9_.+=:$/-]+\Z")
+#: What a linker option, or a value that is no path, may hold.
+_LINKER_WORD: Final = re.compile(r"[A-Za-z0-9_.+=:${}-]+\Z")
 _LINKER_VALUE: Final = frozenset({"-z", "-rpath", "--rpath", "-soname", "--soname", "--exclude-libs", "--hash-style"})
 
 
 def _check_linker(flag: str, anchor_path: Confiner) -> str:
     """``-Wl,`` options from an allow-list (``-o``, maps, plugins, scripts are refused);
-    path values are confined."""
+    path values are confined. The linker expands ``@file`` anywhere in its arguments
+    (a response file: the assembler's depfile would do), so no part may start with
+    ``@``, before or after a path is resolved; and a value is never another option."""
     parts = flag.split(",")[1:]
     out = []
     expect_value = False
     for part in parts:
         key, eq, value = part.partition("=")
-        # The linker expands "@file" anywhere in its arguments (a response file: the
-        # assembler's depfile would do), and a value is never another option.
-        if part.startswith("@") or (expect_value and part.startswith("-")) or not _LINKER_WORD.match(part):
+        if part.startswith("@") or (expect_value and part.startswith("-")):
             raise FlagPolicyError(f"linker argument {part!r} is not allowed", flag=flag, reason="linker")
         if expect_value:
             expect_value = False
@@ -213,15 +213,30 @@ def _check_linker(flag: str, anchor_path: Confiner) -> str:
         else:
             expect_value = not eq and key in _LINKER_VALUE
             if not eq:
-                out.append(part if "/" not in part else anchor_path(part, "linker path"))
+                out.append(_linker_word(part, flag) if "/" not in part else _linker_path(part, flag, anchor_path))
                 continue
         if "/" in (value if eq else part):
-            out.append((key + "=" if eq else "") + anchor_path(value if eq else part, "linker path"))
+            out.append((key + "=" if eq else "") + _linker_path(value if eq else part, flag, anchor_path))
         else:
-            out.append(part)
+            out.append(_linker_word(part, flag))
     if expect_value:
         raise FlagPolicyError(f"linker option in {flag!r} needs a value", flag=flag, reason="linker")
     return ",".join(["-Wl", *out])
+
+
+def _linker_word(part: str, flag: str) -> str:
+    if not _LINKER_WORD.match(part):
+        raise FlagPolicyError(f"linker argument {part!r} is not allowed", flag=flag, reason="linker")
+    return part
+
+
+def _linker_path(path: str, flag: str, anchor_path: Confiner) -> str:
+    """The confined path, anchored. Resolved, it must still be one argument: a comma
+    would split it in two (``x,@asm.d`` behind a symlink would be a response file)."""
+    anchored = anchor_path(path, "linker path")
+    if "," in anchored:
+        raise FlagPolicyError(f"linker path {path!r} resolves to a name with a comma", flag=flag, reason="linker")
+    return anchored
 
 
 def check_defines(defines: Mapping[str, object] | None) -> tuple[tuple[str, str | None], ...]:

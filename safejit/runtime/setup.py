@@ -3,10 +3,10 @@ sandboxed runner every compiler and probe goes through."""
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable, Sequence
 
 from .. import _env
@@ -64,6 +64,7 @@ class Setup:
         self.disk.spares = Spares(f"artifact.{self.backend.artifact_ext}", scratch=not in_memory)
         self.disk.memory_scratch = in_memory
         self._probe_dir: str | None = None
+        self._probe_cleanup: weakref.finalize[[str, int], Setup] | None = None
         self._anchors: dict[Toolchain, Anchors] = {}
         self._toolchain_roots: dict[tuple[str, ...], list[str]] = {}
         self.source_roots = config.source_roots
@@ -84,7 +85,8 @@ class Setup:
         """A scratch directory for toolchain probes, made on first need."""
         if self._probe_dir is None:
             self._probe_dir = tempfile.mkdtemp(prefix="safejit-probe-")
-            atexit.register(_remove_probe_dir, self._probe_dir, os.getpid())  # (if never closed)
+            # Removed by close(), else when this Setup is collected or at exit.
+            self._probe_cleanup = weakref.finalize(self, _remove_probe_dir, self._probe_dir, os.getpid())
         return self._probe_dir
 
     def anchors(self, toolchain: Toolchain) -> Anchors:
@@ -109,8 +111,8 @@ class Setup:
         self.backend.close()
         if self.disk.spares is not None:
             self.disk.spares.discard_all()
-        if self._probe_dir is not None:
-            shutil.rmtree(self._probe_dir, ignore_errors=True)
+        if self._probe_cleanup is not None:
+            self._probe_cleanup()
 
     def runner(
         self,

@@ -193,3 +193,37 @@ def test_allowed_flags_compile(make_runtime, project, cache_dir):
     assert mod.kernel("add")(2, 3) == 6
     assert len(leaves(cache_dir)) == 1
     assert_cache_sound(cache_dir)
+
+
+def test_linker_path_resolving_to_a_comma_is_refused(make_runtime, project, cache_dir):
+    """gcc splits -Wl, at commas: a path that resolves (behind a symlink) to a name with
+    a comma would become two linker arguments — here "@asm.d", a response file."""
+    (project / "x,@asm.d").mkdir()
+    (project / "lib").symlink_to(project / "x,@asm.d", target_is_directory=True)
+    rt = _rt(make_runtime, project, sandbox="off")
+    with pytest.raises(safejit.FlagPolicyError):
+        rt.compile(ADD, flags=[f"-Wl,-rpath,{project / 'lib'}"])
+    assert rt.stats()["compiles"] == 0
+    assert_nothing_published(cache_dir)
+
+
+def test_linker_path_under_a_root_with_a_comma_is_refused(make_runtime, tmp_path, cache_dir):
+    """The root's own path is put in at compile time: it must not split the argument."""
+    root = tmp_path / "a,@asm.d"
+    (root / "lib").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(root, target_is_directory=True)  # (the flag itself holds no comma)
+    rt = make_runtime(source_roots=(str(root),), sandbox="off")
+    with pytest.raises(safejit.FlagPolicyError):
+        rt.compile(ADD, flags=[f"-Wl,-rpath,{tmp_path / 'link' / 'lib'}"])
+    assert_nothing_published(cache_dir)
+
+
+@pytest.mark.parametrize("rpath", ["${ORIGIN}", "$ORIGIN", "ws@2/lib", "My Project/lib"])
+def test_plain_linker_values_still_compile(make_runtime, tmp_path, rpath):
+    root = tmp_path / "ws@2"
+    (root / "lib").mkdir(parents=True)
+    (root / "My Project" / "lib").mkdir(parents=True)
+    value = rpath if rpath.startswith("$") else str(tmp_path / rpath if rpath.startswith("ws") else root / rpath)
+    rt = make_runtime(source_roots=(str(root),))
+    flags = ["-Wl,-z,now", "-Wl,--hash-style=gnu", "-Wl,-soname,libadd.so.1", f"-Wl,-rpath,{value}"]
+    assert rt.compile(ADD, flags=flags).kernel("add")(2, 3) == 5
