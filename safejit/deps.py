@@ -77,6 +77,28 @@ def open_regular(path: str, *, nofollow: bool = False) -> tuple[int, os.stat_res
     return fd, st
 
 
+#: BLAKE3's threads (a Rayon pool) do not survive fork: a child of a process that used
+#: them would wait on them forever. Such a child hashes on one thread.
+_threads_used = False
+_threads_gone = False
+
+
+def _threads() -> int:
+    global _threads_used
+    if _threads_gone:
+        return 1
+    _threads_used = True
+    return int(blake3.blake3.AUTO)
+
+
+def _after_fork_in_child() -> None:
+    global _threads_gone
+    _threads_gone = _threads_gone or _threads_used
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def hash_file(path: str, *, nofollow: bool = False) -> tuple[str, Snapshot]:
     """BLAKE3 of a regular file's bytes and its stat, taken *before* reading.
 
@@ -87,7 +109,7 @@ def hash_file(path: str, *, nofollow: bool = False) -> tuple[str, Snapshot]:
     fd, st = open_regular(path, nofollow=nofollow)
     try:
         # Large files hash on every core (BLAKE3's tree mode); small ones on one.
-        h = blake3.blake3(max_threads=blake3.blake3.AUTO) if st.st_size >= _PARALLEL_BYTES else blake3.blake3()
+        h = blake3.blake3(max_threads=_threads()) if st.st_size >= _PARALLEL_BYTES else blake3.blake3()
         want = st.st_size + 1
         while True:
             chunk = os.read(fd, min(max(want, 1 << 16), 1 << 24))

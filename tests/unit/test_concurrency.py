@@ -66,3 +66,41 @@ def test_eight_processes_cold_start_one_spec_and_compile_once(cache_dir, tmp_pat
     assert sum(r["stats"]["compiles"] for r in reports) == 1
     assert len(leaves(cache_dir)) == 1
     assert_cache_sound(cache_dir)
+
+
+FORK_CHILD = r"""
+import os, sys, tempfile, time
+import safejit
+from safejit.deps import hash_file
+big = os.path.join(tempfile.mkdtemp(), "big.bin")
+with open(big, "wb") as f:
+    f.write(os.urandom(4 << 20))
+hash_file(big)  # on BLAKE3's threads, which a forked child does not have
+rt = safejit.Runtime(config=safejit.Config(cache_dirs=(sys.argv[1],)))
+rt.compile(safejit.Source("int add(int a, int b) { return a + b; }\n", "add"))
+pid = os.fork()
+if pid == 0:
+    digest = hash_file(big)[0]
+    mod = rt.compile(safejit.Source('extern "C" int sub(int a, int b) { return a - b; }\n', "sub", filename="s.cpp"))
+    print("child", len(digest), mod.kernel("sub")(5, 3), flush=True)
+    os._exit(0)
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("status", status, flush=True)
+        sys.exit(0)
+    time.sleep(0.05)
+os.kill(pid, 9)
+print("child hung", flush=True)
+sys.exit(1)
+"""
+
+
+def test_a_child_forked_after_compiling_can_hash_and_compile(cache_dir):
+    """BLAKE3's worker threads do not survive fork: a child must not wait on them."""
+    out = subprocess.run(
+        [sys.executable, "-c", FORK_CHILD, str(cache_dir)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "child 64 2" in out.stdout and "status 0" in out.stdout
