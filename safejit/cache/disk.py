@@ -13,8 +13,9 @@ the manifest parses under the strict schema and names this leaf, its deps
 rehashed *now* reproduce ``<D>``, the artifact bytes match the manifest and
 (when a key is configured) the signature verifies. Readers take no lock.
 
-Layout, lookup and publish stay in one module on purpose (~500 lines): they are
-one protocol (DESIGN.md §5), and each half is checked against the other. Work
+Layout, lookup and publish stay in one module on purpose (~530 lines): they are
+one protocol (DESIGN.md §5), and each half is checked against the other; what
+is not part of it lives beside it. Work
 directories prepared ahead are in ``spares.py``, file primitives in ``fsio.py``.
 """
 
@@ -404,7 +405,7 @@ class DiskCache:
     ) -> tuple[VerifiedLeaf, str]:
         """Publish a leaf; returns it with the outcome ``published`` or ``adopted``.
         ``stage`` is a prepared staging dir (its empty files are filled), else one is made;
-        ``early``: its artifact file, written already (:meth:`early_artifact`).
+        ``early``: its artifact file, being written already.
 
         Raises ``OSError`` when nothing could be published; a failed publish
         never reports success and never leaves a partial leaf visible.
@@ -481,11 +482,6 @@ class DiskCache:
         finally:
             if stage:
                 self.discard(stage, root)
-
-    def early_artifact(self, workdir: Workdir, artifact_file: str) -> EarlyWrite | None:
-        """The artifact file of ``workdir``'s prepared stage, to be written ahead of the
-        publish; None when the stage is not prepared (the publish makes one)."""
-        return EarlyWrite(os.path.join(workdir.stage, artifact_file)) if workdir.prepared else None
 
     def quarantine(self, leaf: str, root: str) -> None:
         """Move a damaged leaf aside (same filesystem rename); best effort."""

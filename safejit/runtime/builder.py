@@ -25,6 +25,7 @@ from ..backends.argv_compile import (
 )
 from ..backends.base import CompileOutput
 from ..cache.disk import DiskCache, Rejection, VerifiedLeaf
+from ..cache.fsio import EarlyWrite
 from ..cache.spares import Workdir
 from ..cache.usage import MAX_SAMPLES
 from ..config import Config
@@ -291,7 +292,8 @@ class Builder:
 
         # The artifact is staged as soon as the compiler closes it (its driver takes another
         # millisecond or two to exit), its fsync started in the background.
-        early = disk.early_artifact(workdir, f"artifact.{self.setup.backend.artifact_ext}")
+        artifact_file = f"artifact.{self.setup.backend.artifact_ext}"
+        early = EarlyWrite(os.path.join(workdir.stage, artifact_file)) if workdir.prepared else None
         on_artifact = early.write if early is not None else None
         try:
             leaf, clean = self.build(spec, key, anchors, workdir.scratch, root, while_compiling, on_artifact)
