@@ -173,12 +173,22 @@ def parse_single_rule(text: str) -> list[str]:
     directives verbatim, so a control character could hide the rest of a line).
     Raises ``ValueError`` otherwise."""
     joined = text.replace("\\\n", " ")
-    if any((c < " " and c not in "\n\t") or c == "\x7f" for c in joined):
+    if _CONTROL.search(joined):
         raise ValueError("a control character in the depfile")
     lines = [line for line in joined.split("\n") if line.strip()]
-    if len(lines) != 1 or not _has_colon(_split_words(lines[0])):
+    if len(lines) != 1 or not _is_rule(lines[0]):
         raise ValueError(f"{len(lines)} rules in a depfile that must hold one")
     return parse_depfile(lines[0])
+
+
+#: Control characters but tab and newline.
+_CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def _is_rule(line: str) -> bool:
+    if "\\" not in line and "$" not in line:
+        return any(word.endswith(":") for word in line.replace("\t", " ").split(" "))
+    return _has_colon(_split_words(line))
 
 
 def _prerequisites(line: str) -> list[str]:

@@ -4,6 +4,7 @@ step (steps are separated by ``--``), then read the artifact and the depfile."""
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -159,16 +160,34 @@ def with_assembler_reads(workdir: str, deps: tuple[str, ...], data: bytes | None
         except OSError as exc:
             raise ValueError(f"the assembler listed no files: {exc}") from None
     listed = parse_single_rule(data.decode("utf-8", "surrogateescape"))
-    own, real_own = (d.rstrip("/") + "/" for d in (workdir, os.path.realpath(workdir)))
     known = set(deps)
     extra = []
     for path in listed:
         full = path if os.path.isabs(path) else os.path.join(workdir, path)
-        if full in known:
-            continue
-        # (through a symlink out of the work dir, it is what it points at)
-        if os.path.normpath(full).startswith(own) and os.path.realpath(full).startswith(real_own):
+        if full in known or _in_workdir(workdir, full):
             continue
         known.add(full)
         extra.append(full)
     return (*deps, *extra)
+
+
+def _in_workdir(workdir: str, path: str) -> bool:
+    """Whether ``path`` names a file in ``workdir`` (through a symlink out of it, or
+    ``..``, it names what that leads to)."""
+    own = workdir.rstrip("/") + "/"
+    if path.startswith(own):
+        parts = path[len(own) :].split("/")
+        if "" not in parts and "." not in parts and ".." not in parts:
+            # The usual name (a temporary, the source): no symlink below the work dir,
+            # checked part by part — what realpath would do from the filesystem root.
+            below = own[:-1]
+            for part in parts:
+                below += "/" + part
+                try:
+                    if stat.S_ISLNK(os.lstat(below).st_mode):
+                        return False
+                except OSError:
+                    return True  # gone (a temporary): nothing further down exists either
+            return True
+    real_own = os.path.realpath(workdir).rstrip("/") + "/"
+    return os.path.normpath(path).startswith(own) and os.path.realpath(path).startswith(real_own)

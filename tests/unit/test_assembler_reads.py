@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import safejit
-from safejit.backends.argv_compile import ASM_DEP_FLAG
+from safejit.backends.argv_compile import ASM_DEP_FLAG, with_assembler_reads
 from safejit.cache.manifest import Manifest, parse_manifest
 from tests.conftest import settle
 from tests.security._support import write_wrapper
@@ -86,3 +86,31 @@ def test_an_assembler_without_a_dependency_list_is_reported(make_runtime, tmp_pa
     assert module.kernel("one")() == 1
     assert ASM_DEP_FLAG not in _manifest(module).argv
     assert any("cannot list the files it reads" in r.getMessage() for r in caplog.records)
+
+
+def test_only_names_that_stay_in_the_work_dir_are_left_out(tmp_path):
+    work = tmp_path / "work"
+    (work / "tmp").mkdir(parents=True)
+    outside = tmp_path / "secret.bin"
+    outside.write_bytes(b"x")
+    (work / "tmp" / "cc1.s").write_text("")
+    (work / "out").symlink_to(outside)
+    (work / "linkdir").symlink_to(tmp_path)
+    listed = [
+        f"{work}/tmp/cc1.s",  # a temporary
+        f"{work}/tmp/cc2.o",  # a temporary already deleted
+        "first.c",  # a .file name, relative to the work dir
+        f"{work}/out",  # a symlink out
+        f"{work}/linkdir/secret.bin",  # through a symlinked dir
+        f"{work}/tmp/../../secret.bin",  # .. out
+        f"{work}/linkdir/../gone",  # .. after a symlink: resolved physically, out
+    ]
+    data = f"{work}/first.o: {' '.join(listed)}\n".encode()
+    got = with_assembler_reads(str(work), ("/usr/include/stdint.h",), data)
+    assert got == ("/usr/include/stdint.h", *listed[3:])
+
+
+@pytest.mark.parametrize("data", [b"", b"a.o: x\nb.o: y\n", b"a.o: x\x0b/etc/passwd\n", b"no rule here\n"])
+def test_a_malformed_assembler_list_is_refused(tmp_path, data):
+    with pytest.raises(ValueError):
+        with_assembler_reads(str(tmp_path), (), data)
