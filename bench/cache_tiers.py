@@ -17,7 +17,9 @@ Keys written (targets in parentheses):
   prune_leaves_per_s              safejit prune over 100,000 leaves
   cuda_memory_hit_vs_peer         CUDA memory hit / cuda.core make_program_cache_key + InMemoryProgramCache (<= 0.2)
   cuda_disk_hit_vs_peer           fresh-process verified disk hit / FileStreamProgramCache hit (<= 3.0)
-  cuda_cold_vs_peer               cold NVRTC compile through safejit / cuda.core Program.compile (<= 1.10), paired
+  cuda_cold_vs_peer               cold NVRTC compile through safejit / cuda.core Program.compile into its
+                                  persistent FileStreamProgramCache (<= 1.10), paired
+  cuda_cold_vs_memory_only_peer   ... / the same compile into InMemoryProgramCache (kept nothing on disk)
 
 The cold ratios are paired: each compile through safejit is divided by the peer's
 compile that follows it, and the median of those ratios is the result. Compile
@@ -411,19 +413,25 @@ def cuda_tiers(results: dict[str, Any], quick: bool) -> None:
         # not slow the peer down.
         # The constants are new in every run: NVRTC may keep its own cache of compiled code
         # (the driver's ComputeCache, ~/.nv), which a repeated source would hit.
-        cold_ours, cold_peer = [], []
+        # Two peers: cuda.core's persistent cache (its entry written and fsynced, as
+        # safejit's leaf is: the like-for-like one, the key's), and its memory-only one
+        # (the compile and nothing kept past the process). Their order alternates.
+        cold_ours: list[float] = []
+        cold_peer: dict[str, list[float]] = {"file": [], "memory": []}
+        peers = {"file": FileStreamProgramCache(f"{base}/peer-cold"), "memory": InMemoryProgramCache()}
         salt = random.SystemRandom().randrange(1 << 20)
         for i in range(3 if quick else 25):
-            code_a = CUDA_CODE.replace("*= a", f"*= a + {salt + i}.0f")
-            code_b = CUDA_CODE.replace("*= a", f"*= a - {salt + i}.0f")
             t0 = time.perf_counter()
-            rt.compile(safejit.Source(code_a, "scale"), arch="sm_90")
+            rt.compile(safejit.Source(CUDA_CODE.replace("*= a", f"*= a + {salt + i}.0f"), "scale"), arch="sm_90")
             cold_ours.append(time.perf_counter() - t0)
             spares.settle()
-            t0 = time.perf_counter()
-            Program(code_b, "c++", options=opts).compile("cubin", cache=InMemoryProgramCache())
-            cold_peer.append(time.perf_counter() - t0)
-        cold_ratio = paired_ratio(cold_ours, cold_peer)
+            for j, kind in enumerate(("file", "memory") if i % 2 else ("memory", "file")):
+                code = CUDA_CODE.replace("*= a", f"*= a - {salt + i + 0.5 * j}f")
+                t0 = time.perf_counter()
+                Program(code, "c++", options=opts).compile("cubin", cache=peers[kind])
+                cold_peer[kind].append(time.perf_counter() - t0)
+        cold_ratio = paired_ratio(cold_ours, cold_peer["file"])
+        cold_ratio_memory = paired_ratio(cold_ours, cold_peer["memory"])
         rt.close()
         Program(CUDA_CODE, "c++", options=opts).compile("cubin", cache=FileStreamProgramCache(f"{base}/peer"))
         disk = {"safejit": [], "peer": []}
@@ -440,6 +448,7 @@ def cuda_tiers(results: dict[str, Any], quick: bool) -> None:
     results["cuda_memory_hit_vs_peer"] = round(mem_ratio, 3)
     results["cuda_disk_hit_vs_peer"] = round(disk_ratio, 3)
     results["cuda_cold_vs_peer"] = round(cold_ratio, 3)
+    results["cuda_cold_vs_memory_only_peer"] = round(cold_ratio_memory, 3)
     print(
         f"cuda memory hit         {mem_ratio:8.3f} x    ({statistics.median(ours_t) * 1e6:.2f} us vs cuda.core "
         f"key+InMemoryProgramCache {statistics.median(peer_t) * 1e6:.2f} us)"
@@ -448,11 +457,16 @@ def cuda_tiers(results: dict[str, Any], quick: bool) -> None:
         f"cuda disk hit (fresh)   {disk_ratio:8.3f} x    ({statistics.median(disk['safejit']) * 1e3:.2f} ms verified "
         f"vs FileStreamProgramCache {statistics.median(disk['peer']) * 1e3:.2f} ms)"
     )
-    print(
-        f"cuda cold compile       {cold_ratio:8.3f} x    ({statistics.median(cold_ours) * 1e3:.1f} ms vs cuda.core "
-        f"Program.compile {statistics.median(cold_peer) * 1e3:.1f} ms; paired, "
-        f"{statistics.median(cold_ours) / statistics.median(cold_peer):.3f} of medians)"
-    )
+    for label, ratio, kind in (
+        ("cuda cold compile      ", cold_ratio, "file"),
+        ("  vs memory-only peer  ", cold_ratio_memory, "memory"),
+    ):
+        peer = "FileStreamProgramCache" if kind == "file" else "InMemoryProgramCache"
+        print(
+            f"{label} {ratio:8.3f} x    ({statistics.median(cold_ours) * 1e3:.1f} ms vs cuda.core Program.compile "
+            f"into {peer} {statistics.median(cold_peer[kind]) * 1e3:.1f} ms; paired, "
+            f"{statistics.median(cold_ours) / statistics.median(cold_peer[kind]):.3f} of medians)"
+        )
 
 
 def main() -> int:

@@ -20,7 +20,7 @@ from ..errors import CompileError, ConfigError
 from ..spec import BuildSpec, Source, Toolchain
 from .argv_compile import run_argv
 from .base import CompileOutput, Runner, macro_flags
-from .cubin import cubin_frame_sizes, cubin_kernels
+from .cubin import KernelParams, cubin_frame_sizes, cubin_kernels
 from .cuda_launch import CudaLibrary, device_arch
 from .nvrtc import NvrtcWorker, compile_with_headers, nvrtc_compile_once
 from .probe import ProbeCache, compiler_search_dirs, file_ident, run_text
@@ -292,35 +292,30 @@ class CudaBackend:
         )
         if not result.ok:
             raise CompileError(f"{spec.name}: NVRTC failed\n{result.log}", log=result.log, argv=options)
+        kernels = cubin_kernels(result.cubin)
         return CompileOutput(
             result.cubin,
             tuple(headers.values()),
-            tuple(cubin_kernels(result.cubin)),
+            tuple(kernels),
             result.log,
             ("nvrtc", *options),
             time.perf_counter() - started,
             True,
-            meta=self._meta(result.cubin, result.lowered),
+            meta=self._meta(kernels, result.lowered),
         )
 
     def _compile_nvcc(
         self, spec: BuildSpec, workdir: str, expand: Callable[[str], str], run: Runner, timeout: float
     ) -> CompileOutput:
         b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, ext=self.artifact_ext)
+        kernels = cubin_kernels(b.artifact)
         return CompileOutput(
-            b.artifact,
-            b.deps,
-            tuple(cubin_kernels(b.artifact)),
-            b.log,
-            b.argv,
-            b.seconds,
-            b.complete,
-            meta=self._meta(b.artifact, {}),
+            b.artifact, b.deps, tuple(kernels), b.log, b.argv, b.seconds, b.complete, meta=self._meta(kernels, {})
         )
 
     @staticmethod
-    def _meta(cubin: bytes, lowered: Mapping[str, str]) -> dict[str, Any]:
-        params = {k: [list(p) for p in v] for k, v in cubin_kernels(cubin).items()}
+    def _meta(kernels: KernelParams, lowered: Mapping[str, str]) -> dict[str, Any]:
+        params = {k: [list(p) for p in v] for k, v in kernels.items()}
         return {"params": params, "symbols": dict(lowered)}
 
     def _check_spills(self, name: str, log: str, cubin: bytes) -> None:
