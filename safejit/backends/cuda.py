@@ -6,6 +6,7 @@ needs no GPU; loading and launching do (see ``cuda_launch``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -23,7 +24,7 @@ from .base import CompileOutput, Runner, macro_flags
 from .cubin import KernelParams, cubin_frame_sizes, cubin_kernels
 from .cuda_launch import CudaLibrary, device_arch
 from .nvrtc import NvrtcWorker, compile_with_headers, nvrtc_compile_once
-from .probe import ProbeCache, compiler_search_dirs, file_ident, run_text
+from .probe import ProbeCache, compiler_search_dirs, file_ident, find_program, run_text
 
 try:  # imported with the backend (only when backend="cuda" is asked for), not on the compile path
     from cuda.bindings import nvrtc as _nvrtc
@@ -39,7 +40,7 @@ _ARCH = re.compile(r"sm_[0-9]{2,3}[af]?\Z")
 _SYSTEM_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _FUNC = re.compile(r"Function properties for (\S+)")
-_PROBE_SCHEMA: Final = 1
+_PROBE_SCHEMA: Final = 2
 #: Allowed ptxas options (through ``--ptxas-options=`` / ``-Xptxas``): none writes files.
 _PTXAS_OK: Final = (
     "-v",
@@ -169,14 +170,20 @@ class CudaBackend:
         if cached is not None:
             return cached
         includes = self._include_dir()
+        # NVRTC's built-in headers live in a library of their own, which it loads from
+        # its own directory: every such file there is part of the toolchain.
+        libdir = os.path.dirname(lib)
+        with os.scandir(libdir) as it:
+            builtins = sorted(e.path for e in it if e.name.startswith("libnvrtc-builtins.so") and e.is_file())
+        tools = [(path, os.path.realpath(path)) for path in builtins]
         tc = Toolchain(
             compiler=lib,
             version=f"nvrtc {major}.{minor}",
-            digest=hash_file(lib)[0],
+            digest=":".join(hash_file(path)[0] for path in (lib, *(real for _, real in tools))),
             roots=tuple(includes),
             search_dirs=tuple(includes),
         )
-        self._probes.put(ident, tc)
+        self._probes.put(ident, tc, tools, [libdir])
         return tc
 
     def nvcc_path(self) -> str:
@@ -192,22 +199,33 @@ class CudaBackend:
         cached = self._probes.get(ident)
         if cached is not None:
             return cached
-        version = run_text(run, [nvcc, "--version"]).strip()
+        prefix = os.path.dirname(os.path.dirname(nvcc))
+        version = run_text(run, [nvcc, "--version"], (prefix,)).strip()  # (a toolkit outside /usr)
         host_version = run_text(run, [host, "--version"]).strip()
         host_dirs = compiler_search_dirs(run_text(run, [host, "-E", "-v", "-x", "c++", "/dev/null", "-o", "/dev/null"]))
-        prefix = os.path.dirname(os.path.dirname(nvcc))
         cc1plus = run_text(run, [host, "-print-prog-name=cc1plus"]).strip()
         roots = [prefix, *self._include_dir(), *host_dirs]
-        if os.path.isabs(cc1plus):
-            roots.append(os.path.dirname(os.path.realpath(cc1plus)))
+        # What nvcc runs and reads for device code is part of the toolchain: its profile
+        # (search paths, flags), cicc, ptxas and libdevice; and the host preprocessor
+        # (cc1plus, which defines the macros device code sees). The probe is redone when
+        # one of them changes, or when a file is added to the dirs nvcc finds them in.
+        dirs = [os.path.join(prefix, d) for d in ("bin", "nvvm/bin", "nvvm/libdevice")]
+        kit = [os.path.join(prefix, f) for f in ("bin/nvcc.profile", "nvvm/bin/cicc", "bin/ptxas")]
+        with contextlib.suppress(OSError), os.scandir(dirs[2]) as it:
+            kit += sorted(e.path for e in it if e.name.endswith(".bc"))
+        tools = [(path, os.path.realpath(path)) for path in kit if os.path.isfile(path)]
+        cc1plus_real = find_program(cc1plus)
+        if cc1plus_real is not None:
+            tools.append((cc1plus, cc1plus_real))
+            roots.append(os.path.dirname(cc1plus_real))
         tc = Toolchain(
             compiler=nvcc,
             version=f"{version}\nhost: {host} {host_version}",
-            digest=f"{hash_file(nvcc)[0]}:{hash_file(host)[0]}",
+            digest=":".join(hash_file(path)[0] for path in (nvcc, host, *(real for _, real in tools))),
             roots=tuple(dict.fromkeys(roots)),
             search_dirs=(*self._include_dir(), *host_dirs),
         )
-        self._probes.put(ident, tc)
+        self._probes.put(ident, tc, tools, dirs)
         return tc
 
     # -- compile -------------------------------------------------------------

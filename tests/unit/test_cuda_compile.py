@@ -4,6 +4,7 @@ rebuilds, the environment, diagnostics, argument packing."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 from pathlib import Path
@@ -392,3 +393,67 @@ def test_nvrtc_header_swapped_for_a_fifo_is_an_error_not_a_hang(make_runtime, cu
         rt.compile(safejit.Source(SAXPY, "saxpy"), include_dirs=(str(cuda_project / "include"),), arch="sm_90")
     assert "detail.h" in str(info.value)
     assert leaves(cache_dir) == []
+
+
+def _toolkit(tmp_path: Path) -> tuple[Path, Path]:
+    """A toolkit prefix whose nvcc (a copy) runs this prefix's profile, cicc and ptxas
+    (scripts that run the real ones) and reads the real one's headers; and that real prefix."""
+    real = Path(os.path.realpath(shutil.which("nvcc", path="/usr/local/cuda/bin:/usr/bin") or "")).parent.parent
+    fake = tmp_path / "cuda"
+    for d in ("bin", "nvvm/bin", "nvvm/libdevice"):
+        (fake / d).mkdir(parents=True)
+    shutil.copy2(real / "bin" / "nvcc", fake / "bin" / "nvcc")
+    shutil.copy2(real / "bin" / "nvcc.profile", fake / "bin" / "nvcc.profile")
+    for part in ("bin/ptxas", "nvvm/bin/cicc"):
+        (fake / part).write_text(f'#!/bin/sh\nexec {real / part} "$@"\n')
+        (fake / part).chmod(0o755)
+    for bc in (real / "nvvm" / "libdevice").glob("*.bc"):
+        shutil.copy2(bc, fake / "nvvm" / "libdevice" / bc.name)
+    (fake / "targets").symlink_to(real / "targets")
+    return fake, real
+
+
+@pytest.mark.skipif(not HAVE_NVCC, reason="no nvcc")
+@pytest.mark.parametrize("part", ["bin/ptxas", "nvvm/bin/cicc", "bin/nvcc.profile", "nvvm/libdevice"])
+def test_an_upgraded_part_of_nvcc_is_a_miss_not_a_stale_hit(make_runtime, cuda_project, tmp_path, part):
+    # nvcc itself unchanged: what it runs (cicc, ptxas), reads (its profile, libdevice)
+    # changes the cubin all the same.
+    fake, real = _toolkit(tmp_path)
+    config = {
+        "backend": "cuda",
+        "cuda_compiler": "nvcc",
+        "nvcc": str(fake / "bin" / "nvcc"),
+        "source_roots": (str(cuda_project), str(real)),
+    }
+    inc = (str(cuda_project / "include"),)
+    src = safejit.Source(SAXPY, "saxpy")
+    before = make_runtime(**config).build(src, include_dirs=inc, arch="sm_90")
+    changed = fake / part
+    if part == "nvvm/libdevice":
+        shutil.copy2(changed / "libdevice.10.bc", changed / "libdevice.11.bc")  # a newer one beside it
+    else:
+        changed.write_text(changed.read_text() + ("\nPTXAS_FLAGS +=\n" if part.endswith("profile") else "# newer\n"))
+    rt = make_runtime(**config)  # a new backend: the probe remembered on disk is looked at again
+    after = rt.build(src, include_dirs=inc, arch="sm_90")
+    assert rt.stats()["compiles"] == 1 and rt.stats()["disk_hits"] == 0
+    assert after.build_key != before.build_key
+    again = make_runtime(**config)  # unchanged since: the remembered probe and the leaf stand
+    assert again.build(src, include_dirs=inc, arch="sm_90").build_key == after.build_key
+    assert again.stats()["disk_hits"] == 1 and again.stats()["compiles"] == 0
+
+
+def test_nvrtcs_builtin_headers_library_is_part_of_its_toolchain(make_runtime, cuda_project):
+    # NVRTC's built-in headers are a library of their own beside it (loaded at run time):
+    # a newer one under an unchanged libnvrtc changes what a source compiles to.
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+
+    from safejit.deps import hash_file
+
+    lib = os.path.realpath(load_nvidia_dynamic_lib("nvrtc").abs_path)
+    builtins = sorted(p for p in Path(lib).parent.glob("libnvrtc-builtins.so*"))
+    assert builtins, "no libnvrtc-builtins beside libnvrtc"
+    art = _rt(make_runtime, cuda_project, "nvrtc").build(
+        safejit.Source(SAXPY, "saxpy"), include_dirs=(str(cuda_project / "include"),), arch="sm_90"
+    )
+    manifest = json.loads((Path(art.path) / "manifest.json").read_text())
+    assert manifest["toolchain"]["digest"].split(":") == [hash_file(p)[0] for p in (lib, *map(str, builtins))]
