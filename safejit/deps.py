@@ -26,6 +26,8 @@ __all__ = [
     "hash_file",
     "open_regular",
     "parse_depfile",
+    "parse_listing",
+    "parse_single_rule",
     "read_output",
     "snapshot_of",
 ]
@@ -160,6 +162,8 @@ def parse_depfile(text: str) -> list[str]:
     # Lines end at "\n" only: str.splitlines would also end one at \f, \v, \x1c..., which
     # a name may hold.
     for line in joined.split("\n"):
+        if not line or (line[-1] == ":" and " " not in line and "\t" not in line):
+            continue  # a rule with nothing after its target (a linker lists one per file)
         for word in _prerequisites(line.removesuffix("\r")):
             if word not in seen:
                 seen.add(word)
@@ -179,6 +183,17 @@ def parse_single_rule(text: str) -> list[str]:
     if len(lines) != 1 or not _is_rule(lines[0]):
         raise ValueError(f"{len(lines)} rules in a depfile that must hold one")
     return parse_depfile(lines[0])
+
+
+def parse_listing(text: str) -> list[str]:
+    """Prerequisites of a tool's list of what it read (the linker's: one rule, then a
+    phony rule per file), which must hold no control character. Raises ``ValueError``
+    otherwise, or when it holds no rule."""
+    if _CONTROL.search(text.replace("\r\n", "\n")):
+        raise ValueError("a control character in the depfile")
+    if not any(_is_rule(line) for line in text.replace("\\\n", " ").split("\n")):
+        raise ValueError("no rule in the depfile")
+    return parse_depfile(text)
 
 
 #: Control characters but tab and newline.

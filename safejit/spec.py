@@ -102,6 +102,12 @@ class Toolchain:
     #: The assembler reports the files it reads (``.incbin``, ``.include`` in inline
     #: asm), which the compiler's depfile never names (host: GNU as ``--MD``).
     asm_deps: bool = False
+    #: The linker reports the files it reads (crt files, libraries, linker scripts):
+    #: host, GNU ld and lld ``--dependency-file``.
+    link_deps: bool = False
+    #: What the linker reads linking nothing, as it names them (crt files, libc, libgcc):
+    #: the toolchain's own, in its digest; only what flags add joins a closure.
+    link_inputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

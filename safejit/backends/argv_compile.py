@@ -3,12 +3,14 @@ step (steps are separated by ``--``), then read the artifact and the depfile."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
-from ..deps import parse_depfile, parse_single_rule, read_output
+from ..deps import parse_depfile, parse_listing, parse_single_rule, read_output
 from ..errors import CompileError, FlagPolicyError
 from ..spec import BuildSpec
 from .base import Runner
@@ -16,12 +18,16 @@ from .base import Runner
 __all__ = [
     "ASM_DEPFILE",
     "ASM_DEP_FLAG",
+    "LD_DEPFILE",
+    "LD_DEP_FLAG",
+    "READ_LISTS",
     "ArgvBuild",
     "artifact_path",
     "depfile_deps",
     "depfile_path",
+    "read_lists",
     "run_argv",
-    "with_assembler_reads",
+    "tool_reads",
 ]
 
 #: Where the assembler lists what it read (relative to the work dir: ``-Wa,`` splits
@@ -29,6 +35,17 @@ __all__ = [
 ASM_DEPFILE = "asm.d"
 #: GNU as: list every file read (``.incbin``, ``.include``) in :data:`ASM_DEPFILE`.
 ASM_DEP_FLAG = f"-Wa,--MD,{ASM_DEPFILE}"
+#: Where the linker lists what it read: crt files, libraries, linker scripts.
+LD_DEPFILE = "ld.d"
+#: GNU ld, lld: list every input file in :data:`LD_DEPFILE`.
+LD_DEP_FLAG = f"-Wl,--dependency-file={LD_DEPFILE}"
+#: The lists of files that tools other than the compiler read (an argv with the flag
+#: has the file written), and how strictly each is parsed: gas copies the names that
+#: ``.file`` directives give into its list verbatim, so that one must hold one rule.
+READ_LISTS: Final = (
+    (ASM_DEP_FLAG, ASM_DEPFILE, parse_single_rule, "assembler"),
+    (LD_DEP_FLAG, LD_DEPFILE, parse_listing, "linker"),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +56,9 @@ class ArgvBuild:
     deps: tuple[str, ...]
     #: False when the depfile does not even name the source: the closure is unknown.
     complete: bool
+    #: The other tools' lists of what they read (``{path: bytes}``, None: not written);
+    #: see :func:`tool_reads`.
+    read_lists: dict[str, bytes | None]
     log: str
     argv: tuple[str, ...]
     seconds: float
@@ -100,7 +120,6 @@ def run_argv(
     _write_source(src, spec.code)
     out, obj = artifact_path(workdir, spec, ext), artifact_path(workdir, spec, "rel.o")
     dep = depfile_path(workdir, spec)
-    asm = os.path.join(workdir, ASM_DEPFILE)
     slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep, "{OBJ}": obj}
     argv = [slots.get(a) or expand(a) for a in spec.argv]
     for template, arg in zip(spec.argv, argv, strict=True):
@@ -114,7 +133,7 @@ def run_argv(
         start = end + 1
         # The runner reads the depfile and the artifact as the compiler closes them:
         # off the caller's time, and what stands is their content when the step ended.
-        watch = [p for p in (dep, out) if p in step] + ([asm] if ASM_DEP_FLAG in step else [])
+        watch = [p for p in (dep, out) if p in step] + read_lists(workdir, step)
         result = run(step, cwd=workdir, timeout=timeout, watch=watch)
         files = result.files  # (only the last step's: a later step may rewrite a file)
         logs.append(result.log)
@@ -132,43 +151,47 @@ def run_argv(
         if artifact is None:
             artifact = read_output(out)
         deps, complete = depfile_deps(dep, spec, files.get(dep))
-        if ASM_DEP_FLAG in argv:
-            try:
-                deps = with_assembler_reads(workdir, deps, files.get(asm))
-            except ValueError as exc:
-                raise CompileError(
-                    f"{spec.name}: what the assembler read is unknown ({exc}); refusing the build", log=log, argv=argv
-                ) from None
+        lists = {p: files.get(p) for p in read_lists(workdir, argv)}
+        for p in [p for p, data in lists.items() if data is None]:
+            with contextlib.suppress(OSError):  # (written by an earlier step)
+                lists[p] = read_output(p)
         if os.path.exists(obj):
             os.unlink(obj)  # intermediates are not kept
     except OSError as exc:
         raise CompileError(f"{spec.name}: compiler output missing: {exc}", log=log, argv=argv) from exc
-    return ArgvBuild(artifact, deps, complete, log, tuple(argv), seconds)
+    return ArgvBuild(artifact, deps, complete, lists, log, tuple(argv), seconds)
 
 
-def with_assembler_reads(workdir: str, deps: tuple[str, ...], data: bytes | None) -> tuple[str, ...]:
-    """``deps`` and the files the assembler read on top (inline asm's ``.incbin`` and
-    ``.include``). Left out: what lies in the work dir — the compiler's temporaries,
-    the staged source, and the names ``.file`` directives give (gas lists them too:
-    the source's base name), which the assembler never reads. A relative name
-    resolves in the work dir, the assembler's working dir (it searches no other
-    dir), unless ``..`` takes it out. Raises ``ValueError`` when the list is missing
-    or malformed: what the assembler read is then unknown."""
-    if data is None:
-        try:
-            data = read_output(os.path.join(workdir, ASM_DEPFILE))
-        except OSError as exc:
-            raise ValueError(f"the assembler listed no files: {exc}") from None
-    listed = parse_single_rule(data.decode("utf-8", "surrogateescape"))
+def read_lists(workdir: str, argv: Sequence[str]) -> list[str]:
+    """The lists of read files (:data:`READ_LISTS`) that ``argv`` has written in ``workdir``."""
+    return [os.path.join(workdir, name) for flag, name, _, _ in READ_LISTS if flag in argv]
+
+
+def tool_reads(workdir: str, deps: Sequence[str], lists: Mapping[str, bytes | None]) -> tuple[str, ...]:
+    """The files the assembler and the linker read beyond ``deps``, from their lists
+    (``{path: bytes}``, ``None``: the tool wrote none). Left out: what lies in the
+    work dir — the compiler's temporaries, the staged source, and the names ``.file``
+    directives give (gas lists them too: the source's base name), which the
+    assembler never reads. A relative name resolves in the work dir, the tools'
+    working dir, unless ``..`` takes it out. Raises ``ValueError`` when a list is
+    missing or malformed ("what the linker read is unknown (...)")."""
     known = set(deps)
-    extra = []
-    for path in listed:
-        full = path if os.path.isabs(path) else os.path.join(workdir, path)
-        if full in known or _in_workdir(workdir, full):
-            continue
-        known.add(full)
-        extra.append(full)
-    return (*deps, *extra)
+    extra: list[str] = []
+    for path, given in lists.items():
+        parse, tool = next((p, t) for _, name, p, t in READ_LISTS if name == os.path.basename(path))
+        try:
+            if given is None:
+                raise ValueError(f"it wrote no {os.path.basename(path)}")
+            names = parse(given.decode("utf-8", "surrogateescape"))
+        except ValueError as exc:
+            raise ValueError(f"what the {tool} read is unknown ({exc})") from None
+        for name in names:
+            full = name if os.path.isabs(name) else os.path.join(workdir, name)
+            if full in known or _in_workdir(workdir, full):
+                continue
+            known.add(full)
+            extra.append(full)
+    return tuple(extra)
 
 
 def _in_workdir(workdir: str, path: str) -> bool:
@@ -189,5 +212,6 @@ def _in_workdir(workdir: str, path: str) -> bool:
                 except OSError:
                     return True  # gone (a temporary): nothing further down exists either
             return True
-    real_own = os.path.realpath(workdir).rstrip("/") + "/"
-    return os.path.normpath(path).startswith(own) and os.path.realpath(path).startswith(real_own)
+    if not os.path.normpath(path).startswith(own):
+        return False  # (what a linker lists: system files)
+    return os.path.realpath(path).startswith(os.path.realpath(workdir).rstrip("/") + "/")

@@ -158,7 +158,15 @@ class AscendBackend:
                 log=b.log,
             )
         return CompileOutput(
-            b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta={"kernels": list(kernels)}
+            b.artifact,
+            b.deps,
+            kernels,
+            b.log,
+            b.argv,
+            b.seconds,
+            b.complete,
+            meta={"kernels": list(kernels)},
+            read_lists=b.read_lists,
         )
 
     def kernels(self, artifact: bytes) -> tuple[str, ...]:

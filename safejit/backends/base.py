@@ -54,6 +54,9 @@ class CompileOutput:
     complete: bool = True
     #: Backend metadata kept in the manifest (CUDA: parameter layouts, lowered names).
     meta: dict[str, Any] = field(default_factory=dict)
+    #: The other tools' (assembler, linker) lists of the files they read, raw
+    #: (``{path: bytes}``; None: not written): part of the closure, but not sources.
+    read_lists: dict[str, bytes | None] = field(default_factory=dict)
 
 
 class LoadedLibrary(Protocol):

@@ -328,7 +328,15 @@ class CudaBackend:
         b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, ext=self.artifact_ext)
         kernels = cubin_kernels(b.artifact)
         return CompileOutput(
-            b.artifact, b.deps, tuple(kernels), b.log, b.argv, b.seconds, b.complete, meta=self._meta(kernels, {})
+            b.artifact,
+            b.deps,
+            tuple(kernels),
+            b.log,
+            b.argv,
+            b.seconds,
+            b.complete,
+            meta=self._meta(kernels, {}),
+            read_lists=b.read_lists,
         )
 
     @staticmethod

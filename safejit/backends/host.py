@@ -20,10 +20,10 @@ from typing import Any, Final
 
 from .. import faults
 from .._proc import alive
-from ..deps import hash_file
+from ..deps import hash_file, parse_listing
 from ..errors import ConfigError, LoadError
 from ..spec import BuildSpec, Source, Toolchain
-from .argv_compile import ASM_DEP_FLAG, run_argv
+from .argv_compile import ASM_DEP_FLAG, LD_DEP_FLAG, run_argv
 from .base import CompileOutput, Runner, macro_flags
 from .probe import ProbeCache, compiler_search_dirs, file_ident, find_program, program_dirs, run_text
 
@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 _SYSTEM_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
 _SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
-_PROBE_SCHEMA: Final = 4
+_PROBE_SCHEMA: Final = 5
 
 
 class HostBackend:
@@ -90,7 +90,8 @@ class HostBackend:
         # The programs the driver runs are part of the toolchain: their digests enter the
         # key, and the probe is redone when one of them changes.
         tools = []
-        dirs = program_dirs(run_text(run, [compiler, "-print-search-dirs"], where))
+        search_out = run_text(run, [compiler, "-print-search-dirs"], where)
+        dirs = program_dirs(search_out)
         for prog in ("cc1plus" if language == "c++" else "cc1", "as", "ld"):
             name = run_text(run, [compiler, f"-print-prog-name={prog}"], where).strip()
             path = find_program(name)
@@ -110,6 +111,13 @@ class HostBackend:
                 "inline asm reads (.incbin, .include) are not part of the dependency closure",
                 compiler,
             )
+        link_deps, link_inputs = self._probe_link_deps(compiler, language, run, where)
+        for name, real in link_inputs:
+            digests.append(hash_file(real)[0])
+            tools.append((name, real))
+            roots.append(os.path.dirname(real))
+        # (where -l finds libraries: the system's dirs; -L is refused)
+        roots += [os.path.realpath(d) for d in program_dirs(search_out, "libraries") if os.path.isdir(d)]
         tc = Toolchain(
             compiler=compiler,
             version=version,
@@ -117,9 +125,39 @@ class HostBackend:
             roots=tuple(dict.fromkeys(roots)),
             search_dirs=tuple(search),
             asm_deps=asm_deps,
+            link_deps=link_deps,
+            link_inputs=tuple(name for name, _ in link_inputs),
         )
         self._probes.put(ident, tc, tools, dirs)
         return tc
+
+    @staticmethod
+    def _probe_link_deps(
+        compiler: str, language: str, run: Runner, where: Sequence[str]
+    ) -> tuple[bool, list[tuple[str, str]]]:
+        """Whether the linker lists the files it reads (GNU ld, lld: ``--dependency-file``):
+        crt files, libraries, linker scripts, which no depfile of the compiler names; and
+        ``(name, resolved)`` of those it reads to link nothing: the toolchain's own."""
+        listing = "-Wl,--dependency-file=/dev/stdout"
+        result = run(
+            [compiler, "-shared", "-x", language, "/dev/null", "-o", "/dev/null", listing],
+            cwd="",
+            timeout=60,
+            extra_read=where,
+        )
+        try:
+            listed = parse_listing(result.log) if result.returncode == 0 else None
+        except ValueError:
+            listed = None
+        if listed is None:
+            logger.warning(
+                "the linker of %s cannot list the files it reads (--dependency-file): libraries and "
+                "crt files are not part of the dependency closure",
+                compiler,
+            )
+            return False, []
+        # (the driver's temporary object is gone by now; whatever else is not a file is no input)
+        return True, [(p, os.path.realpath(p)) for p in listed if os.path.isabs(p) and os.path.isfile(p)]
 
     # -- compile -------------------------------------------------------------
     def argv(
@@ -135,14 +173,19 @@ class HostBackend:
     ) -> tuple[str, ...]:
         if arch is not None:
             raise ConfigError("the host backend takes no arch; pass -march=… in flags")
-        argv = [toolchain.compiler, "-shared", "-fPIC", "-O2", *flags]
+        # Libraries after the source: the linker takes from an archive only what the
+        # objects before it need.
+        libs = [f for f in flags if f.startswith("-l")]
+        argv = [toolchain.compiler, "-shared", "-fPIC", "-O2", *(f for f in flags if not f.startswith("-l"))]
         argv += macro_flags(defines)
         argv += [f"-I{d}" for d in include_dirs]
         if quote_dir is not None:
             argv += ["-iquote", quote_dir]
         if toolchain.asm_deps:
             argv.append(ASM_DEP_FLAG)
-        argv += ["-MD", "-MF", "{DEP}", "-o", "{OUT}", "-x", language, "{SRC}"]
+        if toolchain.link_deps:
+            argv.append(LD_DEP_FLAG)
+        argv += ["-MD", "-MF", "{DEP}", "-o", "{OUT}", "-x", language, "{SRC}", *libs]
         return tuple(argv)
 
     def resolve_arch(self, arch: str | None) -> str | None:
@@ -166,7 +209,8 @@ class HostBackend:
         max_deps: int = 20_000,
     ) -> CompileOutput:
         b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, ext=self.artifact_ext)
-        return CompileOutput(b.artifact, b.deps, self.kernels(b.artifact), b.log, b.argv, b.seconds, b.complete)
+        kernels = self.kernels(b.artifact)
+        return CompileOutput(b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, read_lists=b.read_lists)
 
     # -- artifacts -----------------------------------------------------------
     def kernels(self, artifact: bytes) -> tuple[str, ...]:

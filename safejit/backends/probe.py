@@ -41,11 +41,13 @@ def dir_ident(path: str) -> list[int]:
     return [st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def program_dirs(search_dirs_output: str) -> list[str]:
-    """The directories a driver looks in for the programs it runs (``-print-search-dirs``)."""
+def program_dirs(search_dirs_output: str, kind: str = "programs") -> list[str]:
+    """The directories a driver looks in for the programs it runs (``-print-search-dirs``;
+    ``kind="libraries"``: for the libraries it links)."""
+    head = f"{kind}: ="
     for line in search_dirs_output.splitlines():
-        if line.startswith("programs: ="):
-            return list(dict.fromkeys(os.path.normpath(d) for d in line[len("programs: =") :].split(":") if d))
+        if line.startswith(head):
+            return list(dict.fromkeys(os.path.normpath(d) for d in line[len(head) :].split(":") if d))
     return []
 
 
@@ -104,6 +106,13 @@ class ProbeCache:
             if data.get("ident") != ident:
                 return None
             for name, *ident_of in data["tools"]:
+                if os.path.isabs(name):
+                    # What the name reaches now (through any symlink or ".."), by its stat:
+                    # no realpath, one call for each of the files a link reads.
+                    st = os.stat(name)
+                    if [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] != ident_of[1:]:
+                        return None
+                    continue
                 real = find_program(name)
                 if real is None or file_ident(real) != ident_of:
                     return None
@@ -117,6 +126,8 @@ class ProbeCache:
                 roots=tuple(data["roots"]),
                 search_dirs=tuple(data["search_dirs"]),
                 asm_deps=data["asm_deps"] is True,
+                link_deps=data["link_deps"] is True,
+                link_inputs=tuple(str(p) for p in data["link_inputs"]),
             )
         except (OSError, ValueError, KeyError, TypeError, IndexError, ConfigError):
             return None
@@ -137,6 +148,8 @@ class ProbeCache:
             "roots": list(tc.roots),
             "search_dirs": list(tc.search_dirs),
             "asm_deps": tc.asm_deps,
+            "link_deps": tc.link_deps,
+            "link_inputs": list(tc.link_inputs),
             "tools": [[name, *file_ident(real)] for name, real in tools],
             "dirs": [[d, *dir_ident(d)] for d in dirs],
         }

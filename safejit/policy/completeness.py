@@ -24,7 +24,7 @@ from ..errors import LimitExceededError, UndeclaredDependencyError
 from ..keys import digest_bytes
 from .roots import is_under
 
-__all__ = ["Closure", "record_closure", "unchanged"]
+__all__ = ["Closure", "merged", "record_closure", "unchanged"]
 
 
 def _coarse_ns() -> int:
@@ -107,10 +107,13 @@ def record_closure(
     search_dirs: Sequence[str] = (),
     source: bytes = b"",
     trust_stat: bool = True,
+    includes: bool = True,
 ) -> Closure:
     """Confine, anchor and hash the closure the compiler reported, and derive
     its negative lookups. Raises :class:`UndeclaredDependencyError` for a file
-    outside every root and :class:`LimitExceededError` for too many files."""
+    outside every root and :class:`LimitExceededError` for too many files.
+    Not ``includes``: files other tools read (objects, libraries), whose bytes
+    hold no ``#include`` to follow."""
     if len(paths) > max_deps:
         raise LimitExceededError(f"{len(paths)} dependencies exceed the limit of {max_deps}", limit=max_deps)
     roots = list(anchors.roots.values())
@@ -150,10 +153,11 @@ def record_closure(
             raise UndeclaredDependencyError(f"{path!r} cannot be anchored", path=path)
         lexical = anchors.expand(*anchored) or real
         snap, digest, file_probes, file_quoted = _scan(lexical, trust_stat)
-        probes += file_probes
-        for name in file_quoted:  # "x.h" is looked for next to its includer first
-            if not os.path.isabs(name) and ".." not in name.split("/"):
-                quoted.append(os.path.join(os.path.dirname(lexical), name))
+        if includes:
+            probes += file_probes
+            for name in file_quoted:  # "x.h" is looked for next to its includer first
+                if not os.path.isabs(name) and ".." not in name.split("/"):
+                    quoted.append(os.path.join(os.path.dirname(lexical), name))
         if max(snap[3], snap[4]) > started_ns - COARSE_NS:
             too_new.append(lexical)
         deps.append(Dep(anchored[0], anchored[1], digest))
@@ -179,6 +183,19 @@ def record_closure(
             negatives.append(anchored_cand)
             negative_paths.append(cand)
     return Closure(deps, states, too_new, negatives, negative_paths)
+
+
+def merged(first: Closure, second: Closure) -> Closure:
+    """One closure of both (``second``: what other tools read, which adds no negatives)."""
+    if not second.deps and not second.too_new:
+        return first
+    return Closure(
+        [*first.deps, *second.deps],
+        [*first.states, *second.states],
+        [*first.too_new, *second.too_new],
+        first.negatives,
+        first.negative_paths,
+    )
 
 
 def unchanged(closure: Closure) -> bool:

@@ -15,14 +15,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..backends.argv_compile import (
-    ASM_DEP_FLAG,
-    ASM_DEPFILE,
-    artifact_path,
-    depfile_deps,
-    depfile_path,
-    with_assembler_reads,
-)
+from ..backends.argv_compile import ASM_DEPFILE, artifact_path, depfile_deps, depfile_path, read_lists, tool_reads
 from ..backends.base import CompileOutput
 from ..cache.disk import DiskCache, Rejection, VerifiedLeaf
 from ..cache.fsio import EarlyWrite
@@ -213,30 +206,36 @@ class Builder:
         early: dict[tuple[str, ...], Closure] = {}
         depfile = depfile_path(workdir, spec)
         artifact = artifact_path(workdir, spec, self.setup.backend.artifact_ext)
+        # What the assembler and the linker list as read, as they closed their lists.
+        lists: dict[str, bytes | None] = dict.fromkeys(read_lists(workdir, spec.argv))
 
-        # (closure, artifact bytes): the early closure found unchanged when the compiler
-        # closed its artifact holding those bytes.
-        held: list[tuple[Closure, bytes]] = []
-
-        asm_depfile = os.path.join(workdir, ASM_DEPFILE) if ASM_DEP_FLAG in spec.argv else None
-        asm_listed: list[bytes] = []
+        # (compiler closure, artifact bytes, the tools' lists, the closure of what they
+        # read): the early closure found unchanged when the compiler closed its artifact
+        # holding those bytes, and what the other tools had read by then.
+        held: list[tuple[Closure, bytes, dict[str, bytes | None], Closure]] = []
 
         def scan_early(path: str, data: bytes) -> None:
-            if path == asm_depfile:
-                asm_listed[:] = [data]
+            if path in lists:
+                lists[path] = data
                 return
             if path == artifact:
                 # Whatever the compiler read went into these bytes before it closed them:
                 # if the early closure still holds now, it holds for them, however long
                 # the driver takes to exit (reads after this close cannot change them).
+                # The assembler and the linker have listed what they read by now.
                 held.clear()
                 found = next(iter(early.items()), None)
-                if found is not None and completeness.unchanged(found[1]):
-                    held.append((found[1], data))
-                    # Staged early only once all it was made of is known to be confined.
-                    listed = asm_listed if asm_depfile is not None else None
-                    if on_artifact is not None and self._read_nothing_else(workdir, found[0], listed):
+                if found is None or None in lists.values() or not completeness.unchanged(found[1]):
+                    return
+                with contextlib.suppress(OSError, ValueError, SafejitError):
+                    seen = dict(lists)
+                    # Staged early only once what the source can steer is known to be
+                    # confined: what the compiler and the assembler (inline asm) read. The
+                    # linker reads what flags and toolchain name: checked before publishing.
+                    if on_artifact is not None and not tool_reads(workdir, found[0], _assembler(seen)):
                         on_artifact(data)
+                    tools = tool_reads(workdir, (*found[0], *spec.toolchain.link_inputs), seen)
+                    held.append((found[1], data, seen, self.closure(spec, anchors, tools, started_ns, tools=True)))
                 return
             # The compiler has written its depfile; its assembler and linker still run.
             # Scanning now takes the scan off the caller's time; it is used only if the
@@ -254,10 +253,19 @@ class Builder:
 
         out = self.compile(spec, anchors, workdir, on_start, scan_early)
         closure = early.get(out.deps)
-        if closure is not None and held and held[0][0] is closure and held[0][1] is out.artifact:
-            pass  # checked at the close that made these very bytes
-        elif closure is None or not completeness.unchanged(closure):
-            closure = self.closure(spec, anchors, out.deps, started_ns)
+        hold = held[0] if held else None
+        if (
+            closure is not None
+            and hold
+            and hold[0] is closure
+            and hold[1] is out.artifact
+            and hold[2] == out.read_lists
+        ):
+            closure = completeness.merged(closure, hold[3])  # checked at the close that made these very bytes
+        else:
+            if closure is None or not completeness.unchanged(closure):
+                closure = self.closure(spec, anchors, out.deps, started_ns)
+            closure = completeness.merged(closure, self.tools_closure(spec, anchors, workdir, out, started_ns))
         if closure.too_new:
             # A dependency changed within a clock tick of the compile: what the compiler read
             # is unknown. Once the tick has passed, compile again; vouch only for a clean run.
@@ -265,7 +273,10 @@ class Builder:
             time.sleep(completeness.COARSE_NS / 1e9)
             started_ns = time.time_ns()
             out = self.compile(spec, anchors, workdir)
-            closure = self.closure(spec, anchors, out.deps, started_ns)
+            closure = completeness.merged(
+                self.closure(spec, anchors, out.deps, started_ns),
+                self.tools_closure(spec, anchors, workdir, out, started_ns),
+            )
         manifest = make_manifest(spec, key, closure, out, self.config, self.setup.backend.artifact_ext)
         leaf = VerifiedLeaf("", root, manifest, out.artifact, tuple(closure.states), tuple(closure.negative_paths))
         if out.complete and not closure.too_new:
@@ -346,24 +357,34 @@ class Builder:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    @staticmethod
-    def _read_nothing_else(workdir: str, deps: tuple[str, ...], asm_listed: list[bytes] | None) -> bool:
-        """Whether the assembler read nothing beyond ``deps``, as far as its list (the
-        one item of ``asm_listed``, None where it lists nothing) says yet."""
-        if asm_listed is None:
-            return True
-        if not asm_listed:
-            return False
+    def tools_closure(
+        self, spec: BuildSpec, anchors: Anchors, workdir: str, out: CompileOutput, started_ns: int
+    ) -> Closure:
+        """The closure of what the assembler and the linker read (their lists in ``out``),
+        the toolchain's own link inputs aside (they are in its digest). Raises
+        ``CompileError`` when a list is missing or malformed: what they read is then
+        unknown, and the build is refused."""
         try:
-            return with_assembler_reads(workdir, deps, asm_listed[0]) == deps
-        except ValueError:
-            return False
+            tools = tool_reads(workdir, (*out.deps, *spec.toolchain.link_inputs), out.read_lists)
+        except ValueError as exc:
+            raise CompileError(f"{spec.name}: {exc}; refusing the build", log=out.log, argv=out.argv) from None
+        return self.closure(spec, anchors, tools, started_ns, tools=True)
 
     def closure(
-        self, spec: BuildSpec, anchors: Anchors, deps: Sequence[str], started_ns: int, *, early: bool = False
+        self,
+        spec: BuildSpec,
+        anchors: Anchors,
+        deps: Sequence[str],
+        started_ns: int,
+        *,
+        early: bool = False,
+        tools: bool = False,
     ) -> Closure:
         """The closure of ``deps``, confined and hashed. ``early``: a scan while the
-        compiler still runs, which a later one may repeat (its violations are not counted)."""
+        compiler still runs, which a later one may repeat (its violations are not counted).
+        ``tools``: files the assembler or linker read (no includes, no negatives)."""
+        if tools and not deps:
+            return _NO_CLOSURE
         with span(SPAN.POLICY_CHECK, {ATTR.KIND: "completeness"}) as s:
             try:
                 return completeness.record_closure(
@@ -371,9 +392,10 @@ class Builder:
                     anchors,
                     max_deps=self.config.max_deps,
                     started_ns=started_ns,
-                    search_dirs=search_dirs(spec, anchors),
-                    source=spec.code,
+                    search_dirs=() if tools else search_dirs(spec, anchors),
+                    source=b"" if tools else spec.code,
                     trust_stat=self.config.trust_stat,
+                    includes=not tools,
                 )
             except (PolicyError, LimitExceededError) as exc:
                 kind = type(exc).__name__
@@ -389,6 +411,13 @@ class Builder:
 
 
 Load = Callable[[VerifiedLeaf], Any]
+
+
+def _assembler(lists: dict[str, bytes | None]) -> dict[str, bytes | None]:
+    return {path: data for path, data in lists.items() if path.endswith("/" + ASM_DEPFILE)}
+
+
+_NO_CLOSURE = Closure([], [], [], [], [])
 
 
 def _load(load: Load | None, leaf: VerifiedLeaf) -> Any:

@@ -58,6 +58,8 @@ TOOLCHAIN_FIELD_STRATEGIES: dict[str, st.SearchStrategy[Any]] = {
     "roots": _tool_dirs,
     "search_dirs": _tool_dirs,
     "asm_deps": st.booleans(),
+    "link_deps": st.booleans(),
+    "link_inputs": _tool_dirs,
 }
 
 toolchains = st.fixed_dictionaries(TOOLCHAIN_FIELD_STRATEGIES).map(lambda kw: Toolchain(**kw))
@@ -152,6 +154,8 @@ _TOOLCHAIN_FALLBACKS: dict[str, tuple[Any, Any]] = {
     "roots": ((), ("/usr",)),
     "search_dirs": ((), ("/usr/include",)),
     "asm_deps": (False, True),
+    "link_deps": (False, True),
+    "link_inputs": ((), ("/usr/lib/x86_64-linux-gnu/crti.o",)),
 }
 
 _TABLES: dict[type, tuple[dict[str, st.SearchStrategy[Any]], dict[str, tuple[Any, Any]]]] = {

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import safejit
-from safejit.backends.argv_compile import ASM_DEP_FLAG, with_assembler_reads
+from safejit.backends.argv_compile import ASM_DEP_FLAG, tool_reads
 from safejit.cache.manifest import Manifest, parse_manifest
 from tests.conftest import settle
 from tests.security._support import write_wrapper
@@ -70,7 +70,8 @@ def test_a_changed_assembler_input_makes_a_memory_entry_stale(make_runtime, tmp_
 def test_the_compilers_own_temporaries_are_not_dependencies(make_runtime):
     manifest = _manifest(make_runtime().compile(safejit.Source("int one(void) { return 1; }\n", "one")))
     assert ASM_DEP_FLAG in manifest.argv
-    # What cc1 read (the predefines header): not the temporary .s, nor the name in .file.
+    # What cc1 read (the predefines header): not the temporary .s, nor the name in .file
+    # (what the linker read to link nothing, the crt files and libc, is the toolchain's).
     assert [relpath for _, relpath, _ in manifest.deps] == ["stdc-predef.h"]
 
 
@@ -106,11 +107,21 @@ def test_only_names_that_stay_in_the_work_dir_are_left_out(tmp_path):
         f"{work}/linkdir/../gone",  # .. after a symlink: resolved physically, out
     ]
     data = f"{work}/first.o: {' '.join(listed)}\n".encode()
-    got = with_assembler_reads(str(work), ("/usr/include/stdint.h",), data)
-    assert got == ("/usr/include/stdint.h", *listed[3:])
+    got = tool_reads(str(work), ("/usr/include/stdint.h",), {f"{work}/asm.d": data})
+    assert got == tuple(listed[3:])
+    # The linker's list (one rule, then a phony rule per file) takes the same rule.
+    phony = "".join(f"\n{p}:\n" for p in listed)
+    data = f"{work}/f.so: \\\n  {' '.join(listed)} /usr/include/stdint.h\n{phony}".encode()
+    assert tool_reads(str(work), ("/usr/include/stdint.h",), {f"{work}/ld.d": data}) == tuple(listed[3:])
 
 
 @pytest.mark.parametrize("data", [b"", b"a.o: x\nb.o: y\n", b"a.o: x\x0b/etc/passwd\n", b"no rule here\n"])
 def test_a_malformed_assembler_list_is_refused(tmp_path, data):
     with pytest.raises(ValueError):
-        with_assembler_reads(str(tmp_path), (), data)
+        tool_reads(str(tmp_path), (), {str(tmp_path / "asm.d"): data})
+
+
+@pytest.mark.parametrize("data", [b"", b"a.so: x\x1c/etc/passwd\n", b"no rule here\n", None])
+def test_a_malformed_or_missing_linker_list_is_refused(tmp_path, data):
+    with pytest.raises(ValueError):
+        tool_reads(str(tmp_path), (), {str(tmp_path / "ld.d"): data})

@@ -1,0 +1,133 @@
+"""Files the linker reads (crt files, libraries, linker scripts) are part of the
+dependency closure, though no compiler depfile names them: GNU ld lists them
+(``--dependency-file``). A library upgraded in place is a miss, never a stale
+binary; a library outside the declared roots is refused like a header would be."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import safejit
+from safejit.backends.argv_compile import LD_DEP_FLAG
+from safejit.cache.manifest import parse_manifest
+from safejit.deps import hash_file
+from tests.conftest import settle
+from tests.security._support import assert_nothing_published, write_wrapper
+
+VALUE = safejit.Source("int lib_value(void);\nint value(void) { return lib_value(); }\n", "value")
+
+
+def _archive(lib: Path, value: int, *, in_place: bool = False) -> Path:
+    """``lib/libval.a`` holding ``lib_value()``, which returns ``value``."""
+    work = lib.parent / f"obj{value}"
+    work.mkdir(exist_ok=True)
+    (work / "v.c").write_text(f"int lib_value(void) {{ return {value}; }}\n")
+    subprocess.run(["cc", "-c", "-fPIC", "-o", work / "v.o", work / "v.c"], check=True)
+    archive = lib / "libval.a"
+    subprocess.run(["ar", "rcs", work / "libval.a", work / "v.o"], check=True)
+    if in_place and archive.exists():
+        with archive.open("r+b") as f:  # the same inode, rewritten
+            f.truncate(0)
+            f.write((work / "libval.a").read_bytes())
+    else:
+        (work / "libval.a").replace(archive)
+    return archive
+
+
+def _project(tmp_path: Path, lib: Path) -> tuple[Path, Path]:
+    """A source root, and a compiler in it that links from ``lib`` (``-L`` is refused as
+    a flag; a site's own compiler wrapper may add it)."""
+    root = tmp_path / "proj"
+    root.mkdir(exist_ok=True)
+    return root, write_wrapper(root, f'exec /usr/bin/cc -L{lib} "$@"', name="cc-with-lib")
+
+
+def _deps(module: safejit.Module) -> list[str]:
+    manifest = parse_manifest((Path(module.artifact.path) / "manifest.json").read_bytes())
+    return [f"{anchor}/{relpath}" for anchor, relpath, _ in manifest.deps]
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_library_upgraded_in_place_is_a_miss_in_both_tiers(make_runtime, tmp_path, in_place):
+    lib = tmp_path / "proj" / "lib"
+    lib.mkdir(parents=True)
+    root, cc = _project(tmp_path, lib)
+    _archive(lib, 1)
+    config = {"source_roots": (str(root),), "host_cc": str(cc), "max_staleness_s": 0.0}
+    rt = make_runtime(**config)
+    before = rt.compile(VALUE, flags=("-lval",))
+    assert before.kernel("value")() == 1
+    deps = _deps(before)
+    assert "s0/lib/libval.a" in deps
+    # What the linker reads for every link (crt files, libc) is the toolchain's own.
+    assert not [d for d in deps if d.endswith(("/crti.o", "/libc.so", "/libgcc.a"))]
+    settle()
+    _archive(lib, 2, in_place=in_place)
+    after = rt.compile(VALUE, flags=("-lval",))  # the memory entry is stale: compiled again
+    assert after.kernel("value")() == 2
+    assert rt.stats()["compiles"] == 2 and rt.stats()["stale"] == 1
+    assert after.artifact.deps_key != before.artifact.deps_key
+    fresh = make_runtime(**config)  # another process: the disk tier serves the new build only
+    assert fresh.compile(VALUE, flags=("-lval",)).kernel("value")() == 2
+    assert fresh.stats()["disk_hits"] == 1 and fresh.stats()["compiles"] == 0
+
+
+def test_a_library_outside_the_roots_is_refused_and_nothing_is_published(make_runtime, tmp_path, cache_dir):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _archive(outside, 7)
+    root, cc = _project(tmp_path, outside)
+    # Without Landlock's read rules, the closure check is what refuses it.
+    rt = make_runtime(source_roots=(str(root),), host_cc=str(cc), sandbox="off")
+    with pytest.raises(safejit.UndeclaredDependencyError) as exc:
+        rt.compile(VALUE, flags=("-lval",))
+    assert exc.value.path.endswith("libval.a")
+    assert rt.stats()["published"] == 0
+    assert_nothing_published(cache_dir)
+
+
+def test_a_linker_that_lists_nothing_is_reported(make_runtime, tmp_path, caplog):
+    root = tmp_path / "proj"
+    root.mkdir()
+    cc = write_wrapper(root, 'exec /usr/bin/cc "$@"', name="cc-no-link-deps")
+    # A linker without --dependency-file (gold, say): the probe finds it out.
+    cc.write_text(cc.read_text().replace("case", 'case "$*" in *"--dependency-file"*) exit 1;; esac\ncase', 1))
+    caplog.set_level(logging.WARNING)
+    module = make_runtime(source_roots=(str(root),), host_cc=str(cc)).compile(
+        VALUE.__class__("int one(void) { return 1; }\n", "one")
+    )
+    assert module.kernel("one")() == 1
+    manifest = parse_manifest((Path(module.artifact.path) / "manifest.json").read_bytes())
+    assert LD_DEP_FLAG not in manifest.argv
+    assert any("cannot list the files it reads (--dependency-file)" in r.getMessage() for r in caplog.records)
+
+
+def test_an_upgraded_crt_file_is_a_miss_not_a_stale_hit(make_runtime, tmp_path):
+    # The files every link reads (crt files, libc, libgcc) are in the toolchain's digest,
+    # and the probe remembered on disk is redone when one of them changes.
+    root = tmp_path / "proj"
+    startfiles = root / "crt"
+    startfiles.mkdir(parents=True)
+    real = subprocess.run(["cc", "-print-file-name=crti.o"], capture_output=True, text=True, check=True).stdout.strip()
+    crti = startfiles / "crti.o"
+    shutil.copyfile(real, crti)
+    cc = write_wrapper(root, 'exec /usr/bin/cc "$@"', name="cc-own-crt")  # (its probes too:)
+    cc.write_text(cc.read_text().replace("exec /usr/bin/cc", f"exec /usr/bin/cc -B{startfiles}/"))
+    config = {"source_roots": (str(root),), "host_cc": str(cc)}
+    one = safejit.Source("int one(void) { return 1; }\n", "one")
+    before = make_runtime(**config).compile(one)
+    manifest = parse_manifest((Path(before.artifact.path) / "manifest.json").read_bytes())
+    assert hash_file(str(crti))[0] in manifest.toolchain["digest"].split(":")
+    settle()
+    with crti.open("ab") as f:
+        f.write(b"\0" * 8)  # (trailing bytes: still an object file)
+    rt = make_runtime(**config)  # a new backend: the probe remembered on disk is looked at again
+    after = rt.compile(one)
+    assert after.kernel("one")() == 1
+    assert rt.stats()["compiles"] == 1 and rt.stats()["disk_hits"] == 0
+    assert after.artifact.build_key != before.artifact.build_key
