@@ -58,6 +58,20 @@ def find_program(name: str) -> str | None:
     return os.path.realpath(found) if found and os.path.isfile(found) else None
 
 
+def _reached(name: str) -> list[int] | None:
+    """``file_ident`` without the path of the file ``name`` reaches now (as
+    :func:`find_program` finds it), None if none."""
+    places = [name] if os.path.isabs(name) else [os.path.join(d, name) for d in SYSTEM_PATH.split(":") if d]
+    for place in places:
+        try:
+            st = os.stat(place)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and (place is name or os.access(place, os.X_OK)):
+            return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    return None
+
+
 def run_text(run: Runner, argv: Sequence[str], extra_read: Sequence[str] = ()) -> str:
     result = run(argv, cwd="", timeout=60, extra_read=extra_read)
     if result.returncode != 0:
@@ -106,15 +120,10 @@ class ProbeCache:
             if data.get("ident") != ident:
                 return None
             for name, *ident_of in data["tools"]:
-                if os.path.isabs(name):
-                    # What the name reaches now (through any symlink or ".."), by its stat:
-                    # no realpath, one call for each of the files a link reads.
-                    st = os.stat(name)
-                    if [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] != ident_of[1:]:
-                        return None
-                    continue
-                real = find_program(name)
-                if real is None or file_ident(real) != ident_of:
+                # The file the name reaches now (through symlinks, "..", the fixed PATH),
+                # by its stat: the same file, unchanged. No realpath: a probe lists a
+                # dozen files (what every link reads), checked in each new process.
+                if _reached(name) != ident_of[1:]:
                     return None
             for path, *ident_of in data["dirs"]:
                 if dir_ident(path) != ident_of:

@@ -22,7 +22,7 @@ from ..deps import (
 )
 from ..errors import LimitExceededError, UndeclaredDependencyError
 from ..keys import digest_bytes
-from .roots import is_under
+from .roots import is_under, real_path
 
 __all__ = ["Closure", "merged", "record_closure", "unchanged"]
 
@@ -61,24 +61,6 @@ def _scan(path: str, trust_stat: bool) -> tuple[Snapshot, str, list[str], list[s
             _SCANS.clear()
         _SCANS[path] = found
     return found
-
-
-def _real_dir(path: str) -> str:
-    """``os.path.realpath`` of an existing directory, from the kernel: three system calls,
-    where realpath takes one ``lstat`` per path component. realpath when that fails."""
-    try:
-        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return os.path.realpath(path)
-    try:
-        real = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        real = ""
-    finally:
-        os.close(fd)
-    if not real.startswith("/") or real.endswith(" (deleted)"):
-        return os.path.realpath(path)
-    return real
 
 
 DepState = tuple[str, tuple[int, int, int, int, int], str]
@@ -135,7 +117,7 @@ def record_closure(
         head, tail = os.path.split(path)
         real_dir = dirs.get(head)
         if real_dir is None:
-            real_dir = dirs[head] = _real_dir(head)
+            real_dir = dirs[head] = real_path(head)
         real = os.path.join(real_dir, tail)
         if os.path.islink(real):
             real = os.path.realpath(real)

@@ -14,11 +14,30 @@ from collections.abc import Iterable
 from ..deps import Anchors
 from ..errors import PathConfinementError
 
-__all__ = ["build_anchors", "confine", "is_under"]
+__all__ = ["build_anchors", "confine", "is_under", "real_path"]
 
 
 def is_under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def real_path(path: str, *, strict: bool = False) -> str:
+    """``os.path.realpath`` of an existing file or directory, from the kernel: three
+    system calls, where realpath takes one ``lstat`` per path component. realpath when
+    that fails (no /proc); ``strict``: ``OSError`` when ``path`` does not exist."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return os.path.realpath(path, strict=strict)
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        real = ""
+    finally:
+        os.close(fd)
+    if not real.startswith("/") or real.endswith(" (deleted)"):
+        return os.path.realpath(path, strict=strict)
+    return real
 
 
 def build_anchors(
@@ -31,13 +50,13 @@ def build_anchors(
     named: dict[str, str] = {}
     for i, root in enumerate(source_roots):
         try:
-            named[f"s{i}"] = os.path.realpath(os.path.expanduser(root), strict=True)
+            named[f"s{i}"] = real_path(os.path.expanduser(root), strict=True)
         except OSError as exc:
             raise PathConfinementError(f"source root {root!r} does not exist: {exc}", path=root) from exc
     for prefix, roots in (("t", toolchain_roots), ("c", cache_roots)):
         for i, root in enumerate(roots):
             try:
-                named[f"{prefix}{i}"] = os.path.realpath(os.path.expanduser(root), strict=True)
+                named[f"{prefix}{i}"] = real_path(os.path.expanduser(root), strict=True)
             except OSError:
                 continue
     return Anchors(named)
