@@ -24,6 +24,7 @@ __all__ = [
     "Dep",
     "Snapshot",
     "hash_file",
+    "make_unescaped",
     "open_regular",
     "parse_depfile",
     "parse_listing",
@@ -186,14 +187,25 @@ def parse_single_rule(text: str) -> list[str]:
 
 
 def parse_listing(text: str) -> list[str]:
-    """Prerequisites of a tool's list of what it read (the linker's: one rule, then a
-    phony rule per file), which must hold no control character. Raises ``ValueError``
-    otherwise, or when it holds no rule."""
-    if _CONTROL.search(text.replace("\r\n", "\n")):
-        raise ValueError("a control character in the depfile")
-    if not any(_is_rule(line) for line in text.replace("\\\n", " ").split("\n")):
-        raise ValueError("no rule in the depfile")
-    return parse_depfile(text)
+    """The names in a linker's list of what it read (``--dependency-file``): the output,
+    ``:``, then `` \\``, a newline, two spaces and a name for each file; then a phony
+    rule per name. GNU ld writes the names raw (a space, ``#``, ``$`` are part of a
+    name), so they are split at those continuations only. Raises ``ValueError`` on a
+    control character or when the list starts otherwise."""
+    if _CONTROL.search(text):
+        raise ValueError("a control character in the list")
+    first = text.partition("\n\n")[0].removesuffix("\n")
+    target, *names = first.split(" \\\n  ")
+    if not target.endswith(":") or "\n" in target or any("\n" in name or not name for name in names):
+        raise ValueError("not a linker's list")
+    return list(dict.fromkeys(names))
+
+
+def make_unescaped(name: str) -> str:
+    """A name as Make reads it (``\\ `` a space, ``\\#`` a ``#``, ``$$`` a ``$``): how lld
+    writes its list, where GNU ld writes names raw."""
+    words = _split_words(name)
+    return words[0][0] if len(words) == 1 else name
 
 
 #: Control characters but tab and newline.

@@ -108,6 +108,9 @@ class Toolchain:
     #: What the linker reads linking nothing, as it names them (crt files, libc, libgcc):
     #: the toolchain's own, in its digest; only what flags add joins a closure.
     link_inputs: tuple[str, ...] = ()
+    #: Where the linker finds libraries: declared roots for what the linker reads only
+    #: (anchors ``l0``…), never for includes, sources or paths in flags.
+    link_roots: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ..deps import parse_depfile, parse_listing, parse_single_rule, read_output
+from ..deps import make_unescaped, parse_depfile, parse_listing, parse_single_rule, read_output
 from ..errors import CompileError, FlagPolicyError
 from ..spec import BuildSpec
 from .base import Runner
@@ -31,17 +31,19 @@ __all__ = [
 ]
 
 #: Where the assembler lists what it read (relative to the work dir: ``-Wa,`` splits
-#: its argument at commas, which a cache root's path may hold).
-ASM_DEPFILE = "asm.d"
+#: its argument at commas, which a cache root's path may hold). A leading dot: no
+#: kernel's depfile (``<name>.d``, a C identifier) can be this file.
+ASM_DEPFILE = ".asm.d"
 #: GNU as: list every file read (``.incbin``, ``.include``) in :data:`ASM_DEPFILE`.
 ASM_DEP_FLAG = f"-Wa,--MD,{ASM_DEPFILE}"
 #: Where the linker lists what it read: crt files, libraries, linker scripts.
-LD_DEPFILE = "ld.d"
+LD_DEPFILE = ".ld.d"
 #: GNU ld, lld: list every input file in :data:`LD_DEPFILE`.
 LD_DEP_FLAG = f"-Wl,--dependency-file={LD_DEPFILE}"
 #: The lists of files that tools other than the compiler read (an argv with the flag
-#: has the file written), and how strictly each is parsed: gas copies the names that
-#: ``.file`` directives give into its list verbatim, so that one must hold one rule.
+#: has the file written), and how each is parsed: gas writes Make syntax and copies the
+#: names that ``.file`` directives give verbatim (so its list must hold one rule), and
+#: lists those names though it never reads them; a linker lists only what it opened.
 READ_LISTS: Final = (
     (ASM_DEP_FLAG, ASM_DEPFILE, parse_single_rule, "assembler"),
     (LD_DEP_FLAG, LD_DEPFILE, parse_listing, "linker"),
@@ -173,8 +175,10 @@ def tool_reads(workdir: str, deps: Sequence[str], lists: Mapping[str, bytes | No
     work dir — the compiler's temporaries, the staged source, and the names ``.file``
     directives give (gas lists them too: the source's base name), which the
     assembler never reads. A relative name resolves in the work dir, the tools'
-    working dir, unless ``..`` takes it out. Raises ``ValueError`` when a list is
-    missing or malformed ("what the linker read is unknown (...)")."""
+    working dir, unless ``..`` takes it out. A name the linker lists must be there
+    (raw, as GNU ld writes it, or as Make reads it, as lld writes it), unless it is
+    a temporary of the work dir. Raises ``ValueError`` when a list is missing or
+    malformed ("what the linker read is unknown (...)")."""
     known = set(deps)
     extra: list[str] = []
     for path, given in lists.items():
@@ -183,6 +187,8 @@ def tool_reads(workdir: str, deps: Sequence[str], lists: Mapping[str, bytes | No
             if given is None:
                 raise ValueError(f"it wrote no {os.path.basename(path)}")
             names = parse(given.decode("utf-8", "surrogateescape"))
+            if tool == "linker":
+                names = [_linker_input(workdir, name) for name in names]
         except ValueError as exc:
             raise ValueError(f"what the {tool} read is unknown ({exc})") from None
         for name in names:
@@ -192,6 +198,20 @@ def tool_reads(workdir: str, deps: Sequence[str], lists: Mapping[str, bytes | No
             known.add(full)
             extra.append(full)
     return tuple(extra)
+
+
+def _linker_input(workdir: str, name: str) -> str:
+    full = name if os.path.isabs(name) else os.path.join(workdir, name)
+    if os.path.lexists(full):
+        return name
+    unescaped = make_unescaped(name)
+    if unescaped != name and os.path.lexists(
+        unescaped if os.path.isabs(unescaped) else os.path.join(workdir, unescaped)
+    ):
+        return unescaped
+    if os.path.isabs(name) and _in_workdir(workdir, name):
+        return name  # the compiler's temporary object, gone since
+    raise ValueError(f"it lists {name!r}, which is not there")
 
 
 def _in_workdir(workdir: str, path: str) -> bool:

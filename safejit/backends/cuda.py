@@ -16,7 +16,6 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from ..deps import hash_file
 from ..errors import CompileError, ConfigError
 from ..spec import BuildSpec, Source, Toolchain
 from .argv_compile import run_argv
@@ -24,7 +23,7 @@ from .base import CompileOutput, Runner, macro_flags
 from .cubin import KernelParams, cubin_frame_sizes, cubin_kernels
 from .cuda_launch import CudaLibrary, device_arch
 from .nvrtc import NvrtcWorker, compile_with_headers, nvrtc_compile_once
-from .probe import ProbeCache, compiler_search_dirs, file_ident, find_program, run_text
+from .probe import ProbeCache, compiler_search_dirs, file_ident, find_program, hash_tools, run_text
 
 try:  # imported with the backend (only when backend="cuda" is asked for), not on the compile path
     from cuda.bindings import nvrtc as _nvrtc
@@ -40,7 +39,7 @@ _ARCH = re.compile(r"sm_[0-9]{2,3}[af]?\Z")
 _SYSTEM_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _FUNC = re.compile(r"Function properties for (\S+)")
-_PROBE_SCHEMA: Final = 2
+_PROBE_SCHEMA: Final = 3
 #: Allowed ptxas options (through ``--ptxas-options=`` / ``-Xptxas``): none writes files.
 _PTXAS_OK: Final = (
     "-v",
@@ -175,11 +174,11 @@ class CudaBackend:
         libdir = os.path.dirname(lib)
         with os.scandir(libdir) as it:
             builtins = sorted(e.path for e in it if e.name.startswith("libnvrtc-builtins.so") and e.is_file())
-        tools = [(path, os.path.realpath(path)) for path in builtins]
+        digests, tools = hash_tools([(lib, lib), *((path, os.path.realpath(path)) for path in builtins)])
         tc = Toolchain(
             compiler=lib,
             version=f"nvrtc {major}.{minor}",
-            digest=":".join(hash_file(path)[0] for path in (lib, *(real for _, real in tools))),
+            digest=":".join(digests),
             roots=tuple(includes),
             search_dirs=tuple(includes),
         )
@@ -213,15 +212,16 @@ class CudaBackend:
         kit = [os.path.join(prefix, f) for f in ("bin/nvcc.profile", "nvvm/bin/cicc", "bin/ptxas")]
         with contextlib.suppress(OSError), os.scandir(dirs[2]) as it:
             kit += sorted(e.path for e in it if e.name.endswith(".bc"))
-        tools = [(path, os.path.realpath(path)) for path in kit if os.path.isfile(path)]
+        found = [(path, os.path.realpath(path)) for path in kit if os.path.isfile(path)]
         cc1plus_real = find_program(cc1plus)
         if cc1plus_real is not None:
-            tools.append((cc1plus, cc1plus_real))
+            found.append((cc1plus, cc1plus_real))
             roots.append(os.path.dirname(cc1plus_real))
+        digests, tools = hash_tools([(nvcc, nvcc), (host, host), *found])
         tc = Toolchain(
             compiler=nvcc,
             version=f"{version}\nhost: {host} {host_version}",
-            digest=":".join(hash_file(path)[0] for path in (nvcc, host, *(real for _, real in tools))),
+            digest=":".join(digests),
             roots=tuple(dict.fromkeys(roots)),
             search_dirs=(*self._include_dir(), *host_dirs),
         )

@@ -25,7 +25,7 @@ from ..errors import ConfigError, LoadError
 from ..spec import BuildSpec, Source, Toolchain
 from .argv_compile import ASM_DEP_FLAG, LD_DEP_FLAG, run_argv
 from .base import CompileOutput, Runner, macro_flags
-from .probe import ProbeCache, compiler_search_dirs, file_ident, find_program, program_dirs, run_text
+from .probe import ProbeCache, compiler_search_dirs, file_ident, find_program, hash_tools, program_dirs, run_text
 
 __all__ = ["HostBackend", "HostLibrary", "elf_exported_functions"]
 
@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 _SYSTEM_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
 _SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
-_PROBE_SCHEMA: Final = 5
+_PROBE_SCHEMA: Final = 6
 
 
 class HostBackend:
@@ -89,15 +89,14 @@ class HostBackend:
         digests = [hash_file(compiler)[0]]
         # The programs the driver runs are part of the toolchain: their digests enter the
         # key, and the probe is redone when one of them changes.
-        tools = []
+        found = []
         search_out = run_text(run, [compiler, "-print-search-dirs"], where)
         dirs = program_dirs(search_out)
         for prog in ("cc1plus" if language == "c++" else "cc1", "as", "ld"):
             name = run_text(run, [compiler, f"-print-prog-name={prog}"], where).strip()
             path = find_program(name)
             if path is not None:
-                digests.append(hash_file(path)[0])
-                tools.append((name, path))
+                found.append((name, path))
                 if prog.startswith("cc1"):
                     roots.append(os.path.dirname(path))
         roots.append(os.path.dirname(compiler))
@@ -111,13 +110,14 @@ class HostBackend:
                 "inline asm reads (.incbin, .include) are not part of the dependency closure",
                 compiler,
             )
-        link_deps, link_inputs = self._probe_link_deps(compiler, language, run, where)
-        for name, real in link_inputs:
-            digests.append(hash_file(real)[0])
-            tools.append((name, real))
-            roots.append(os.path.dirname(real))
-        # (where -l finds libraries: the system's dirs; -L is refused)
-        roots += [os.path.realpath(d) for d in program_dirs(search_out, "libraries") if os.path.isdir(d)]
+        # Where the linker finds libraries (-l; -L is refused): roots for what it reads
+        # only, never for includes or sources. What it reads to link nothing (crt files,
+        # libc, libgcc) is the toolchain's own: in its digest, like cc1.
+        link_roots = [os.path.realpath(d) for d in program_dirs(search_out, "libraries") if os.path.isdir(d)]
+        link_deps, link_inputs = self._probe_link_deps(compiler, language, run, (*where, *link_roots))
+        link_roots += [os.path.dirname(real) for _, real in link_inputs]
+        more, tools = hash_tools([*found, *link_inputs])
+        digests += more
         tc = Toolchain(
             compiler=compiler,
             version=version,
@@ -127,6 +127,7 @@ class HostBackend:
             asm_deps=asm_deps,
             link_deps=link_deps,
             link_inputs=tuple(name for name, _ in link_inputs),
+            link_roots=tuple(dict.fromkeys(link_roots)),
         )
         self._probes.put(ident, tc, tools, dirs)
         return tc
@@ -174,9 +175,18 @@ class HostBackend:
         if arch is not None:
             raise ConfigError("the host backend takes no arch; pass -march=… in flags")
         # Libraries after the source: the linker takes from an archive only what the
-        # objects before it need.
+        # objects before it need. -fno-lto (last: it wins): an object that claims to hold
+        # LTO bytecode (top-level asm can forge those sections) is linked as it is, never
+        # compiled and assembled again at link time, where what is read goes unlisted.
         libs = [f for f in flags if f.startswith("-l")]
-        argv = [toolchain.compiler, "-shared", "-fPIC", "-O2", *(f for f in flags if not f.startswith("-l"))]
+        argv = [
+            toolchain.compiler,
+            "-shared",
+            "-fPIC",
+            "-O2",
+            *(f for f in flags if not f.startswith("-l")),
+            "-fno-lto",
+        ]
         argv += macro_flags(defines)
         argv += [f"-I{d}" for d in include_dirs]
         if quote_dir is not None:

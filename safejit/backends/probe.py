@@ -9,17 +9,44 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..deps import Snapshot, hash_file, is_racy
 from ..errors import ConfigError
 from ..keys import digest_bytes, encode
 from ..policy.shim_build import SYSTEM_PATH
 from ..spec import Toolchain
 from .base import Runner
 
-__all__ = ["ProbeCache", "compiler_search_dirs", "dir_ident", "file_ident", "find_program", "program_dirs", "run_text"]
+__all__ = [
+    "ProbeCache",
+    "Tool",
+    "compiler_search_dirs",
+    "dir_ident",
+    "file_ident",
+    "find_program",
+    "hash_tools",
+    "program_dirs",
+    "run_text",
+]
+
+
+#: ``(name, resolved path, stat)`` of a program or file a probe found and hashed: the
+#: stat taken before the bytes were read (``hash_file``), so a file changed since it was
+#: hashed is a changed file on the next look.
+Tool = tuple[str, str, Snapshot]
+
+
+def hash_tools(found: Iterable[tuple[str, str]]) -> tuple[list[str], list[Tool]]:
+    """The digests of the files ``(name, resolved path)``, and the tools to record."""
+    digests, tools = [], []
+    for name, real in found:
+        digest, snap = hash_file(real)
+        digests.append(digest)
+        tools.append((name, real, snap))
+    return digests, tools
 
 
 def file_ident(path: str) -> list[Any]:
@@ -137,17 +164,17 @@ class ProbeCache:
                 asm_deps=data["asm_deps"] is True,
                 link_deps=data["link_deps"] is True,
                 link_inputs=tuple(str(p) for p in data["link_inputs"]),
+                link_roots=tuple(str(p) for p in data["link_roots"]),
             )
         except (OSError, ValueError, KeyError, TypeError, IndexError, ConfigError):
             return None
 
-    def put(
-        self, ident: list[Any], tc: Toolchain, tools: Sequence[tuple[str, str]] = (), dirs: Sequence[str] = ()
-    ) -> None:
-        """Remember ``tc``; ``tools``: ``(name, resolved path)`` of the programs it runs,
-        ``dirs``: where the driver looks for them."""
+    def put(self, ident: list[Any], tc: Toolchain, tools: Sequence[Tool] = (), dirs: Sequence[str] = ()) -> None:
+        """Remember ``tc``; ``tools``: the programs it runs and files it reads, as hashed
+        (:func:`hash_tools`); ``dirs``: where the driver looks for them. Not when one of
+        them changed within the last moments: its stat cannot vouch for it yet."""
         path = self._path(ident)
-        if path is None:
+        if path is None or any(is_racy(snap) for _, _, snap in tools):
             return
         data = {
             "ident": ident,
@@ -159,7 +186,8 @@ class ProbeCache:
             "asm_deps": tc.asm_deps,
             "link_deps": tc.link_deps,
             "link_inputs": list(tc.link_inputs),
-            "tools": [[name, *file_ident(real)] for name, real in tools],
+            "link_roots": list(tc.link_roots),
+            "tools": [[name, real, *snap] for name, real, snap in tools],
             "dirs": [[d, *dir_ident(d)] for d in dirs],
         }
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

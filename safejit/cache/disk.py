@@ -37,6 +37,7 @@ from .. import faults
 from ..deps import Anchors, Snapshot, hash_file, snapshot_of
 from ..keys import deps_key as compute_deps_key
 from ..keys import digest_bytes
+from ..policy.roots import LINK_ANCHOR
 from ..telemetry import ATTR, SPAN, instruments, span
 from .fsio import (
     EarlyWrite,
@@ -382,7 +383,13 @@ class DiskCache:
                 if exc.errno != errno.ELOOP:
                     raise
                 real = os.path.realpath(path)
-                if not any(real == r or real.startswith(r.rstrip("/") + "/") for r in anchors.roots.values()):
+                # (under the linker's roots only what the linker read: a dep anchored there)
+                roots = [
+                    r
+                    for n, r in anchors.roots.items()
+                    if anchor.startswith(LINK_ANCHOR) or not n.startswith(LINK_ANCHOR)
+                ]
+                if not any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots):
                     return "confinement"
                 digest, snap = hash_file(real)
         except OSError:

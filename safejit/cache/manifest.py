@@ -130,7 +130,7 @@ def parse_manifest(raw: bytes) -> Manifest:
         isinstance(data.get("toolchain"), dict),
         isinstance(data.get("timings"), dict),
         isinstance(data.get("created"), (int, float)),
-        data.get("signature") is None or isinstance(data.get("signature"), str),
+        "signature" in data and (data["signature"] is None or isinstance(data["signature"], str)),
         isinstance(data.get("meta", {}), dict),
     )
     if not all(checks) or not isinstance(art, dict):

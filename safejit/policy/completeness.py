@@ -22,7 +22,7 @@ from ..deps import (
 )
 from ..errors import LimitExceededError, UndeclaredDependencyError
 from ..keys import digest_bytes
-from .roots import is_under, real_path
+from .roots import LINK_ANCHOR, is_under, real_path
 
 __all__ = ["Closure", "merged", "record_closure", "unchanged"]
 
@@ -98,7 +98,8 @@ def record_closure(
     hold no ``#include`` to follow."""
     if len(paths) > max_deps:
         raise LimitExceededError(f"{len(paths)} dependencies exceed the limit of {max_deps}", limit=max_deps)
-    roots = list(anchors.roots.values())
+    # (what the linker reads may lie where it finds libraries; a source's includes not)
+    roots = [r for name, r in anchors.roots.items() if not includes or not name.startswith(LINK_ANCHOR)]
     deps: list[Dep] = []
     states: list[DepState] = []
     too_new: list[str] = []

@@ -37,6 +37,7 @@ _REFUSED: Final = (
     ("-fprofile", "reads or writes profile files"),
     ("-fauto-profile", "reads a profile file"),
     ("-fuse-ld", "swaps the linker"),
+    ("-fuse-linker-plugin", "loads the LTO plugin into the linker"),
     ("-fmodule-mapper", "runs a program or reads a mapper file"),
     ("-fpass-plugin", "loads a plugin"),
     ("-fmodule-file", "reads files elsewhere"),

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Final
 
 from ..deps import Anchors
 from ..errors import PathConfinementError
 
-__all__ = ["build_anchors", "confine", "is_under", "real_path"]
+__all__ = ["LINK_ANCHOR", "build_anchors", "confine", "is_under", "real_path"]
 
 
 def is_under(path: str, root: str) -> bool:
@@ -40,10 +41,18 @@ def real_path(path: str, *, strict: bool = False) -> str:
     return real
 
 
+#: The anchors of roots that only what the linker reads may lie under (``l0``…).
+LINK_ANCHOR: Final = "l"
+
+
 def build_anchors(
-    source_roots: Iterable[str], toolchain_roots: Iterable[str], cache_roots: Iterable[str] = ()
+    source_roots: Iterable[str],
+    toolchain_roots: Iterable[str],
+    cache_roots: Iterable[str] = (),
+    link_roots: Iterable[str] = (),
 ) -> Anchors:
-    """Anchors ``s<i>`` (source roots), ``t<i>`` (toolchain), ``c<i>`` (cache).
+    """Anchors ``s<i>`` (source roots), ``t<i>`` (toolchain), ``c<i>`` (cache), ``l<i>``
+    (where the linker finds libraries: see :data:`LINK_ANCHOR`).
 
     Missing source roots are refused; missing toolchain roots are skipped.
     """
@@ -53,7 +62,7 @@ def build_anchors(
             named[f"s{i}"] = real_path(os.path.expanduser(root), strict=True)
         except OSError as exc:
             raise PathConfinementError(f"source root {root!r} does not exist: {exc}", path=root) from exc
-    for prefix, roots in (("t", toolchain_roots), ("c", cache_roots)):
+    for prefix, roots in (("t", toolchain_roots), ("c", cache_roots), (LINK_ANCHOR, link_roots)):
         for i, root in enumerate(roots):
             try:
                 named[f"{prefix}{i}"] = real_path(os.path.expanduser(root), strict=True)
@@ -63,8 +72,8 @@ def build_anchors(
 
 
 def confine(path: str, anchors: Anchors, *, what: str, allow: Iterable[str] | None = None) -> str:
-    """The resolved ``path`` if it lies under a root (of ``allow`` anchors when
-    given), else :class:`PathConfinementError`."""
+    """The resolved ``path`` if it lies under a root (of ``allow`` anchors when given,
+    else of any but the linker's), else :class:`PathConfinementError`."""
     if "\0" in path:
         raise PathConfinementError(f"{what} path contains NUL", path=path)
     try:
@@ -73,7 +82,7 @@ def confine(path: str, anchors: Anchors, *, what: str, allow: Iterable[str] | No
         raise PathConfinementError(f"{what} {path!r} cannot be resolved: {exc.strerror}", path=path) from exc
     names = set(allow) if allow is not None else None
     for name, root in anchors.roots.items():
-        if (names is None or name in names) and is_under(real, root):
+        if (name in names if names is not None else not name.startswith(LINK_ANCHOR)) and is_under(real, root):
             return real
     raise PathConfinementError(
         f"{what} {path!r} resolves to {real!r}, outside every declared root", path=path, resolved=real

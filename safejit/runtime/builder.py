@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..backends.argv_compile import ASM_DEPFILE, artifact_path, depfile_deps, depfile_path, read_lists, tool_reads
+from ..backends.argv_compile import artifact_path, depfile_deps, depfile_path, read_lists, tool_reads
 from ..backends.base import CompileOutput
 from ..cache.disk import DiskCache, Rejection, VerifiedLeaf
 from ..cache.fsio import EarlyWrite
@@ -165,7 +165,9 @@ class Builder:
                     spec,
                     workdir=workdir,
                     expand=anchors.expand_text,
-                    run=self.setup.runner(self.config, self.env, spec.toolchain.roots, started, on_closed),
+                    run=self.setup.runner(
+                        self.config, self.env, (*spec.toolchain.roots, *spec.toolchain.link_roots), started, on_closed
+                    ),
                     timeout=self.config.compile_timeout_s,
                     search_dirs=search_dirs(spec, anchors),
                     confine=lambda path: root_policy.confine(path, anchors, what="header"),
@@ -229,13 +231,11 @@ class Builder:
                     return
                 with contextlib.suppress(OSError, ValueError, SafejitError):
                     seen = dict(lists)
-                    # Staged early only once what the source can steer is known to be
-                    # confined: what the compiler and the assembler (inline asm) read. The
-                    # linker reads what flags and toolchain name: checked before publishing.
-                    if on_artifact is not None and not tool_reads(workdir, found[0], _assembler(seen)):
-                        on_artifact(data)
                     tools = tool_reads(workdir, (*found[0], *spec.toolchain.link_inputs), seen)
                     held.append((found[1], data, seen, self.closure(spec, anchors, tools, started_ns, tools=True)))
+                    # Staged early only once all it was made of is known to be confined.
+                    if on_artifact is not None:
+                        on_artifact(data)
                 return
             # The compiler has written its depfile; its assembler and linker still run.
             # Scanning now takes the scan off the caller's time; it is used only if the
@@ -411,10 +411,6 @@ class Builder:
 
 
 Load = Callable[[VerifiedLeaf], Any]
-
-
-def _assembler(lists: dict[str, bytes | None]) -> dict[str, bytes | None]:
-    return {path: data for path, data in lists.items() if path.endswith("/" + ASM_DEPFILE)}
 
 
 _NO_CLOSURE = Closure([], [], [], [], [])

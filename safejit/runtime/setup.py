@@ -92,7 +92,7 @@ class Setup:
     def anchors(self, toolchain: Toolchain) -> Anchors:
         found = self._anchors.get(toolchain)
         if found is None:
-            found = root_policy.build_anchors(self.source_roots, toolchain.roots)
+            found = root_policy.build_anchors(self.source_roots, toolchain.roots, link_roots=toolchain.link_roots)
             self._anchors[toolchain] = found
         return found
 

@@ -60,6 +60,7 @@ TOOLCHAIN_FIELD_STRATEGIES: dict[str, st.SearchStrategy[Any]] = {
     "asm_deps": st.booleans(),
     "link_deps": st.booleans(),
     "link_inputs": _tool_dirs,
+    "link_roots": _tool_dirs,
 }
 
 toolchains = st.fixed_dictionaries(TOOLCHAIN_FIELD_STRATEGIES).map(lambda kw: Toolchain(**kw))
@@ -156,6 +157,7 @@ _TOOLCHAIN_FALLBACKS: dict[str, tuple[Any, Any]] = {
     "asm_deps": (False, True),
     "link_deps": (False, True),
     "link_inputs": ((), ("/usr/lib/x86_64-linux-gnu/crti.o",)),
+    "link_roots": ((), ("/usr/lib/x86_64-linux-gnu",)),
 }
 
 _TABLES: dict[type, tuple[dict[str, st.SearchStrategy[Any]], dict[str, tuple[Any, Any]]]] = {

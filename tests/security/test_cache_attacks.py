@@ -194,3 +194,13 @@ def test_header_swapped_for_a_fifo_does_not_hang_revalidation(make_runtime, proj
         with pytest.raises(safejit.CompileTimeout):
             runtime.compile(src, include_dirs=inc)
     assert len(leaves(cache_dir)) == 1  # the first build's, and nothing new
+
+
+def test_planted_manifest_without_a_signature_field_is_a_miss_not_a_crash(make_runtime, cache_dir):
+    # A manifest missing "signature" once raised KeyError out of every lookup of the key.
+    _, leaf = _one_leaf(make_runtime, cache_dir)
+    _rewrite_manifest(leaf, lambda d: d.pop("signature"))
+    rt = make_runtime()
+    assert rt.compile(ADD).kernel("add")(1, 2) == 3
+    assert rt.stats()["disk_hits"] == 0 and rt.stats()["compiles"] == 1
+    assert_cache_sound(cache_dir)

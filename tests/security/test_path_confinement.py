@@ -8,6 +8,7 @@ that the outside file's content appears in no error message or log.
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -284,3 +285,39 @@ def test_include_through_a_per_process_path_is_refused(make_runtime, project, ca
         )
     assert "proc/self/" in exc.value.path
     assert_nothing_published(cache_dir)
+
+
+def _forged_lto_source(work: Path, payload: str) -> str:
+    """A C source whose top-level asm re-creates the ``.gnu.lto_*`` sections of
+    ``payload`` compiled with -flto: compiled without -flto, its object still claims to
+    hold LTO bytecode, which a linker plugin would compile and assemble at link time."""
+    from elftools.elf.elffile import ELFFile
+
+    (work / "payload.c").write_text(payload)
+    subprocess.run(["cc", "-flto", "-c", "-o", work / "payload.o", work / "payload.c"], check=True)
+    lines = []
+    with (work / "payload.o").open("rb") as f:
+        for section in ELFFile(f).iter_sections():
+            if section.name.startswith(".gnu.lto_"):
+                data = section.data()
+                lines.append(f'.section {section.name},"e",@progbits')
+                lines += [".byte " + ",".join(map(str, data[i : i + 32])) for i in range(0, len(data), 32)]
+    lines += [".globl __gnu_lto_slim", ".comm __gnu_lto_slim,1,1", ".text"]
+    asm = "\n".join(lines).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'__asm__("{asm}\\n");\nint carrier(void) {{ return 1; }}\n'
+
+
+def test_forged_lto_sections_are_never_compiled_at_link_time(make_runtime, project, outside, cache_dir, tmp_path):
+    """-flto is refused, but top-level asm can forge an object that claims to hold LTO
+    bytecode; a linker plugin would compile it at link time, where the assembler's reads
+    (.incbin of a file outside the roots) go unlisted. The link runs with -fno-lto."""
+    secret = outside / "secret.txt"
+    secret.write_text(f"{SECRET_TOKEN}\n")
+    asm = f'.section .rodata\\n.globl leaked\\nleaked:\\n.incbin \\"{secret}\\"\\n.byte 0\\n.text\\n'
+    code = _forged_lto_source(tmp_path, f'__asm__("{asm}");\nint value(void) {{ return 7; }}\n')
+    rt = _runtime(make_runtime, project, sandbox="off")
+    module = rt.compile(safejit.Source(code, "carrier"))
+    assert module.artifact.kernels == ("carrier",)  # the forged bytecode was not compiled
+    for file in Path(module.artifact.path).iterdir():
+        assert SECRET_TOKEN.encode() not in file.read_bytes()
+    assert_cache_sound(cache_dir)

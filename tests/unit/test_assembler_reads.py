@@ -107,21 +107,43 @@ def test_only_names_that_stay_in_the_work_dir_are_left_out(tmp_path):
         f"{work}/linkdir/../gone",  # .. after a symlink: resolved physically, out
     ]
     data = f"{work}/first.o: {' '.join(listed)}\n".encode()
-    got = tool_reads(str(work), ("/usr/include/stdint.h",), {f"{work}/asm.d": data})
+    got = tool_reads(str(work), ("/usr/include/stdint.h",), {f"{work}/.asm.d": data})
     assert got == tuple(listed[3:])
-    # The linker's list (one rule, then a phony rule per file) takes the same rule.
-    phony = "".join(f"\n{p}:\n" for p in listed)
-    data = f"{work}/f.so: \\\n  {' '.join(listed)} /usr/include/stdint.h\n{phony}".encode()
-    assert tool_reads(str(work), ("/usr/include/stdint.h",), {f"{work}/ld.d": data}) == tuple(listed[3:])
+
+
+def _linker_list(names: list[str]) -> bytes:
+    """What GNU ld writes for --dependency-file: names raw, then a phony rule each."""
+    return ("out.so:" + "".join(f" \\\n  {n}" for n in names) + "\n" + "".join(f"\n{n}:\n" for n in names)).encode()
+
+
+def test_the_linkers_list_takes_the_same_rule_and_names_must_be_there(tmp_path):
+    work = tmp_path / "work"
+    (work / ".tmp").mkdir(parents=True)
+    (tmp_path / "lib dir").mkdir()
+    spaced = tmp_path / "lib dir" / "lib$$x.a"  # GNU ld writes it raw: the space and $$ are its own
+    spaced.write_bytes(b"!<arch>\n")
+    (work / "link").symlink_to(spaced)
+    listed = [f"{work}/.tmp/cc1.o", str(spaced), f"{work}/link", "/usr/include/stdint.h"]
+    assert tool_reads(str(work), ("/usr/include/stdint.h",), {f"{work}/.ld.d": _linker_list(listed)}) == (
+        str(spaced),
+        f"{work}/link",
+    )
+    # As lld writes it (Make syntax), the same file.
+    escaped = str(spaced).replace(" ", "\\ ").replace("$", "$$")
+    assert tool_reads(str(work), (), {f"{work}/.ld.d": _linker_list([escaped])}) == (str(spaced),)
+    # A name that is not there, but for a temporary of the work dir: what was read is unknown.
+    for missing in (str(tmp_path / "lib"), "rel/libx.a", f"{work}/../gone.a"):
+        with pytest.raises(ValueError, match="not there"):
+            tool_reads(str(work), (), {f"{work}/.ld.d": _linker_list([missing])})
 
 
 @pytest.mark.parametrize("data", [b"", b"a.o: x\nb.o: y\n", b"a.o: x\x0b/etc/passwd\n", b"no rule here\n"])
 def test_a_malformed_assembler_list_is_refused(tmp_path, data):
     with pytest.raises(ValueError):
-        tool_reads(str(tmp_path), (), {str(tmp_path / "asm.d"): data})
+        tool_reads(str(tmp_path), (), {str(tmp_path / ".asm.d"): data})
 
 
-@pytest.mark.parametrize("data", [b"", b"a.so: x\x1c/etc/passwd\n", b"no rule here\n", None])
+@pytest.mark.parametrize("data", [b"", b"a.so: \\\n  /x\x1c/etc/passwd\n", b"no rule here\n", b"a.so: \\\n  \n", None])
 def test_a_malformed_or_missing_linker_list_is_refused(tmp_path, data):
     with pytest.raises(ValueError):
-        tool_reads(str(tmp_path), (), {str(tmp_path / "ld.d"): data})
+        tool_reads(str(tmp_path), (), {str(tmp_path / ".ld.d"): data})

@@ -44,7 +44,7 @@ def _project(tmp_path: Path, lib: Path) -> tuple[Path, Path]:
     a flag; a site's own compiler wrapper may add it)."""
     root = tmp_path / "proj"
     root.mkdir(exist_ok=True)
-    return root, write_wrapper(root, f'exec /usr/bin/cc -L{lib} "$@"', name="cc-with-lib")
+    return root, write_wrapper(root, f"exec /usr/bin/cc '-L{lib}' \"$@\"", name="cc-with-lib")
 
 
 def _deps(module: safejit.Module) -> list[str]:
@@ -52,9 +52,10 @@ def _deps(module: safejit.Module) -> list[str]:
     return [f"{anchor}/{relpath}" for anchor, relpath, _ in manifest.deps]
 
 
-@pytest.mark.parametrize("in_place", [False, True])
-def test_a_library_upgraded_in_place_is_a_miss_in_both_tiers(make_runtime, tmp_path, in_place):
-    lib = tmp_path / "proj" / "lib"
+@pytest.mark.parametrize(("in_place", "libdir"), [(False, "lib"), (True, "lib"), (False, "lib dir$$x")])
+def test_a_library_upgraded_in_place_is_a_miss_in_both_tiers(make_runtime, tmp_path, in_place, libdir):
+    # (GNU ld lists names raw: a space or "$$" in a dir is part of the name)
+    lib = tmp_path / "proj" / libdir
     lib.mkdir(parents=True)
     root, cc = _project(tmp_path, lib)
     _archive(lib, 1)
@@ -64,7 +65,7 @@ def test_a_library_upgraded_in_place_is_a_miss_in_both_tiers(make_runtime, tmp_p
     before = rt.compile(VALUE, flags=("-lval",))
     assert before.kernel("value")() == 1
     deps = _deps(before)
-    assert "s0/lib/libval.a" in deps
+    assert f"s0/{libdir}/libval.a" in deps
     # What the linker reads for every link (crt files, libc) is the toolchain's own.
     assert not [d for d in deps if d.endswith(("/crti.o", "/libc.so", "/libgcc.a"))]
     settle()
@@ -133,3 +134,15 @@ def test_an_upgraded_crt_file_is_a_miss_not_a_stale_hit(make_runtime, tmp_path):
     assert after.kernel("one")() == 1
     assert rt.stats()["compiles"] == 1 and rt.stats()["disk_hits"] == 0
     assert after.artifact.build_key != before.artifact.build_key
+
+
+def test_the_linkers_dirs_are_roots_for_what_it_reads_only(make_runtime):
+    # Where -l finds libraries is declared for what the linker reads, never for includes.
+    libm = Path(subprocess.run(["cc", "-print-file-name=libm.so"], capture_output=True, text=True).stdout.strip())
+    rt = make_runtime()
+    module = rt.compile(
+        safejit.Source("double sin(double);\ndouble f(double x) { return sin(x); }\n", "f"), flags=("-lm",)
+    )
+    assert [d for d in _deps(module) if d.startswith("l") and d.endswith("/libm.so")]
+    with pytest.raises(safejit.PathConfinementError):
+        rt.compile(safejit.Source("int one(void) { return 1; }\n", "one"), include_dirs=(str(libm.resolve().parent),))

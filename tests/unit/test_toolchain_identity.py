@@ -8,8 +8,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 import safejit
+from safejit.backends import probe
 from safejit.deps import hash_file
+from safejit.spec import Toolchain
 
 ONE = safejit.Source("int one(void) { return 1; }\n", "one")
 
@@ -83,3 +87,42 @@ def test_an_assembler_placed_ahead_in_the_drivers_dirs_is_a_miss(make_runtime, t
     rt = make_runtime(**config)
     after = rt.compile(ONE)
     assert rt.stats()["compiles"] == 1 and after.artifact.build_key != before.artifact.build_key
+
+
+def test_a_program_changed_after_it_was_hashed_is_a_changed_program(tmp_path, monkeypatch):
+    # A probe hashes each program, then stores what it found: the stat it stores must be
+    # the one taken as the bytes were read, or a program changed in between would be
+    # trusted with the old digest by every later process.
+    monkeypatch.setattr(probe, "is_racy", lambda snap, now_ns=None: False)
+    program = tmp_path / "as"
+    program.write_text("#!/bin/sh\n# v1\n")
+    digests, tools = probe.hash_tools([(str(program), str(program))])
+    program.write_text("#!/bin/sh\n# v2, changed while probing\n")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    cache = probe.ProbeCache(str(state))
+    tc = Toolchain(compiler="/usr/bin/cc", version="cc", digest=digests[0], roots=())
+    cache.put(["ident"], tc, tools)
+    assert cache.get(["ident"]) is None
+    _, tools = probe.hash_tools([(str(program), str(program))])
+    cache.put(["ident"], tc, tools)
+    assert cache.get(["ident"]) == tc
+
+
+def test_a_probe_of_programs_changed_a_moment_ago_is_not_remembered(tmp_path):
+    # Their stat cannot vouch for them yet (a change within the same timestamp tick).
+    program = tmp_path / "as"
+    program.write_text("#!/bin/sh\n")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    cache = probe.ProbeCache(str(state))
+    _, tools = probe.hash_tools([(str(program), str(program))])
+    cache.put(["ident"], Toolchain(compiler="/usr/bin/cc", version="cc", digest="d", roots=()), tools)
+    assert cache.get(["ident"]) is None and not list(state.iterdir())
+
+
+@pytest.mark.parametrize("name", ["ld", "asm"])
+def test_kernels_named_like_a_tools_list_compile(make_runtime, name):
+    # The assembler's and linker's lists live beside the kernel's own depfile (<name>.d).
+    module = make_runtime().compile(safejit.Source("int five(void) { return 5; }\n", name))
+    assert module.kernel("five")() == 5
