@@ -297,9 +297,15 @@ class Anchors:
         found = self._anchored[path] = self._anchor(path)
         return found
 
-    def _anchor(self, path: str) -> tuple[str, str] | None:
+    def anchor_in(self, path: str, prefix: str) -> tuple[str, str] | None:
+        """:meth:`anchor` among the roots whose anchor starts with ``prefix`` only."""
+        return self._anchor(path, prefix)
+
+    def _anchor(self, path: str, prefix: str = "") -> tuple[str, str] | None:
         norm = os.path.normpath(path)
         for name, root in self._order:
+            if not name.startswith(prefix):
+                continue
             if norm == root:
                 return (name, ".")
             if norm.startswith(root.rstrip("/") + "/"):

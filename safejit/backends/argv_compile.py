@@ -169,8 +169,8 @@ def read_lists(workdir: str, argv: Sequence[str]) -> list[str]:
     return [os.path.join(workdir, name) for flag, name, _, _ in READ_LISTS if flag in argv]
 
 
-def tool_reads(workdir: str, deps: Sequence[str], lists: Mapping[str, bytes | None]) -> tuple[str, ...]:
-    """The files the assembler and the linker read beyond ``deps``, from their lists
+def tool_reads(workdir: str, deps: Sequence[str], lists: Mapping[str, bytes | None]) -> dict[str, tuple[str, ...]]:
+    """The files the assembler and the linker read beyond ``deps``, by tool name, from their lists
     (``{path: bytes}``, ``None``: the tool wrote none). Left out: what lies in the
     work dir — the compiler's temporaries, the staged source, and the names ``.file``
     directives give (gas lists them too: the source's base name), which the
@@ -180,7 +180,7 @@ def tool_reads(workdir: str, deps: Sequence[str], lists: Mapping[str, bytes | No
     a temporary of the work dir. Raises ``ValueError`` when a list is missing or
     malformed ("what the linker read is unknown (...)")."""
     known = set(deps)
-    extra: list[str] = []
+    reads: dict[str, tuple[str, ...]] = {}
     for path, given in lists.items():
         parse, tool = next((p, t) for _, name, p, t in READ_LISTS if name == os.path.basename(path))
         try:
@@ -191,13 +191,17 @@ def tool_reads(workdir: str, deps: Sequence[str], lists: Mapping[str, bytes | No
                 names = [_linker_input(workdir, name) for name in names]
         except ValueError as exc:
             raise ValueError(f"what the {tool} read is unknown ({exc})") from None
+        extra = []
         for name in names:
             full = name if os.path.isabs(name) else os.path.join(workdir, name)
             if full in known or _in_workdir(workdir, full):
                 continue
+            if tool == "assembler" and os.path.isdir(full):
+                continue  # (a .file directive's name: the assembler reads no directory)
             known.add(full)
             extra.append(full)
-    return tuple(extra)
+        reads[tool] = tuple(extra)
+    return reads
 
 
 def _linker_input(workdir: str, name: str) -> str:

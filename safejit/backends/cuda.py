@@ -23,7 +23,7 @@ from .base import CompileOutput, Runner, macro_flags
 from .cubin import KernelParams, cubin_frame_sizes, cubin_kernels
 from .cuda_launch import CudaLibrary, device_arch
 from .nvrtc import NvrtcWorker, compile_with_headers, nvrtc_compile_once
-from .probe import ProbeCache, compiler_search_dirs, file_ident, find_program, hash_tools, run_text
+from .probe import ProbeCache, compiler_search_dirs, dir_idents, file_ident, find_program, hash_tools, run_text
 
 try:  # imported with the backend (only when backend="cuda" is asked for), not on the compile path
     from cuda.bindings import nvrtc as _nvrtc
@@ -172,6 +172,7 @@ class CudaBackend:
         # NVRTC's built-in headers live in a library of their own, which it loads from
         # its own directory: every such file there is part of the toolchain.
         libdir = os.path.dirname(lib)
+        dirs = dir_idents([libdir])
         with os.scandir(libdir) as it:
             builtins = sorted(e.path for e in it if e.name.startswith("libnvrtc-builtins.so") and e.is_file())
         digests, tools = hash_tools([(lib, lib), *((path, os.path.realpath(path)) for path in builtins)])
@@ -182,7 +183,7 @@ class CudaBackend:
             roots=tuple(includes),
             search_dirs=tuple(includes),
         )
-        self._probes.put(ident, tc, tools, [libdir])
+        self._probes.put(ident, tc, tools, dirs)
         return tc
 
     def nvcc_path(self) -> str:
@@ -208,9 +209,10 @@ class CudaBackend:
         # (search paths, flags), cicc, ptxas and libdevice; and the host preprocessor
         # (cc1plus, which defines the macros device code sees). The probe is redone when
         # one of them changes, or when a file is added to the dirs nvcc finds them in.
-        dirs = [os.path.join(prefix, d) for d in ("bin", "nvvm/bin", "nvvm/libdevice")]
+        places = [os.path.join(prefix, d) for d in ("bin", "nvvm/bin", "nvvm/libdevice")]
+        dirs = dir_idents(places)
         kit = [os.path.join(prefix, f) for f in ("bin/nvcc.profile", "nvvm/bin/cicc", "bin/ptxas")]
-        with contextlib.suppress(OSError), os.scandir(dirs[2]) as it:
+        with contextlib.suppress(OSError), os.scandir(places[2]) as it:
             kit += sorted(e.path for e in it if e.name.endswith(".bc"))
         found = [(path, os.path.realpath(path)) for path in kit if os.path.isfile(path)]
         cc1plus_real = find_program(cc1plus)

@@ -25,7 +25,16 @@ from ..errors import ConfigError, LoadError
 from ..spec import BuildSpec, Source, Toolchain
 from .argv_compile import ASM_DEP_FLAG, LD_DEP_FLAG, run_argv
 from .base import CompileOutput, Runner, macro_flags
-from .probe import ProbeCache, compiler_search_dirs, file_ident, find_program, hash_tools, program_dirs, run_text
+from .probe import (
+    ProbeCache,
+    compiler_search_dirs,
+    dir_idents,
+    file_ident,
+    find_program,
+    hash_tools,
+    program_dirs,
+    run_text,
+)
 
 __all__ = ["HostBackend", "HostLibrary", "elf_exported_functions"]
 
@@ -91,7 +100,7 @@ class HostBackend:
         # key, and the probe is redone when one of them changes.
         found = []
         search_out = run_text(run, [compiler, "-print-search-dirs"], where)
-        dirs = program_dirs(search_out)
+        dirs = dir_idents(program_dirs(search_out))
         for prog in ("cc1plus" if language == "c++" else "cc1", "as", "ld"):
             name = run_text(run, [compiler, f"-print-prog-name={prog}"], where).strip()
             path = find_program(name)

@@ -25,6 +25,7 @@ __all__ = [
     "Tool",
     "compiler_search_dirs",
     "dir_ident",
+    "dir_idents",
     "file_ident",
     "find_program",
     "hash_tools",
@@ -66,6 +67,12 @@ def dir_ident(path: str) -> list[int]:
     except OSError:
         return []
     return [st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def dir_idents(paths: Iterable[str]) -> list[list[Any]]:
+    """``[path, *dir_ident(path)]`` of each: taken before a probe looks for programs in
+    them, so a program added while it looks changes them."""
+    return [[d, *dir_ident(d)] for d in paths]
 
 
 def program_dirs(search_dirs_output: str, kind: str = "programs") -> list[str]:
@@ -169,12 +176,15 @@ class ProbeCache:
         except (OSError, ValueError, KeyError, TypeError, IndexError, ConfigError):
             return None
 
-    def put(self, ident: list[Any], tc: Toolchain, tools: Sequence[Tool] = (), dirs: Sequence[str] = ()) -> None:
+    def put(self, ident: list[Any], tc: Toolchain, tools: Sequence[Tool] = (), dirs: Sequence[list[Any]] = ()) -> None:
         """Remember ``tc``; ``tools``: the programs it runs and files it reads, as hashed
-        (:func:`hash_tools`); ``dirs``: where the driver looks for them. Not when one of
-        them changed within the last moments: its stat cannot vouch for it yet."""
+        (:func:`hash_tools`); ``dirs``: where the driver looks for them, as they were
+        before the probe looked (:func:`dir_idents`). Not when one of the tools changed
+        within the last moments: its stat cannot vouch for it yet."""
         path = self._path(ident)
-        if path is None or any(is_racy(snap) for _, _, snap in tools):
+        # (a dir ident is [path, dev, ino, mtime, ctime]; [path] when there is none)
+        dir_snaps = [(d[1], d[2], 0, d[3], d[4]) for d in dirs if len(d) == 5]
+        if path is None or any(is_racy(snap) for snap in [*(s for _, _, s in tools), *dir_snaps]):
             return
         data = {
             "ident": ident,
@@ -188,7 +198,7 @@ class ProbeCache:
             "link_inputs": list(tc.link_inputs),
             "link_roots": list(tc.link_roots),
             "tools": [[name, real, *snap] for name, real, snap in tools],
-            "dirs": [[d, *dir_ident(d)] for d in dirs],
+            "dirs": [list(d) for d in dirs],
         }
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:

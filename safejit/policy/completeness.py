@@ -90,16 +90,19 @@ def record_closure(
     source: bytes = b"",
     trust_stat: bool = True,
     includes: bool = True,
+    linker: bool = False,
 ) -> Closure:
     """Confine, anchor and hash the closure the compiler reported, and derive
     its negative lookups. Raises :class:`UndeclaredDependencyError` for a file
     outside every root and :class:`LimitExceededError` for too many files.
     Not ``includes``: files other tools read (objects, libraries), whose bytes
-    hold no ``#include`` to follow."""
+    hold no ``#include`` to follow; a file gone since it was read makes the build one
+    that is not vouched for (``too_new``). ``linker``: what the linker read, which
+    may also lie under the linker's roots (and is anchored there first)."""
     if len(paths) > max_deps:
         raise LimitExceededError(f"{len(paths)} dependencies exceed the limit of {max_deps}", limit=max_deps)
-    # (what the linker reads may lie where it finds libraries; a source's includes not)
-    roots = [r for name, r in anchors.roots.items() if not includes or not name.startswith(LINK_ANCHOR)]
+    # (what the linker reads may lie where it finds libraries; what the source steers not)
+    roots = [r for name, r in anchors.roots.items() if linker or not name.startswith(LINK_ANCHOR)]
     deps: list[Dep] = []
     states: list[DepState] = []
     too_new: list[str] = []
@@ -132,10 +135,22 @@ def record_closure(
         # such a path is recorded by its resolved form, the file actually read.
         dotdot = "/../" in path or path.endswith("/..")
         anchored = (None if dotdot else anchors.anchor(path)) or anchors.anchor(real)
+        if linker:  # anchored where a verification confines it as the linker's read again
+            anchored = (
+                (None if dotdot else anchors.anchor_in(path, LINK_ANCHOR))
+                or anchors.anchor_in(real, LINK_ANCHOR)
+                or anchored
+            )
         if anchored is None:  # pragma: no cover - real is under a root, so it anchors
             raise UndeclaredDependencyError(f"{path!r} cannot be anchored", path=path)
         lexical = anchors.expand(*anchored) or real
-        snap, digest, file_probes, file_quoted = _scan(lexical, trust_stat)
+        try:
+            snap, digest, file_probes, file_quoted = _scan(lexical, trust_stat)
+        except FileNotFoundError:
+            if includes:
+                raise
+            too_new.append(lexical)  # read, then gone: what it held is unknown
+            continue
         if includes:
             probes += file_probes
             for name in file_quoted:  # "x.h" is looked for next to its includer first

@@ -231,8 +231,8 @@ class Builder:
                     return
                 with contextlib.suppress(OSError, ValueError, SafejitError):
                     seen = dict(lists)
-                    tools = tool_reads(workdir, (*found[0], *spec.toolchain.link_inputs), seen)
-                    held.append((found[1], data, seen, self.closure(spec, anchors, tools, started_ns, tools=True)))
+                    reads = tool_reads(workdir, (*found[0], *spec.toolchain.link_inputs), seen)
+                    held.append((found[1], data, seen, self.reads_closure(spec, anchors, reads, started_ns)))
                     # Staged early only once all it was made of is known to be confined.
                     if on_artifact is not None:
                         on_artifact(data)
@@ -365,10 +365,21 @@ class Builder:
         ``CompileError`` when a list is missing or malformed: what they read is then
         unknown, and the build is refused."""
         try:
-            tools = tool_reads(workdir, (*out.deps, *spec.toolchain.link_inputs), out.read_lists)
+            reads = tool_reads(workdir, (*out.deps, *spec.toolchain.link_inputs), out.read_lists)
         except ValueError as exc:
             raise CompileError(f"{spec.name}: {exc}; refusing the build", log=out.log, argv=out.argv) from None
-        return self.closure(spec, anchors, tools, started_ns, tools=True)
+        return self.reads_closure(spec, anchors, reads, started_ns)
+
+    def reads_closure(
+        self, spec: BuildSpec, anchors: Anchors, reads: dict[str, tuple[str, ...]], started_ns: int
+    ) -> Closure:
+        """The closure of what each tool read: the assembler's (what inline asm names)
+        confined like includes, the linker's also under the linker's roots."""
+        closure = _NO_CLOSURE
+        for tool, deps in reads.items():
+            part = self.closure(spec, anchors, deps, started_ns, tools=True, linker=tool == "linker")
+            closure = completeness.merged(closure, part) if closure.deps or closure.too_new else part
+        return closure
 
     def closure(
         self,
@@ -379,10 +390,12 @@ class Builder:
         *,
         early: bool = False,
         tools: bool = False,
+        linker: bool = False,
     ) -> Closure:
         """The closure of ``deps``, confined and hashed. ``early``: a scan while the
         compiler still runs, which a later one may repeat (its violations are not counted).
-        ``tools``: files the assembler or linker read (no includes, no negatives)."""
+        ``tools``: files the assembler or linker read (no includes, no negatives);
+        ``linker``: the linker's (which may also lie under its roots)."""
         if tools and not deps:
             return _NO_CLOSURE
         with span(SPAN.POLICY_CHECK, {ATTR.KIND: "completeness"}) as s:
@@ -396,6 +409,7 @@ class Builder:
                     source=b"" if tools else spec.code,
                     trust_stat=self.config.trust_stat,
                     includes=not tools,
+                    linker=linker,
                 )
             except (PolicyError, LimitExceededError) as exc:
                 kind = type(exc).__name__
@@ -403,6 +417,10 @@ class Builder:
                 if not early:
                     instruments.policy_violations.add(1, {**self._attrs, ATTR.KIND: kind})
                 raise
+            except OSError as exc:  # (a listed file that is no regular file, or unreadable)
+                raise CompileError(
+                    f"{spec.name}: a file the build read cannot be hashed: {exc.filename}: {exc.strerror}", log=""
+                ) from None
 
     def note_bypass(self, why: str) -> None:
         logger.warning("safejit cache bypassed: %s; the kernel is compiled privately and not cached", why)

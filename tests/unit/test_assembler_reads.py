@@ -108,7 +108,7 @@ def test_only_names_that_stay_in_the_work_dir_are_left_out(tmp_path):
     ]
     data = f"{work}/first.o: {' '.join(listed)}\n".encode()
     got = tool_reads(str(work), ("/usr/include/stdint.h",), {f"{work}/.asm.d": data})
-    assert got == tuple(listed[3:])
+    assert got == {"assembler": tuple(listed[3:])}
 
 
 def _linker_list(names: list[str]) -> bytes:
@@ -124,13 +124,12 @@ def test_the_linkers_list_takes_the_same_rule_and_names_must_be_there(tmp_path):
     spaced.write_bytes(b"!<arch>\n")
     (work / "link").symlink_to(spaced)
     listed = [f"{work}/.tmp/cc1.o", str(spaced), f"{work}/link", "/usr/include/stdint.h"]
-    assert tool_reads(str(work), ("/usr/include/stdint.h",), {f"{work}/.ld.d": _linker_list(listed)}) == (
-        str(spaced),
-        f"{work}/link",
-    )
+    assert tool_reads(str(work), ("/usr/include/stdint.h",), {f"{work}/.ld.d": _linker_list(listed)}) == {
+        "linker": (str(spaced), f"{work}/link")
+    }
     # As lld writes it (Make syntax), the same file.
     escaped = str(spaced).replace(" ", "\\ ").replace("$", "$$")
-    assert tool_reads(str(work), (), {f"{work}/.ld.d": _linker_list([escaped])}) == (str(spaced),)
+    assert tool_reads(str(work), (), {f"{work}/.ld.d": _linker_list([escaped])}) == {"linker": (str(spaced),)}
     # A name that is not there, but for a temporary of the work dir: what was read is unknown.
     for missing in (str(tmp_path / "lib"), "rel/libx.a", f"{work}/../gone.a"):
         with pytest.raises(ValueError, match="not there"):

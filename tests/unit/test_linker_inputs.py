@@ -146,3 +146,47 @@ def test_the_linkers_dirs_are_roots_for_what_it_reads_only(make_runtime):
     assert [d for d in _deps(module) if d.startswith("l") and d.endswith("/libm.so")]
     with pytest.raises(safejit.PathConfinementError):
         rt.compile(safejit.Source("int one(void) { return 1; }\n", "one"), include_dirs=(str(libm.resolve().parent),))
+
+
+def test_what_inline_asm_reads_is_never_confined_by_the_linkers_roots(make_runtime, tmp_path, cache_dir):
+    # The linker's dirs are roots for what the linker reads; the assembler reads what the
+    # source names (.incbin), confined like an include.
+    libm = subprocess.run(["cc", "-print-file-name=libm.so"], capture_output=True, text=True).stdout.strip()
+    asm = f'.section .rodata\\n.globl blob\\nblob:\\n.incbin \\"{libm}\\"\\n.text\\n'
+    source = safejit.Source(
+        f'__asm__("{asm}");\nextern const char blob[];\nint first(void) {{ return blob[0]; }}\n', "first"
+    )
+    rt = make_runtime(sandbox="off")
+    with pytest.raises(safejit.UndeclaredDependencyError):
+        rt.compile(source)
+    assert_nothing_published(cache_dir)
+
+
+def test_a_file_directive_naming_a_dir_or_nothing_is_no_error(make_runtime, tmp_path):
+    # gas lists the names .file directives give, though it never reads them.
+    root = tmp_path / "proj"
+    root.mkdir()
+    rt = make_runtime(source_roots=(str(root),))
+    dir_named = rt.compile(safejit.Source('__asm__(".file \\"/usr/include\\"");\nint one(void) { return 1; }\n', "one"))
+    assert dir_named.kernel("one")() == 1 and rt.stats()["published"] == 1
+    # A name that is not there may have been read and deleted since: built, never vouched for.
+    code = f'__asm__(".file \\"{root}/gen.c\\"");\nint two(void) {{ return 2; }}\n'
+    assert rt.compile(safejit.Source(code, "two")).kernel("two")() == 2
+    assert rt.stats()["published"] == 1 and rt.stats()["not_published"] == 1
+    # Outside every root, it is refused like any read there.
+    with pytest.raises(safejit.UndeclaredDependencyError):
+        rt.compile(safejit.Source('__asm__(".file \\"/nonexistent/gen.c\\"");\nint three(void) { return 3; }\n', "t"))
+
+
+def test_a_library_reached_through_a_symlink_into_the_linkers_dirs_hits_in_a_new_process(make_runtime):
+    # libatomic.so in gcc's dir links to ../../../x86_64-linux-gnu/: under the linker's
+    # roots only. It is recorded where a verification confines it the same way.
+    lib = Path(subprocess.run(["cc", "-print-file-name=libatomic.so"], capture_output=True, text=True).stdout.strip())
+    if not lib.is_symlink():
+        pytest.skip("no symlinked libatomic.so here")
+    source = safejit.Source("int seven(void) { return 7; }\n", "seven")
+    first = make_runtime()
+    assert first.compile(source, flags=("-latomic",)).kernel("seven")() == 7
+    again = make_runtime()
+    assert again.compile(source, flags=("-latomic",)).kernel("seven")() == 7
+    assert again.stats()["disk_hits"] == 1 and again.stats()["compiles"] == 0

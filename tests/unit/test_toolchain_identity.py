@@ -126,3 +126,21 @@ def test_kernels_named_like_a_tools_list_compile(make_runtime, name):
     # The assembler's and linker's lists live beside the kernel's own depfile (<name>.d).
     module = make_runtime().compile(safejit.Source("int five(void) { return 5; }\n", name))
     assert module.kernel("five")() == 5
+
+
+def test_a_program_added_to_the_drivers_dirs_while_probing_is_noticed(tmp_path, monkeypatch):
+    # The dirs are looked at before the probe looks for programs in them: one added in
+    # between changes them, and the remembered probe is not used.
+    monkeypatch.setattr(probe, "is_racy", lambda snap, now_ns=None: False)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    before = probe.dir_idents([str(bindir)])
+    (bindir / "as").write_text("#!/bin/sh\n")  # placed ahead while the probe ran
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    cache = probe.ProbeCache(str(state))
+    tc = Toolchain(compiler="/usr/bin/cc", version="cc", digest="d", roots=())
+    cache.put(["ident"], tc, (), before)
+    assert cache.get(["ident"]) is None
+    cache.put(["ident"], tc, (), probe.dir_idents([str(bindir)]))
+    assert cache.get(["ident"]) == tc
