@@ -24,6 +24,7 @@ __all__ = [
     "Dep",
     "Snapshot",
     "hash_file",
+    "hash_opened",
     "make_unescaped",
     "open_regular",
     "parse_depfile",
@@ -120,6 +121,23 @@ def hash_file(path: str, *, nofollow: bool = False) -> tuple[str, Snapshot]:
                 break
             h.update(chunk)
         return h.hexdigest(), snapshot_of(st)
+    finally:
+        os.close(fd)
+
+
+def hash_opened(path: str) -> tuple[str, Snapshot, str]:
+    """:func:`hash_file` following symlinks, and the resolved path of the very file it
+    read (from the open fd: a symlinked dir swapped meanwhile cannot make it another)."""
+    fd, st = open_regular(path)
+    try:
+        try:
+            real = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            real = os.path.realpath(path)
+        h = blake3.blake3(max_threads=_threads()) if st.st_size >= _PARALLEL_BYTES else blake3.blake3()
+        while chunk := os.read(fd, 1 << 20):
+            h.update(chunk)
+        return h.hexdigest(), snapshot_of(st), real
     finally:
         os.close(fd)
 

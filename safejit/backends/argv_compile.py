@@ -196,8 +196,6 @@ def tool_reads(workdir: str, deps: Sequence[str], lists: Mapping[str, bytes | No
             full = name if os.path.isabs(name) else os.path.join(workdir, name)
             if full in known or _in_workdir(workdir, full):
                 continue
-            if tool == "assembler" and os.path.isdir(full):
-                continue  # (a .file directive's name: the assembler reads no directory)
             known.add(full)
             extra.append(full)
         reads[tool] = tuple(extra)

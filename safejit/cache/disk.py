@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from typing import Final, NamedTuple, Protocol
 
 from .. import faults
-from ..deps import Anchors, Snapshot, hash_file, snapshot_of
+from ..deps import Anchors, Snapshot, hash_opened, snapshot_of
 from ..keys import deps_key as compute_deps_key
 from ..keys import digest_bytes
-from ..policy.roots import LINK_ANCHOR
+from ..policy.roots import LINK_ANCHOR, is_under
 from ..telemetry import ATTR, SPAN, instruments, span
 from .fsio import (
     EarlyWrite,
@@ -369,33 +369,25 @@ class DiskCache:
     def _rehash(
         anchors: Anchors, anchor: str, rel: str, memo: dict[str, tuple[str, Snapshot] | None]
     ) -> DepState | str | None:
-        """The current state of an anchored dependency, confined to its roots."""
+        """The current state of an anchored dependency, confined to its roots: the file
+        it reaches, through any symlink on the way, must lie under one (under the
+        linker's roots only for a dep anchored there: the linker's read)."""
         path = anchors.expand(anchor, rel)
         if path is None:
             return "anchor"
-        if path in memo:
-            got = memo[path]
+        linker = anchor.startswith(LINK_ANCHOR)
+        key = f"\0{LINK_ANCHOR}{path}" if linker else path
+        if key in memo:
+            got = memo[key]
             return None if got is None else (path, got[1], got[0])
         try:
-            try:
-                digest, snap = hash_file(path, nofollow=True)
-            except OSError as exc:
-                if exc.errno != errno.ELOOP:
-                    raise
-                real = os.path.realpath(path)
-                # (under the linker's roots only what the linker read: a dep anchored there)
-                roots = [
-                    r
-                    for n, r in anchors.roots.items()
-                    if anchor.startswith(LINK_ANCHOR) or not n.startswith(LINK_ANCHOR)
-                ]
-                if not any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots):
-                    return "confinement"
-                digest, snap = hash_file(real)
+            digest, snap, real = hash_opened(path)
         except OSError:
-            memo[path] = None
+            memo[key] = None
             return None
-        memo[path] = (digest, snap)
+        if not any(is_under(real, r) for n, r in anchors.roots.items() if linker or not n.startswith(LINK_ANCHOR)):
+            return "confinement"
+        memo[key] = (digest, snap)
         return (path, snap, digest)
 
     # -- publish -------------------------------------------------------------

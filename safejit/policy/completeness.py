@@ -96,8 +96,8 @@ def record_closure(
     its negative lookups. Raises :class:`UndeclaredDependencyError` for a file
     outside every root and :class:`LimitExceededError` for too many files.
     Not ``includes``: files other tools read (objects, libraries), whose bytes
-    hold no ``#include`` to follow; a file gone since it was read makes the build one
-    that is not vouched for (``too_new``). ``linker``: what the linker read, which
+    hold no ``#include`` to follow; one that is gone or no regular file (after it is
+    confined) makes the build one that is not vouched for (``too_new``). ``linker``: what the linker read, which
     may also lie under the linker's roots (and is anchored there first)."""
     if len(paths) > max_deps:
         raise LimitExceededError(f"{len(paths)} dependencies exceed the limit of {max_deps}", limit=max_deps)
@@ -146,10 +146,12 @@ def record_closure(
         lexical = anchors.expand(*anchored) or real
         try:
             snap, digest, file_probes, file_quoted = _scan(lexical, trust_stat)
-        except FileNotFoundError:
+        except OSError:
             if includes:
                 raise
-            too_new.append(lexical)  # read, then gone: what it held is unknown
+            # Gone, or no regular file now (a .file directive's name, or a file the tool
+            # read and someone swapped since): what it held is unknown. Built, not vouched for.
+            too_new.append(lexical)
             continue
         if includes:
             probes += file_probes

@@ -204,3 +204,24 @@ def test_planted_manifest_without_a_signature_field_is_a_miss_not_a_crash(make_r
     assert rt.compile(ADD).kernel("add")(1, 2) == 3
     assert rt.stats()["disk_hits"] == 0 and rt.stats()["compiles"] == 1
     assert_cache_sound(cache_dir)
+
+
+def test_a_dependency_reached_through_a_directory_swapped_for_a_symlink_out_is_a_miss(
+    make_runtime, project, outside, cache_dir
+):
+    # A verification confines the file it actually opens: through a symlinked dir on the
+    # way (not only a symlink at the end), a dependency outside the roots is no hit, even
+    # with the very bytes it was hashed with (else a planted manifest could test guesses
+    # of files outside the roots).
+    (project / "sub").mkdir()
+    (project / "sub" / "h.h").write_text("#define H 4\n")
+    source = safejit.Source('#include "sub/h.h"\nint h(void) { return H; }\n', "h")
+    first = make_runtime(source_roots=(str(project),), sandbox="off")
+    assert first.compile(source, include_dirs=(str(project),)).kernel("h")() == 4
+    (project / "sub").rename(outside / "sub")
+    (project / "sub").symlink_to(outside / "sub")
+    rt = make_runtime(source_roots=(str(project),), sandbox="off")
+    assert rt.explain(source, include_dirs=(str(project),)).result == "miss"
+    with pytest.raises(safejit.UndeclaredDependencyError):
+        rt.compile(source, include_dirs=(str(project),))
+    assert rt.stats()["disk_hits"] == 0
