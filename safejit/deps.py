@@ -112,17 +112,18 @@ def hash_file(path: str, *, nofollow: bool = False) -> tuple[str, Snapshot]:
     """
     fd, st = open_regular(path, nofollow=nofollow)
     try:
-        # Large files hash on every core (BLAKE3's tree mode); small ones on one.
-        h = blake3.blake3(max_threads=_threads()) if st.st_size >= _PARALLEL_BYTES else blake3.blake3()
-        want = st.st_size + 1
-        while True:
-            chunk = os.read(fd, min(max(want, 1 << 16), 1 << 24))
-            if not chunk:
-                break
-            h.update(chunk)
-        return h.hexdigest(), snapshot_of(st)
+        return _hash_fd(fd, st), snapshot_of(st)
     finally:
         os.close(fd)
+
+
+def _hash_fd(fd: int, st: os.stat_result) -> str:
+    # Large files hash on every core (BLAKE3's tree mode); small ones on one.
+    h = blake3.blake3(max_threads=_threads()) if st.st_size >= _PARALLEL_BYTES else blake3.blake3()
+    want = st.st_size + 1
+    while chunk := os.read(fd, min(max(want, 1 << 16), 1 << 24)):
+        h.update(chunk)
+    return h.hexdigest()
 
 
 def hash_opened(path: str) -> tuple[str, Snapshot, str]:
@@ -134,10 +135,7 @@ def hash_opened(path: str) -> tuple[str, Snapshot, str]:
             real = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             real = os.path.realpath(path)
-        h = blake3.blake3(max_threads=_threads()) if st.st_size >= _PARALLEL_BYTES else blake3.blake3()
-        while chunk := os.read(fd, 1 << 20):
-            h.update(chunk)
-        return h.hexdigest(), snapshot_of(st), real
+        return _hash_fd(fd, st), snapshot_of(st), real
     finally:
         os.close(fd)
 
