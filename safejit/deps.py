@@ -12,7 +12,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -126,16 +126,19 @@ def _hash_fd(fd: int, st: os.stat_result) -> str:
     return h.hexdigest()
 
 
-def hash_opened(path: str) -> tuple[str, Snapshot, str]:
-    """:func:`hash_file` following symlinks, and the resolved path of the very file it
-    read (from the open fd: a symlinked dir swapped meanwhile cannot make it another)."""
+def hash_opened(path: str, allowed: Callable[[str], bool]) -> tuple[str, Snapshot] | None:
+    """:func:`hash_file` following symlinks, of a file whose resolved path — that of the
+    very file opened (from its fd: a symlinked dir swapped meanwhile cannot make it
+    another) — is ``allowed``; None, before anything is read, when it is not."""
     fd, st = open_regular(path)
     try:
         try:
             real = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             real = os.path.realpath(path)
-        return _hash_fd(fd, st), snapshot_of(st), real
+        if not allowed(real):
+            return None
+        return _hash_fd(fd, st), snapshot_of(st)
     finally:
         os.close(fd)
 

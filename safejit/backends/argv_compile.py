@@ -234,6 +234,8 @@ def _in_workdir(workdir: str, path: str) -> bool:
                 except OSError:
                     return True  # gone (a temporary): nothing further down exists either
             return True
-    if not os.path.normpath(path).startswith(own):
+    norm = os.path.normpath(path)
+    if not (norm == own[:-1] or norm.startswith(own)):
         return False  # (what a linker lists: system files)
-    return os.path.realpath(path).startswith(os.path.realpath(workdir).rstrip("/") + "/")
+    real, real_own = os.path.realpath(path), os.path.realpath(workdir).rstrip("/")
+    return real == real_own or real.startswith(real_own + "/")

@@ -380,15 +380,16 @@ class DiskCache:
         if key in memo:
             got = memo[key]
             return None if got is None else (path, got[1], got[0])
+        roots = [r for n, r in anchors.roots.items() if linker or not n.startswith(LINK_ANCHOR)]
         try:
-            digest, snap, real = hash_opened(path)
+            hashed = hash_opened(path, lambda real: any(is_under(real, r) for r in roots))
         except OSError:
             memo[key] = None
             return None
-        if not any(is_under(real, r) for n, r in anchors.roots.items() if linker or not n.startswith(LINK_ANCHOR)):
+        if hashed is None:
             return "confinement"
-        memo[key] = (digest, snap)
-        return (path, snap, digest)
+        memo[key] = hashed
+        return (path, hashed[1], hashed[0])
 
     # -- publish -------------------------------------------------------------
     def publish(

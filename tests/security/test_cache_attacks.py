@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,24 @@ def test_a_dependency_reached_through_a_directory_swapped_for_a_symlink_out_is_a
     with pytest.raises(safejit.UndeclaredDependencyError):
         rt.compile(source, include_dirs=(str(project),))
     assert rt.stats()["disk_hits"] == 0
+
+
+def test_planted_dependency_through_a_symlink_to_an_endless_file_is_refused_unread(make_runtime, project, cache_dir):
+    # /proc/self/pagemap is a regular file of size 0 with ~512 GiB to read: a planted
+    # manifest naming it through a symlink under a root must be refused before any read.
+    (project / "evil").symlink_to("/proc/self/pagemap")
+    _, leaf = _one_leaf(make_runtime, cache_dir, source_roots=(str(project),))
+
+    def point_at_evil(data):
+        from safejit.keys import deps_key
+
+        data["deps"].insert(0, ["s0", "evil", "0" * 64])
+        data["deps_key"] = key[0] = deps_key([tuple(d) for d in data["deps"]], [tuple(n) for n in data["negatives"]])
+
+    key = [""]
+    _rewrite_manifest(leaf, point_at_evil)
+    leaf.rename(leaf.with_name(f"deps-{key[0]}"))  # a leaf's name is its deps key
+    rt = make_runtime(source_roots=(str(project),))
+    started = time.monotonic()
+    assert rt.compile(ADD).kernel("add")(1, 2) == 3
+    assert time.monotonic() - started < 30 and rt.stats()["disk_hits"] == 0
