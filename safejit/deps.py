@@ -12,7 +12,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -67,9 +67,10 @@ class Dep:
 
 def open_regular(path: str, *, nofollow: bool = False) -> tuple[int, os.stat_result]:
     """An fd open for reading on the regular file ``path``, and its stat. Never blocks
-    on a FIFO (one planted where a file was would hang every reader): anything but a
-    regular file raises ``OSError``; so does a symlink with ``nofollow``."""
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_NOFOLLOW if nofollow else 0)
+    on a FIFO (one planted where a file was would hang every reader), never makes a
+    terminal this process's: anything but a regular file raises ``OSError``; so does a
+    symlink with ``nofollow``."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY | (os.O_NOFOLLOW if nofollow else 0)
     fd = os.open(path, flags)
     try:
         st = os.fstat(fd)
@@ -120,24 +121,42 @@ def hash_file(path: str, *, nofollow: bool = False) -> tuple[str, Snapshot]:
 def _hash_fd(fd: int, st: os.stat_result) -> str:
     # Large files hash on every core (BLAKE3's tree mode); small ones on one.
     h = blake3.blake3(max_threads=_threads()) if st.st_size >= _PARALLEL_BYTES else blake3.blake3()
-    want = st.st_size + 1
-    while chunk := os.read(fd, min(max(want, 1 << 16), 1 << 24)):
+    for chunk in _chunks(fd, st):
         h.update(chunk)
     return h.hexdigest()
 
 
+def _chunks(fd: int, st: os.stat_result) -> Iterator[bytes]:
+    """The file's bytes, up to the size its stat gave. More than that (a file still
+    being written, or a /proc or /sys file, whose size says nothing of what can be read
+    from it, endlessly) raises ``OSError``: what it holds is not what was stat'ed."""
+    left = st.st_size + 1
+    while left > 0 and (chunk := os.read(fd, min(max(left, 1 << 16), 1 << 24))):
+        left -= len(chunk)
+        yield chunk
+    if left <= 0:
+        raise OSError(errno.EAGAIN, "holds more than its size says (changing, or no ordinary file)")
+
+
 def hash_opened(path: str, allowed: Callable[[str], bool]) -> tuple[str, Snapshot] | None:
-    """:func:`hash_file` following symlinks, of a file whose resolved path — that of the
-    very file opened (from its fd: a symlinked dir swapped meanwhile cannot make it
-    another) — is ``allowed``; None, before anything is read, when it is not."""
-    fd, st = open_regular(path)
+    """:func:`hash_file` following symlinks, of a file whose resolved path is
+    ``allowed``; None when it is not, before it is opened for reading (a terminal, a
+    FIFO's writer are never touched). The path is that of the very file then read:
+    found through an ``O_PATH`` descriptor, which is then opened again (a symlinked dir
+    swapped meanwhile cannot make it another)."""
+    pathfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     try:
         try:
-            real = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            real = os.path.realpath(path)
+            real = os.readlink(f"/proc/self/fd/{pathfd}")
+            target = f"/proc/self/fd/{pathfd}"
+        except OSError:  # (no /proc)
+            real = target = os.path.realpath(path)
         if not allowed(real):
             return None
+        fd, st = open_regular(target)
+    finally:
+        os.close(pathfd)
+    try:
         return _hash_fd(fd, st), snapshot_of(st)
     finally:
         os.close(fd)
@@ -153,10 +172,7 @@ def read_file(path: str) -> tuple[bytes, Snapshot]:
 
 
 def _read_all(fd: int, st: os.stat_result) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, max(st.st_size + 1, 1 << 16)):
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return b"".join(_chunks(fd, st))
 
 
 def read_output(path: str) -> bytes:

@@ -346,7 +346,7 @@ class DiskCache:
                 return None
             try:
                 st = os.lstat(path)
-            except OSError:
+            except (OSError, ValueError):
                 return None
             if stat.S_ISLNK(st.st_mode) or snapshot_of(st) != snap:
                 return None
@@ -383,7 +383,7 @@ class DiskCache:
         roots = [r for n, r in anchors.roots.items() if linker or not n.startswith(LINK_ANCHOR)]
         try:
             hashed = hash_opened(path, lambda real: any(is_under(real, r) for r in roots))
-        except OSError:
+        except (OSError, ValueError):  # (ValueError: a name the OS cannot take, from a manifest)
             memo[key] = None
             return None
         if hashed is None:

@@ -117,7 +117,7 @@ def read_bytes(path: str, limit: int) -> bytes:
     """Read a regular file (not through a symlink, never blocking on a FIFO), at most
     ``limit`` bytes."""
     faults.point("disk.read")
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -247,3 +247,60 @@ def test_planted_dependency_through_a_symlink_to_an_endless_file_is_refused_unre
     started = time.monotonic()
     assert rt.compile(ADD).kernel("add")(1, 2) == 3
     assert time.monotonic() - started < 30 and rt.stats()["disk_hits"] == 0
+
+
+def _plant_dependency(make_runtime, cache_dir, roots, anchor, relpath) -> None:
+    """A consistent, unsigned leaf for ADD whose first dependency is ``anchor/relpath``."""
+    _, leaf = _one_leaf(make_runtime, cache_dir, source_roots=roots)
+    key = [""]
+
+    def add_dep(data):
+        from safejit.keys import deps_key
+
+        data["deps"].insert(0, [anchor, relpath, "0" * 64])
+        data["deps_key"] = key[0] = deps_key([tuple(d) for d in data["deps"]], [tuple(n) for n in data["negatives"]])
+
+    _rewrite_manifest(leaf, add_dep)
+    leaf.rename(leaf.with_name(f"deps-{key[0]}"))
+
+
+@pytest.mark.parametrize(
+    ("roots", "relpath"), [(("/",), "proc/self/pagemap"), (None, "a\ud800b.h")], ids=["proc-under-a-root", "surrogate"]
+)
+def test_planted_dependency_that_cannot_be_a_file_is_a_quick_miss(make_runtime, project, cache_dir, roots, relpath):
+    # A /proc file reachable under a root (size 0, endless to read) is read no further than
+    # its size; a name the OS cannot take is a miss, never an exception out of compile().
+    roots = roots or (str(project),)
+    _plant_dependency(make_runtime, cache_dir, roots, "s0", relpath)
+    rt = make_runtime(source_roots=roots)
+    started = time.monotonic()
+    assert rt.explain(ADD).result == "miss"
+    assert rt.compile(ADD).kernel("add")(1, 2) == 3
+    assert time.monotonic() - started < 30 and rt.stats()["disk_hits"] == 0
+
+
+def test_verifying_a_dependency_never_opens_a_terminal_as_its_own(tmp_path):
+    # A symlink under a root to a terminal: a session leader without one (a daemon) that
+    # verified it would take it as its controlling terminal (then ^C on it reaches it).
+    code = (
+        "import os, sys\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from safejit.deps import hash_opened\n"
+        "master, slave = os.openpty(); name = os.ttyname(slave); os.close(slave)\n"
+        "os.setsid()\n"
+        "try:\n"
+        "    hash_opened(name, lambda real: True)\n"
+        "except OSError:\n"
+        "    pass\n"
+        "print(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[4])\n"
+    )
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(Path(safejit.__file__).parent.parent)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "0", out
