@@ -169,8 +169,11 @@ def read_lists(workdir: str, argv: Sequence[str]) -> list[str]:
     return [os.path.join(workdir, name) for flag, name, _, _ in READ_LISTS if flag in argv]
 
 
-def tool_reads(workdir: str, deps: Sequence[str], lists: Mapping[str, bytes | None]) -> dict[str, tuple[str, ...]]:
-    """The files the assembler and the linker read beyond ``deps``, by tool name, from their lists
+def tool_reads(
+    workdir: str, deps: Sequence[str], lists: Mapping[str, bytes | None], link_inputs: Sequence[str] = ()
+) -> dict[str, tuple[str, ...]]:
+    """The files the assembler and the linker read beyond ``deps`` (the linker also
+    beyond ``link_inputs``: the toolchain's own), by tool name, from their lists
     (``{path: bytes}``, ``None``: the tool wrote none). Left out: what lies in the
     work dir — the compiler's temporaries, the staged source, and the names ``.file``
     directives give (gas lists them too: the source's base name), which the
@@ -192,9 +195,10 @@ def tool_reads(workdir: str, deps: Sequence[str], lists: Mapping[str, bytes | No
         except ValueError as exc:
             raise ValueError(f"what the {tool} read is unknown ({exc})") from None
         extra = []
+        own = set(link_inputs) if tool == "linker" else set()
         for name in names:
             full = name if os.path.isabs(name) else os.path.join(workdir, name)
-            if full in known or _in_workdir(workdir, full):
+            if full in known or full in own or _in_workdir(workdir, full):
                 continue
             known.add(full)
             extra.append(full)

@@ -231,7 +231,7 @@ class Builder:
                     return
                 with contextlib.suppress(OSError, ValueError, SafejitError):
                     seen = dict(lists)
-                    reads = tool_reads(workdir, (*found[0], *spec.toolchain.link_inputs), seen)
+                    reads = tool_reads(workdir, found[0], seen, spec.toolchain.link_inputs)
                     held.append((found[1], data, seen, self.reads_closure(spec, anchors, reads, started_ns)))
                     # Staged early only once all it was made of is known to be confined.
                     if on_artifact is not None:
@@ -365,7 +365,7 @@ class Builder:
         ``CompileError`` when a list is missing or malformed: what they read is then
         unknown, and the build is refused."""
         try:
-            reads = tool_reads(workdir, (*out.deps, *spec.toolchain.link_inputs), out.read_lists)
+            reads = tool_reads(workdir, out.deps, out.read_lists, spec.toolchain.link_inputs)
         except ValueError as exc:
             raise CompileError(f"{spec.name}: {exc}; refusing the build", log=out.log, argv=out.argv) from None
         return self.reads_closure(spec, anchors, reads, started_ns)

@@ -205,3 +205,17 @@ def test_a_listed_read_that_is_no_regular_file_now_is_never_vouched_for(tmp_path
     assert tool_reads(
         str(tmp_path / "work"), (), {str(tmp_path / "work" / ".asm.d"): f"x.o: {root}/data.bin\n".encode()}
     ) == {"assembler": (f"{root}/data.bin",)}
+
+
+def test_inline_asm_reading_a_toolchain_link_input_is_confined_like_any_read(make_runtime, cache_dir):
+    # What every link reads (crt files, libc) is excused from a closure for the linker
+    # only: inline asm naming one is an undeclared read like any other.
+    crti = subprocess.run(["cc", "-print-file-name=crti.o"], capture_output=True, text=True).stdout.strip()
+    asm = f'.section .rodata\\n.globl blob\\nblob:\\n.incbin \\"{crti}\\"\\n.text\\n'
+    source = safejit.Source(
+        f'__asm__("{asm}");\nextern const char blob[];\nint first(void) {{ return blob[1]; }}\n', "first"
+    )
+    rt = make_runtime(sandbox="off")
+    with pytest.raises(safejit.UndeclaredDependencyError):
+        rt.compile(source)
+    assert_nothing_published(cache_dir)
