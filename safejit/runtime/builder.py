@@ -378,7 +378,7 @@ class Builder:
         closure = _NO_CLOSURE
         for tool, deps in reads.items():
             part = self.closure(spec, anchors, deps, started_ns, tools=True, linker=tool == "linker")
-            closure = completeness.merged(closure, part) if closure.deps or closure.too_new else part
+            closure = completeness.merged(closure, part)
         return closure
 
     def closure(

@@ -30,6 +30,14 @@ def write_wrapper(root: Path, body: str, *, name: str = "cc-wrapper", shell: str
     return path
 
 
+def write_failing_wrapper(root: Path, when: str, *, name: str) -> Path:
+    """A compiler wrapper (see :func:`write_wrapper`) that fails whenever its arguments
+    hold ``when``: a toolchain whose probe finds a feature missing."""
+    cc = write_wrapper(root, 'exec /usr/bin/cc "$@"', name=name)
+    cc.write_text(cc.read_text().replace("case", f'case "$*" in *"{when}"*) exit 1;; esac\ncase', 1))
+    return cc
+
+
 def staging_entries(cache_dir: Path) -> list[str]:
     """What is left under ``<cache>/v1/tmp`` (staging and compile work dirs), unused spares aside."""
     return staging_residue(cache_dir)

@@ -13,7 +13,7 @@ import safejit
 from safejit.backends.argv_compile import ASM_DEP_FLAG, tool_reads
 from safejit.cache.manifest import Manifest, parse_manifest
 from tests.conftest import settle
-from tests.security._support import write_wrapper
+from tests.security._support import write_failing_wrapper
 
 
 def _kernel(directive: str, path: Path) -> safejit.Source:
@@ -79,8 +79,7 @@ def test_an_assembler_without_a_dependency_list_is_reported(make_runtime, tmp_pa
     root = tmp_path / "proj"
     root.mkdir()
     # A compiler whose assembler refuses --MD (as clang's integrated one does).
-    cc = write_wrapper(root, 'exec /usr/bin/cc "$@"', name="cc-no-asm-deps")
-    cc.write_text(cc.read_text().replace("case", 'case "$*" in *"--MD,/dev/null"*) exit 1;; esac\ncase', 1))
+    cc = write_failing_wrapper(root, "--MD,/dev/null", name="cc-no-asm-deps")
     caplog.set_level(logging.WARNING)
     rt = make_runtime(source_roots=(str(root),), host_cc=str(cc))
     module = rt.compile(safejit.Source("int one(void) { return 1; }\n", "one"))

@@ -19,7 +19,7 @@ from safejit.deps import hash_file
 from safejit.policy import completeness
 from safejit.policy.roots import build_anchors
 from tests.conftest import settle
-from tests.security._support import assert_nothing_published, write_wrapper
+from tests.security._support import assert_nothing_published, write_failing_wrapper, write_wrapper
 
 VALUE = safejit.Source("int lib_value(void);\nint value(void) { return lib_value(); }\n", "value")
 
@@ -99,9 +99,8 @@ def test_a_library_outside_the_roots_is_refused_and_nothing_is_published(make_ru
 def test_a_linker_that_lists_nothing_is_reported(make_runtime, tmp_path, caplog):
     root = tmp_path / "proj"
     root.mkdir()
-    cc = write_wrapper(root, 'exec /usr/bin/cc "$@"', name="cc-no-link-deps")
     # A linker without --dependency-file (gold, say): the probe finds it out.
-    cc.write_text(cc.read_text().replace("case", 'case "$*" in *"--dependency-file"*) exit 1;; esac\ncase', 1))
+    cc = write_failing_wrapper(root, "--dependency-file", name="cc-no-link-deps")
     caplog.set_level(logging.WARNING)
     module = make_runtime(source_roots=(str(root),), host_cc=str(cc)).compile(
         VALUE.__class__("int one(void) { return 1; }\n", "one")
@@ -150,13 +149,15 @@ def test_the_linkers_dirs_are_roots_for_what_it_reads_only(make_runtime):
         rt.compile(safejit.Source("int one(void) { return 1; }\n", "one"), include_dirs=(str(libm.resolve().parent),))
 
 
-def test_what_inline_asm_reads_is_never_confined_by_the_linkers_roots(make_runtime, tmp_path, cache_dir):
-    # The linker's dirs are roots for what the linker reads; the assembler reads what the
-    # source names (.incbin), confined like an include.
-    libm = subprocess.run(["cc", "-print-file-name=libm.so"], capture_output=True, text=True).stdout.strip()
-    asm = f'.section .rodata\\n.globl blob\\nblob:\\n.incbin \\"{libm}\\"\\n.text\\n'
+@pytest.mark.parametrize("name", ["libm.so", "crti.o"])
+def test_what_inline_asm_reads_is_never_confined_by_the_linkers_roots(make_runtime, cache_dir, name):
+    # The linker's dirs are roots for what the linker reads, and what every link reads
+    # (crt files, libc) is excused from a closure for the linker only; the assembler
+    # reads what the source names (.incbin), confined like an include.
+    path = subprocess.run(["cc", f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
+    asm = f'.section .rodata\\n.globl blob\\nblob:\\n.incbin \\"{path}\\"\\n.text\\n'
     source = safejit.Source(
-        f'__asm__("{asm}");\nextern const char blob[];\nint first(void) {{ return blob[0]; }}\n', "first"
+        f'__asm__("{asm}");\nextern const char blob[];\nint first(void) {{ return blob[1]; }}\n', "first"
     )
     rt = make_runtime(sandbox="off")
     with pytest.raises(safejit.UndeclaredDependencyError):
@@ -205,17 +206,3 @@ def test_a_listed_read_that_is_no_regular_file_now_is_never_vouched_for(tmp_path
     assert tool_reads(
         str(tmp_path / "work"), (), {str(tmp_path / "work" / ".asm.d"): f"x.o: {root}/data.bin\n".encode()}
     ) == {"assembler": (f"{root}/data.bin",)}
-
-
-def test_inline_asm_reading_a_toolchain_link_input_is_confined_like_any_read(make_runtime, cache_dir):
-    # What every link reads (crt files, libc) is excused from a closure for the linker
-    # only: inline asm naming one is an undeclared read like any other.
-    crti = subprocess.run(["cc", "-print-file-name=crti.o"], capture_output=True, text=True).stdout.strip()
-    asm = f'.section .rodata\\n.globl blob\\nblob:\\n.incbin \\"{crti}\\"\\n.text\\n'
-    source = safejit.Source(
-        f'__asm__("{asm}");\nextern const char blob[];\nint first(void) {{ return blob[1]; }}\n', "first"
-    )
-    rt = make_runtime(sandbox="off")
-    with pytest.raises(safejit.UndeclaredDependencyError):
-        rt.compile(source)
-    assert_nothing_published(cache_dir)
