@@ -400,12 +400,12 @@ class DiskCache:
         artifact: bytes,
         dep_states: tuple[DepState, ...],
         negatives: tuple[str, ...] = (),
-        stage: str | None = None,
+        workdir: Workdir | None = None,
         early: EarlyWrite | None = None,
     ) -> tuple[VerifiedLeaf, str]:
         """Publish a leaf; returns it with the outcome ``published`` or ``adopted``.
-        ``stage`` is a prepared staging dir (its empty files are filled), else one is made;
-        ``early``: its artifact file, being written already.
+        ``workdir``: a prepared one, whose stage's empty files are filled (else a stage
+        is made); ``early``: its artifact file, being written already.
 
         Raises ``OSError`` when nothing could be published; a failed publish
         never reports success and never leaves a partial leaf visible.
@@ -417,8 +417,11 @@ class DiskCache:
         raw = manifest.to_json()
         bdir = self.build_dir(root, build_key)
         leaf = os.path.join(bdir, name)
-        prepared = stage is not None
-        stage = stage if stage is not None else self.new_workdir(root)
+        prepared = workdir is not None and workdir.prepared
+        stage = workdir.stage if workdir is not None and prepared else self.new_workdir(root)
+        # A stage made and fsynced ahead (a spare) has durable entries: filling its files
+        # changes none, and their own fsyncs suffice. Creating or removing one does.
+        entries_changed = not (prepared and workdir is not None and workdir.synced)
         try:
             # Everything is written first, its writeback started, then fsynced: the disk
             # works on all of it at once, and the later fsyncs find their data written.
@@ -426,17 +429,23 @@ class DiskCache:
             unsynced = list(files)
             if early is not None and prepared and early.path == files[0] and early.use(artifact):
                 del unsynced[0]  # written and fsynced while the compiler was finishing
-            else:
-                write_file(files[0], artifact, prepared=prepared, sync=False)
-            write_file(files[1], raw, prepared=prepared, sync=False)
+            elif not write_file(files[0], artifact, prepared=prepared, sync=False):
+                entries_changed = True
+            if early is not None and early.dir_changed:
+                entries_changed = True
+            if not write_file(files[1], raw, prepared=prepared, sync=False):
+                entries_changed = True
             faults.point("publish.before_commit")
-            write_file(files[2], digest_bytes(raw).encode() + b"\n", prepared=prepared, sync=False)
+            if not write_file(files[2], digest_bytes(raw).encode() + b"\n", prepared=prepared, sync=False):
+                entries_changed = True
             if prepared:  # a leaf holds its three files and nothing else
                 for extra in set(os.listdir(stage)) - {manifest.artifact_file, MANIFEST, MARKER}:
                     os.unlink(os.path.join(stage, extra))
+                    entries_changed = True
             for path in unsynced:
                 fsync_file(path)
-            fsync_dir(stage)
+            if entries_changed:
+                fsync_dir(stage)
             if not prepared:
                 os.chmod(stage, 0o755)
             # New build dirs need no fsync of their parents: if a power cut loses the

@@ -33,17 +33,19 @@ __all__ = [
 _O_DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-def write_file(path: str, data: bytes, mode: int = 0o644, *, prepared: bool = False, sync: bool = True) -> None:
+def write_file(path: str, data: bytes, mode: int = 0o644, *, prepared: bool = False, sync: bool = True) -> bool:
     """Create ``path`` (must not exist), write ``data`` and fsync it (unless not ``sync``:
     then the caller fsyncs it, :func:`fsync_file`).
 
     With ``prepared``, an empty file made ahead at ``path`` (cache.spares) is filled
     instead — only if it is still exactly that: regular, empty, one link, ours.
+    Returns whether it was (False: the file was created, so its directory changed).
     """
     faults.point("disk.write")
     data = faults.mangle("disk.write", data)
     fd = _open_blank(path) if prepared else -1
-    if fd < 0:
+    filled = fd >= 0
+    if not filled:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
     try:
         view = memoryview(data)
@@ -56,6 +58,7 @@ def write_file(path: str, data: bytes, mode: int = 0o644, *, prepared: bool = Fa
             _start_writeback(fd)
     finally:
         os.close(fd)
+    return filled
 
 
 def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
@@ -155,6 +158,9 @@ class EarlyWrite:
         self._done: Future[bool] | None = None
         self._tried = False
         self._used = False
+        #: Whether the file's directory entry was removed or made afresh here (the
+        #: directory then needs an fsync of its own before the publish).
+        self.dir_changed = False
 
     def write(self, data: bytes) -> None:
         if self._used or (self._done is not None and self._data == data):
@@ -170,8 +176,10 @@ class EarlyWrite:
             try:
                 self._undo()
                 self._tried = True
-                write_file(self.path, data, prepared=True, sync=False)
+                if not write_file(self.path, data, prepared=True, sync=False):
+                    self.dir_changed = True
             except OSError:
+                self.dir_changed = True
                 with contextlib.suppress(OSError):
                     os.unlink(self.path)  # no partial file: the publish creates it afresh
                 return False
@@ -180,6 +188,7 @@ class EarlyWrite:
 
     def _undo(self) -> None:
         if self._tried:
+            self.dir_changed = True
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
 

@@ -326,8 +326,8 @@ class Builder:
                     leaf.artifact,
                     leaf.dep_states,
                     leaf.negatives,
-                    stage=workdir.stage if workdir.prepared else None,
-                    early=early,
+                    workdir,
+                    early,
                 )
             except OSError as exc:
                 s.set_attribute(ATTR.OUTCOME, "failed")

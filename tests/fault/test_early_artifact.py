@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import safejit
 from safejit import faults
-from safejit.cache import fsio
+from safejit.cache import fsio, spares
 from safejit.cache.manifest import parse_manifest
 from safejit.keys import digest_bytes
 from tests.conftest import settle
-from tests.fault._support import EXPECTED, NEW_C, NEW_NAME, leaf_paths, staging_entries
+from tests.fault._support import EARLIER_C, EARLIER_NAME, EXPECTED, NEW_C, NEW_NAME, leaf_paths, staging_entries
 
 
 @pytest.fixture
@@ -87,6 +88,70 @@ def test_a_cold_compile_publishes_the_artifact_staged_early(make_runtime, cache_
     settle()
     assert staging_entries(cache_dir) == []
     assert sorted(os.listdir(leaf)) == [".committed", "artifact.so", "manifest.json"]
+
+
+def _stage_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records the directories the publish fsyncs (stages, and build dirs in the background)."""
+    from safejit.cache import disk
+
+    synced: list[str] = []
+
+    def fsync_dir(path: str) -> None:
+        synced.append(path)
+        fsio.fsync_dir(path)
+
+    monkeypatch.setattr(disk, "fsync_dir", fsync_dir)
+    return synced
+
+
+def _two_compiles(make_runtime: Callable[..., safejit.Runtime]) -> None:
+    rt = make_runtime()
+    rt.compile(safejit.Source(EARLIER_C, EARLIER_NAME))
+    spares.settle()  # the next compile takes a spare work dir, its blanks made and fsynced ahead
+    assert rt.compile(safejit.Source(NEW_C, NEW_NAME)).kernel(NEW_NAME)(6, 7) == EXPECTED[NEW_NAME]
+
+
+def test_a_stage_whose_entries_are_durable_is_not_fsynced_again(make_runtime, cache_dir, monkeypatch):
+    synced = _stage_fsyncs(monkeypatch)
+    _two_compiles(make_runtime)
+    # The first compile's work dir was made on its path, unsynced: its stage is fsynced.
+    # The second's entries were made durable ahead, and the publish only filled them.
+    assert [p for p in synced if p.endswith(f"/{spares.STAGE}")] == [synced[0]]
+    assert len(leaf_paths(cache_dir)) == 2
+
+
+def test_a_stage_whose_entries_changed_is_fsynced(make_runtime, cache_dir, monkeypatch):
+    """A blank gone from a prepared stage is created by the publish: that new entry must be
+    durable before the rename is, so the stage is fsynced after all."""
+    real_make = spares.make
+
+    def make(*args: object, **kwargs: object) -> spares.Workdir:
+        wd = real_make(*args, **kwargs)  # type: ignore[arg-type]
+        if kwargs.get("synced"):
+            os.unlink(os.path.join(wd.stage, ".committed"))
+        return wd
+
+    monkeypatch.setattr(spares, "make", make)
+    synced = _stage_fsyncs(monkeypatch)
+    _two_compiles(make_runtime)
+    assert len([p for p in synced if p.endswith(f"/{spares.STAGE}")]) == 2
+    assert len(leaf_paths(cache_dir)) == 2
+
+
+def test_an_artifact_staged_twice_has_its_stage_fsynced(make_runtime, cache_dir, monkeypatch):
+    """The compiler closed its artifact twice: the first early write is undone (the file
+    removed) and the file made afresh, a new entry the stage's fsync must cover."""
+    real_write = fsio.EarlyWrite.write
+
+    def write_twice(self: fsio.EarlyWrite, data: bytes) -> None:
+        real_write(self, data + b"\0")
+        spares.settle()  # (written, before the second close replaces it)
+        real_write(self, data)
+
+    monkeypatch.setattr(fsio.EarlyWrite, "write", write_twice)
+    synced = _stage_fsyncs(monkeypatch)
+    _two_compiles(make_runtime)
+    assert len([p for p in synced if p.endswith(f"/{spares.STAGE}")]) == 2
 
 
 def test_a_slow_cache_disk_does_not_time_the_compiler_out(make_runtime, cache_dir):
