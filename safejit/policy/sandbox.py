@@ -271,6 +271,9 @@ class Sandbox:
         files: dict[str, bytes] = {}
         try:
             proc, read_fd = self._start(shim, opts, argv, cwd, env)
+            # The shim for the next run starts while this one's compiler works (after it
+            # exits, its start would compete with this run's own finishing work).
+            background().submit(self._prepare_spare, shim)
             try:
                 if on_start is not None:
                     on_start()
@@ -302,7 +305,6 @@ class Sandbox:
         finally:
             if closes is not None:
                 closes.close()
-        background().submit(self._prepare_spare, shim)  # for the next run, off this one's path
         text = log.text()
         if rc in _SHIM_ERRORS and "safejit-shim:" in text:
             if rc == 125:
