@@ -19,7 +19,7 @@ from ..errors import CompileError, ConfigError, LoadError
 from ..spec import BuildSpec, Source, Toolchain
 from .argv_compile import run_argv
 from .ascend_launch import AscendLibrary
-from .base import CompileOutput, Runner, macro_flags
+from .base import CompileOutput, Products, Runner, macro_flags
 from .probe import ProbeCache, compiler_search_dirs, file_ident, run_text
 
 __all__ = ["AscendBackend", "ascend_kernel_names", "find_toolkit"]
@@ -151,26 +151,19 @@ class AscendBackend:
         max_deps: int = 20_000,
     ) -> CompileOutput:
         b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, ext=self.artifact_ext)
-        kernels = ascend_kernel_names(b.artifact)
+        kernels, meta = self.products(b.artifact)
         if not kernels:
             raise CompileError(
                 f"{spec.name}: the binary has no .ascend.meta.<kernel> section, so no kernel (ACL cannot load it)",
                 log=b.log,
             )
         return CompileOutput(
-            b.artifact,
-            b.deps,
-            kernels,
-            b.log,
-            b.argv,
-            b.seconds,
-            b.complete,
-            meta={"kernels": list(kernels)},
-            read_lists=b.read_lists,
+            b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta, read_lists=b.read_lists
         )
 
-    def kernels(self, artifact: bytes) -> tuple[str, ...]:
-        return ascend_kernel_names(artifact)
+    def products(self, artifact: bytes) -> Products:
+        kernels = ascend_kernel_names(artifact)
+        return kernels, {"kernels": list(kernels)}
 
     def load(self, artifact: bytes, *, name: str, options: Mapping[str, Any] | None = None) -> AscendLibrary:
         return AscendLibrary(artifact, name, ascend_kernel_names(artifact))

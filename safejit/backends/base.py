@@ -12,7 +12,12 @@ from typing import Any, Protocol
 
 from ..spec import BuildSpec, Source, Toolchain
 
-__all__ = ["Backend", "CompileOutput", "LoadedLibrary", "RunOutcome", "Runner", "macro_flags"]
+__all__ = ["Backend", "CompileOutput", "LoadedLibrary", "Products", "RunOutcome", "Runner", "macro_flags"]
+
+
+#: What a compile made besides the bytes, as the manifest keeps it: the kernels' names
+#: and the backend's metadata (CUDA: parameter layouts, lowered names).
+Products = tuple[tuple[str, ...], dict[str, Any]]
 
 
 class RunOutcome(Protocol):
@@ -105,7 +110,10 @@ class Backend(Protocol):
         max_deps: int = 20_000,
     ) -> CompileOutput: ...
 
-    def kernels(self, artifact: bytes) -> tuple[str, ...]: ...
+    def products(self, artifact: bytes) -> Products | None:
+        """An artifact's kernels and metadata, read from its bytes alone, exactly as
+        ``compile`` reports them; None when they take more than the bytes."""
+        ...
 
     def load(self, artifact: bytes, *, name: str, options: Mapping[str, Any] | None = None) -> LoadedLibrary: ...
 

@@ -19,7 +19,7 @@ from typing import Any, Final
 from ..errors import CompileError, ConfigError
 from ..spec import BuildSpec, Source, Toolchain
 from .argv_compile import run_argv
-from .base import CompileOutput, Runner, macro_flags
+from .base import CompileOutput, Products, Runner, macro_flags
 from .cubin import KernelParams, cubin_frame_sizes, cubin_kernels
 from .cuda_launch import CudaLibrary, device_arch
 from .nvrtc import NvrtcWorker, compile_with_headers, nvrtc_compile_once
@@ -328,18 +328,18 @@ class CudaBackend:
         self, spec: BuildSpec, workdir: str, expand: Callable[[str], str], run: Runner, timeout: float
     ) -> CompileOutput:
         b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, ext=self.artifact_ext)
-        kernels = cubin_kernels(b.artifact)
+        kernels, meta = self._products(b.artifact)
         return CompileOutput(
-            b.artifact,
-            b.deps,
-            tuple(kernels),
-            b.log,
-            b.argv,
-            b.seconds,
-            b.complete,
-            meta=self._meta(kernels, {}),
-            read_lists=b.read_lists,
+            b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta, read_lists=b.read_lists
         )
+
+    def products(self, artifact: bytes) -> Products | None:
+        # NVRTC's lowered names come from the compile, not from the cubin.
+        return self._products(artifact) if self.compiler == "nvcc" else None
+
+    def _products(self, cubin: bytes) -> Products:
+        kernels = cubin_kernels(cubin)
+        return tuple(kernels), self._meta(kernels, {})
 
     @staticmethod
     def _meta(kernels: KernelParams, lowered: Mapping[str, str]) -> dict[str, Any]:

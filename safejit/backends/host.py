@@ -24,7 +24,7 @@ from ..deps import hash_file, parse_listing
 from ..errors import ConfigError, LoadError
 from ..spec import BuildSpec, Source, Toolchain
 from .argv_compile import ASM_DEP_FLAG, LD_DEP_FLAG, run_argv
-from .base import CompileOutput, Runner, macro_flags
+from .base import CompileOutput, Products, Runner, macro_flags
 from .probe import (
     ProbeCache,
     compiler_search_dirs,
@@ -228,12 +228,14 @@ class HostBackend:
         max_deps: int = 20_000,
     ) -> CompileOutput:
         b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, ext=self.artifact_ext)
-        kernels = self.kernels(b.artifact)
-        return CompileOutput(b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, read_lists=b.read_lists)
+        kernels, meta = self.products(b.artifact)
+        return CompileOutput(
+            b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta, read_lists=b.read_lists
+        )
 
     # -- artifacts -----------------------------------------------------------
-    def kernels(self, artifact: bytes) -> tuple[str, ...]:
-        return elf_exported_functions(artifact)
+    def products(self, artifact: bytes) -> Products:
+        return elf_exported_functions(artifact), {}
 
     def load(self, artifact: bytes, *, name: str, options: Mapping[str, Any] | None = None) -> HostLibrary:
         faults.point("load")

@@ -124,6 +124,7 @@ class DiskCache:
         self._attrs = {ATTR.BACKEND: backend, ATTR.TENANT: tenant}
         self._writable: str | None = None
         self._root_ids: dict[str, tuple[int, int]] = {}
+        self._leaf_memo: tuple[Manifest, str, Manifest, bytes] | None = None
         self.last_error: OSError | None = None
 
     # -- layout --------------------------------------------------------------
@@ -392,6 +393,26 @@ class DiskCache:
         return (path, hashed[1], hashed[0])
 
     # -- publish -------------------------------------------------------------
+    def leaf_files(self, build_key: str, manifest: Manifest, artifact: bytes) -> tuple[Manifest, dict[str, bytes]]:
+        """The manifest as published (signed, when a key is configured) and the leaf's
+        files, ``{name: bytes}``, the marker last. (The last manifest's are remembered:
+        the files staged early are asked for again by the publish.)"""
+        memo = self._leaf_memo
+        if memo is not None and memo[0] is manifest and memo[1] == build_key:
+            signed, raw = memo[2], memo[3]
+        else:
+            signed = manifest
+            if self.signer is not None:
+                sig = self.signer.sign(manifest.signed_message(f"build-{build_key}/deps-{manifest.deps_key}"))
+                signed = dataclasses.replace(manifest, signature=sig)
+            raw = signed.to_json()
+            self._leaf_memo = (manifest, build_key, signed, raw)
+        return signed, {
+            manifest.artifact_file: artifact,
+            MANIFEST: raw,
+            MARKER: digest_bytes(raw).encode() + b"\n",
+        }
+
     def publish(
         self,
         root: str,
@@ -405,16 +426,13 @@ class DiskCache:
     ) -> tuple[VerifiedLeaf, str]:
         """Publish a leaf; returns it with the outcome ``published`` or ``adopted``.
         ``workdir``: a prepared one, whose stage's empty files are filled (else a stage
-        is made); ``early``: its artifact file, being written already.
+        is made); ``early``: what of the leaf was written into that stage already.
 
         Raises ``OSError`` when nothing could be published; a failed publish
         never reports success and never leaves a partial leaf visible.
         """
         name = f"deps-{manifest.deps_key}"
-        if self.signer is not None:
-            sig = self.signer.sign(manifest.signed_message(f"build-{build_key}/{name}"))
-            manifest = dataclasses.replace(manifest, signature=sig)
-        raw = manifest.to_json()
+        manifest, files = self.leaf_files(build_key, manifest, artifact)
         bdir = self.build_dir(root, build_key)
         leaf = os.path.join(bdir, name)
         prepared = workdir is not None and workdir.prepared
@@ -423,27 +441,24 @@ class DiskCache:
         # changes none, and their own fsyncs suffice. Creating or removing one does.
         entries_changed = not (prepared and workdir is not None and workdir.synced)
         try:
-            # Everything is written first, its writeback started, then fsynced: the disk
+            # What was written early is used if it holds exactly these bytes, durably.
+            # The rest is written first, its writeback started, then fsynced: the disk
             # works on all of it at once, and the later fsyncs find their data written.
-            files = [os.path.join(stage, n) for n in (manifest.artifact_file, MANIFEST, MARKER)]
-            unsynced = list(files)
-            if early is not None and prepared and early.path == files[0] and early.use(artifact):
-                del unsynced[0]  # written and fsynced while the compiler was finishing
-            elif not write_file(files[0], artifact, prepared=prepared, sync=False):
-                entries_changed = True
+            done = early.use(files) if early is not None and prepared and early.stage == stage else frozenset()
             if early is not None and early.dir_changed:
                 entries_changed = True
-            if not write_file(files[1], raw, prepared=prepared, sync=False):
-                entries_changed = True
-            faults.point("publish.before_commit")
-            if not write_file(files[2], digest_bytes(raw).encode() + b"\n", prepared=prepared, sync=False):
-                entries_changed = True
+            for n, data in files.items():
+                if n == MARKER:
+                    faults.point("publish.before_commit")
+                if n not in done and not write_file(os.path.join(stage, n), data, prepared=prepared, sync=False):
+                    entries_changed = True
             if prepared:  # a leaf holds its three files and nothing else
-                for extra in set(os.listdir(stage)) - {manifest.artifact_file, MANIFEST, MARKER}:
+                for extra in set(os.listdir(stage)) - set(files):
                     os.unlink(os.path.join(stage, extra))
                     entries_changed = True
-            for path in unsynced:
-                fsync_file(path)
+            for n in files:
+                if n not in done:
+                    fsync_file(os.path.join(stage, n))
             if entries_changed:
                 fsync_dir(stage)
             if not prepared:

@@ -141,77 +141,72 @@ def read_bytes(path: str, limit: int) -> bytes:
 
 
 class EarlyWrite:
-    """A staging file written ahead of its publish — the artifact, while the compiler
-    that closed it is still finishing — on a background thread, which then fsyncs it:
-    the publish finds it written and durable, and nothing slow runs on the compile's
-    path.
+    """A leaf's files written into its stage ahead of the publish, while the compiler
+    that closed the artifact is still finishing: by the caller (whose thread would
+    otherwise just wait for the compiler to exit), their writeback started, then
+    fsynced on a background thread. The publish finds them written and durable.
 
-    Best effort: a write that fails is undone (the publish then writes the file and
+    Best effort: a write that fails is undone (the publish then writes the files and
     reports what fails); a later write replaces an earlier one. :meth:`use` is the
     publish's check, and raises the background fsync's error as its own."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._lock = threading.Lock()  # one write (or undo) at a time, in order
-        self._seq = 0
-        self._data: bytes | None = None
-        self._done: Future[bool] | None = None
-        self._tried = False
-        self._used = False
-        #: Whether the file's directory entry was removed or made afresh here (the
-        #: directory then needs an fsync of its own before the publish).
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        #: Whether an entry of the stage was created or removed here (its directory
+        #: then needs an fsync of its own before the publish).
         self.dir_changed = False
+        self._lock = threading.Lock()  # held by the fsyncs; taken to undo them
+        self._files: dict[str, bytes] = {}
+        self._synced: Future[None] | None = None
+        self._used = False
 
-    def write(self, data: bytes) -> None:
-        if self._used or (self._done is not None and self._data == data):
-            return  # the publish has looked already; or being written already
-        self._seq += 1
-        self._data = data
-        self._done = background().submit(self._write, data, self._seq)
-
-    def _write(self, data: bytes, seq: int) -> bool:
-        with self._lock:
-            if seq != self._seq:
-                return False  # replaced by a later write, or undone
-            try:
-                self._undo()
-                self._tried = True
-                if not write_file(self.path, data, prepared=True, sync=False):
+    def write(self, files: dict[str, bytes]) -> None:
+        """Write ``files`` (name in the stage: bytes) now, and fsync them in the background."""
+        if self._used or files == self._files:
+            return  # the publish has looked already; or written already
+        self._undo()
+        paths = [os.path.join(self.stage, name) for name in files]
+        self._files = dict(files)
+        try:
+            for path, data in zip(paths, files.values(), strict=True):
+                if not write_file(path, data, prepared=True, sync=False):
                     self.dir_changed = True
-            except OSError:
-                self.dir_changed = True
-                with contextlib.suppress(OSError):
-                    os.unlink(self.path)  # no partial file: the publish creates it afresh
-                return False
-            fsync_file(self.path)  # its error is the publish's (use)
-            return True
+        except OSError:
+            self._undo()  # no partial file: the publish creates them afresh
+            return
+        self._synced = background().submit(self._fsync, paths)
+
+    def _fsync(self, paths: list[str]) -> None:
+        with self._lock:
+            for path in paths:
+                fsync_file(path)  # its error is the publish's (use)
 
     def _undo(self) -> None:
-        if self._tried:
-            self.dir_changed = True
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+        """Remove what was written (once its fsyncs are done)."""
+        with self._lock:
+            for name in self._files:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.stage, name))
+                    self.dir_changed = True
+            self._files, self._synced = {}, None
 
-    def use(self, data: bytes) -> bool:
-        """True when the file holds exactly ``data``, durably; raises ``OSError`` when its
-        fsync failed (a later fsync could succeed without the data being safe). False
-        when it does not: then what was written early is gone, for the file to be
-        written afresh (a build compiled again, say, made other bytes)."""
+    def use(self, files: dict[str, bytes]) -> frozenset[str]:
+        """The names of ``files`` written here with exactly those bytes, durably; raises
+        ``OSError`` when their fsync failed (a later fsync could succeed without the data
+        being safe). Empty when what was written differs from ``files`` (a build compiled
+        again, say, made other bytes): then it is gone, for the files to be written afresh."""
         self._used = True
-        if self._done is not None and self._data == data and self._done.result():
-            return True
-        self.cancel()
-        return False
+        synced = self._synced
+        if synced is not None and all(files.get(name) == data for name, data in self._files.items()):
+            synced.result()
+            return frozenset(self._files)
+        self._undo()
+        return frozenset()
 
     def cancel(self) -> None:
-        """Stop a write not yet started, wait for one running, and remove what was
-        written; later writes are ignored."""
+        """Remove what was written (after its fsyncs); later writes are ignored."""
         self._used = True
-        self._seq += 1
-        with self._lock:
-            self._undo()
-            self._tried = False
-        self._data = self._done = None
+        self._undo()
 
 
 def makedirs_durable(path: str, mode: int = 0o755) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import shutil
 import tempfile
 import threading
@@ -19,6 +18,7 @@ from ..backends.argv_compile import artifact_path, depfile_deps, depfile_path, r
 from ..backends.base import CompileOutput
 from ..cache.disk import DiskCache, Rejection, VerifiedLeaf
 from ..cache.fsio import EarlyWrite
+from ..cache.manifest import Manifest
 from ..cache.spares import Workdir
 from ..cache.usage import MAX_SAMPLES
 from ..config import Config
@@ -199,22 +199,26 @@ class Builder:
         workdir: str,
         root: str,
         on_start: Callable[[], None] | None = None,
-        on_artifact: Callable[[bytes], None] | None = None,
+        on_artifact: OnArtifact | None = None,
     ) -> tuple[VerifiedLeaf, bool]:
         """Compile and record the closure. Returns the leaf and whether it may be vouched
-        for (published, trusted by the memory tier). ``on_artifact(data)``: the compiler
-        has closed its artifact, holding ``data`` (it may yet close it again)."""
+        for (published, trusted by the memory tier). ``on_artifact(data, manifest)``:
+        the compiler has produced its artifact, holding ``data`` (it may yet close it
+        again); ``manifest``: the leaf's, if these bytes are the build's (None: not
+        known yet)."""
         started_ns = time.time_ns()
+        started = time.perf_counter()
+        backend = self.setup.backend
         early: dict[tuple[str, ...], Closure] = {}
         depfile = depfile_path(workdir, spec)
         artifact = artifact_path(workdir, spec, self.setup.backend.artifact_ext)
         # What the assembler and the linker list as read, as they closed their lists.
         lists: dict[str, bytes | None] = dict.fromkeys(read_lists(workdir, spec.argv))
 
-        # (compiler closure, artifact bytes, the tools' lists, the closure of what they
-        # read): the early closure found unchanged when the compiler closed its artifact
-        # holding those bytes, and what the other tools had read by then.
-        held: list[tuple[Closure, bytes, dict[str, bytes | None], Closure]] = []
+        # (compiler closure, artifact bytes, the tools' lists, the whole closure, the
+        # manifest): the early closure found unchanged when the compiler closed its
+        # artifact holding those bytes, with what the other tools had read by then.
+        held: list[tuple[Closure, bytes, dict[str, bytes | None], Closure, Manifest | None]] = []
 
         def scan_early(path: str, data: bytes) -> None:
             if path in lists:
@@ -232,10 +236,26 @@ class Builder:
                 with contextlib.suppress(OSError, ValueError, SafejitError):
                     seen = dict(lists)
                     reads = tool_reads(workdir, found[0], seen, spec.toolchain.link_inputs)
-                    held.append((found[1], data, seen, self.reads_closure(spec, anchors, reads, started_ns)))
+                    closure = completeness.merged(found[1], self.reads_closure(spec, anchors, reads, started_ns))
+                    # If these bytes are the build's, so is this manifest (the compile's
+                    # time: until its artifact was complete).
+                    products = None if closure.too_new else backend.products(data)
+                    manifest = None
+                    if products is not None:
+                        manifest = make_manifest(
+                            spec,
+                            key,
+                            closure,
+                            self.config,
+                            backend.artifact_ext,
+                            artifact=data,
+                            products=products,
+                            seconds=time.perf_counter() - started,
+                        )
+                    held.append((found[1], data, seen, closure, manifest))
                     # Staged early only once all it was made of is known to be confined.
                     if on_artifact is not None:
-                        on_artifact(data)
+                        on_artifact(data, manifest)
                 return
             # The compiler has written its depfile; its assembler and linker still run.
             # Scanning now takes the scan off the caller's time; it is used only if the
@@ -254,6 +274,7 @@ class Builder:
         out = self.compile(spec, anchors, workdir, on_start, scan_early)
         closure = early.get(out.deps)
         hold = held[0] if held else None
+        manifest = None
         if (
             closure is not None
             and hold
@@ -261,7 +282,9 @@ class Builder:
             and hold[1] is out.artifact
             and hold[2] == out.read_lists
         ):
-            closure = completeness.merged(closure, hold[3])  # checked at the close that made these very bytes
+            closure = hold[3]  # checked at the close that made these very bytes
+            if hold[4] is not None and (hold[4].kernels, hold[4].meta) == (out.kernels, out.meta):
+                manifest = hold[4]
         else:
             if closure is None or not completeness.unchanged(closure):
                 closure = self.closure(spec, anchors, out.deps, started_ns)
@@ -277,7 +300,17 @@ class Builder:
                 self.closure(spec, anchors, out.deps, started_ns),
                 self.tools_closure(spec, anchors, workdir, out, started_ns),
             )
-        manifest = make_manifest(spec, key, closure, out, self.config, self.setup.backend.artifact_ext)
+        if manifest is None:
+            manifest = make_manifest(
+                spec,
+                key,
+                closure,
+                self.config,
+                backend.artifact_ext,
+                artifact=out.artifact,
+                products=(out.kernels, out.meta),
+                seconds=out.seconds,
+            )
         leaf = VerifiedLeaf("", root, manifest, out.artifact, tuple(closure.states), tuple(closure.negative_paths))
         if out.complete and not closure.too_new:
             return leaf, True
@@ -301,13 +334,22 @@ class Builder:
             disk.make_build_dir_later(root, key)
             disk.refill_later(root)
 
-        # The artifact is staged as soon as the compiler closes it (its driver takes another
-        # millisecond or two to exit), its fsync started in the background.
-        artifact_file = f"artifact.{self.setup.backend.artifact_ext}"
-        early = EarlyWrite(os.path.join(workdir.stage, artifact_file)) if workdir.prepared else None
-        on_artifact = early.write if early is not None else None
+        # The leaf is staged as soon as the compiler closes its artifact (its driver takes
+        # another millisecond or two to exit, which this thread spends waiting), and
+        # fsynced in the background.
+        early = EarlyWrite(workdir.stage) if workdir.prepared else None
+
+        def on_artifact(data: bytes, manifest: Manifest | None) -> None:
+            assert early is not None
+            if manifest is None:
+                early.write({f"artifact.{self.setup.backend.artifact_ext}": data})
+            else:
+                early.write(disk.leaf_files(key, manifest, data)[1])
+
         try:
-            leaf, clean = self.build(spec, key, anchors, workdir.scratch, root, while_compiling, on_artifact)
+            leaf, clean = self.build(
+                spec, key, anchors, workdir.scratch, root, while_compiling, on_artifact if early else None
+            )
         except BaseException:
             if early is not None:
                 early.cancel()  # (before the work dir is deleted: no write may land in it after)
@@ -320,14 +362,7 @@ class Builder:
         with span(SPAN.PUBLISH, {ATTR.DEPS_KEY: manifest.deps_key, ATTR.DEPS_COUNT: len(manifest.deps)}) as s:
             try:
                 published, outcome = disk.publish(
-                    root,
-                    key,
-                    manifest,
-                    leaf.artifact,
-                    leaf.dep_states,
-                    leaf.negatives,
-                    workdir,
-                    early,
+                    root, key, manifest, leaf.artifact, leaf.dep_states, leaf.negatives, workdir, early
                 )
             except OSError as exc:
                 s.set_attribute(ATTR.OUTCOME, "failed")
@@ -429,6 +464,7 @@ class Builder:
 
 
 Load = Callable[[VerifiedLeaf], Any]
+OnArtifact = Callable[[bytes, Manifest | None], None]
 
 
 _NO_CLOSURE = Closure([], [], [], [], [])

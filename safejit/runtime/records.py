@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..backends.base import CompileOutput
+from ..backends.base import Products
 from ..cache.disk import VerifiedLeaf
 from ..cache.manifest import Manifest
 from ..config import Config
@@ -91,7 +91,18 @@ def search_dirs(spec: BuildSpec, anchors: Anchors) -> list[str]:
     return [d for d in dirs if d]
 
 
-def make_manifest(spec: BuildSpec, key: str, closure: Closure, out: CompileOutput, cfg: Config, ext: str) -> Manifest:
+def make_manifest(
+    spec: BuildSpec,
+    key: str,
+    closure: Closure,
+    cfg: Config,
+    ext: str,
+    *,
+    artifact: bytes,
+    products: Products,
+    seconds: float,
+) -> Manifest:
+    """The leaf's manifest. ``seconds``: the compile's, until the artifact was complete."""
     dep_tuples = tuple(sorted(d.as_tuple() for d in closure.deps))
     negatives = tuple(sorted(closure.negatives))
     return Manifest(
@@ -103,18 +114,18 @@ def make_manifest(spec: BuildSpec, key: str, closure: Closure, out: CompileOutpu
         deps=dep_tuples,
         negatives=negatives,
         artifact_file=f"artifact.{ext}",
-        artifact_size=len(out.artifact),
-        artifact_digest=digest_bytes(out.artifact),
-        kernels=out.kernels,
+        artifact_size=len(artifact),
+        artifact_digest=digest_bytes(artifact),
+        kernels=products[0],
         argv=spec.argv,
         toolchain={
             "compiler": spec.toolchain.compiler,
             "version": spec.toolchain.version,
             "digest": spec.toolchain.digest,
         },
-        timings={"compile_s": round(out.seconds, 6)},
+        timings={"compile_s": round(seconds, 6)},
         created=time.time(),
-        meta=out.meta,
+        meta=products[1],
     )
 
 

@@ -1,6 +1,6 @@
-"""The artifact staged while the compiler finishes (``fsio.EarlyWrite``): used only
+"""The leaf staged while the compiler finishes (``fsio.EarlyWrite``): used only
 when it holds exactly the published bytes, durably; anything else is undone and the
-publish writes the file itself. A failed background fsync fails the publish, even
+publish writes the files itself. A failed background fsync fails the publish, even
 when a later fsync would succeed."""
 
 from __future__ import annotations
@@ -20,74 +20,92 @@ from safejit.keys import digest_bytes
 from tests.conftest import settle
 from tests.fault._support import EARLIER_C, EARLIER_NAME, EXPECTED, NEW_C, NEW_NAME, leaf_paths, staging_entries
 
+LEAF = ("artifact.so", "manifest.json", ".committed")
+
 
 @pytest.fixture
-def blank(tmp_path: Path) -> Path:
-    """An empty prepared file, as ``spares.make`` leaves one in a stage."""
-    path = tmp_path / "artifact.so"
-    path.touch(0o644)
+def stage(tmp_path: Path) -> Path:
+    """A stage with its empty prepared files, as ``spares.make`` leaves one."""
+    path = tmp_path / "leaf"
+    path.mkdir()
+    for name in LEAF:
+        (path / name).touch(0o644)
     return path
 
 
-def test_an_early_write_is_used_only_for_the_same_bytes(blank):
-    early = fsio.EarlyWrite(str(blank))
-    early.write(b"first")
-    settle()  # (written on a background thread)
-    assert blank.read_bytes() == b"first"
-    early.write(b"second")  # the compiler closed it again
-    settle()
-    assert blank.read_bytes() == b"second"
-    assert early.use(b"second")
-    assert blank.read_bytes() == b"second"
+def contents(stage: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in stage.iterdir()}
 
 
-def test_other_bytes_undo_the_early_write(blank):
-    early = fsio.EarlyWrite(str(blank))
-    early.write(b"compiled once")
-    assert not early.use(b"compiled again")  # (waits for the write, or stops it, and undoes it)
-    # Left for the publish to write: gone (it creates the file afresh), or never touched.
-    assert not blank.exists() or blank.read_bytes() == b""
+def test_an_early_write_is_used_only_for_the_same_bytes(stage):
+    early = fsio.EarlyWrite(str(stage))
+    early.write({"artifact.so": b"first"})
+    assert contents(stage)["artifact.so"] == b"first"
+    early.write({"artifact.so": b"second"})  # the compiler closed it again
+    assert contents(stage)["artifact.so"] == b"second"
+    assert early.use({"artifact.so": b"second", "manifest.json": b"{}"}) == {"artifact.so"}
+    assert contents(stage)["artifact.so"] == b"second"
+    assert early.dir_changed  # (the first file was removed, the second made afresh)
 
 
-def test_a_failed_early_write_leaves_no_partial_file(blank):
-    early = fsio.EarlyWrite(str(blank))
+def test_a_whole_leaf_written_early_is_used_whole(stage):
+    leaf = {"artifact.so": b"bytes", "manifest.json": b"{}", ".committed": b"digest\n"}
+    early = fsio.EarlyWrite(str(stage))
+    early.write(leaf)
+    assert early.use(dict(leaf)) == set(leaf)
+    assert contents(stage) == leaf
+    assert not early.dir_changed  # every file filled its blank
+
+
+def test_other_bytes_undo_the_early_write(stage):
+    early = fsio.EarlyWrite(str(stage))
+    early.write({"artifact.so": b"compiled once", "manifest.json": b"{1}", ".committed": b"1"})
+    assert early.use({"artifact.so": b"compiled again", "manifest.json": b"{2}", ".committed": b"2"}) == set()
+    # Left for the publish to write afresh.
+    assert contents(stage) == {}
+    assert early.dir_changed
+
+
+def test_a_failed_early_write_leaves_no_partial_file(stage):
+    early = fsio.EarlyWrite(str(stage))
     with faults.inject("disk.write", "raise:ENOSPC"):
-        early.write(b"bytes")
-        settle()
-    assert not blank.exists()
-    assert not early.use(b"bytes")
+        early.write({"artifact.so": b"bytes", "manifest.json": b"{}"})
+    assert contents(stage) == {".committed": b""}  # what it tried is gone: the publish creates it
+    assert early.dir_changed
+    assert early.use({"artifact.so": b"bytes", "manifest.json": b"{}"}) == set()
 
 
-def test_a_failed_early_fsync_fails_its_use_after_the_fault_is_gone(blank):
-    early = fsio.EarlyWrite(str(blank))
+def test_a_failed_early_fsync_fails_its_use_after_the_fault_is_gone(stage):
+    early = fsio.EarlyWrite(str(stage))
     with faults.inject("disk.fsync", "raise:EIO"):
-        early.write(b"bytes")
-        settle()  # the background fsync has failed
+        early.write({"artifact.so": b"bytes"})
+        spares.settle()  # the background fsync has failed
     with pytest.raises(OSError) as info:
-        early.use(b"bytes")
+        early.use({"artifact.so": b"bytes"})
     assert info.value.errno == errno.EIO
 
 
-def test_a_cold_compile_publishes_the_artifact_staged_early(make_runtime, cache_dir, monkeypatch):
-    used: list[bool] = []
+def test_a_cold_compile_publishes_the_leaf_staged_early(make_runtime, cache_dir, monkeypatch):
+    used: list[frozenset[str]] = []
     real_use = fsio.EarlyWrite.use
 
-    def spy(self: fsio.EarlyWrite, data: bytes) -> bool:
-        used.append(real_use(self, data))
+    def spy(self: fsio.EarlyWrite, files: dict[str, bytes]) -> frozenset[str]:
+        used.append(real_use(self, files))
         return used[-1]
 
     monkeypatch.setattr(fsio.EarlyWrite, "use", spy)
     mod = make_runtime().compile(safejit.Source(NEW_C, NEW_NAME))
-    assert used == [True]
+    assert used == [set(LEAF)]  # artifact, manifest and marker: written before the compiler exited
     assert mod.kernel(NEW_NAME)(6, 7) == EXPECTED[NEW_NAME]
     (leaf,) = leaf_paths(cache_dir)
     manifest = (Path(leaf) / "manifest.json").read_bytes()
     artifact = (Path(leaf) / "artifact.so").read_bytes()
     assert parse_manifest(manifest).artifact_size == len(artifact)
+    assert (Path(leaf) / ".committed").read_bytes() == digest_bytes(manifest).encode() + b"\n"
     assert mod.artifact.digest == digest_bytes(artifact)
     settle()
     assert staging_entries(cache_dir) == []
-    assert sorted(os.listdir(leaf)) == [".committed", "artifact.so", "manifest.json"]
+    assert sorted(os.listdir(leaf)) == sorted(LEAF)
 
 
 def _stage_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -143,10 +161,9 @@ def test_an_artifact_staged_twice_has_its_stage_fsynced(make_runtime, cache_dir,
     removed) and the file made afresh, a new entry the stage's fsync must cover."""
     real_write = fsio.EarlyWrite.write
 
-    def write_twice(self: fsio.EarlyWrite, data: bytes) -> None:
-        real_write(self, data + b"\0")
-        spares.settle()  # (written, before the second close replaces it)
-        real_write(self, data)
+    def write_twice(self: fsio.EarlyWrite, files: dict[str, bytes]) -> None:
+        real_write(self, {**files, "artifact.so": files["artifact.so"] + b"\0"})
+        real_write(self, files)
 
     monkeypatch.setattr(fsio.EarlyWrite, "write", write_twice)
     synced = _stage_fsyncs(monkeypatch)
@@ -169,9 +186,9 @@ def test_bytes_of_a_refused_build_are_never_staged(make_runtime, cache_dir, tmp_
     refused; it never reaches the cache's disk, not even its staging dir."""
     secret = tmp_path / "outside.bin"
     secret.write_bytes(b"s3cr3t-early-7f3a")
-    staged: list[bytes] = []
+    staged: list[dict[str, bytes]] = []
     real_write = fsio.EarlyWrite.write
-    monkeypatch.setattr(fsio.EarlyWrite, "write", lambda self, data: (staged.append(data), real_write(self, data)))
+    monkeypatch.setattr(fsio.EarlyWrite, "write", lambda self, files: (staged.append(files), real_write(self, files)))
     asm = f'.section .rodata\\n.incbin \\"{secret}\\"\\n.text\\n'
     rt = make_runtime(source_roots=(str(tmp_path / "proj"),), sandbox="off")
     (tmp_path / "proj").mkdir()
@@ -182,14 +199,13 @@ def test_bytes_of_a_refused_build_are_never_staged(make_runtime, cache_dir, tmp_
     assert not [p for p in cache_dir.rglob("*") if p.is_file() and b"s3cr3t-early" in p.read_bytes()]
 
 
-def test_a_cancelled_early_write_leaves_nothing_and_takes_no_more(blank):
-    early = fsio.EarlyWrite(str(blank))
-    early.write(b"bytes of a build that is not published")
+def test_a_cancelled_early_write_leaves_nothing_and_takes_no_more(stage):
+    early = fsio.EarlyWrite(str(stage))
+    early.write({"artifact.so": b"bytes of a build that is not published"})
     early.cancel()
-    early.write(b"a late close")  # ignored: the work dir is being deleted
-    settle()
-    assert not blank.exists() or blank.read_bytes() == b""
-    assert not early.use(b"a late close")
+    early.write({"artifact.so": b"a late close"})  # ignored: the work dir is being deleted
+    assert "artifact.so" not in contents(stage)
+    assert early.use({"artifact.so": b"a late close"}) == set()
 
 
 def test_an_oversized_artifact_is_not_left_staged(make_runtime, cache_dir):
