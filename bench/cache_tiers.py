@@ -225,6 +225,7 @@ def procs16(results: dict[str, Any]) -> None:
 TELEMETRY_CHILD = r"""
 import json, statistics, sys, tempfile, time
 import safejit, safejit.backends.host
+from safejit.cache import spares
 if sys.argv[1] == "sdk":
     from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider
@@ -253,11 +254,12 @@ with tempfile.TemporaryDirectory() as cache:
         t0 = time.perf_counter()
         rt.compile(safejit.Source(code, "f"))
         cold.append(time.perf_counter() - t0)
+        spares.settle()  # (the background work of one compile must not slow the next)
 print(json.dumps({"hit_us": statistics.median(means), "cold_s": cold}))
 """
 
 
-def telemetry(results: dict[str, Any], rounds: int) -> None:
+def telemetry(results: dict[str, Any], rounds: int, quick: bool = False) -> None:
     """The SDK can be installed once per process: each round runs a process with it and
     one without, side by side (in alternating order); the cold ratio is the median of the
     rounds' ratios of medians, as the other cold ratios are paired."""
@@ -268,7 +270,7 @@ def telemetry(results: dict[str, Any], rounds: int) -> None:
         medians = {}
         for mode in ("nosdk", "sdk") if r % 2 == 0 else ("sdk", "nosdk"):
             out = subprocess.run(
-                [sys.executable, "-c", TELEMETRY_CHILD, mode, "9", f"{mode}{r}"],
+                [sys.executable, "-c", TELEMETRY_CHILD, mode, "5" if quick else "25", f"{mode}{r}"],
                 capture_output=True,
                 text=True,
                 check=True,
@@ -488,7 +490,7 @@ def main() -> int:
     disk_hit(results, "host_disk_hit_1000_headers_ms", 1000, 3 if args.quick else 9)
     cold_overhead(results, 5 if args.quick else 41)
     procs16(results)
-    telemetry(results, 2 if args.quick else 6)
+    telemetry(results, 2 if args.quick else 6, args.quick)
     verify_throughput(results, args.quick)
     prune_throughput(results, args.quick)
     cuda_tiers(results, args.quick)
