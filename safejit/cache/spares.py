@@ -4,10 +4,12 @@ Allocating an inode (creating a file or a directory) is the slowest metadata
 operation on a journalling filesystem: 0.05–1 ms each on this project's ext4
 CI machines, against ~20 µs for a rename or for writing into an existing empty
 file. A cold compile needs about ten (work dir, source, lock file, staging dir,
-the three leaf files, build dirs). So while one compile runs, a background
-thread prepares the next work directory with every directory and empty file it
-will need; the compile then only renames and fills them. A prepared file that
-is missing or not as made is simply created the slow way (:func:`fsio.write_file`).
+the three leaf files, build dirs). So once a compile is done, a background
+thread prepares the next work directories (two: enough for compiles back to
+back) with every directory and empty file they will need; a compile then only
+renames and fills them. (Not while the compile runs: their fsyncs would slow
+the compiler down.) A prepared file that is missing or not as made is simply
+created the slow way (:func:`fsio.write_file`).
 
 A prepared work directory (``<root>/v1/tmp/<uuid>/``, mode 0700)::
 
@@ -203,7 +205,7 @@ class Spares:
 
     def take(self, base: str) -> Workdir:
         """A prepared work directory under ``base``: a spare when one is ready, else one
-        made now. (``refill`` prepares the next, best while a compiler runs.)"""
+        made now. (``refill`` prepares the next ones, best once a compile is done.)"""
         wd = None
         if os.getpid() == self._pid:
             with self._lock:
@@ -220,11 +222,12 @@ class Spares:
         if os.getpid() != self._pid:
             return
         with self._lock:
-            have = len(self._ready.get(base, ())) + self._pending.get(base, 0)
-            if have >= self.keep:
+            missing = self.keep - len(self._ready.get(base, ())) - self._pending.get(base, 0)
+            if missing <= 0:
                 return
-            self._pending[base] = self._pending.get(base, 0) + 1
-        background().submit(self._fill, base)
+            self._pending[base] = self._pending.get(base, 0) + missing
+        for _ in range(missing):
+            background().submit(self._fill, base)
 
     def _fill(self, base: str) -> None:
         try:
