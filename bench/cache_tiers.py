@@ -154,12 +154,23 @@ def disk_hit(results: dict[str, Any], key: str, headers: int, runs: int) -> None
     )
 
 
+def quiesce() -> None:
+    """Let the disk settle before a cold measurement (untimed): what earlier sections
+    wrote and deleted (the 1000-header trees) is still being written back and
+    discarded, which would slow every fsync in the section after (safejit's, not the
+    bare peer's, which makes none)."""
+    spares.settle()
+    os.sync()
+    time.sleep(1.0)
+
+
 def paired_ratio(ours: list[float], peer: list[float]) -> float:
     """The median of ``ours[i] / peer[i]``: each measurement against the peer's next to it."""
     return statistics.median(o / p for o, p in zip(ours, peer, strict=True))
 
 
 def cold_overhead(results: dict[str, Any], runs: int) -> None:
+    quiesce()
     cc = os.path.realpath(shutil.which("cc", path="/usr/local/bin:/usr/bin:/bin") or "cc")
     with tempfile.TemporaryDirectory() as base:
         cache = str(Path(base) / "cache")
@@ -263,6 +274,7 @@ def telemetry(results: dict[str, Any], rounds: int, quick: bool = False) -> None
     """The SDK can be installed once per process: each round runs a process with it and
     one without, side by side (in alternating order); the cold ratio is the median of the
     rounds' ratios of medians, as the other cold ratios are paired."""
+    quiesce()
     hits: dict[str, list[float]] = {"sdk": [], "nosdk": []}
     cold: dict[str, list[float]] = {"sdk": [], "nosdk": []}
     paired = []
@@ -426,6 +438,7 @@ def cuda_tiers(results: dict[str, Any], quick: bool) -> None:
         # Two peers: cuda.core's persistent cache (its entry written and fsynced, as
         # safejit's leaf is: the like-for-like one, the key's), and its memory-only one
         # (the compile and nothing kept past the process). Their order alternates.
+        quiesce()
         cold_ours: list[float] = []
         cold_peer: dict[str, list[float]] = {"file": [], "memory": []}
         peers = {"file": FileStreamProgramCache(f"{base}/peer-cold"), "memory": InMemoryProgramCache()}
