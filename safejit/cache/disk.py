@@ -61,6 +61,8 @@ logger = logging.getLogger(__name__)
 
 LAYOUT: Final = "v1"
 MARKER: Final = ".committed"
+#: The fault point passed just before a leaf's marker is written (into its stage).
+BEFORE_COMMIT: Final = "publish.before_commit"
 MANIFEST: Final = "manifest.json"
 _MANIFEST_LIMIT: Final = 64 << 20
 #: Reasons that mean the leaf itself is damaged (quarantined), not merely outdated.
@@ -448,9 +450,11 @@ class DiskCache:
             if early is not None and early.dir_changed:
                 entries_changed = True
             for n, data in files.items():
+                if n in done:
+                    continue
                 if n == MARKER:
-                    faults.point("publish.before_commit")
-                if n not in done and not write_file(os.path.join(stage, n), data, prepared=prepared, sync=False):
+                    faults.point(BEFORE_COMMIT)
+                if not write_file(os.path.join(stage, n), data, prepared=prepared, sync=False):
                     entries_changed = True
             if prepared:  # a leaf holds its three files and nothing else
                 for extra in set(os.listdir(stage)) - set(files):

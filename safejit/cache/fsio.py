@@ -155,35 +155,44 @@ class EarlyWrite:
         #: Whether an entry of the stage was created or removed here (its directory
         #: then needs an fsync of its own before the publish).
         self.dir_changed = False
-        self._lock = threading.Lock()  # held by the fsyncs; taken to undo them
+        self._lock = threading.Lock()  # held by an fsync; taken to undo what it syncs
+        self._gen = 0  # what was written, replaced or undone: a stale fsync is skipped
         self._files: dict[str, bytes] = {}
         self._synced: Future[None] | None = None
         self._used = False
 
-    def write(self, files: dict[str, bytes]) -> None:
-        """Write ``files`` (name in the stage: bytes) now, and fsync them in the background."""
+    def write(self, files: dict[str, bytes], *, before_last: str | None = None) -> None:
+        """Write ``files`` (name in the stage: bytes, in order) now, and fsync them in the
+        background. ``before_last``: a fault point passed before the last file."""
         if self._used or files == self._files:
             return  # the publish has looked already; or written already
         self._undo()
-        paths = [os.path.join(self.stage, name) for name in files]
         self._files = dict(files)
+        paths = [os.path.join(self.stage, name) for name in files]
         try:
-            for path, data in zip(paths, files.values(), strict=True):
+            for i, (path, data) in enumerate(zip(paths, files.values(), strict=True)):
+                if before_last is not None and i == len(paths) - 1:
+                    faults.point(before_last)
                 if not write_file(path, data, prepared=True, sync=False):
                     self.dir_changed = True
         except OSError:
             self._undo()  # no partial file: the publish creates them afresh
             return
-        self._synced = background().submit(self._fsync, paths)
+        self._synced = background().submit(self._fsync, paths, self._gen)
 
-    def _fsync(self, paths: list[str]) -> None:
+    def _fsync(self, paths: list[str], gen: int) -> None:
         with self._lock:
-            for path in paths:
-                fsync_file(path)  # its error is the publish's (use)
+            # Only the files this write made: an fsync of files written after it (same
+            # names) could take their writeback error, which the kernel reports once.
+            if gen == self._gen:
+                for path in paths:
+                    fsync_file(path)  # its error is the publish's (use)
 
     def _undo(self) -> None:
-        """Remove what was written (once its fsyncs are done)."""
+        """Remove what was written (once an fsync under way is done; those not yet
+        started are skipped)."""
         with self._lock:
+            self._gen += 1
             for name in self._files:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self.stage, name))
@@ -204,7 +213,7 @@ class EarlyWrite:
         return frozenset()
 
     def cancel(self) -> None:
-        """Remove what was written (after its fsyncs); later writes are ignored."""
+        """Remove what was written (after an fsync under way); later writes are ignored."""
         self._used = True
         self._undo()
 

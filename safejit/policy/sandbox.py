@@ -271,10 +271,11 @@ class Sandbox:
         files: dict[str, bytes] = {}
         try:
             proc, read_fd = self._start(shim, opts, argv, cwd, env)
-            # The shim for the next run starts while this one's compiler works (after it
-            # exits, its start would compete with this run's own finishing work).
-            background().submit(self._prepare_spare, shim)
             try:
+                # The shim for the next run starts while this one's compiler works (after
+                # it exits, its start would compete with this run's own finishing work).
+                with contextlib.suppress(RuntimeError):  # (no new threads at interpreter exit)
+                    background().submit(self._prepare_spare, shim)
                 if on_start is not None:
                     on_start()
                 try:
@@ -379,8 +380,18 @@ def _wait(
     """Read the output until the process exits, waking the moment it does
     (``Popen.wait(timeout)`` polls with sleeps of up to 50 ms, which would dominate
     a fast compile), and let ``reader`` read the watched files it reports closed.
-    Raises ``TimeoutExpired`` past ``timeout``."""
+    Raises ``TimeoutExpired`` past ``timeout``. The time ``reader`` takes (reading what
+    was closed, staging the leaf on a slow cache disk) is not the compiler's: it moves
+    the deadline (a few files, closed at most a few times each, so a bounded amount)."""
     deadline = time.monotonic() + timeout
+
+    def read_closed() -> None:
+        nonlocal deadline
+        assert reader is not None
+        began = time.monotonic()
+        reader()
+        deadline += time.monotonic() - began
+
     try:
         pidfd = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):
@@ -414,7 +425,7 @@ def _wait(
                     open_pipe = False
             # The process may have exited already: its closes were queued before its exit.
             if reader is not None and reader.active and (reader.closes.fd in events or pidfd in events):
-                reader()
+                read_closed()
                 if not reader.active:
                     poller.unregister(reader.closes.fd)
             if pidfd in events:

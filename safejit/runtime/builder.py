@@ -16,7 +16,7 @@ from typing import Any
 
 from ..backends.argv_compile import artifact_path, depfile_deps, depfile_path, read_lists, tool_reads
 from ..backends.base import CompileOutput
-from ..cache.disk import DiskCache, Rejection, VerifiedLeaf
+from ..cache.disk import BEFORE_COMMIT, DiskCache, Rejection, VerifiedLeaf
 from ..cache.fsio import EarlyWrite
 from ..cache.manifest import Manifest
 from ..cache.spares import Workdir
@@ -345,8 +345,8 @@ class Builder:
             assert early is not None
             if manifest is None:
                 early.write({f"artifact.{self.setup.backend.artifact_ext}": data})
-            else:
-                early.write(disk.leaf_files(key, manifest, data)[1])
+            else:  # (the marker last)
+                early.write(disk.leaf_files(key, manifest, data)[1], before_last=BEFORE_COMMIT)
 
         try:
             leaf, clean = self.build(

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from collections.abc import Callable
+from concurrent.futures import wait
 from pathlib import Path
 
 import pytest
 
 import safejit
 from safejit import faults
+from safejit._background import background
 from safejit.cache import fsio, spares
 from safejit.cache.manifest import parse_manifest
 from safejit.keys import digest_bytes
@@ -83,6 +86,56 @@ def test_a_failed_early_fsync_fails_its_use_after_the_fault_is_gone(stage):
     with pytest.raises(OSError) as info:
         early.use({"artifact.so": b"bytes"})
     assert info.value.errno == errno.EIO
+
+
+def test_a_stale_fsync_is_skipped_and_cannot_hide_the_error_of_what_replaced_it(stage, monkeypatch):
+    """The compiler closed its artifact twice. The first write's fsync, still queued
+    (the pool busy), must not fsync the second write's files: the kernel reports a
+    writeback error to one fsync only, and the second write's own fsync would then
+    find none and call lost data durable."""
+    fsyncs: list[str] = []
+    real = fsio.fsync_file
+
+    def fsync_once_eio(path: str) -> None:
+        fsyncs.append(path)
+        if len(fsyncs) == 1:  # the one fsync told of the lost writeback of what is there now
+            raise OSError(errno.EIO, "writeback failed", path)
+        real(path)
+
+    monkeypatch.setattr(fsio, "fsync_file", fsync_once_eio)
+    gates = [threading.Event() for _ in range(8)]
+    busy = [background().submit(g.wait) for g in gates]  # every worker taken
+    try:
+        early = fsio.EarlyWrite(str(stage))
+        early.write({"artifact.so": b"first close"})
+        early.write({"artifact.so": b"second close"})  # the first one's fsync still queued
+    finally:
+        for g in gates:
+            g.set()
+    wait(busy)
+    with pytest.raises(OSError) as info:
+        early.use({"artifact.so": b"second close"})
+    assert info.value.errno == errno.EIO
+    assert len(fsyncs) == 1  # the stale fsync was skipped
+
+
+def test_the_marker_is_staged_after_the_before_commit_point(make_runtime, cache_dir, monkeypatch):
+    """``publish.before_commit``: the leaf's other files are staged, its marker not yet —
+    staged early or by the publish. It is passed once per leaf."""
+    markers: list[int] = []
+    real_point = faults.point
+
+    def point(name: str) -> None:
+        if name == "publish.before_commit":
+            markers.extend(m.stat().st_size for m in (cache_dir / "v1" / "tmp").glob("*/leaf/.committed"))
+            markers.append(-1)  # (one per pass)
+        real_point(name)
+
+    monkeypatch.setattr(faults, "point", point)
+    make_runtime().compile(safejit.Source(NEW_C, NEW_NAME))
+    assert markers.count(-1) == 1
+    assert all(size == 0 for size in markers if size >= 0)  # blanks only: no marker written yet
+    assert len(leaf_paths(cache_dir)) == 1
 
 
 def test_a_cold_compile_publishes_the_leaf_staged_early(make_runtime, cache_dir, monkeypatch):
@@ -161,9 +214,9 @@ def test_an_artifact_staged_twice_has_its_stage_fsynced(make_runtime, cache_dir,
     removed) and the file made afresh, a new entry the stage's fsync must cover."""
     real_write = fsio.EarlyWrite.write
 
-    def write_twice(self: fsio.EarlyWrite, files: dict[str, bytes]) -> None:
-        real_write(self, {**files, "artifact.so": files["artifact.so"] + b"\0"})
-        real_write(self, files)
+    def write_twice(self: fsio.EarlyWrite, files: dict[str, bytes], **kwargs: str | None) -> None:
+        real_write(self, {**files, "artifact.so": files["artifact.so"] + b"\0"}, **kwargs)
+        real_write(self, files, **kwargs)
 
     monkeypatch.setattr(fsio.EarlyWrite, "write", write_twice)
     synced = _stage_fsyncs(monkeypatch)
@@ -188,7 +241,9 @@ def test_bytes_of_a_refused_build_are_never_staged(make_runtime, cache_dir, tmp_
     secret.write_bytes(b"s3cr3t-early-7f3a")
     staged: list[dict[str, bytes]] = []
     real_write = fsio.EarlyWrite.write
-    monkeypatch.setattr(fsio.EarlyWrite, "write", lambda self, files: (staged.append(files), real_write(self, files)))
+    monkeypatch.setattr(
+        fsio.EarlyWrite, "write", lambda self, files, **kw: (staged.append(files), real_write(self, files, **kw))
+    )
     asm = f'.section .rodata\\n.incbin \\"{secret}\\"\\n.text\\n'
     rt = make_runtime(source_roots=(str(tmp_path / "proj"),), sandbox="off")
     (tmp_path / "proj").mkdir()
@@ -215,3 +270,24 @@ def test_an_oversized_artifact_is_not_left_staged(make_runtime, cache_dir):
     settle()
     assert staging_entries(cache_dir) == []
     assert leaf_paths(cache_dir) == set()
+
+
+def test_a_compile_at_interpreter_exit_starts_no_spare_shim_and_leaks_nothing(make_runtime, cache_dir, monkeypatch):
+    """Once the interpreter is exiting, no new background work can be scheduled: the
+    shim for a next run is simply not started, and the compile is unharmed."""
+    from safejit.policy import sandbox
+
+    rt = make_runtime()
+    rt.compile(safejit.Source(EARLIER_C, EARLIER_NAME))  # (the probe and first shim)
+    spares.settle()
+
+    class Exiting:
+        def submit(self, *args: object, **kwargs: object) -> None:
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    monkeypatch.setattr(sandbox, "background", lambda: Exiting())
+    fds = set(os.listdir("/proc/self/fd"))
+    mod = rt.compile(safejit.Source(NEW_C, NEW_NAME))
+    assert mod.kernel(NEW_NAME)(6, 7) == EXPECTED[NEW_NAME]
+    spares.settle()
+    assert set(os.listdir("/proc/self/fd")) <= fds  # (the used shim's pipes closed; no new one)

@@ -109,3 +109,35 @@ def test_a_file_closed_over_and_over_is_not_vouched_for(tmp_path):
     if not seen:
         pytest.skip("no inotify here")
     assert files == {}  # (the caller reads it after the run)
+
+
+def test_time_spent_on_closed_files_is_not_the_compilers(tmp_path):
+    """The waiting thread stages the leaf when the artifact is closed; a slow cache disk
+    makes that slow. The compiler meanwhile prints more than a pipe holds, and blocks
+    until the thread reads again: it would be killed as too slow at its deadline,
+    though its own work ended in time. The time the thread spent is not charged to it."""
+    import time
+
+    sb = Sandbox("auto", tools_dir=str(tmp_path / "tools"), cc=shutil.which("cc"))
+    work = tmp_path / "work"
+    work.mkdir()
+    # 256 KiB of output once the thread is busy staging: far more than a pipe holds.
+    script = "echo out > k.so; sleep 0.5; yes | head -c 262144"
+
+    def slow_stage(path: str, data: bytes) -> None:
+        time.sleep(1.5)
+
+    try:
+        result = sb.run(
+            ["/bin/sh", "-c", script],
+            cwd=str(work),
+            env={"PATH": "/usr/bin:/bin"},
+            timeout=1.0,
+            write_roots=[str(work)],
+            watch=[str(work / "k.so")],
+            on_closed=slow_stage,
+        )
+    finally:
+        sb.close()
+    assert result.returncode == 0, result.log
+    assert result.log.endswith("y\n"), result.log  # (all of it written: it was never killed)
