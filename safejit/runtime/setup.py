@@ -60,8 +60,10 @@ class Setup:
             require_landlock=config.sandbox == "required",
             ascend_homes=(config.ascend_home,) if config.ascend_home else _env.ascend_home_candidates(),
         )
-        in_memory = config.scratch == "memory" and memory_scratch() is not None
-        self.disk.spares = Spares(f"artifact.{self.backend.artifact_ext}", scratch=not in_memory)
+        # A compiler process works in a scratch dir; one in this process (NVRTC) writes none.
+        scratch = not getattr(self.backend, "compiles_in_process", False)
+        in_memory = scratch and config.scratch == "memory" and memory_scratch() is not None
+        self.disk.spares = Spares(f"artifact.{self.backend.artifact_ext}", scratch=scratch and not in_memory)
         self.disk.memory_scratch = in_memory
         self._probe_dir: str | None = None
         self._probe_cleanup: weakref.finalize[[str, int], Setup] | None = None
