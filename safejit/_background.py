@@ -27,7 +27,15 @@ class _Pool(ThreadPoolExecutor):
         self._track = threading.Lock()
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        future = super().submit(fn, *args, **kwargs)
+        try:
+            future = super().submit(fn, *args, **kwargs)
+        except RuntimeError:  # the interpreter is exiting (no new work for threads): do it here
+            future = Future()
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except Exception as exc:
+                future.set_exception(exc)
+            return future
         with self._track:
             self.unfinished.add(future)
         future.add_done_callback(self._done)

@@ -61,7 +61,8 @@ logger = logging.getLogger(__name__)
 
 LAYOUT: Final = "v1"
 MARKER: Final = ".committed"
-#: The fault point passed just before a leaf's marker is written (into its stage).
+#: The fault point passed just before a leaf's marker is written into its stage (each
+#: time: a leaf staged early and then written again by the publish passes it twice).
 BEFORE_COMMIT: Final = "publish.before_commit"
 MANIFEST: Final = "manifest.json"
 _MANIFEST_LIMIT: Final = 64 << 20

@@ -19,6 +19,7 @@ import ctypes
 import os
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
@@ -141,6 +142,9 @@ class ClosedFiles:
         self.on_closed = on_closed
         self.reads: dict[str, int] = {}
         self.active = True
+        #: Seconds spent in ``on_closed``: the caller's own work (at most
+        #: ``_WATCH_CALLS`` calls for each watched file).
+        self.busy = 0.0
 
     def __call__(self) -> None:
         try:
@@ -163,7 +167,11 @@ class ClosedFiles:
                 continue
             self.files[path] = data
             if self.on_closed is not None:
-                self.on_closed(path, data)
+                began = time.monotonic()
+                try:
+                    self.on_closed(path, data)
+                finally:
+                    self.busy += time.monotonic() - began
 
     def stop(self) -> None:
         self.active = False

@@ -274,8 +274,7 @@ class Sandbox:
             try:
                 # The shim for the next run starts while this one's compiler works (after
                 # it exits, its start would compete with this run's own finishing work).
-                with contextlib.suppress(RuntimeError):  # (no new threads at interpreter exit)
-                    background().submit(self._prepare_spare, shim)
+                background().submit(self._prepare_spare, shim)
                 if on_start is not None:
                     on_start()
                 try:
@@ -380,17 +379,20 @@ def _wait(
     """Read the output until the process exits, waking the moment it does
     (``Popen.wait(timeout)`` polls with sleeps of up to 50 ms, which would dominate
     a fast compile), and let ``reader`` read the watched files it reports closed.
-    Raises ``TimeoutExpired`` past ``timeout``. The time ``reader`` takes (reading what
-    was closed, staging the leaf on a slow cache disk) is not the compiler's: it moves
-    the deadline (a few files, closed at most a few times each, so a bounded amount)."""
+    Raises ``TimeoutExpired`` past ``timeout``. The time ``reader``'s callback takes
+    (the caller's work on what was closed: staging the leaf, on a slow cache disk say)
+    is not the compiler's: it moves the deadline, by no more than ``timeout`` in all."""
     deadline = time.monotonic() + timeout
+    credit = timeout
 
     def read_closed() -> None:
-        nonlocal deadline
+        nonlocal deadline, credit
         assert reader is not None
-        began = time.monotonic()
+        busy = reader.busy
         reader()
-        deadline += time.monotonic() - began
+        spent = min(reader.busy - busy, credit)
+        deadline += spent
+        credit -= spent
 
     try:
         pidfd = os.pidfd_open(proc.pid)

@@ -141,3 +141,40 @@ def test_time_spent_on_closed_files_is_not_the_compilers(tmp_path):
         sb.close()
     assert result.returncode == 0, result.log
     assert result.log.endswith("y\n"), result.log  # (all of it written: it was never killed)
+
+
+_SPAMMER = """
+import os
+while True:  # never ends, and keeps the watched directory busy
+    os.close(os.open("x", os.O_WRONLY | os.O_CREAT))
+"""
+
+
+def test_a_compiler_that_never_ends_is_killed_in_time_however_busy_its_watch(tmp_path):
+    """Only the caller's own work on watched files moves the deadline: a compiler that
+    makes events without end (closing files that are not watched) gains nothing."""
+    import sys
+    import time
+
+    from safejit.errors import CompileTimeout
+
+    sb = Sandbox("auto", tools_dir=str(tmp_path / "tools"), cc=shutil.which("cc"))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "p.py").write_text(_SPAMMER)
+    began = time.monotonic()
+    try:
+        with pytest.raises(CompileTimeout):
+            sb.run(
+                [sys.executable, "p.py"],
+                cwd=str(work),
+                env={"PATH": "/usr/bin:/bin"},
+                timeout=1.0,
+                read_roots=[sys.prefix, sys.base_prefix],
+                write_roots=[str(work)],
+                watch=[str(work / "k.so")],
+                on_closed=lambda path, data: None,
+            )
+    finally:
+        sb.close()
+    assert time.monotonic() - began < 2.0
