@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..backends.argv_compile import artifact_path, depfile_deps, depfile_path, read_lists, tool_reads
-from ..backends.base import CompileOutput
+from ..backends.base import CompileOutput, Products
 from ..cache.disk import BEFORE_COMMIT, DiskCache, Rejection, VerifiedLeaf
 from ..cache.fsio import EarlyWrite
 from ..cache.manifest import Manifest
@@ -212,6 +212,13 @@ class Builder:
         started_ns = time.time_ns()
         started = time.perf_counter()
         backend = self.setup.backend
+
+        def manifest_of(closure: Closure, data: bytes, products: Products, seconds: float) -> Manifest:
+            ext = backend.artifact_ext
+            return make_manifest(
+                spec, key, closure, self.config, ext, artifact=data, products=products, seconds=seconds
+            )
+
         early: dict[tuple[str, ...], Closure] = {}
         depfile = depfile_path(workdir, spec)
         artifact = artifact_path(workdir, spec, self.setup.backend.artifact_ext)
@@ -245,16 +252,7 @@ class Builder:
                     products = None if closure.too_new else backend.products(data)
                     manifest = None
                     if products is not None:
-                        manifest = make_manifest(
-                            spec,
-                            key,
-                            closure,
-                            self.config,
-                            backend.artifact_ext,
-                            artifact=data,
-                            products=products,
-                            seconds=time.perf_counter() - started,
-                        )
+                        manifest = manifest_of(closure, data, products, time.perf_counter() - started)
                     held.append((found[1], data, seen, closure, manifest))
                     # Staged early only once all it was made of is known to be confined.
                     if on_artifact is not None:
@@ -304,16 +302,7 @@ class Builder:
                 self.tools_closure(spec, anchors, workdir, out, started_ns),
             )
         if manifest is None:
-            manifest = make_manifest(
-                spec,
-                key,
-                closure,
-                self.config,
-                backend.artifact_ext,
-                artifact=out.artifact,
-                products=(out.kernels, out.meta),
-                seconds=out.seconds,
-            )
+            manifest = manifest_of(closure, out.artifact, (out.kernels, out.meta), out.seconds)
         leaf = VerifiedLeaf("", root, manifest, out.artifact, tuple(closure.states), tuple(closure.negative_paths))
         if out.complete and not closure.too_new:
             return leaf, True

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
+from safejit.errors import CompileTimeout
 from safejit.policy import closewatch
 from safejit.policy.closewatch import CloseWatch
-from safejit.policy.sandbox import Sandbox
+from safejit.policy.sandbox import RunResult, Sandbox
 
 
 def _watch(path: Path) -> CloseWatch:
@@ -73,23 +77,39 @@ def test_an_unwatchable_directory_gives_no_watch(tmp_path):
     assert CloseWatch.open([str(tmp_path / "a" / "k.d"), str(tmp_path / "b" / "k.so")]) is None  # two dirs
 
 
-def _run_writing(tmp_path: Path, script: str, names: list[str]) -> tuple[dict[str, bytes], list[tuple[str, bytes]]]:
+def _run(
+    tmp_path: Path,
+    argv: list[str],
+    names: list[str],
+    on_closed: Callable[[str, bytes], None],
+    *,
+    timeout: float = 30,
+    read_roots: Sequence[str] = (),
+) -> RunResult:
+    """``argv`` run in ``tmp_path/work`` (its files ``names`` watched) by a sandbox."""
     sb = Sandbox("auto", tools_dir=str(tmp_path / "tools"), cc=shutil.which("cc"))
     work = tmp_path / "work"
-    work.mkdir()
-    seen: list[tuple[str, bytes]] = []
+    work.mkdir(exist_ok=True)
     try:
-        result = sb.run(
-            ["/bin/sh", "-c", script],
+        return sb.run(
+            argv,
             cwd=str(work),
             env={"PATH": "/usr/bin:/bin"},
-            timeout=30,
+            timeout=timeout,
+            read_roots=read_roots,
             write_roots=[str(work)],
             watch=[str(work / n) for n in names],
-            on_closed=lambda path, data: seen.append((os.path.basename(path), data)),
+            on_closed=on_closed,
         )
     finally:
         sb.close()
+
+
+def _run_writing(tmp_path: Path, script: str, names: list[str]) -> tuple[dict[str, bytes], list[tuple[str, bytes]]]:
+    seen: list[tuple[str, bytes]] = []
+    result = _run(
+        tmp_path, ["/bin/sh", "-c", script], names, lambda path, data: seen.append((os.path.basename(path), data))
+    )
     assert result.returncode == 0, result.log
     return {os.path.basename(p): d for p, d in result.files.items()}, seen
 
@@ -116,29 +136,9 @@ def test_time_spent_on_closed_files_is_not_the_compilers(tmp_path):
     makes that slow. The compiler meanwhile prints more than a pipe holds, and blocks
     until the thread reads again: it would be killed as too slow at its deadline,
     though its own work ended in time. The time the thread spent is not charged to it."""
-    import time
-
-    sb = Sandbox("auto", tools_dir=str(tmp_path / "tools"), cc=shutil.which("cc"))
-    work = tmp_path / "work"
-    work.mkdir()
     # 256 KiB of output once the thread is busy staging: far more than a pipe holds.
     script = "echo out > k.so; sleep 0.5; yes | head -c 262144"
-
-    def slow_stage(path: str, data: bytes) -> None:
-        time.sleep(1.5)
-
-    try:
-        result = sb.run(
-            ["/bin/sh", "-c", script],
-            cwd=str(work),
-            env={"PATH": "/usr/bin:/bin"},
-            timeout=1.0,
-            write_roots=[str(work)],
-            watch=[str(work / "k.so")],
-            on_closed=slow_stage,
-        )
-    finally:
-        sb.close()
+    result = _run(tmp_path, ["/bin/sh", "-c", script], ["k.so"], lambda path, data: time.sleep(1.5), timeout=1.0)
     assert result.returncode == 0, result.log
     assert result.log.endswith("y\n"), result.log  # (all of it written: it was never killed)
 
@@ -153,28 +153,16 @@ while True:  # never ends, and keeps the watched directory busy
 def test_a_compiler_that_never_ends_is_killed_in_time_however_busy_its_watch(tmp_path):
     """Only the caller's own work on watched files moves the deadline: a compiler that
     makes events without end (closing files that are not watched) gains nothing."""
-    import sys
-    import time
-
-    from safejit.errors import CompileTimeout
-
-    sb = Sandbox("auto", tools_dir=str(tmp_path / "tools"), cc=shutil.which("cc"))
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "p.py").write_text(_SPAMMER)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "p.py").write_text(_SPAMMER)
     began = time.monotonic()
-    try:
-        with pytest.raises(CompileTimeout):
-            sb.run(
-                [sys.executable, "p.py"],
-                cwd=str(work),
-                env={"PATH": "/usr/bin:/bin"},
-                timeout=1.0,
-                read_roots=[sys.prefix, sys.base_prefix],
-                write_roots=[str(work)],
-                watch=[str(work / "k.so")],
-                on_closed=lambda path, data: None,
-            )
-    finally:
-        sb.close()
+    with pytest.raises(CompileTimeout):
+        _run(
+            tmp_path,
+            [sys.executable, "p.py"],
+            ["k.so"],
+            lambda path, data: None,
+            timeout=1.0,
+            read_roots=[sys.prefix, sys.base_prefix],
+        )
     assert time.monotonic() - began < 2.0
