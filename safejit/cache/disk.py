@@ -13,7 +13,7 @@ the manifest parses under the strict schema and names this leaf, its deps
 rehashed *now* reproduce ``<D>``, the artifact bytes match the manifest and
 (when a key is configured) the signature verifies. Readers take no lock.
 
-Layout, lookup and publish stay in one module on purpose (~530 lines): they are
+Layout, lookup and publish stay in one module on purpose (~560 lines): they are
 one protocol (DESIGN.md §5), and each half is checked against the other; what
 is not part of it lives beside it. Work
 directories prepared ahead are in ``spares.py``, file primitives in ``fsio.py``.

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from ..errors import CompileError, CompileTimeout, ConfigError, SandboxUnavailab
 from .closewatch import ClosedFiles, CloseWatch
 from .shim_build import SYSTEM_PATH
 from .shim_build import ensure_shim as _ensure_shim
+from .waiting import OutputLog, wait_for_exit
 
 __all__ = ["SYSTEM_PATH", "SYSTEM_READ_ROOTS", "Limits", "RunResult", "Sandbox", "landlock_abi"]
 
@@ -52,8 +52,6 @@ SYSTEM_READ_ROOTS: Final = (
 )
 _TERM_GRACE_S: Final = 2.0
 _PYSHIM: Final = Path(__file__).with_name("_pyshim.py")
-_LOG_HEAD: Final = 48 * 1024
-_LOG_TAIL: Final = 16 * 1024
 _SHIM_ERRORS: Final = {124: "bad usage", 125: "Landlock unavailable", 126: "sandbox setup failed"}
 
 
@@ -260,7 +258,7 @@ class Sandbox:
             for root in (*write_roots, "/dev/null"):
                 opts += ["-w", root]
             opts += ["-N", *(["-L"] if self.mode == "required" else [])]
-        log = _Log()
+        log = OutputLog()
         shim = self.shim()
         start = time.perf_counter()
         try:
@@ -278,7 +276,9 @@ class Sandbox:
                 if on_start is not None:
                     on_start()
                 try:
-                    rc = _wait(proc, timeout, read_fd, log, ClosedFiles(closes, files, on_closed) if closes else None)
+                    rc = wait_for_exit(
+                        proc, timeout, read_fd, log, ClosedFiles(closes, files, on_closed) if closes else None
+                    )
                 except subprocess.TimeoutExpired:
                     _kill_group(proc)
                     log.drain(read_fd)
@@ -340,105 +340,6 @@ def _retire(proc: subprocess.Popen[bytes], read_fd: int) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     os.close(read_fd)
-
-
-class _Log:
-    """The head and tail of a process's output; the middle of a flood is counted, not kept."""
-
-    def __init__(self) -> None:
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.cut = 0
-
-    def add(self, chunk: bytes) -> None:
-        room = _LOG_HEAD - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail += chunk
-            if len(self.tail) > _LOG_TAIL:
-                self.cut += len(self.tail) - _LOG_TAIL
-                del self.tail[: len(self.tail) - _LOG_TAIL]
-
-    def drain(self, fd: int) -> None:
-        """Read what is already in the pipe (a straggler may still hold its write end)."""
-        os.set_blocking(fd, False)
-        with contextlib.suppress(BlockingIOError, InterruptedError):
-            while chunk := os.read(fd, 1 << 16):
-                self.add(chunk)
-
-    def text(self) -> str:
-        cut = f"\n[... {self.cut} bytes cut ...]\n".encode() if self.cut else b""
-        return bytes(self.head + cut + self.tail).decode("utf-8", "replace")
-
-
-def _wait(
-    proc: subprocess.Popen[bytes], timeout: float, read_fd: int, log: _Log, reader: ClosedFiles | None = None
-) -> int:
-    """Read the output until the process exits, waking the moment it does
-    (``Popen.wait(timeout)`` polls with sleeps of up to 50 ms, which would dominate
-    a fast compile), and let ``reader`` read the watched files it reports closed.
-    Raises ``TimeoutExpired`` past ``timeout``. The time ``reader``'s callback takes
-    (the caller's work on what was closed: staging the leaf, on a slow cache disk say)
-    is not the compiler's: it moves the deadline, by no more than ``timeout`` in all."""
-    deadline = time.monotonic() + timeout
-    credit = timeout
-
-    def read_closed() -> None:
-        nonlocal deadline, credit
-        assert reader is not None
-        busy = reader.busy
-        reader()
-        spent = min(reader.busy - busy, credit)
-        deadline += spent
-        credit -= spent
-
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):
-        pidfd = -1
-    try:
-        poller = select.poll()
-        poller.register(read_fd, select.POLLIN)
-        if pidfd >= 0:
-            poller.register(pidfd, select.POLLIN)
-        if reader is not None:
-            poller.register(reader.closes.fd, select.POLLIN)
-        open_pipe = True
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                if proc.poll() is None:
-                    raise subprocess.TimeoutExpired(proc.args, timeout)
-                # It ended in time; this loop was busy (reading what it closed).
-                if reader is not None and reader.active:
-                    reader()
-                return proc.wait()
-            # Without a pidfd (or once the pipe is closed), look at the process every 10 ms.
-            wait_ms = int(left * 1000) + 1 if pidfd >= 0 and open_pipe else min(int(left * 1000) + 1, 10)
-            events = dict(poller.poll(wait_ms))
-            if read_fd in events:
-                chunk = os.read(read_fd, 1 << 16)
-                if chunk:
-                    log.add(chunk)
-                else:
-                    poller.unregister(read_fd)
-                    open_pipe = False
-            # The process may have exited already: its closes were queued before its exit.
-            if reader is not None and reader.active and (reader.closes.fd in events or pidfd in events):
-                read_closed()
-                if not reader.active:
-                    poller.unregister(reader.closes.fd)
-            if pidfd in events:
-                return proc.wait()
-            if pidfd < 0 and proc.poll() is not None:
-                if reader is not None and reader.active:
-                    reader()
-                return proc.wait()
-    finally:
-        if pidfd >= 0:
-            os.close(pidfd)
 
 
 def _kill_group(proc: subprocess.Popen[bytes], *, quiet: bool = False) -> None:

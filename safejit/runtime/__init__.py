@@ -32,8 +32,8 @@ from ..kernel import Artifact, Module
 from ..policy import roots as root_policy
 from ..spec import Source
 from ..telemetry import ATTR, SPAN, instruments, span
-from .builder import Builder, Counters
-from .records import REASON_TEXT, Explanation, artifact_of, lookup_metric, name_of
+from .builder import Builder
+from .records import REASON_TEXT, Counters, Explanation, artifact_of, lookup_metric, name_of
 from .resolve import Request, Resolver
 from .setup import Setup
 

@@ -8,9 +8,7 @@ import dataclasses
 import logging
 import shutil
 import tempfile
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,7 +18,6 @@ from ..cache.disk import BEFORE_COMMIT, DiskCache, Rejection, VerifiedLeaf
 from ..cache.fsio import EarlyWrite
 from ..cache.manifest import Manifest
 from ..cache.spares import Workdir
-from ..cache.usage import MAX_SAMPLES
 from ..config import Config
 from ..deps import Anchors
 from ..errors import CacheError, CompileError, LimitExceededError, PolicyError, SafejitError
@@ -29,31 +26,12 @@ from ..policy import roots as root_policy
 from ..policy.completeness import Closure
 from ..spec import BuildSpec
 from ..telemetry import ATTR, SPAN, instruments, span
-from .records import LOG_EVENT_CAP, REASON_TEXT, lookup_metric, make_manifest, search_dirs
+from .records import LOG_EVENT_CAP, REASON_TEXT, Counters, lookup_metric, make_manifest, search_dirs
 from .setup import Setup
 
-__all__ = ["Builder", "Counters"]
+__all__ = ["Builder"]
 
 logger = logging.getLogger("safejit.runtime")
-
-COUNTERS = ("compiles", "disk_hits", "misses", "stale", "bypass", "published", "adopted", "not_published", "errors")
-
-
-class Counters:
-    """The per-Runtime counters behind ``Runtime.stats()`` (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts = dict.fromkeys(COUNTERS, 0)
-        self.compile_seconds: deque[float] = deque(maxlen=MAX_SAMPLES)
-
-    def add(self, name: str) -> None:
-        with self._lock:
-            self._counts[name] += 1
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._counts)
 
 
 class Builder:

@@ -1,9 +1,12 @@
-"""Plain records and helpers of the data path: explanations, manifests, artifacts."""
+"""Plain records and helpers of the data path: explanations, manifests, artifacts,
+the counters behind ``Runtime.stats()``."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +14,7 @@ from typing import Any
 from ..backends.base import Products
 from ..cache.disk import VerifiedLeaf
 from ..cache.manifest import Manifest
+from ..cache.usage import MAX_SAMPLES
 from ..config import Config
 from ..deps import Anchors
 from ..errors import KeyDeclarationError
@@ -22,6 +26,7 @@ from ..telemetry import ATTR, instruments
 
 __all__ = [
     "REASON_TEXT",
+    "Counters",
     "Explanation",
     "artifact_of",
     "extra_text",
@@ -140,3 +145,23 @@ def artifact_of(leaf: VerifiedLeaf, where: str) -> Artifact:
         kernels=man.kernels,
         source=where,
     )
+
+
+COUNTERS = ("compiles", "disk_hits", "misses", "stale", "bypass", "published", "adopted", "not_published", "errors")
+
+
+class Counters:
+    """The per-Runtime counters behind ``Runtime.stats()`` (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(COUNTERS, 0)
+        self.compile_seconds: deque[float] = deque(maxlen=MAX_SAMPLES)
+
+    def add(self, name: str) -> None:
+        with self._lock:
+            self._counts[name] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
