@@ -14,11 +14,11 @@ import sys
 import atheris
 
 with atheris.instrument_imports():
-    from safejit.backends.ascend import ascend_kernel_names
-    from safejit.backends.cubin import cubin_frame_sizes, cubin_kernels
+    from safejit.backends.ascend.backend import ascend_kernel_names
+    from safejit.backends.cuda.cubin import cubin_frame_sizes, cubin_kernels
     from safejit.backends.host import elf_exported_functions
-    from safejit.cache.manifest import ManifestError, parse_manifest
-    from safejit.deps import parse_depfile, parse_single_rule
+    from safejit.cache.leaf import ManifestError, parse_manifest
+    from safejit.closure.depfiles import parse_depfile, parse_single_rule
     from safejit.errors import LoadError
 
 

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .deps import Anchors
-from .keys import digest_bytes
+from .closure.anchors import Anchors
+from .closure.hashing import digest_bytes
 from .spec import BuildSpec
 
 __all__ = ["InventoryWriter", "Request", "read_inventory"]

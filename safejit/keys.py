@@ -13,23 +13,13 @@ import struct
 from collections.abc import Iterable
 from typing import Any, Final
 
-import blake3
-
+from .closure.hashing import digest_bytes
 from .spec import NOT_IN_KEY, BuildSpec, Toolchain
 
-__all__ = ["KEY_SCHEMA", "build_key", "deps_key", "digest_bytes", "encode", "new_hasher"]
+__all__ = ["KEY_SCHEMA", "build_key", "deps_key", "encode"]
 
 KEY_SCHEMA: Final = 1
 _LEN = struct.Struct(">Q")
-
-
-def new_hasher() -> blake3.blake3:
-    return blake3.blake3()
-
-
-def digest_bytes(data: bytes | bytearray | memoryview) -> str:
-    """256-bit BLAKE3 of ``data``, as hex."""
-    return blake3.blake3(data).hexdigest()
 
 
 def _frame(tag: bytes, payload: bytes) -> bytes:

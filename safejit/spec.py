@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from .deps import open_regular
+from .closure.hashing import open_regular
 from .errors import ConfigError, LimitExceededError
 
 __all__ = ["NOT_IN_KEY", "AnchoredPath", "BuildSpec", "LoadBaseline", "Source", "Toolchain"]

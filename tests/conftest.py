@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, settings
 
 import safejit
 from safejit import faults
-from safejit.cache import maintenance, spares
+from safejit.cache import maintenance
+from safejit.cache import staging as spares
 
 settings.register_profile("ci", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=200, deadline=None)
@@ -84,7 +85,7 @@ def assert_cache_sound(root: Path | str) -> None:
 
 def staging_residue(root: Path | str) -> list[str]:
     """What is left under ``<root>/v1/tmp`` once background work is done: everything but
-    unused prepared work directories (cache.spares: empty files only, so nothing in
+    unused prepared work directories (cache.staging: empty files only, so nothing in
     them was written)."""
     spares.settle()
     tmp = Path(root) / "v1" / "tmp"

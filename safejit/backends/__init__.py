@@ -14,11 +14,11 @@ def get_backend(name: str, **options: object) -> Backend:
 
         return HostBackend(**options)  # type: ignore[arg-type]
     if name == "ascend":
-        from .ascend import AscendBackend
+        from .ascend.backend import AscendBackend
 
         return AscendBackend(**options)  # type: ignore[arg-type]
     if name == "cuda":
-        from .cuda import CudaBackend
+        from .cuda.backend import CudaBackend
 
         return CudaBackend(**options)  # type: ignore[arg-type]
     from ..errors import ConfigError

@@ -20,12 +20,13 @@ from typing import Any, Final
 
 from .. import faults
 from .._proc import alive
-from ..deps import hash_file, parse_listing
+from ..closure.depfiles import parse_listing
+from ..closure.hashing import hash_file
 from ..errors import ConfigError, LoadError
+from ..sandbox import SYSTEM_PATH
 from ..spec import BuildSpec, Source, Toolchain
-from .argv_compile import ASM_DEP_FLAG, LD_DEP_FLAG, run_argv
-from .base import CompileOutput, Products, Runner, macro_flags
-from .probe import (
+from ._argv import ASM_DEP_FLAG, LD_DEP_FLAG, run_argv
+from ._toolchain import (
     ProbeCache,
     compiler_search_dirs,
     dir_idents,
@@ -35,12 +36,12 @@ from .probe import (
     program_dirs,
     run_text,
 )
+from .base import CompileOutput, Products, Runner, macro_flags
 
 __all__ = ["HostBackend", "HostLibrary", "elf_exported_functions"]
 
 logger = logging.getLogger(__name__)
 
-_SYSTEM_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
 _SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
 _PROBE_SCHEMA: Final = 6
 
@@ -65,9 +66,9 @@ class HostBackend:
 
     def compiler_path(self, language: str) -> str:
         given = self._compilers[language]
-        found = given or shutil.which("c++" if language == "c++" else "cc", path=_SYSTEM_PATH)
+        found = given or shutil.which("c++" if language == "c++" else "cc", path=SYSTEM_PATH)
         if not found:
-            raise ConfigError(f"no {language} compiler found on {_SYSTEM_PATH}; set Config.host_cc/host_cxx")
+            raise ConfigError(f"no {language} compiler found on {SYSTEM_PATH}; set Config.host_cc/host_cxx")
         if not os.path.isabs(found):
             raise ConfigError(f"host compiler {found!r} must be an absolute path")
         return os.path.realpath(found)

@@ -34,10 +34,9 @@ from dataclasses import dataclass, field
 from typing import Final, NamedTuple, Protocol
 
 from .. import faults
-from ..deps import Anchors, Snapshot, hash_opened, snapshot_of
+from ..closure.anchors import LINK_ANCHOR, Anchors, is_under
+from ..closure.hashing import Snapshot, digest_bytes, hash_opened, snapshot_of
 from ..keys import deps_key as compute_deps_key
-from ..keys import digest_bytes
-from ..policy.roots import LINK_ANCHOR, is_under
 from ..telemetry import ATTR, SPAN, instruments, span
 from .fsio import (
     EarlyWrite,
@@ -51,8 +50,8 @@ from .fsio import (
     rename,
     write_file,
 )
-from .manifest import Manifest, ManifestError, parse_manifest
-from .spares import LOCK_BLANK, Spares, Workdir, background, make, memory_scratch, remove_quietly, with_scratch
+from .leaf import Manifest, ManifestError, parse_manifest
+from .staging import LOCK_BLANK, Spares, Workdir, background, make, memory_scratch, remove_quietly, with_scratch
 from .statmemo import StatMemo
 
 __all__ = ["LAYOUT", "DepState", "DiskCache", "Rejection", "Signer", "VerifiedLeaf"]

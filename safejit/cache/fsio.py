@@ -37,7 +37,7 @@ def write_file(path: str, data: bytes, mode: int = 0o644, *, prepared: bool = Fa
     """Create ``path`` (must not exist), write ``data`` and fsync it (unless not ``sync``:
     then the caller fsyncs it, :func:`fsync_file`).
 
-    With ``prepared``, an empty file made ahead at ``path`` (cache.spares) is filled
+    With ``prepared``, an empty file made ahead at ``path`` (cache.staging) is filled
     instead — only if it is still exactly that: regular, empty, one link, ours.
     Returns whether it was (False: the file was created, so its directory changed).
     """
@@ -276,7 +276,7 @@ def lock_file(path: str, timeout: float, *, blank: str | None = None) -> Flock |
     """Lock ``path`` exclusively, waiting up to ``timeout`` seconds; None on timeout.
 
     A missing lock file is created — by hard-linking ``blank`` (an empty file made
-    ahead, cache.spares) there when one is given, which allocates no inode.
+    ahead, cache.staging) there when one is given, which allocates no inode.
     """
     if blank is not None:
         with contextlib.suppress(OSError):  # EEXIST: it is there already; else create it below

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from ..deps import Snapshot, hash_file, is_racy, snapshot_of
+from ..closure.hashing import Snapshot, hash_file, is_racy, snapshot_of
 
 __all__ = ["Entry", "MemoryCache"]
 

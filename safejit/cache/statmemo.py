@@ -18,8 +18,7 @@ import os
 import time
 from collections.abc import Sequence
 
-from ..deps import Snapshot, is_racy
-from ..keys import digest_bytes
+from ..closure.hashing import Snapshot, digest_bytes, is_racy
 
 __all__ = ["StatMemo", "boot_id"]
 

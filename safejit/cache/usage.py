@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from ..deps import read_file
+from ..closure.hashing import read_file
 from .disk import LAYOUT
 
 __all__ = ["MAX_SAMPLES", "read_usage", "usage_name", "write_usage"]

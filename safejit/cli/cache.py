@@ -213,7 +213,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from ..cache.manifest import ManifestError, parse_manifest
+    from ..cache.leaf import ManifestError, parse_manifest
 
     leaf = os.path.realpath(args.leaf)
     try:

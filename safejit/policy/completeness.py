@@ -1,83 +1,24 @@
-"""Key completeness: every file the compiler read lies under a declared root."""
+"""Key completeness: every file a build read lies under a declared root.
+
+:func:`record_closure` confines, anchors and hashes what the compiler (and the
+assembler, the linker) reported reading, and derives the negative lookups; the
+facts themselves (digests, include names, negatives) come from ``closure``.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from ..deps import (
-    Absence,
-    Anchors,
-    Dep,
-    Snapshot,
-    has_include_names,
-    is_racy,
-    negative_lookups,
-    quoted_includes,
-    read_file,
-    snapshot_of,
-)
+from ..closure.anchors import LINK_ANCHOR, Anchors, is_under, real_path
+from ..closure.scan import COARSE_NS, Closure, Dep, DepState, has_include_names, negative_lookups, scan_file
 from ..errors import LimitExceededError, UndeclaredDependencyError
-from ..keys import digest_bytes
-from .roots import LINK_ANCHOR, is_under, real_path
 
-__all__ = ["Closure", "merged", "record_closure", "unchanged"]
-
-
-def _coarse_ns() -> int:
-    """The kernel's file timestamps come from a coarse clock that may lag the fine
-    one by a tick: a file changed just after the compile started can carry a ctime
-    just before it. Anything within one tick counts as changed during the compile."""
-    try:
-        return max(int(time.clock_getres(5) * 1e9), 1_000_000)  # CLOCK_REALTIME_COARSE
-    except OSError:
-        return 10_000_000
-
-
-COARSE_NS = _coarse_ns()
-
-#: path -> (snapshot, digest, __has_include names, quoted include names). A warm process
-#: compiling many kernels re-reads the same system headers: an unchanged, non-racy stat
-#: stands for the content (the memory tier's rule, DESIGN.md §6). Process-local.
-_SCANS: dict[str, tuple[Snapshot, str, list[str], list[str]]] = {}
-_SCANS_MAX = 16_384
-
-
-def _scan(path: str, trust_stat: bool) -> tuple[Snapshot, str, list[str], list[str]]:
-    if trust_stat:
-        known = _SCANS.get(path)
-        if known is not None:
-            with contextlib.suppress(OSError):
-                snap = snapshot_of(os.stat(path))
-                if snap == known[0] and not is_racy(snap):
-                    return known
-    data, snap = read_file(path)
-    found = (snap, digest_bytes(data), has_include_names(data), quoted_includes(data))
-    if trust_stat and not is_racy(snap):
-        if len(_SCANS) >= _SCANS_MAX:
-            _SCANS.clear()
-        _SCANS[path] = found
-    return found
-
-
-DepState = tuple[str, tuple[int, int, int, int, int], str]
+__all__ = ["record_closure"]
 
 #: Paths that mean something else in the compiler than in this process.
 _PER_PROCESS = ("/proc/", "/dev/")
-
-
-@dataclass(frozen=True, slots=True)
-class Closure:
-    deps: list[Dep]
-    states: list[DepState]
-    #: Files whose ctime is after the compile started: the build must not be published.
-    too_new: list[str]
-    #: Anchored paths that must stay absent (shadowing, false ``__has_include``).
-    negatives: list[tuple[str, str]]
-    negative_paths: list[str]
 
 
 def record_closure(
@@ -145,7 +86,7 @@ def record_closure(
             raise UndeclaredDependencyError(f"{path!r} cannot be anchored", path=path)
         lexical = anchors.expand(*anchored) or real
         try:
-            snap, digest, file_probes, file_quoted = _scan(lexical, trust_stat)
+            snap, digest, file_probes, file_quoted = scan_file(lexical, trust_stat)
         except OSError:
             if includes:
                 raise
@@ -183,32 +124,3 @@ def record_closure(
             negatives.append(anchored_cand)
             negative_paths.append(cand)
     return Closure(deps, states, too_new, negatives, negative_paths)
-
-
-def merged(first: Closure, second: Closure) -> Closure:
-    """One closure of both (``second``: what other tools read, which adds no negatives)."""
-    if not second.deps and not second.too_new:
-        return first
-    return Closure(
-        [*first.deps, *second.deps],
-        [*first.states, *second.states],
-        [*first.too_new, *second.too_new],
-        first.negatives,
-        first.negative_paths,
-    )
-
-
-def unchanged(closure: Closure) -> bool:
-    """Whether every file of ``closure`` still has the stat it was hashed with and every
-    negative is still absent. A scan made while the compiler ran (cf. ``scan_early`` in
-    the builder) holds only if so when it has ended: nvcc, for one, reads the headers
-    again after writing its depfile. A file that passed the scan has a ctime from before
-    the compile; any write since gives it a later one."""
-    try:
-        for path, snap, _ in closure.states:
-            if snapshot_of(os.stat(path)) != snap:
-                return False
-    except OSError:
-        return False
-    absent = Absence()
-    return all(absent(path) for path in closure.negative_paths)

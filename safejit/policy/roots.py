@@ -10,39 +10,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Final
 
-from ..deps import Anchors
+from ..closure.anchors import LINK_ANCHOR, Anchors, is_under, real_path
 from ..errors import PathConfinementError
 
-__all__ = ["LINK_ANCHOR", "build_anchors", "confine", "is_under", "real_path"]
-
-
-def is_under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def real_path(path: str, *, strict: bool = False) -> str:
-    """``os.path.realpath`` of an existing file or directory, from the kernel: three
-    system calls, where realpath takes one ``lstat`` per path component. realpath when
-    that fails (no /proc); ``strict``: ``OSError`` when ``path`` does not exist."""
-    try:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except OSError:
-        return os.path.realpath(path, strict=strict)
-    try:
-        real = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        real = ""
-    finally:
-        os.close(fd)
-    if not real.startswith("/") or real.endswith(" (deleted)"):
-        return os.path.realpath(path, strict=strict)
-    return real
-
-
-#: The anchors of roots that only what the linker reads may lie under (``l0``…).
-LINK_ANCHOR: Final = "l"
+__all__ = ["build_anchors", "confine"]
 
 
 def build_anchors(

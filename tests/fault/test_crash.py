@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import safejit
-from safejit.cache import spares
+from safejit.cache import staging as spares
 from safejit.cache.disk import LAYOUT, MANIFEST, MARKER
 from tests.conftest import assert_cache_sound
 from tests.fault._support import (

@@ -17,8 +17,9 @@ import pytest
 import safejit
 from safejit import faults
 from safejit._background import background
-from safejit.cache import fsio, spares
-from safejit.cache.manifest import parse_manifest
+from safejit.cache import fsio
+from safejit.cache import staging as spares
+from safejit.cache.leaf import parse_manifest
 from safejit.keys import digest_bytes
 from tests.conftest import settle
 from tests.fault._support import EARLIER_C, EARLIER_NAME, EXPECTED, NEW_C, NEW_NAME, leaf_paths, staging_entries

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from safejit.backends.cuda_launch import has_cuda_device
+from safejit.backends.cuda.launch import has_cuda_device
 
 
 def pytest_collection_modifyitems(config, items):

@@ -16,7 +16,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from safejit.deps import Anchors
+from safejit.closure.anchors import Anchors
 from safejit.keys import KEY_SCHEMA, digest_bytes
 from safejit.spec import BuildSpec, Toolchain
 

@@ -8,7 +8,7 @@ import ctypes
 from hypothesis import given
 from hypothesis import strategies as st
 
-from safejit.backends.ascend_launch import pack_arguments, slot_layout
+from safejit.backends.ascend.launch import pack_arguments, slot_layout
 
 TYPES = [
     ctypes.c_bool,

@@ -27,8 +27,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from safejit.cache import maintenance
 from safejit.cache.disk import CORRUPT_REASONS, MANIFEST, MARKER, DiskCache, Rejection, VerifiedLeaf
-from safejit.cache.manifest import Manifest
-from safejit.deps import Anchors, hash_file
+from safejit.cache.leaf import Manifest
+from safejit.closure.anchors import Anchors
+from safejit.closure.hashing import hash_file
 from safejit.keys import deps_key, digest_bytes
 from tests.conftest import staging_residue
 

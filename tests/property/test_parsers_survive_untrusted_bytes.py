@@ -12,11 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import safejit
-from safejit.backends.ascend import ascend_kernel_names
-from safejit.backends.cubin import cubin_frame_sizes, cubin_kernels
+from safejit.backends.ascend.backend import ascend_kernel_names
+from safejit.backends.cuda.cubin import cubin_frame_sizes, cubin_kernels
 from safejit.backends.host import elf_exported_functions
-from safejit.cache.manifest import ManifestError, parse_manifest
-from safejit.deps import _prerequisites, _split_words, parse_depfile, parse_single_rule
+from safejit.cache.leaf import ManifestError, parse_manifest
+from safejit.closure.depfiles import _prerequisites, _split_words, parse_depfile, parse_single_rule
 from safejit.errors import LoadError
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from safejit.policy.sandbox import landlock_abi
+from safejit.sandbox.runner import landlock_abi
 from tests.conftest import assert_cache_sound, leaves, staging_residue
 
 #: Text that only exists in files outside every declared root.

@@ -49,7 +49,7 @@ def test_oversized_source_is_refused_before_any_work(make_runtime, cache_dir):
 def test_compile_that_writes_without_bound_is_stopped(make_runtime, project, cache_dir):
     """A compiler writing forever hits the file-size rlimit (or the timeout), never fills the disk."""
     cc = write_wrapper(project, "yes > big.bin; echo rc=$?; ls -l big.bin; exit 1")
-    from safejit.policy import sandbox
+    from safejit.sandbox import runner as sandbox
 
     rt = make_runtime(source_roots=(str(project),), host_cc=str(cc), compile_timeout_s=60)
     limits = sandbox.Limits(file_size=1 << 20)
@@ -285,7 +285,7 @@ def test_verifying_a_dependency_never_opens_a_terminal_as_its_own(tmp_path):
     code = (
         "import os, sys\n"
         "sys.path.insert(0, sys.argv[1])\n"
-        "from safejit.deps import hash_opened\n"
+        "from safejit.closure.hashing import hash_opened\n"
         "master, slave = os.openpty(); name = os.ttyname(slave); os.close(slave)\n"
         "os.setsid()\n"
         "try:\n"

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 import safejit
-import safejit.policy.sandbox as sandbox_mod
-from safejit.cache import spares
-from safejit.cache.spares import settle
-from safejit.policy.sandbox import SYSTEM_PATH, landlock_abi
+import safejit.sandbox.runner as sandbox_mod
+from safejit.cache import staging as spares
+from safejit.cache.staging import settle
+from safejit.sandbox.runner import SYSTEM_PATH, landlock_abi
 from tests.conftest import ADD_C, assert_cache_sound, leaves
 from tests.security._support import (
     SECRET_TOKEN,
@@ -240,7 +240,7 @@ def _shim_tags() -> list[str]:
 
     from safejit.keys import digest_bytes
 
-    source = resources.files("safejit.policy").joinpath("shim.c").read_bytes()
+    source = resources.files("safejit.sandbox").joinpath("shim.c").read_bytes()
     ccs = {c for c in (shutil.which("cc", path=SYSTEM_PATH), "/usr/bin/cc") if c}
     return [digest_bytes(source + b"\0" + cc.encode())[:16] for cc in ccs]
 
@@ -351,7 +351,7 @@ def test_passthrough_of_a_variable_that_acts_as_a_flag_is_refused(name):
 
 
 def test_python_shim_fallback_keeps_landlock_and_reaping(make_runtime, project, cache_dir, outside, monkeypatch):
-    from safejit.policy import sandbox
+    from safejit.sandbox import runner as sandbox
 
     monkeypatch.setattr(sandbox, "_ensure_shim", lambda tools_dir, cc: None)
     cc = write_wrapper(project, f'setsid sleep 100 &\necho "escapee=$!"\ncat {outside / "secret"}\nexit 1')

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import safejit
-from safejit.backends.ascend import ascend_kernel_names, find_toolkit
+from safejit.backends.ascend.backend import ascend_kernel_names, find_toolkit
 from tests.conftest import assert_cache_sound, leaves, settle
 
 pytestmark = pytest.mark.skipif(

@@ -12,7 +12,7 @@ import types
 import pytest
 
 import safejit
-from safejit.backends.ascend_launch import AscendLibrary, _acl, pack_arguments
+from safejit.backends.ascend.launch import AscendLibrary, _acl, pack_arguments
 
 
 class RecordingRt:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import safejit
-from safejit.backends.argv_compile import ASM_DEP_FLAG, tool_reads
-from safejit.cache.manifest import Manifest, parse_manifest
+from safejit.backends._argv import ASM_DEP_FLAG, tool_reads
+from safejit.cache.leaf import Manifest, parse_manifest
 from tests.conftest import settle
 from tests.security._support import write_failing_wrapper
 

@@ -1,4 +1,4 @@
-"""The close-after-write watch behind the early closure scan (policy.closewatch)."""
+"""The close-after-write watch behind the early closure scan (sandbox._closewatch)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from safejit.errors import CompileTimeout
-from safejit.policy import closewatch
-from safejit.policy.closewatch import CloseWatch
-from safejit.policy.sandbox import RunResult, Sandbox
+from safejit.sandbox import _closewatch as closewatch
+from safejit.sandbox._closewatch import CloseWatch
+from safejit.sandbox.runner import RunResult, Sandbox
 
 
 def _watch(path: Path) -> CloseWatch:

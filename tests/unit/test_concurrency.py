@@ -71,7 +71,7 @@ def test_eight_processes_cold_start_one_spec_and_compile_once(cache_dir, tmp_pat
 FORK_CHILD = r"""
 import os, sys, tempfile, time
 import safejit
-from safejit.deps import hash_file
+from safejit.closure.hashing import hash_file
 big = os.path.join(tempfile.mkdtemp(), "big.bin")
 with open(big, "wb") as f:
     f.write(os.urandom(4 << 20))

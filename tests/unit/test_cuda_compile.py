@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import safejit
-from safejit.backends.cubin import cubin_kernels
-from safejit.backends.cuda import SpillWarning
-from safejit.backends.cuda_args import encode_argument
-from safejit.backends.cuda_launch import CudaKernel, has_cuda_device, stream_handle
+from safejit.backends.cuda.args import encode_argument
+from safejit.backends.cuda.backend import SpillWarning
+from safejit.backends.cuda.cubin import cubin_kernels
+from safejit.backends.cuda.launch import CudaKernel, has_cuda_device, stream_handle
 from tests.conftest import assert_cache_sound, leaves, settle
 
 pytest.importorskip("cuda.bindings.nvrtc")
@@ -364,7 +364,7 @@ def _minor_faults(pid: int) -> int:
 def test_the_nvrtc_worker_keeps_its_heap_between_compiles():
     """NVRTC allocates and frees megabytes per compile; the worker must not hand them back
     to the kernel only to fault them in again, zeroed, on the next compile."""
-    from safejit.backends.nvrtc import NvrtcRequest, NvrtcWorker
+    from safejit.backends.cuda.nvrtc import NvrtcRequest, NvrtcWorker
 
     worker = NvrtcWorker("sm_90", require_landlock=False)
     code = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] *= %d.0f; }\n'
@@ -447,7 +447,7 @@ def test_nvrtcs_builtin_headers_library_is_part_of_its_toolchain(make_runtime, c
     # a newer one under an unchanged libnvrtc changes what a source compiles to.
     from cuda.pathfinder import load_nvidia_dynamic_lib
 
-    from safejit.deps import hash_file
+    from safejit.closure.hashing import hash_file
 
     lib = os.path.realpath(load_nvidia_dynamic_lib("nvrtc").abs_path)
     builtins = sorted(p for p in Path(lib).parent.glob("libnvrtc-builtins.so*"))

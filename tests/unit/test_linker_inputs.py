@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import safejit
-from safejit.backends.argv_compile import LD_DEP_FLAG, tool_reads
-from safejit.cache.manifest import parse_manifest
-from safejit.deps import hash_file
+from safejit.backends._argv import LD_DEP_FLAG, tool_reads
+from safejit.cache.leaf import parse_manifest
+from safejit.closure.hashing import hash_file
 from safejit.policy import completeness
 from safejit.policy.roots import build_anchors
 from tests.conftest import settle

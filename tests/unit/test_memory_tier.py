@@ -71,7 +71,7 @@ def test_within_the_staleness_window_no_check_is_made(make_runtime, project, mon
 def test_racily_clean_snapshot_is_rehashed_not_trusted(tmp_path):
     """A file written within the timestamp window of its snapshot can change again
     without moving its stat; such a snapshot is rehashed, never trusted."""
-    from safejit.deps import hash_file, is_racy
+    from safejit.closure.hashing import hash_file, is_racy
 
     header = tmp_path / "h.h"
     header.write_text("#define A 1\n")

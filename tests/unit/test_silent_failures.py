@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 import safejit
-from safejit.cache import spares
+from safejit.cache import staging as spares
 from safejit.cache.disk import DiskCache, VerifiedLeaf
-from safejit.deps import parse_depfile
+from safejit.closure.depfiles import parse_depfile
 from tests.conftest import ADD_C, KERNEL_WITH_HEADER, assert_cache_sound, leaves, settle, staging_residue
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import safejit
-from safejit.backends import probe
-from safejit.deps import hash_file
+from safejit.backends import _toolchain as probe
+from safejit.closure.hashing import hash_file
 from safejit.spec import Toolchain
 
 ONE = safejit.Source("int one(void) { return 1; }\n", "one")

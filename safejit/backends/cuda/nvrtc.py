@@ -27,8 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ..deps import read_file
-from ..errors import CompileError, CompileTimeout, PathConfinementError
+from ...closure.hashing import read_file
+from ...errors import CompileError, CompileTimeout, PathConfinementError
+from ...sandbox import SYSTEM_PATH
 
 __all__ = ["NvrtcRequest", "NvrtcResult", "NvrtcWorker", "compile_with_headers", "nvrtc_compile_once"]
 
@@ -226,7 +227,7 @@ class NvrtcWorker:
         # explicitly so the worker finds safejit and cuda-python wherever they are installed.
         boot = (
             "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
-            "from safejit.backends._nvrtc_worker import main; sys.exit(main(sys.argv[2:]))"
+            "from safejit.backends.cuda.worker import main; sys.exit(main(sys.argv[2:]))"
         )
         argv = [sys.executable, "-I", "-c", boot, json.dumps([p for p in sys.path if p]), self._arch]
         if self._require:
@@ -236,7 +237,7 @@ class NvrtcWorker:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C", "GLIBC_TUNABLES": _WORKER_MALLOC},
+            env={"PATH": SYSTEM_PATH, "LC_ALL": "C", "GLIBC_TUNABLES": _WORKER_MALLOC},
             close_fds=True,
             process_group=0,
         )

@@ -13,13 +13,14 @@ from .. import _env
 from ..backends import Backend, get_backend
 from ..backends.base import Runner, RunOutcome
 from ..cache.disk import LAYOUT, DiskCache
-from ..cache.spares import Spares, memory_scratch, settle
+from ..cache.staging import Spares, memory_scratch, settle
 from ..cache.statmemo import StatMemo
+from ..closure.anchors import Anchors
 from ..config import Config
-from ..deps import Anchors
 from ..policy import roots as root_policy
-from ..policy.sandbox import SYSTEM_PATH, Sandbox
 from ..policy.trust import HmacSigner
+from ..sandbox import SYSTEM_PATH
+from ..sandbox.runner import Sandbox
 from ..spec import Toolchain
 
 __all__ = ["Setup"]

@@ -13,14 +13,15 @@ from typing import Any
 
 from ..backends.base import Products
 from ..cache.disk import VerifiedLeaf
-from ..cache.manifest import Manifest
+from ..cache.leaf import Manifest
 from ..cache.usage import MAX_SAMPLES
+from ..closure.anchors import Anchors
+from ..closure.hashing import digest_bytes
+from ..closure.scan import Closure
 from ..config import Config
-from ..deps import Anchors
 from ..errors import KeyDeclarationError
 from ..kernel import Artifact
-from ..keys import deps_key, digest_bytes
-from ..policy.completeness import Closure
+from ..keys import deps_key
 from ..spec import BuildSpec, Source
 from ..telemetry import ATTR, instruments
 

@@ -16,14 +16,15 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from ..errors import CompileError, ConfigError
-from ..spec import BuildSpec, Source, Toolchain
-from .argv_compile import run_argv
-from .base import CompileOutput, Products, Runner, macro_flags
+from ...errors import CompileError, ConfigError
+from ...sandbox import SYSTEM_PATH
+from ...spec import BuildSpec, Source, Toolchain
+from .._argv import run_argv
+from .._toolchain import ProbeCache, compiler_search_dirs, dir_idents, file_ident, find_program, hash_tools, run_text
+from ..base import CompileOutput, Products, Runner, macro_flags
 from .cubin import KernelParams, cubin_frame_sizes, cubin_kernels
-from .cuda_launch import CudaLibrary, device_arch
+from .launch import CudaLibrary, device_arch
 from .nvrtc import NvrtcWorker, compile_with_headers, nvrtc_compile_once
-from .probe import ProbeCache, compiler_search_dirs, dir_idents, file_ident, find_program, hash_tools, run_text
 
 try:  # imported with the backend (only when backend="cuda" is asked for), not on the compile path
     from cuda.bindings import nvrtc as _nvrtc
@@ -36,7 +37,6 @@ __all__ = ["CudaBackend", "SpillWarning"]
 logger = logging.getLogger(__name__)
 
 _ARCH = re.compile(r"sm_[0-9]{2,3}[af]?\Z")
-_SYSTEM_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _FUNC = re.compile(r"Function properties for (\S+)")
 _PROBE_SCHEMA: Final = 3
@@ -187,14 +187,14 @@ class CudaBackend:
         return tc
 
     def nvcc_path(self) -> str:
-        found = self._nvcc or shutil.which("nvcc", path=f"/usr/local/cuda/bin:{_SYSTEM_PATH}")
+        found = self._nvcc or shutil.which("nvcc", path=f"/usr/local/cuda/bin:{SYSTEM_PATH}")
         if not found:
             raise ConfigError("nvcc not found; set Config.nvcc or install the CUDA toolkit")
         return os.path.realpath(found)
 
     def _probe_nvcc(self, run: Runner) -> Toolchain:
         nvcc = self.nvcc_path()
-        host = os.path.realpath(shutil.which("g++", path=_SYSTEM_PATH) or "/usr/bin/g++")
+        host = os.path.realpath(shutil.which("g++", path=SYSTEM_PATH) or "/usr/bin/g++")
         ident = [*file_ident(nvcc), *file_ident(host), _PROBE_SCHEMA, "nvcc"]
         cached = self._probes.get(ident)
         if cached is not None:

@@ -12,22 +12,23 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..backends.argv_compile import artifact_path, depfile_deps, depfile_path, read_lists, tool_reads
+from ..backends._argv import artifact_path, depfile_deps, depfile_path, read_lists, tool_reads
 from ..backends.base import CompileOutput, Products
 from ..cache.disk import BEFORE_COMMIT, DiskCache, Rejection, VerifiedLeaf
 from ..cache.fsio import EarlyWrite
-from ..cache.manifest import Manifest
-from ..cache.spares import Workdir
+from ..cache.leaf import Manifest
+from ..cache.staging import Workdir
+from ..closure import scan
+from ..closure.anchors import Anchors
+from ..closure.scan import Closure
 from ..config import Config
-from ..deps import Anchors
 from ..errors import CacheError, CompileError, LimitExceededError, PolicyError, SafejitError
 from ..policy import completeness
 from ..policy import roots as root_policy
-from ..policy.completeness import Closure
 from ..spec import BuildSpec
 from ..telemetry import ATTR, SPAN, instruments, span
+from .parts import Setup
 from .records import LOG_EVENT_CAP, REASON_TEXT, Counters, lookup_metric, make_manifest, search_dirs
-from .setup import Setup
 
 __all__ = ["Builder"]
 
@@ -219,12 +220,12 @@ class Builder:
                 # The assembler and the linker have listed what they read by now.
                 held.clear()
                 found = next(iter(early.items()), None)
-                if found is None or None in lists.values() or not completeness.unchanged(found[1]):
+                if found is None or None in lists.values() or not scan.unchanged(found[1]):
                     return
                 with contextlib.suppress(OSError, ValueError, SafejitError):
                     seen = dict(lists)
                     reads = tool_reads(workdir, found[0], seen, spec.toolchain.link_inputs)
-                    closure = completeness.merged(found[1], self.reads_closure(spec, anchors, reads, started_ns))
+                    closure = scan.merged(found[1], self.reads_closure(spec, anchors, reads, started_ns))
                     # If these bytes are the build's, so is this manifest (the compile's
                     # time: until its artifact was complete).
                     products = None if closure.too_new else backend.products(data)
@@ -265,17 +266,17 @@ class Builder:
             if hold[4] is not None and (hold[4].kernels, hold[4].meta) == (out.kernels, out.meta):
                 manifest = hold[4]
         else:
-            if closure is None or not completeness.unchanged(closure):
+            if closure is None or not scan.unchanged(closure):
                 closure = self.closure(spec, anchors, out.deps, started_ns)
-            closure = completeness.merged(closure, self.tools_closure(spec, anchors, workdir, out, started_ns))
+            closure = scan.merged(closure, self.tools_closure(spec, anchors, workdir, out, started_ns))
         if closure.too_new:
             # A dependency changed within a clock tick of the compile: what the compiler read
             # is unknown. Once the tick has passed, compile again; vouch only for a clean run.
             logger.info("%s changed while %s compiled; compiling again", closure.too_new[0], spec.name)
-            time.sleep(completeness.COARSE_NS / 1e9)
+            time.sleep(scan.COARSE_NS / 1e9)
             started_ns = time.time_ns()
             out = self.compile(spec, anchors, workdir)
-            closure = completeness.merged(
+            closure = scan.merged(
                 self.closure(spec, anchors, out.deps, started_ns),
                 self.tools_closure(spec, anchors, workdir, out, started_ns),
             )
@@ -382,7 +383,7 @@ class Builder:
         closure = _NO_CLOSURE
         for tool, deps in reads.items():
             part = self.closure(spec, anchors, deps, started_ns, tools=True, linker=tool == "linker")
-            closure = completeness.merged(closure, part)
+            closure = scan.merged(closure, part)
         return closure
 
     def closure(

@@ -13,10 +13,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..deps import Snapshot, hash_file, is_racy
+from ..closure.hashing import Snapshot, digest_bytes, hash_file, is_racy
 from ..errors import ConfigError
-from ..keys import digest_bytes, encode
-from ..policy.shim_build import SYSTEM_PATH
+from ..keys import encode
+from ..sandbox import SYSTEM_PATH
 from ..spec import Toolchain
 from .base import Runner
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
-from ..deps import read_output
+from ..closure.hashing import read_output
 
 __all__ = ["CloseWatch", "ClosedFiles"]
 

@@ -1,6 +1,6 @@
-"""Waiting for a sandboxed process (policy.sandbox): reading its output (the head
+"""Waiting for a sandboxed process (sandbox.runner): reading its output (the head
 and tail kept), waking the moment it exits (a pidfd), its deadline, and the files
-it closes while it runs (policy.closewatch)."""
+it closes while it runs (sandbox._closewatch)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import subprocess
 import time
 from typing import Final
 
-from .closewatch import ClosedFiles
+from ._closewatch import ClosedFiles
 
 __all__ = ["LOG_HEAD", "LOG_TAIL", "OutputLog", "wait_for_exit"]
 

@@ -19,8 +19,8 @@ import sys
 import tempfile
 from typing import Any
 
-from safejit.backends.nvrtc import NvrtcRequest, NvrtcResult, nvrtc_compile_once
-from safejit.policy._pyshim import landlock_restrict
+from safejit.backends.cuda.nvrtc import NvrtcRequest, NvrtcResult, nvrtc_compile_once
+from safejit.sandbox.landlock import restrict as landlock_restrict
 
 _LEN = struct.Struct(">I")
 
@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
     resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
     # An empty working directory: even without Landlock, a relative include finds nothing.
     os.chdir(tempfile.mkdtemp(prefix="safejit-nvrtc-"))
-    landlock_restrict([], [], True, "--require-landlock" in argv)
+    landlock_restrict([], [], deny_net=True, required="--require-landlock" in argv)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write to the reply channel
     while True:

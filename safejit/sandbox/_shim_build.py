@@ -13,16 +13,13 @@ import subprocess
 import tempfile
 from importlib import resources
 from pathlib import Path
-from typing import Final
 
-from ..keys import digest_bytes
+from ..closure.hashing import digest_bytes
+from . import SYSTEM_PATH
 
-__all__ = ["SYSTEM_PATH", "ensure_shim"]
+__all__ = ["ensure_shim"]
 
-logger = logging.getLogger("safejit.policy.sandbox")
-
-#: The only PATH sandboxed compilers (and the shim's build) see.
-SYSTEM_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
+logger = logging.getLogger("safejit.sandbox.runner")
 
 
 def _unlink_quiet(path: str) -> None:
@@ -50,7 +47,7 @@ def ensure_shim(tools_dir: str | None, cc: str | None) -> str | None:
     if cc is None:
         logger.warning("no C compiler to build the sandbox shim; compilers run without rlimits or Landlock")
         return None
-    source = resources.files("safejit.policy").joinpath("shim.c").read_bytes()
+    source = resources.files("safejit.sandbox").joinpath("shim.c").read_bytes()
     tag = digest_bytes(source + b"\0" + cc.encode() + b"\0static-first")[:16]
     base = Path(tools_dir) if tools_dir else Path(tempfile.gettempdir())
     private = base / f"u{os.geteuid()}"

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ConfigError, KernelNotFoundError, LoadError
+from ...errors import ConfigError, KernelNotFoundError, LoadError
 
 __all__ = ["AscendKernel", "AscendLibrary", "pack_arguments", "slot_layout"]
 

@@ -10,7 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ..deps import make_unescaped, parse_depfile, parse_listing, parse_single_rule, read_output
+from ..closure.depfiles import make_unescaped, parse_depfile, parse_listing, parse_single_rule
+from ..closure.hashing import read_output
 from ..errors import CompileError, FlagPolicyError
 from ..spec import BuildSpec
 from .base import Runner
@@ -66,7 +67,7 @@ class ArgvBuild:
     seconds: float
 
 
-#: An empty file a prepared work dir holds for the source (cache.spares): renaming it
+#: An empty file a prepared work dir holds for the source (cache.staging): renaming it
 #: into place costs ~20 µs, creating a file up to a millisecond.
 _SOURCE_BLANK = ".source"
 

@@ -27,10 +27,11 @@ from typing import Final
 from .. import faults
 from .._background import background
 from ..errors import CompileError, CompileTimeout, ConfigError, SandboxUnavailableError
-from .closewatch import ClosedFiles, CloseWatch
-from .shim_build import SYSTEM_PATH
-from .shim_build import ensure_shim as _ensure_shim
-from .waiting import OutputLog, wait_for_exit
+from . import SYSTEM_PATH
+from ._closewatch import ClosedFiles, CloseWatch
+from ._shim_build import ensure_shim as _ensure_shim
+from ._wait import OutputLog, wait_for_exit
+from .landlock import abi as landlock_abi
 
 __all__ = ["SYSTEM_PATH", "SYSTEM_READ_ROOTS", "Limits", "RunResult", "Sandbox", "landlock_abi"]
 
@@ -71,19 +72,6 @@ class RunResult:
     sandboxed: bool
     #: Watched files as read at their last close, while the process ran (see ``run``).
     files: Mapping[str, bytes] = field(default_factory=dict)
-
-
-def landlock_abi() -> int:
-    """The Landlock ABI version this kernel offers, 0 when none."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.syscall.restype = ctypes.c_long
-        abi = int(libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
-    except (OSError, AttributeError):
-        return 0
-    return max(abi, 0)
 
 
 class Sandbox:

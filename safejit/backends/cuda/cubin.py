@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from ..errors import LoadError
+from ...errors import LoadError
 
 __all__ = ["KernelParams", "cubin_kernels"]
 

@@ -14,13 +14,13 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from ..deps import hash_file
-from ..errors import CompileError, ConfigError, LoadError
-from ..spec import BuildSpec, Source, Toolchain
-from .argv_compile import run_argv
-from .ascend_launch import AscendLibrary
-from .base import CompileOutput, Products, Runner, macro_flags
-from .probe import ProbeCache, compiler_search_dirs, file_ident, run_text
+from ...closure.hashing import hash_file
+from ...errors import CompileError, ConfigError, LoadError
+from ...spec import BuildSpec, Source, Toolchain
+from .._argv import run_argv
+from .._toolchain import ProbeCache, compiler_search_dirs, file_ident, run_text
+from ..base import CompileOutput, Products, Runner, macro_flags
+from .launch import AscendLibrary
 
 __all__ = ["AscendBackend", "ascend_kernel_names", "find_toolkit"]
 

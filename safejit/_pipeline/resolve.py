@@ -6,16 +6,17 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from ..closure.anchors import Anchors
+from ..closure.hashing import digest_bytes
 from ..config import Config
-from ..deps import Anchors
 from ..errors import ConfigError, KeyDeclarationError, LimitExceededError, PolicyError
-from ..keys import KEY_SCHEMA, build_key, digest_bytes
+from ..keys import KEY_SCHEMA, build_key
 from ..policy import flags as flag_policy
 from ..policy import roots as root_policy
 from ..spec import BuildSpec, Source
 from ..telemetry import ATTR, SPAN, instruments, span
+from .parts import Setup
 from .records import extra_text
-from .setup import Setup
 
 __all__ = ["Request", "Resolver"]
 

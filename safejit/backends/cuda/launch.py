@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..errors import ConfigError, KernelNotFoundError, LoadError
-from .cuda_args import NO_PLAN, encode_argument, make_packer
+from ...errors import ConfigError, KernelNotFoundError, LoadError
+from .args import NO_PLAN, encode_argument, make_packer
 
 __all__ = ["CudaKernel", "CudaLibrary", "device_arch", "has_cuda_device", "stream_handle"]
 

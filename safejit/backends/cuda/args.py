@@ -15,7 +15,7 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 __all__ = ["NO_PLAN", "encode_argument", "make_packer"]
 

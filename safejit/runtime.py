@@ -20,22 +20,22 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import _env
-from ..cache.disk import Rejection, VerifiedLeaf
-from ..cache.memory import Entry, MemoryCache
-from ..cache.usage import usage_name, write_usage
-from ..config import Config
-from ..errors import ConfigError, LoadError
-from ..inventory import InventoryWriter
-from ..inventory import Request as InventoryRequest
-from ..kernel import Artifact, Module
-from ..policy import roots as root_policy
-from ..spec import Source
-from ..telemetry import ATTR, SPAN, instruments, span
-from .builder import Builder
-from .records import REASON_TEXT, Counters, Explanation, artifact_of, lookup_metric, name_of
-from .resolve import Request, Resolver
-from .setup import Setup
+from . import _env
+from ._pipeline.parts import Setup
+from ._pipeline.pipeline import Builder
+from ._pipeline.records import REASON_TEXT, Counters, Explanation, artifact_of, lookup_metric, name_of
+from ._pipeline.resolve import Request, Resolver
+from .cache.disk import Rejection, VerifiedLeaf
+from .cache.memory import Entry, MemoryCache
+from .cache.usage import usage_name, write_usage
+from .config import Config
+from .errors import ConfigError, LoadError
+from .inventory import InventoryWriter
+from .inventory import Request as InventoryRequest
+from .kernel import Artifact, Module
+from .policy import roots as root_policy
+from .spec import Source
+from .telemetry import ATTR, SPAN, instruments, span
 
 __all__ = ["Explanation", "Runtime"]
 

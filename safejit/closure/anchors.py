@@ -1,0 +1,114 @@
+"""Anchors: named declared roots, and the mapping between paths and ``(anchor, relpath)``.
+
+A dependency is recorded as ``(anchor, relpath, digest)``. Anchors name the
+declared roots (``s0``, ``s1``… for source roots, ``t0``… for toolchain
+roots, ``c0``… cache roots, ``l0``… the linker's library dirs), so a second
+checkout at another path records the same closure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+__all__ = ["BAD_REL", "LINK_ANCHOR", "Anchors", "is_under", "real_path"]
+
+_TOKEN = re.compile("\0([a-z][0-9]+)\0")
+#: An empty, ``.`` or ``..`` path component.
+BAD_REL: Final = re.compile(r"(?:^|/)\.{0,2}(?:/|$)")
+#: The anchors of roots that only what the linker reads may lie under (``l0``…).
+LINK_ANCHOR: Final = "l"
+
+
+def is_under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def real_path(path: str, *, strict: bool = False) -> str:
+    """``os.path.realpath`` of an existing file or directory, from the kernel: three
+    system calls, where realpath takes one ``lstat`` per path component. realpath when
+    that fails (no /proc); ``strict``: ``OSError`` when ``path`` does not exist."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return os.path.realpath(path, strict=strict)
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        real = ""
+    finally:
+        os.close(fd)
+    if not real.startswith("/") or real.endswith(" (deleted)"):
+        return os.path.realpath(path, strict=strict)
+    return real
+
+
+class Anchors:
+    """Named roots, and the mapping between paths and ``(anchor, relpath)``.
+
+    Roots are given already resolved (realpath); the longest root wins.
+    """
+
+    def __init__(self, roots: Mapping[str, str]) -> None:
+        self._roots = dict(roots)
+        self._order = sorted(self._roots.items(), key=lambda kv: len(kv[1]), reverse=True)
+        self._anchored: dict[str, tuple[str, str] | None] = {}  # anchor() is pure: strings only
+
+    @property
+    def roots(self) -> Mapping[str, str]:
+        return self._roots
+
+    def anchor(self, path: str) -> tuple[str, str] | None:
+        """``(anchor, relpath)`` for an absolute path under a root, else None."""
+        try:
+            return self._anchored[path]
+        except KeyError:
+            pass
+        if len(self._anchored) >= 65_536:
+            self._anchored.clear()
+        found = self._anchored[path] = self._anchor(path)
+        return found
+
+    def anchor_in(self, path: str, prefix: str) -> tuple[str, str] | None:
+        """:meth:`anchor` among the roots whose anchor starts with ``prefix`` only."""
+        return self._anchor(path, prefix)
+
+    def _anchor(self, path: str, prefix: str = "") -> tuple[str, str] | None:
+        norm = os.path.normpath(path)
+        for name, root in self._order:
+            if not name.startswith(prefix):
+                continue
+            if norm == root:
+                return (name, ".")
+            if norm.startswith(root.rstrip("/") + "/"):
+                return (name, norm[len(root.rstrip("/")) + 1 :])
+        return None
+
+    def expand(self, anchor: str, relpath: str) -> str | None:
+        """The absolute path of an anchored path, or None when it is unknown or
+        escapes its root lexically (``..``, absolute). Symlinks are checked
+        by the caller's confinement, not here."""
+        root = self._roots.get(anchor)
+        if root is None or os.path.isabs(relpath) or "\0" in relpath:
+            return None
+        if relpath == ".":
+            return root
+        if BAD_REL.search(relpath):
+            return None
+        return f"{root}/{relpath}" if root != "/" else f"/{relpath}"
+
+    def anchor_all(self, paths: Iterable[str]) -> list[tuple[str, tuple[str, str] | None]]:
+        return [(p, self.anchor(p)) for p in paths]
+
+    @staticmethod
+    def token(anchor: str, relpath: str) -> str:
+        """Anchored path as text for argv templates: NUL never occurs in argv."""
+        return f"\0{anchor}\0" + ("" if relpath == "." else "/" + relpath)
+
+    def expand_text(self, text: str) -> str:
+        """Replace every anchored token in ``text`` with its root."""
+        if "\0" not in text:
+            return text
+        return _TOKEN.sub(lambda m: self._roots[m.group(1)], text)

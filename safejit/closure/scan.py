@@ -1,0 +1,193 @@
+"""What a build read, as facts: include names in a file's bytes, the closure's rows and
+stat states, the negative lookups (paths that must stay absent), and whether a
+closure still holds. Decisions about them (confinement) live in policy.completeness.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .anchors import BAD_REL
+from .hashing import Snapshot, digest_bytes, is_racy, read_file, snapshot_of
+
+__all__ = [
+    "COARSE_NS",
+    "Absence",
+    "Closure",
+    "Dep",
+    "DepState",
+    "has_include_names",
+    "merged",
+    "negative_lookups",
+    "quoted_includes",
+    "scan_file",
+    "unchanged",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Dep:
+    anchor: str
+    relpath: str
+    digest: str
+
+    def as_tuple(self) -> tuple[str, str, str]:
+        return (self.anchor, self.relpath, self.digest)
+
+
+def _coarse_ns() -> int:
+    """The kernel's file timestamps come from a coarse clock that may lag the fine
+    one by a tick: a file changed just after the compile started can carry a ctime
+    just before it. Anything within one tick counts as changed during the compile."""
+    try:
+        return max(int(time.clock_getres(5) * 1e9), 1_000_000)  # CLOCK_REALTIME_COARSE
+    except OSError:
+        return 10_000_000
+
+
+COARSE_NS = _coarse_ns()
+
+#: path -> (snapshot, digest, __has_include names, quoted include names). A warm process
+#: compiling many kernels re-reads the same system headers: an unchanged, non-racy stat
+#: stands for the content (the memory tier's rule, DESIGN.md §6). Process-local.
+_SCANS: dict[str, tuple[Snapshot, str, list[str], list[str]]] = {}
+_SCANS_MAX = 16_384
+
+
+def scan_file(path: str, trust_stat: bool) -> tuple[Snapshot, str, list[str], list[str]]:
+    if trust_stat:
+        known = _SCANS.get(path)
+        if known is not None:
+            with contextlib.suppress(OSError):
+                snap = snapshot_of(os.stat(path))
+                if snap == known[0] and not is_racy(snap):
+                    return known
+    data, snap = read_file(path)
+    found = (snap, digest_bytes(data), has_include_names(data), quoted_includes(data))
+    if trust_stat and not is_racy(snap):
+        if len(_SCANS) >= _SCANS_MAX:
+            _SCANS.clear()
+        _SCANS[path] = found
+    return found
+
+
+DepState = tuple[str, tuple[int, int, int, int, int], str]
+
+
+@dataclass(frozen=True, slots=True)
+class Closure:
+    deps: list[Dep]
+    states: list[DepState]
+    #: Files whose ctime is after the compile started: the build must not be published.
+    too_new: list[str]
+    #: Anchored paths that must stay absent (shadowing, false ``__has_include``).
+    negatives: list[tuple[str, str]]
+    negative_paths: list[str]
+
+
+_HAS_INCLUDE = re.compile(rb'__has_include(?:_next)?\s*\(\s*[<"]([^>"\n]+)[>"]\s*\)')
+_QUOTED_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.M)
+
+
+def quoted_includes(data: bytes) -> list[str]:
+    """Names in ``#include "..."`` lines: searched next to the including file first."""
+    if b'include "' not in data and b"include\t" not in data:
+        return []
+    return [m.group(1).decode("utf-8", "replace") for m in _QUOTED_INCLUDE.finditer(data)]
+
+
+def has_include_names(data: bytes) -> list[str]:
+    """Header names probed with ``__has_include`` (literal arguments only)."""
+    if b"__has_include" not in data:
+        return []
+    return [m.group(1).decode("utf-8", "replace").strip() for m in _HAS_INCLUDE.finditer(data)]
+
+
+class Absence:
+    """``absence(path)``: whether ``path`` does not exist now. Many candidates share a
+    parent that does not exist (dir_0/bits/...): one lstat says so for all of them."""
+
+    __slots__ = ("_parents",)
+
+    def __init__(self) -> None:
+        self._parents: dict[str, bool] = {}
+
+    def __call__(self, path: str) -> bool:
+        parent = path.rpartition("/")[0]
+        there = self._parents.get(parent)
+        if there is None:
+            there = self._parents[parent] = os.path.lexists(parent)
+        return not there or not os.path.lexists(path)
+
+
+def negative_lookups(
+    deps: Sequence[str], search_dirs: Sequence[str], probes: Iterable[str]
+) -> tuple[list[str], list[str]]:
+    """Paths that must stay absent for the build to stay valid; and those of the same
+    kind that are there, yet were not read (made during the compile? the caller checks).
+
+    * Shadowing: a dependency found as ``dir_N/rel`` must not appear as
+      ``dir_i/rel`` for any earlier search directory ``i < N``.
+    * ``__has_include`` names that resolved nowhere must not appear in any
+      search directory (nor next to the file that probed them).
+
+    Over-approximates where the include name is ambiguous (nested search
+    dirs): a spurious entry can only cause a rebuild, never a stale hit.
+    """
+    dirs = [d.rstrip("/") for d in search_dirs]
+    out: set[str] = set()
+    present: set[str] = set()
+    found: set[str] = set(deps)
+    absent = Absence()
+    for path in deps:
+        for n, d in enumerate(dirs):
+            if not path.startswith(d + "/"):
+                continue
+            rel = path[len(d) + 1 :]
+            for earlier in dirs[:n]:
+                cand = f"{earlier}/{rel}"
+                if cand not in found:
+                    (out if absent(cand) else present).add(cand)
+    for name in probes:
+        if not name or name.startswith("/") or BAD_REL.search(name):
+            continue
+        cands = [f"{d}/{name}" for d in dirs]
+        if any(c in found for c in cands):
+            continue  # resolved: shadowing is covered above
+        for c in cands:
+            (out if absent(c) else present).add(c)
+    return sorted(out), sorted(present)
+
+
+def merged(first: Closure, second: Closure) -> Closure:
+    """One closure of both (``second``: what other tools read, which adds no negatives)."""
+    if not second.deps and not second.too_new:
+        return first
+    return Closure(
+        [*first.deps, *second.deps],
+        [*first.states, *second.states],
+        [*first.too_new, *second.too_new],
+        first.negatives,
+        first.negative_paths,
+    )
+
+
+def unchanged(closure: Closure) -> bool:
+    """Whether every file of ``closure`` still has the stat it was hashed with and every
+    negative is still absent. A scan made while the compiler ran (cf. ``scan_early`` in
+    the builder) holds only if so when it has ended: nvcc, for one, reads the headers
+    again after writing its depfile. A file that passed the scan has a ctime from before
+    the compile; any write since gives it a later one."""
+    try:
+        for path, snap, _ in closure.states:
+            if snapshot_of(os.stat(path)) != snap:
+                return False
+    except OSError:
+        return False
+    absent = Absence()
+    return all(absent(path) for path in closure.negative_paths)
