@@ -10,7 +10,6 @@ import fcntl
 import logging
 import os
 import shutil
-import struct
 import tempfile
 import threading
 import time
@@ -26,6 +25,7 @@ from ..errors import ConfigError, LoadError
 from ..sandbox import SYSTEM_PATH
 from ..spec import BuildSpec, Source, Toolchain
 from ._argv import ASM_DEP_FLAG, LD_DEP_FLAG, run_argv
+from ._elf import ElfError, dynsym_functions
 from ._toolchain import (
     ProbeCache,
     compiler_search_dirs,
@@ -244,53 +244,13 @@ class HostBackend:
 
 
 def elf_exported_functions(artifact: bytes) -> tuple[str, ...]:
-    """Defined global/weak functions in an ELF shared object's ``.dynsym``.
-
-    A direct reading of the section headers and the dynamic symbol table: it
-    runs on every compile, where a general ELF library costs milliseconds.
-    """
+    """Defined global/weak functions in an ELF shared object's ``.dynsym``
+    (``_elf.dynsym_functions``: it runs on every compile, where a general ELF
+    library costs milliseconds)."""
     try:
-        return _dynsym_functions(artifact)
-    except (struct.error, IndexError, ValueError, OverflowError) as exc:  # found by fuzzing: huge offsets
+        return dynsym_functions(artifact)
+    except ElfError as exc:
         raise LoadError(f"artifact is not a readable ELF shared object: {exc}") from exc
-
-
-def _dynsym_functions(data: bytes) -> tuple[str, ...]:
-    if data[:4] != b"\x7fELF" or data[4] not in (1, 2) or data[5] not in (1, 2):
-        raise ValueError("bad ELF magic")
-    is64, end = data[4] == 2, "<" if data[5] == 1 else ">"
-    if is64:
-        shoff, shentsize, shnum = (
-            struct.unpack_from(end + "Q", data, 0x28)[0],
-            *struct.unpack_from(end + "HH", data, 0x3A),
-        )
-        sec = struct.Struct(end + "IIQQQQIIQQ")  # name type flags addr offset size link info align entsize
-        sym = struct.Struct(end + "IBBHQQ")  # name info other shndx value size
-    else:
-        shoff, shentsize, shnum = (
-            struct.unpack_from(end + "I", data, 0x20)[0],
-            *struct.unpack_from(end + "HH", data, 0x2E),
-        )
-        sec = struct.Struct(end + "IIIIIIIIII")
-        sym = struct.Struct(end + "IIIBBH")  # name value size info other shndx
-    headers = [sec.unpack_from(data, shoff + i * shentsize) for i in range(shnum)]
-    names: set[str] = set()
-    for h in headers:
-        if h[1] != 11:  # SHT_DYNSYM
-            continue
-        strtab = headers[h[6]]
-        str_off, str_end = strtab[4], strtab[4] + strtab[5]
-        for off in range(h[4], h[4] + h[5], sym.size):
-            fields = sym.unpack_from(data, off)
-            name_off, info, shndx = (fields[0], fields[1], fields[3]) if is64 else (fields[0], fields[3], fields[5])
-            if info & 0xF != 2 or info >> 4 not in (1, 2) or shndx == 0:  # FUNC; GLOBAL|WEAK; defined
-                continue
-            start = str_off + name_off
-            stop = data.index(b"\0", start, str_end)
-            names.add(data[start:stop].decode("utf-8", "replace"))
-    names.discard("_init")
-    names.discard("_fini")
-    return tuple(sorted(names))
 
 
 _loader_lock = threading.Lock()
