@@ -97,9 +97,12 @@ def _walk(data: bytes) -> None:
         return
     for section in sections:
         try:
-            list(_elf.eiattr_records(elf.section_data(section)))
-            if section.type in (_elf.SHT_SYMTAB, _elf.SHT_DYNSYM):
+            if section.name.startswith(".nv.info"):  # (target 9 walks EIATTR records in any bytes)
+                list(_elf.eiattr_records(elf.section_data(section)))
+            elif section.type in (_elf.SHT_SYMTAB, _elf.SHT_DYNSYM):
                 elf.symbols(section)
+            else:
+                elf.section_data(section)
         except _elf.ElfError:
             pass
 
@@ -156,7 +159,10 @@ def _write_seeds(directory: str) -> None:
             src, out = os.path.join(work, f"{name}.c"), os.path.join(work, f"{name}.so")
             with open(src, "w") as f:
                 f.write(code)
-            subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-fno-lto", "-o", out, src, *extra], check=True)
+            # (compact: no page alignment, no .symtab; the same tables the readers read)
+            compact = ["-Wl,-z,noseparate-code", "-Wl,-z,max-page-size=0x10", "-Wl,-z,common-page-size=0x10"]
+            link = ["cc", "-shared", "-fPIC", "-O2", "-fno-lto", *compact, "-Wl,-s", "-o", out, src, *extra]
+            subprocess.run(link, check=True)
             with open(out, "rb") as f:
                 seeds[name] = f.read()
     try:

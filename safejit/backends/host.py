@@ -20,12 +20,13 @@ from typing import Any, Final
 from .. import faults
 from .._proc import alive
 from ..closure.depfiles import parse_listing
-from ..closure.hashing import hash_file
-from ..errors import ConfigError, LoadError
+from ..closure.hashing import hash_file, read_output
+from ..errors import ConfigError, LoadError, LoadTimeCodeError
 from ..sandbox import SYSTEM_PATH
-from ..spec import BuildSpec, Source, Toolchain
+from ..spec import BuildSpec, LoadBaseline, Source, Toolchain
 from ._argv import ASM_DEP_FLAG, LD_DEP_FLAG, run_argv
 from ._elf import ElfError, dynsym_functions
+from ._load_time import baseline_of, load_time_code
 from ._toolchain import (
     ProbeCache,
     compiler_search_dirs,
@@ -38,12 +39,12 @@ from ._toolchain import (
 )
 from .base import CompileOutput, Products, Runner, macro_flags
 
-__all__ = ["HostBackend", "HostLibrary", "elf_exported_functions"]
+__all__ = ["HostBackend", "HostLibrary", "elf_exported_functions", "refuse_load_time_code"]
 
 logger = logging.getLogger(__name__)
 
 _SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
-_PROBE_SCHEMA: Final = 6
+_PROBE_SCHEMA: Final = 7
 
 
 class HostBackend:
@@ -124,7 +125,7 @@ class HostBackend:
         # only, never for includes or sources. What it reads to link nothing (crt files,
         # libc, libgcc) is the toolchain's own: in its digest, like cc1.
         link_roots = [os.path.realpath(d) for d in program_dirs(search_out, "libraries") if os.path.isdir(d)]
-        link_deps, link_inputs = self._probe_link_deps(compiler, language, run, (*where, *link_roots))
+        link_deps, link_inputs, baseline = self._probe_link(compiler, language, run, (*where, *link_roots))
         link_roots += [os.path.dirname(real) for _, real in link_inputs]
         more, tools = hash_tools([*found, *link_inputs])
         digests += more
@@ -138,37 +139,44 @@ class HostBackend:
             link_deps=link_deps,
             link_inputs=tuple(name for name, _ in link_inputs),
             link_roots=tuple(dict.fromkeys(link_roots)),
+            load_baseline=baseline,
         )
         self._probes.put(ident, tc, tools, dirs)
         return tc
 
     @staticmethod
-    def _probe_link_deps(
+    def _probe_link(
         compiler: str, language: str, run: Runner, where: Sequence[str]
-    ) -> tuple[bool, list[tuple[str, str]]]:
-        """Whether the linker lists the files it reads (GNU ld, lld: ``--dependency-file``):
-        crt files, libraries, linker scripts, which no depfile of the compiler names; and
-        ``(name, resolved)`` of those it reads to link nothing: the toolchain's own."""
-        listing = "-Wl,--dependency-file=/dev/stdout"
-        result = run(
-            [compiler, "-shared", "-x", language, "/dev/null", "-o", "/dev/null", listing],
-            cwd="",
-            timeout=60,
-            extra_read=where,
-        )
-        try:
-            listed = parse_listing(result.log) if result.returncode == 0 else None
-        except ValueError:
-            listed = None
+    ) -> tuple[bool, list[tuple[str, str]], LoadBaseline | None]:
+        """Link an empty shared object as a kernel is linked, and learn from it: whether
+        the linker lists the files it reads (GNU ld, lld: ``--dependency-file``): crt
+        files, libraries, linker scripts, which no depfile of the compiler names;
+        ``(name, resolved)`` of those it reads to link nothing: the toolchain's own; and
+        what the toolchain's own shared object runs at load (its crt files' ``_init``,
+        ``frame_dummy``…), which a kernel may hold and nothing more. None: no baseline
+        (every kernel is then refused)."""
+        with tempfile.TemporaryDirectory(prefix="safejit-link-probe-") as scratch:
+            empty = os.path.join(scratch, "empty.so")
+            link = [compiler, "-shared", "-fPIC", "-O2", "-fno-lto", "-x", language, "/dev/null", "-o", empty]
+            listing = "-Wl,--dependency-file=/dev/stdout"
+            result = run([*link, listing], cwd=scratch, timeout=60, extra_read=where)
+            try:
+                listed = parse_listing(result.log) if result.returncode == 0 else None
+            except ValueError:
+                listed = None
+            if listed is None:
+                logger.warning(
+                    "the linker of %s cannot list the files it reads (--dependency-file): libraries and "
+                    "crt files are not part of the dependency closure",
+                    compiler,
+                )
+                result = run(link, cwd=scratch, timeout=60, extra_read=where)
+            baseline = _baseline(compiler, empty) if result.returncode == 0 else None
         if listed is None:
-            logger.warning(
-                "the linker of %s cannot list the files it reads (--dependency-file): libraries and "
-                "crt files are not part of the dependency closure",
-                compiler,
-            )
-            return False, []
+            return False, [], baseline
         # (the driver's temporary object is gone by now; whatever else is not a file is no input)
-        return True, [(p, os.path.realpath(p)) for p in listed if os.path.isabs(p) and os.path.isfile(p)]
+        inputs = [(p, os.path.realpath(p)) for p in listed if os.path.isabs(p) and os.path.isfile(p)]
+        return True, inputs, baseline
 
     # -- compile -------------------------------------------------------------
     def argv(
@@ -229,6 +237,7 @@ class HostBackend:
         max_deps: int = 20_000,
     ) -> CompileOutput:
         b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, ext=self.artifact_ext)
+        refuse_load_time_code(spec, b.artifact)
         kernels, meta = self.products(b.artifact)
         return CompileOutput(
             b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta, read_lists=b.read_lists
@@ -241,6 +250,34 @@ class HostBackend:
     def load(self, artifact: bytes, *, name: str, options: Mapping[str, Any] | None = None) -> HostLibrary:
         faults.point("load")
         return HostLibrary(artifact, name)
+
+
+def _baseline(compiler: str, path: str) -> LoadBaseline | None:
+    try:
+        return baseline_of(read_output(path))
+    except (OSError, ElfError) as exc:
+        logger.warning("the empty shared object %s links cannot be read (%s): every kernel is refused", compiler, exc)
+        return None
+
+
+def refuse_load_time_code(spec: BuildSpec, artifact: bytes) -> None:
+    """Raise :class:`LoadTimeCodeError` if loading ``artifact`` would run code of its own
+    (or change the process for it) beyond what the toolchain's empty link does."""
+    baseline = spec.toolchain.load_baseline
+    if baseline is None:
+        reasons = ["the toolchain's own empty shared object could not be made or read, so nothing may be loaded"]
+    else:
+        try:
+            reasons = load_time_code(artifact, baseline)
+        except ElfError as exc:
+            raise LoadError(f"{spec.name}: not a readable shared object: {exc}", name=spec.name) from exc
+    if reasons:
+        raise LoadTimeCodeError(
+            f"{spec.name}: refused: loading it would run code of its own or change the process for it: "
+            + "; ".join(reasons),
+            name=spec.name,
+            reasons=tuple(reasons),
+        )
 
 
 def elf_exported_functions(artifact: bytes) -> tuple[str, ...]:
