@@ -37,6 +37,7 @@ __all__ = [
     "PT_LOAD",
     "SHT_DYNSYM",
     "SHT_NOBITS",
+    "SHT_PROGBITS",
     "SHT_SYMTAB",
     "Elf",
     "ElfError",
@@ -48,6 +49,7 @@ __all__ = [
     "section_names",
 ]
 
+SHT_PROGBITS: Final = 1
 SHT_SYMTAB: Final = 2
 SHT_NOBITS: Final = 8
 SHT_DYNSYM: Final = 11
@@ -141,6 +143,7 @@ class Elf:
     demand). Raises :class:`ElfError` for bytes it cannot read."""
 
     __slots__ = (
+        "_loads",
         "_names",
         "_ph",
         "_raw",
@@ -170,6 +173,7 @@ class Elf:
         # (e_shnum 0 with extended numbering, > 65279 sections, reads as no sections)
         self._raw = _table(data, shoff, shnum, shentsize, layout.shdr, "section")
         self._segments: tuple[Segment, ...] | None = None
+        self._loads: list[tuple[int, int, int]] | None = None
         self._ph = (phoff, phnum, phentsize)
         self._names: list[str] | None = None
 
@@ -210,8 +214,9 @@ class Elf:
         """The first section named ``name``, or None."""
         return self.sections_named(name).get(name)
 
-    def sections_named(self, *names: str) -> dict[str, Section]:
-        """The first section of each of ``names`` there is, in one pass."""
+    def sections_named(self, *names: str, sh_type: int | None = None) -> dict[str, Section]:
+        """The first section of each of ``names`` there is (of type ``sh_type``, if
+        given), in one pass."""
         if not self._raw:
             return {}
         if self._names is None:
@@ -221,6 +226,8 @@ class Elf:
             data, find = self.data, self.data.find
             found = {}
             for h in self._raw:
+                if sh_type is not None and h[1] != sh_type:
+                    continue
                 at = base + h[0]
                 stop = find(b"\0", at, end) if at < end else -1
                 if stop < 0:
@@ -231,7 +238,7 @@ class Elf:
             return found
         out: dict[str, Section] = {}
         for name, h in zip(self._names, self._raw, strict=True):
-            if name in names and name not in out:
+            if name in names and name not in out and (sh_type is None or h[1] == sh_type):
                 out[name] = _section(name, h)
         return out
 
@@ -277,9 +284,11 @@ class Elf:
     def at(self, vaddr: int, size: int) -> bytes:
         """``size`` bytes at virtual address ``vaddr``, as a ``PT_LOAD`` maps them from
         the file (what the loader reads: it never looks at section headers)."""
-        for s in self.segments():
-            if s.type == PT_LOAD and s.vaddr <= vaddr and vaddr + size <= s.vaddr + s.filesz:
-                return _slice(self.data, s.offset + (vaddr - s.vaddr), size, "mapped")
+        if self._loads is None:
+            self._loads = [(s.vaddr, s.vaddr + s.filesz, s.offset) for s in self.segments() if s.type == PT_LOAD]
+        for start, end, offset in self._loads:
+            if start <= vaddr and vaddr + size <= end:
+                return _slice(self.data, offset + (vaddr - start), size, "mapped")
         raise ElfError(f"{size} bytes at {vaddr:#x} are not mapped from the file")
 
     def dynamic(self) -> list[tuple[int, int]] | None:

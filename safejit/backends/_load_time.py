@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from ..spec import LoadBaseline
-from ._elf import PT_GNU_STACK, PT_LOAD, SHT_DYNSYM, Elf, ElfError
+from ._elf import PT_GNU_STACK, PT_LOAD, SHT_DYNSYM, SHT_PROGBITS, Elf, ElfError
 
 __all__ = ["baseline_of", "load_time_code"]
 
@@ -163,7 +163,8 @@ def _needed(elf: Elf, entries: list[tuple[int, int]], tags: dict[int, int]) -> l
 def _initialisers(elf: Elf, tags: dict[int, int], baseline: LoadBaseline) -> list[str]:
     out = []
     word = elf.layout.word
-    sections = elf.sections_named(".init", ".fini", ".ctors", ".dtors")
+    # (of another type, .init is not found and DT_INIT is refused; .ctors is no table)
+    sections = elf.sections_named(".init", ".fini", ".ctors", ".dtors", sh_type=SHT_PROGBITS)
     for tag, name, want in ((_DT_INIT, ".init", baseline.init), (_DT_FINI, ".fini", baseline.fini)):
         if tag not in tags:
             continue
@@ -196,27 +197,29 @@ def _initialisers(elf: Elf, tags: dict[int, int], baseline: LoadBaseline) -> lis
 
 def _symbols(elf: Elf, baseline: LoadBaseline) -> list[str]:
     out = []
-    refs = {name.encode(): name for name in baseline.startup_refs}
-    undefined = set()
+    undefined: set[bytes] = set()
     i_info, i_shndx, _, _ = elf.layout.sym_fields
     data = elf.data
     for section in elf.of_type(SHT_DYNSYM):
         s_base, s_end = elf.string_table(section.link)
-        for row in elf.symbol_rows(section):
+        rows = list(elf.symbol_rows(section))
+        for row in rows:
             if row[i_shndx] == 0:
-                # (compared as bytes: most names are no start-up reference)
+                # (compared as bytes: undefined names are few and never decoded)
                 start = s_base + row[0]
                 stop = data.find(b"\0", start, s_end) if start < s_end else -1
                 if stop < 0:
                     raise ElfError("a symbol name does not end inside its string table")
                 undefined.add(data[start:stop])
-            elif row[i_info] & 0xF == _STT_GNU_IFUNC:
-                name = elf.symbol_name(section, row)
-                out.append(f"it has a GNU IFUNC ({name!r}): the loader runs its resolver")
+        out += [
+            f"it has a GNU IFUNC ({elf.symbol_name(section, row)!r}): the loader runs its resolver"
+            for row in rows
+            if row[i_info] & 0xF == _STT_GNU_IFUNC and row[i_shndx] != 0
+        ]
     out += [
         f"it defines {name!r}, which the toolchain's start-up code calls at load or unload if something defines it"
-        for raw, name in refs.items()
-        if raw not in undefined
+        for name in baseline.startup_refs
+        if name.encode() not in undefined
     ]
     return out
 
