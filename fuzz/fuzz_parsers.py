@@ -155,6 +155,13 @@ def _write_seeds(directory: str) -> None:
             ("empty", "", []),
             ("add", "int add(int a, int b) { return a + b; }\n", ["-lm"]),
             ("ctor", "int x; __attribute__((constructor)) static void c(void) { x = 1; }\n", []),
+            ("relr", "static int a, b;\nint* t[] = {&a, &b, &a, &b};\n", ["-Wl,-z,pack-relative-relocs"]),
+            (
+                "ifunc",
+                "static int i(void) { return 1; }\nstatic int (*r(void))(void) { return i; }\n"
+                'static int f(void) __attribute__((ifunc("r")));\nint g(void) { return f(); }\n',
+                [],
+            ),
         ):
             src, out = os.path.join(work, f"{name}.c"), os.path.join(work, f"{name}.so")
             with open(src, "w") as f:

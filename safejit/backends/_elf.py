@@ -1,4 +1,4 @@
-"""One small ELF reader for the three backends, and what a shared object runs at load.
+"""One small ELF reader for the three backends.
 
 It reads what safejit needs and nothing more: section headers and names, symbol
 tables, program headers, the dynamic table and dynamic relocations. Every
@@ -17,12 +17,10 @@ raises :class:`ElfError`, and nothing else (``fuzz/fuzz_parsers.py``,
     elf = _elf.Elf(cubin)                  # CUDA: sections, symbols, EIATTR records
     info = elf.section(".nv.info")
     records = list(_elf.eiattr_records(elf.section_data(info))) if info else []
+    elf.segments(), elf.dynamic(), elf.at(vaddr, size)   # the loader's view
 
-    _elf.load_time_code(so_bytes, _elf.baseline_of(empty_link))  # [] or the reasons
-
-:func:`load_time_code` is the host backend's check that a shared object runs no
-code of its own when ``dlopen`` maps it (``LoadTimeCodeError``); its rules are in
-``_load.py`` and docs/security.md.
+The host backend's check that a shared object runs no code of its own when
+``dlopen`` maps it reads through the loader's view (``_load_time.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +30,7 @@ from collections.abc import Iterator
 from typing import Final, NamedTuple
 
 __all__ = [
+    "MAX_DYNAMIC",
     "PT_DYNAMIC",
     "PT_GNU_STACK",
     "PT_LOAD",
@@ -57,6 +56,9 @@ PT_LOAD: Final = 1
 PT_DYNAMIC: Final = 2
 PT_GNU_STACK: Final = 0x6474E551
 _STT_FUNC: Final = 2
+#: More dynamic entries than this is no object a linker made (they hold ~30): the
+#: reader stops rather than build a table the size of the file.
+MAX_DYNAMIC: Final = 1 << 16
 _EIFMT_SIZES: Final = {1: 0, 2: 1, 3: 2}  # NVAL, BVAL, HVAL; SVAL (4) carries a u16 size
 
 
@@ -302,6 +304,8 @@ class Elf:
         for tag, value in dyn.iter_unpack(_whole(self.at(seg.vaddr, seg.filesz), dyn.size)):
             if tag == 0:
                 return out
+            if len(out) == MAX_DYNAMIC:
+                raise ElfError(f"the dynamic table has more than {MAX_DYNAMIC} entries")
             out.append((tag, value))
         raise ElfError("the dynamic table has no DT_NULL")
 

@@ -69,6 +69,9 @@ _REFUSED_TAGS: Final = {
 
 #: ``R_*_IRELATIVE`` by ``e_machine``: the loader calls the resolver the addend names.
 _IRELATIVE: Final = {3: 42, 62: 37, 183: 1032, 40: 160, 20: 248, 21: 248, 22: 61, 243: 58, 258: 12, 43: 249, 2: 249}
+#: More dynamic relocations than this is no kernel (RELR packs 63 in a word: the
+#: bound keeps a crafted table from expanding into gigabytes).
+_MAX_RELOCATIONS: Final = 1 << 22
 #: Relocations that write more than a word (TLS descriptors), by ``e_machine``.
 _TWO_WORDS: Final = {62: 36, 183: 1031}
 
@@ -279,6 +282,8 @@ def _relocs(elf: Elf, tags: dict[int, int]) -> list[tuple[int, int]]:
         row = layout.rela if addend else layout.rel
         if size % row.size:
             raise ElfError("a relocation table's size is not a whole number of entries")
+        if len(out) + size // row.size > _MAX_RELOCATIONS:
+            raise ElfError(f"more than {_MAX_RELOCATIONS} dynamic relocations")
         out += [(f[0], f[1] & mask) for f in row.iter_unpack(elf.at(address, size))]
     if _DT_RELR in tags:
         out += [(where, -1) for where in _relr(elf, tags[_DT_RELR], tags.get(_DT_RELRSZ, 0))]
@@ -291,14 +296,18 @@ def _relr(elf: Elf, address: int, size: int) -> Iterator[int]:
     word, row = elf.layout.word, elf.layout.addr
     if size % word:
         raise ElfError("DT_RELRSZ is not a whole number of words")
-    where = 0
+    where = count = 0
     bits = word * 8 - 1
     for (entry,) in row.iter_unpack(elf.at(address, size)):
         if not entry & 1:
             yield entry
             where = entry + word
+            count += 1
             continue
         for i in range(bits):
             if entry >> (i + 1) & 1:
                 yield where + i * word
         where += bits * word
+        count += bits
+        if count > _MAX_RELOCATIONS:
+            raise ElfError(f"more than {_MAX_RELOCATIONS} dynamic relocations")

@@ -281,3 +281,34 @@ def test_a_probe_cache_entry_with_a_bad_baseline_is_probed_again(make_runtime, c
     rt.compile(safejit.Source("int two(void) { return 2; }\n", "two"))
     assert isinstance(rt._init().backend._probed["c"].load_baseline, safejit.spec.LoadBaseline)
     assert json.loads(path.read_text())["load_baseline"]["init"] != "23"
+
+
+RELR_SOURCE = (
+    "static int a, b, c;\nint* tab[] = {&a, &b, &c, &a, &b, &c, &a, &b, &c};\nint get(int i) { return *tab[i]; }\n"
+)
+
+
+def test_packed_relative_relocations_are_read_as_the_loader_reads_them(tmp_path, baselines):
+    from safejit.backends._load_time import _relocs
+
+    data = _link(tmp_path, RELR_SOURCE, "-Wl,-z,pack-relative-relocs")
+    elf = Elf(data)
+    listed = subprocess.run(["readelf", "-rW", str(tmp_path / "k.so")], capture_output=True, text=True).stdout
+    relr = listed.split(".relr.dyn")[1].split("\n\n")[0].splitlines()[2:]  # (readelf: one offset a line)
+    assert {int(w, 16) for w in relr} == {w for w, t in _relocs(elf, dict(elf.dynamic() or ())) if t == -1}
+    assert len(relr) >= 9
+    assert load_time_code(data, baselines["c"]) == []
+    ctor = "int x;\n__attribute__((constructor)) static void run(void) { x = 1; }\n" + RELR_SOURCE
+    assert load_time_code(_link(tmp_path, ctor, "-Wl,-z,pack-relative-relocs"), baselines["c"])
+
+
+def test_tables_too_large_for_any_kernel_are_elf_errors(tmp_path, baselines, monkeypatch):
+    from safejit.backends import _elf, _load_time
+
+    data = _link(tmp_path, RELR_SOURCE, "-Wl,-z,pack-relative-relocs")
+    monkeypatch.setattr(_load_time, "_MAX_RELOCATIONS", 4)
+    with pytest.raises(_elf.ElfError, match="relocations"):
+        load_time_code(data, baselines["c"])
+    monkeypatch.setattr(_elf, "MAX_DYNAMIC", 4)
+    with pytest.raises(_elf.ElfError, match="dynamic table"):
+        Elf(data).dynamic()
