@@ -200,6 +200,14 @@ class Elf:
                 self._names = [_cstr(data, base + h[0], end) for h in self._raw]
         return self._names
 
+    def names(self) -> list[str]:
+        """Every section's name, in header order (index 0's is empty)."""
+        return list(self._section_names())
+
+    def section_at(self, index: int) -> Section:
+        """Section header ``index`` (an index into :meth:`names`)."""
+        return _section(self._section_names()[index], self._raw[index])
+
     def sections(self) -> list[Section]:
         """Every section header, index 0 included, with its name."""
         return [_section(n, h) for n, h in zip(self._section_names(), self._raw, strict=True)]
@@ -262,6 +270,12 @@ class Elf:
                 Symbol(_cstr(data, s_base + f[0], s_end), info & 0xF, info >> 4, f[i_shndx], f[i_value], f[i_size])
             )
         return out
+
+    def symbol_names(self, section: Section) -> list[str]:
+        """The names of a symbol table's entries, in order."""
+        s_base, s_end = self.string_table(section.link)
+        data = self.data
+        return [_cstr(data, s_base + f[0], s_end) for f in self.symbol_rows(section)]
 
     def symbol_rows(self, section: Section) -> Iterator[tuple[int, ...]]:
         """The raw entries of a symbol table (``layout.sym`` fields, names unread)."""
@@ -356,7 +370,7 @@ def dynsym_functions(data: bytes) -> tuple[str, ...]:
 
 def section_names(data: bytes) -> list[str]:
     """Every section's name, in header order (index 0's is empty)."""
-    return list(Elf(data)._section_names())
+    return Elf(data).names()
 
 
 def eiattr_records(info: bytes) -> Iterator[tuple[int, bytes]]:

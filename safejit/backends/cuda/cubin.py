@@ -8,7 +8,7 @@ import struct
 from typing import Final
 
 from ...errors import LoadError
-from .._elf import Elf, ElfError, Section, eiattr_records
+from .._elf import Elf, ElfError, eiattr_records
 
 __all__ = ["KernelParams", "cubin_frame_sizes", "cubin_kernels"]
 
@@ -19,11 +19,12 @@ _EIATTR_FRAME_SIZE: Final = 0x11
 _EIATTR_KPARAM_INFO: Final = 0x17
 
 
-def _sections(cubin: bytes) -> tuple[Elf, dict[str, Section]]:
+def _sections(cubin: bytes) -> tuple[Elf, dict[str, int]]:
+    """The cubin and the index of each section name (of two of one name, the later)."""
     elf = Elf(cubin)
     if elf.elf_class != 2 or elf.order != 1:
         raise ElfError("not a 64-bit little-endian ELF file")
-    return elf, {s.name: s for s in elf.sections()}  # (of two sections of one name, the later)
+    return elf, {name: i for i, name in enumerate(elf.names())}
 
 
 def _kparams(info: bytes) -> list[tuple[int, int]]:
@@ -40,9 +41,9 @@ def cubin_kernels(cubin: bytes) -> KernelParams:
     out: KernelParams = {}
     try:
         elf, sections = _sections(cubin)
-        for name, section in sections.items():
+        for name, index in sections.items():
             if name.startswith(".nv.info.") and f".text.{name[9:]}" in sections:
-                out[name[9:]] = _kparams(elf.section_data(section))
+                out[name[9:]] = _kparams(elf.section_data(elf.section_at(index)))
     except ElfError as exc:
         raise LoadError(f"artifact is not a readable cubin: {exc}") from exc
     return dict(sorted(out.items()))
@@ -55,9 +56,9 @@ def cubin_frame_sizes(cubin: bytes) -> dict[str, int]:
     try:
         elf, sections = _sections(cubin)
         symtab, info = sections.get(".symtab"), sections.get(".nv.info")
-        names = [s.name for s in elf.symbols(symtab)] if symtab is not None else []
+        names = elf.symbol_names(elf.section_at(symtab)) if symtab is not None else []
         out = {}
-        for attr, value in eiattr_records(elf.section_data(info) if info is not None else b""):
+        for attr, value in eiattr_records(elf.section_data(elf.section_at(info)) if info is not None else b""):
             if attr == _EIATTR_FRAME_SIZE and len(value) >= 8:
                 index, size = struct.unpack_from("<II", value)
                 if size and index < len(names):
