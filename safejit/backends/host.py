@@ -1,5 +1,10 @@
 """Host backend: C/C++ through the system compiler into a shared object,
-loaded from the verified bytes (memfd + dlopen) and called through ctypes."""
+loaded from the verified bytes (memfd + dlopen) and called through ctypes.
+
+Calling a kernel runs the tenant's code in this process; loading one must not:
+an object that would run code of its own at ``dlopen`` (beyond what the
+toolchain's own empty link runs, read by the probe) is refused with
+``LoadTimeCodeError`` before it is published or loaded (``_load_time.py``)."""
 
 from __future__ import annotations
 
