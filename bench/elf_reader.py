@@ -3,7 +3,7 @@ measured in the same run on the same artifacts.
 
     python bench/elf_reader.py [--json out.json]
 
-Keys written (microseconds per call, best of 5 batches):
+Keys written (microseconds per call: the median of single calls, robust to a busy machine):
   host_functions_us / _before_us      exported functions of a host kernel (.dynsym), C and C++
   load_time_code_us                   the load-time analysis of that kernel (target: well under 100 us)
   host_compile_checks_us              both, as each host compile runs them
@@ -17,10 +17,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
-import timeit
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,8 +51,13 @@ extern "C" __global__ void local(int* out, int n) {
 """
 
 
-def _us(fn: Callable[[], object], number: int = 2000) -> float:
-    return min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6
+def _us(fn: Callable[[], object], number: int = 5000) -> float:
+    times = []
+    for _ in range(number):
+        started = time.perf_counter_ns()
+        fn()
+        times.append(time.perf_counter_ns() - started)
+    return statistics.median(times) / 1000
 
 
 def _link(work: Path, name: str, code: str, cxx: bool = False) -> bytes:
