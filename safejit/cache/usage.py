@@ -4,24 +4,72 @@ the cache root when its Runtime closes (or the process exits), so that
 
 One file per process (``<root>/v1/usage/<tenant>/<host>-<pid>-<rand>.json``):
 no two writers share a file, so no lock is needed.
+
+A record is hostile input when read back (others write the shared root): it is
+decoded by one strict schema, :class:`UsageRecord` — counters are bounded
+non-negative integers, latencies bounded non-negative seconds, the file at most
+:data:`RECORD_LIMIT` bytes — and anything else is a :class:`UsageError`, which
+``safejit stats`` reports as a finding (``maintenance.read_usage``). Fields a newer
+writer adds are ignored, so mixed versions can share a root.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Final
 
-from ..closure.hashing import read_file
+import msgspec
+
 from .layout import CacheLayout
 
-__all__ = ["MAX_SAMPLES", "read_usage", "usage_name", "write_usage"]
+__all__ = [
+    "MAX_SAMPLES",
+    "RECORD_LIMIT",
+    "UsageError",
+    "UsageRecord",
+    "decode_usage",
+    "usage_name",
+    "write_usage",
+]
 
-MAX_SAMPLES = 2000
+MAX_SAMPLES: Final = 2000
+#: A usage record larger than this is not read (MAX_SAMPLES latencies take ~30 KB).
+RECORD_LIMIT: Final = 1 << 20
+
+#: A backend or counter name (what ``Runtime.stats()`` and ``Config.backend`` use).
+_Name = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
+_Count = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
+_Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=1e7)]
+
+
+class UsageError(ValueError):
+    """A usage record that does not match the schema."""
+
+
+class UsageRecord(msgspec.Struct, frozen=True):
+    """One process's counters (``Runtime.stats()``) and its compile latencies."""
+
+    backend: _Name
+    counters: Annotated[dict[_Name, _Count], msgspec.Meta(max_length=256)]
+    compile_seconds: Annotated[tuple[_Seconds, ...], msgspec.Meta(max_length=MAX_SAMPLES)] = ()
+
+
+_DECODER: Final = msgspec.json.Decoder(UsageRecord)
+_ENCODER: Final = msgspec.json.Encoder()
+
+
+def decode_usage(raw: bytes) -> UsageRecord:
+    """Decode and validate a record; any deviation raises :class:`UsageError`."""
+    if len(raw) > RECORD_LIMIT:
+        raise UsageError(f"larger than {RECORD_LIMIT} bytes")
+    try:
+        return _DECODER.decode(raw)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise UsageError(str(exc)) from None
 
 
 def usage_name() -> str:
@@ -34,49 +82,19 @@ def write_usage(
 ) -> None:
     """Write (replace) this process's record. Raises ``OSError`` when it cannot."""
     directory = CacheLayout(root).usage_dir(tenant)
-    data = {
-        "backend": backend,
-        "counters": dict(counters),
-        "compile_seconds": [round(s, 6) for s in list(compile_seconds)[-MAX_SAMPLES:]],
-    }
+    record = UsageRecord(
+        backend=backend,
+        counters=dict(counters),
+        compile_seconds=tuple(round(s, 6) for s in list(compile_seconds)[-MAX_SAMPLES:]),
+    )
     tmp = os.path.join(directory, f".{name}.tmp")
     try:
         os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f".{name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(data, fh)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with open(fd, "wb") as fh:
+            fh.write(_ENCODER.encode(record))
         os.replace(tmp, os.path.join(directory, name))
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def _listing(path: str) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(path) as it:
-            return list(it)
-    except OSError:
-        return []
-
-
-def read_usage(root: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``(tenant, record)`` for every usage record under ``root``."""
-    base = CacheLayout(root).usage
-    try:
-        with os.scandir(base) as it:
-            tenants = sorted(it, key=lambda e: e.name)
-    except OSError:
-        return
-    for tenant in tenants:
-        if not tenant.is_dir(follow_symlinks=False):
-            continue
-        for entry in _listing(tenant.path):
-            if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
-                continue
-            try:
-                record = json.loads(read_file(entry.path)[0])  # (never blocks on a FIFO)
-            except (OSError, ValueError):
-                continue
-            if isinstance(record, dict) and isinstance(record.get("counters"), dict):
-                yield tenant.name, record
