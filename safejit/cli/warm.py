@@ -7,7 +7,7 @@ from typing import Any
 
 from ..errors import SafejitError
 from ..runtime import Runtime
-from ._common import EXIT_FINDINGS, EXIT_OK, config_for
+from ._common import EXIT_FINDINGS, EXIT_OK, CliError, config_for
 from ._out import Out
 
 __all__ = ["cmd_warm"]
@@ -26,6 +26,8 @@ def _warm_one(cache_dir: str | None, source_roots: tuple[str, ...], data: dict[s
             return rt.warm(Request(data))
     except SafejitError as exc:
         return f"failed: {data.get('name', '?')}: {type(exc).__name__}: {exc}"[:300]
+    except (KeyError, TypeError, ValueError) as exc:  # (an inventory line of the right version, wrong shape)
+        return f"failed: {data.get('name', '?')}: a malformed inventory request ({type(exc).__name__}: {exc})"[:300]
 
 
 def cmd_warm(args: argparse.Namespace, out: Out) -> int:
@@ -34,7 +36,10 @@ def cmd_warm(args: argparse.Namespace, out: Out) -> int:
 
     from ..inventory import read_inventory
 
-    requests = list(read_inventory(args.inventory))
+    try:
+        requests = list(read_inventory(args.inventory))
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{args.inventory}: not a JSON-lines inventory ({exc.reason})") from None
     outcomes: dict[str, int] = {}
     failures: list[str] = []
     ctx = multiprocessing.get_context("spawn")

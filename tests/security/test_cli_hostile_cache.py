@@ -457,3 +457,32 @@ def test_a_planted_cache_reached_through_a_symlinked_v1_is_not_shown(tmp_path):
         assert ran.rc == 1 and "secretkernel" not in ran.text, (args, ran)
     assert cli("inspect", leaves(elsewhere)[0].id, "--cache-dir", str(cache)).rc == 2  # not found here
     assert len(leaves(elsewhere)) == 1
+
+
+def test_prune_never_deletes_through_a_tenant_dir_swapped_for_a_symlink_midway(cache_dir, tmp_path):
+    """The race the descriptors close: between the walk and the delete, a writer of the
+    root swaps a tenant directory for a symlink to a look-alike tree outside."""
+    import shutil
+
+    from safejit.cache import maintenance
+
+    for tenant in ("a", "b"):
+        cfg = safejit.Config(backend="fake", cache_dirs=(str(cache_dir),), tenant=tenant)
+        with safejit.Runtime(config=cfg) as rt:
+            rt.build(SRC)
+    settle()
+    first = next(i for i in leaves(cache_dir) if i.tenant == "a")
+    _age(Path(first.path), days=2)  # (pruned first: least recently used)
+    lookalike = tmp_path / "outside" / "b"
+    shutil.copytree(cache_dir / "v1" / "b", lookalike, symlinks=True)
+    before = snapshot(lookalike)
+
+    def swap(done: int) -> None:
+        if done == 1:
+            os.rename(cache_dir / "v1" / "b", tmp_path / "b-moved")
+            (cache_dir / "v1" / "b").symlink_to(lookalike, target_is_directory=True)
+
+    report = maintenance.prune(str(cache_dir), max_bytes=0, grace_s=0, progress=swap)
+    assert report.removed == 1  # only the leaf reached without a symlink
+    assert snapshot(lookalike) == before
+    assert len(list((tmp_path / "b-moved").rglob("artifact.fake"))) == 1
