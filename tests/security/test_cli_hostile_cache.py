@@ -486,3 +486,31 @@ def test_prune_never_deletes_through_a_tenant_dir_swapped_for_a_symlink_midway(c
     assert report.removed == 1  # only the leaf reached without a symlink
     assert snapshot(lookalike) == before
     assert len(list((tmp_path / "b-moved").rglob("artifact.fake"))) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "reason"),
+    [
+        ("artifact.fake", "fifo", "artifact"),
+        ("artifact.fake", "symlink-to-outside", "artifact"),
+        (".committed", "symlink-to-outside", "marker"),
+        (".committed", "fifo", "marker"),
+        ("manifest.json", "fifo", "manifest"),
+    ],
+)
+def test_a_leaf_file_that_is_a_fifo_or_symlink_is_a_finding_and_not_read(
+    make_runtime, cache_dir, outside, name, kind, reason
+):
+    leaf = _leaf(make_runtime)
+    (leaf / name).unlink()
+    if kind == "fifo":
+        os.mkfifo(leaf / name)
+    else:
+        (leaf / name).symlink_to(outside / "secret")
+    before = snapshot(outside)
+    verify = cli("verify", "--cache-dir", str(cache_dir))
+    assert verify.rc == 1 and f": {reason}: " in verify.out and "0/1 leaves verify" in verify.out
+    _no_mark(verify, cli("verify", "--json", "--cache-dir", str(cache_dir)))
+    assert "(quarantined)" in cli("verify", "--fix", "--cache-dir", str(cache_dir)).out
+    assert leaves(cache_dir) == [] and cli("verify", "--cache-dir", str(cache_dir)).rc == 0
+    _assert_outside_intact(outside, before)
