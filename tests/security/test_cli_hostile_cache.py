@@ -301,7 +301,7 @@ GARBAGE_MANIFESTS = {
 def test_planted_manifest_is_a_finding_in_ls_inspect_and_verify(make_runtime, cache_dir, name):
     leaf = _leaf(make_runtime)
     if GARBAGE_MANIFESTS[name] is None:
-        _forge(leaf, lambda m: m.update(created=1e999 if False else 10**400))
+        _forge(leaf, lambda m: m.update(created=10**400))
     else:
         (leaf / "manifest.json").write_bytes(GARBAGE_MANIFESTS[name])
     ls = cli("ls", "--cache-dir", str(cache_dir))
