@@ -212,11 +212,14 @@ class BlackHole:
 
 class Proxy:
     """A TCP proxy to ``port`` that counts the bytes it forwards from the server and calls
-    ``on_bytes(total)`` as they pass (to kill the server mid-transfer)."""
+    ``on_bytes(total)`` as they pass (to kill the server mid-transfer), and that can hold
+    all traffic (``paused``)."""
 
     def __init__(self, port: int, on_bytes: Callable[[int], None] | None = None) -> None:
         self.target = port
         self.on_bytes = on_bytes
+        #: While set, nothing is forwarded in either direction (a hung peer, as under SIGSTOP).
+        self.paused = False
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(16)
@@ -231,7 +234,12 @@ class Proxy:
                 client, _ = self.sock.accept()
             except OSError:
                 return
-            server = socket.create_connection(("127.0.0.1", self.target))
+            try:
+                server = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+                server.settimeout(None)
+            except OSError:
+                client.close()  # the target is gone: the client sees its connection closed
+                continue
             self._socks += [client, server]
             threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
@@ -242,6 +250,8 @@ class Proxy:
                 data = src.recv(65536)
                 if not data:
                     break
+                while self.paused:
+                    time.sleep(0.005)
                 dst.sendall(data)
                 if count:
                     self.downstream += len(data)
@@ -254,7 +264,14 @@ class Proxy:
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
 
+    def cut(self) -> None:
+        """Reset every connection now (the peer died mid-transfer)."""
+        for s in self._socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
     def close(self) -> None:
+        self.paused = False
         self.sock.close()
         for s in self._socks:
             with contextlib.suppress(OSError):
