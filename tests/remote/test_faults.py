@@ -284,3 +284,28 @@ def test_delay_fault_is_not_cut_short(engine_url, make_store):
     with faults.inject("remote.get", "delay:0.1"):
         assert dict(store.index(K)) == {}
     assert time.perf_counter() - start >= 0.1
+
+
+def test_the_probe_admits_a_whole_operation(engine_url, make_store):
+    breaker = Breaker(FAST)
+    store = make_store(engine_url, breaker=breaker)
+    with faults.inject("remote.get", "raise:ETIMEDOUT"):
+        for _ in range(3):
+            assert timed(lambda: store.has_blob(K))[0] == "timeout"
+    assert breaker.state == "open"
+    time.sleep(FAST.probe_interval_s)
+    # put_blob of a large value makes two requests (exists?, then the write): both go through.
+    assert store.put_blob(K, os.urandom(100_000)).value == "created"
+    assert breaker.state == "closed"
+
+
+def test_remote_error_pickles_and_reads_well():
+    import pickle
+
+    err = RemoteError("timeout", "index", "TimeoutError: Timeout reading from socket", engine="redis")
+    assert str(err) == "remote redis index: timeout (TimeoutError: Timeout reading from socket)"
+    again = pickle.loads(pickle.dumps(err))
+    assert (again.reason, again.op, again.detail, again.engine) == ("timeout", "index", err.detail, "redis")
+    assert str(RemoteError("circuit_open", "get_blob")) == "remote get_blob: circuit_open"
+    with pytest.raises(ValueError):
+        RemoteError("bogus", "index")  # type: ignore[arg-type]

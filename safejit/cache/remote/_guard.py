@@ -65,12 +65,18 @@ class Guard:
         self._classify = classify
         self._observer = observer
 
+    def admit(self, op: str) -> None:
+        """Raise ``circuit_open`` unless the breaker lets a call through now. Called once per
+        public operation, before any other work, so that an open breaker costs a branch; a
+        call admitted as the probe must end in :meth:`run` (which records its outcome)."""
+        if not self.breaker.allow():
+            raise RemoteError("circuit_open", op, engine=self.engine)
+
     def run(
         self, op: str, point: str, fn: Callable[[], T], *, sent: int = 0, received: Callable[[T], int] | None = None
     ) -> T:
-        """``fn()``, or a :class:`RemoteError`. ``point`` is the fault point fired first."""
-        if not self.breaker.allow():
-            raise RemoteError("circuit_open", op, engine=self.engine)
+        """``fn()``, or a :class:`RemoteError`. ``point`` is the fault point fired first.
+        The caller was admitted (:meth:`admit`)."""
         start = time.perf_counter()
         try:
             faults.point(point)

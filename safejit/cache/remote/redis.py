@@ -24,7 +24,7 @@ from ._guard import Guard, os_reason
 from .breaker import Breaker, Transition
 from .layout import Layout, is_hex
 from .settings import RemoteSettings
-from .store import Lease, OpObserver, Put, Reason, RemoteError, new_token
+from .store import Lease, OpObserver, Put, Reason, RemoteError, check_ttl, new_token
 
 if TYPE_CHECKING:
     import redis as _redis
@@ -187,6 +187,7 @@ class RedisStore:
 
     def index(self, build_key: str) -> Mapping[str, bytes]:
         key = self.layout.redis_idx(build_key)
+        self._guard.admit("index")
         client = self.client()
         raw = self._guard.run(
             "index",
@@ -208,6 +209,7 @@ class RedisStore:
             raise ValueError(f"remote deps key must be 64 lowercase hex digits, got {deps_key!r:.80}")
         if len(manifest) > self.settings.max_manifest_bytes:
             raise RemoteError("oversize", "publish", f"manifest of {len(manifest)} bytes", engine=self.engine)
+        self._guard.admit("publish")
         client = self.client(len(manifest))
         cap = self.settings.index_cap
         got = self._guard.run(
@@ -222,6 +224,10 @@ class RedisStore:
 
     def has_blob(self, digest: str) -> bool:
         key = self.layout.redis_cas(digest)
+        self._guard.admit("has_blob")
+        return self._exists(key)
+
+    def _exists(self, key: str) -> bool:
         client = self.client()
         return bool(self._guard.run("has_blob", "remote.get", lambda: client.exists(key)))
 
@@ -231,6 +237,7 @@ class RedisStore:
         if cap > self.settings.max_bytes or cap < 0:
             raise RemoteError("oversize", "get_blob", f"{cap} bytes > {self.settings.max_bytes}", engine=self.engine)
         wire_cap = cap + 1  # the codec byte
+        self._guard.admit("get_blob")
         client = self.client(wire_cap)
         # GETRANGE's end is inclusive: at most wire_cap + 1 bytes, one more than allowed.
         blob = self._guard.run(
@@ -247,7 +254,8 @@ class RedisStore:
         settings = self.settings
         if len(data) > settings.max_bytes:
             raise RemoteError("oversize", "put_blob", f"{len(data)} bytes > {settings.max_bytes}", engine=self.engine)
-        if len(data) >= settings.compress_min_bytes and self.has_blob(digest):
+        self._guard.admit("put_blob")
+        if len(data) >= settings.compress_min_bytes and self._exists(key):
             return Put.EXISTS  # SET NX would ship the whole value only to be refused
         blob = codec.encode(data, min_bytes=settings.compress_min_bytes, level=settings.compress_level)
         client = self.client(len(blob))
@@ -258,8 +266,9 @@ class RedisStore:
 
     def acquire_lease(self, build_key: str, holder: str = "", ttl_s: float | None = None) -> Lease | None:
         key = self.layout.redis_lease(build_key)
-        ttl = self.settings.lease_ttl_s if ttl_s is None else ttl_s
+        ttl = check_ttl(self.settings.lease_ttl_s if ttl_s is None else ttl_s)
         token = new_token(holder)
+        self._guard.admit("lease")
         client = self.client()
         ms = max(1, round(ttl * 1000))
         got = self._guard.run("lease", "remote.lease", lambda: client.set(key, token, nx=True, px=ms))
@@ -267,6 +276,7 @@ class RedisStore:
 
     def renew_lease(self, lease: Lease) -> bool:
         key = self.layout.redis_lease(lease.build_key)
+        self._guard.admit("lease")
         client = self.client()
         ms = max(1, round(lease.ttl_s * 1000))
         got = self._guard.run("lease", "remote.lease", lambda: _SCRIPTS["renew"](client, key, lease.token, ms))
@@ -274,12 +284,14 @@ class RedisStore:
 
     def release_lease(self, lease: Lease) -> bool:
         key = self.layout.redis_lease(lease.build_key)
+        self._guard.admit("lease")
         client = self.client()
         got = self._guard.run("lease", "remote.lease", lambda: _SCRIPTS["release"](client, key, lease.token))
         return bool(got)
 
     def lease_holder(self, build_key: str) -> str | None:
         key = self.layout.redis_lease(build_key)
+        self._guard.admit("lease_holder")
         client = self.client()
         got = self._guard.run("lease_holder", "remote.get", lambda: cast("bytes | None", client.get(key)))
         return got.decode("utf-8", "replace") if got is not None else None

@@ -29,9 +29,9 @@ from ...errors import ConfigError
 from . import codec
 from ._guard import Guard, os_reason
 from .breaker import Breaker, Transition
-from .layout import Layout, check_hex
+from .layout import Layout, is_hex
 from .settings import RemoteSettings
-from .store import Lease, OpObserver, Put, Reason, RemoteError, new_token
+from .store import Lease, OpObserver, Put, Reason, RemoteError, check_ttl, new_token
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig, S3Config
@@ -189,38 +189,34 @@ class S3Store:
 
     def index(self, build_key: str) -> Mapping[str, bytes]:
         prefix = self.layout.s3_idx_dir(build_key)
+        self._guard.admit("index")
         store = self._store()
-        listing: list[dict[str, Any]] = self._run(
-            "index", "remote.get", lambda: self._obstore.list(store, prefix).collect()
-        )
         limit = self.settings.max_manifest_bytes
-        wanted: list[tuple[str, str]] = []
-        for meta in listing[: self.settings.index_cap]:
-            path = str(meta["path"])
-            name = path[len(prefix) :].removesuffix(".json")
-            if path.startswith(prefix) and path.endswith(".json") and int(meta["size"]) <= limit:
-                try:
-                    wanted.append((check_hex(name, "deps key"), path))
-                except ValueError:
-                    continue
-        out: dict[str, bytes] = {}
         manifest_store = self._store(limit)
-        for deps_key, path in wanted:
-            got = self._run(
-                "index",
-                "remote.get",
-                lambda path=path: self._get(manifest_store, path, limit),  # type: ignore[misc]
-                received=lambda r: len(r[0]) if r else 0,
-            )
-            if got is not None and len(got[0]) <= limit and got[1] <= limit:
-                out[deps_key] = got[0]
-        return out
+
+        def fetch() -> dict[str, bytes]:
+            # One LIST (all a miss costs), then one GET per leaf listed, at most index_cap.
+            out: dict[str, bytes] = {}
+            for meta in self._obstore.list(store, prefix).collect()[: self.settings.index_cap]:
+                path = str(meta["path"])
+                name = path[len(prefix) :].removesuffix(".json")
+                if not (path.startswith(prefix) and path.endswith(".json") and is_hex(name)):
+                    continue
+                if int(meta["size"]) > limit:
+                    continue
+                got = self._get(manifest_store, path, limit)
+                if got is not None and len(got[0]) <= limit and got[1] <= limit:
+                    out[name] = got[0]
+            return out
+
+        return self._run("index", "remote.get", fetch, received=lambda r: sum(len(v) for v in r.values()))
 
     def publish_manifest(self, build_key: str, deps_key: str, manifest: bytes) -> Put:
         path = self.layout.s3_idx(build_key, deps_key)
         if len(manifest) > self.settings.max_manifest_bytes:
             raise RemoteError("oversize", "publish", f"manifest of {len(manifest)} bytes", engine=self.engine)
         prefix = self.layout.s3_idx_dir(build_key)
+        self._guard.admit("publish")
         store = self._store(len(manifest))
 
         def publish() -> Put:
@@ -240,6 +236,10 @@ class S3Store:
 
     def has_blob(self, digest: str) -> bool:
         path = self.layout.s3_cas(digest)
+        self._guard.admit("has_blob")
+        return self._exists(path)
+
+    def _exists(self, path: str) -> bool:
         store = self._store()
 
         def head() -> bool:
@@ -257,6 +257,7 @@ class S3Store:
         if cap > self.settings.max_bytes or cap < 0:
             raise RemoteError("oversize", "get_blob", f"{cap} bytes > {self.settings.max_bytes}", engine=self.engine)
         wire_cap = cap + 1
+        self._guard.admit("get_blob")
         store = self._store(wire_cap)
         got = self._run(
             "get_blob", "remote.get", lambda: self._get(store, path, wire_cap), received=lambda r: len(r[0]) if r else 0
@@ -273,7 +274,8 @@ class S3Store:
         settings = self.settings
         if len(data) > settings.max_bytes:
             raise RemoteError("oversize", "put_blob", f"{len(data)} bytes > {settings.max_bytes}", engine=self.engine)
-        if len(data) >= settings.compress_min_bytes and self.has_blob(digest):
+        self._guard.admit("put_blob")
+        if len(data) >= settings.compress_min_bytes and self._exists(path):
             return Put.EXISTS
         blob = codec.encode(data, min_bytes=settings.compress_min_bytes, level=settings.compress_level)
         store = self._store(len(blob))
@@ -283,8 +285,9 @@ class S3Store:
 
     def acquire_lease(self, build_key: str, holder: str = "", ttl_s: float | None = None) -> Lease | None:
         path = self.layout.s3_lease(build_key)
-        ttl = self.settings.lease_ttl_s if ttl_s is None else ttl_s
+        ttl = check_ttl(self.settings.lease_ttl_s if ttl_s is None else ttl_s)
         token = new_token(holder)
+        self._guard.admit("lease")
         store = self._store()
 
         def acquire() -> bool:
@@ -308,6 +311,7 @@ class S3Store:
 
     def lease_holder(self, build_key: str) -> str | None:
         path = self.layout.s3_lease(build_key)
+        self._guard.admit("lease_holder")
         store = self._store()
         current = self._run("lease_holder", "remote.get", lambda: self._read_lease(store, path))
         if current is None or current[1] <= time.time() or not current[0]:
@@ -317,6 +321,7 @@ class S3Store:
     def _update_lease(self, lease: Lease, expires: float, token: str) -> bool:
         """Write ``(token, expires)`` over the lease only while it holds ``lease.token``."""
         path = self.layout.s3_lease(lease.build_key)
+        self._guard.admit("lease")
         store = self._store()
 
         def update() -> bool:

@@ -22,7 +22,7 @@ from typing import Any, Final, Literal, Protocol, get_args
 
 from .settings import RemoteSettings
 
-__all__ = ["REASONS", "Lease", "OpObserver", "Put", "Reason", "RemoteError", "RemoteStore", "new_token"]
+__all__ = ["REASONS", "Lease", "OpObserver", "Put", "Reason", "RemoteError", "RemoteStore", "check_ttl", "new_token"]
 
 #: Why a remote operation failed:
 #: ``timeout``      the server did not answer within the deadline (or connect timeout);
@@ -40,6 +40,8 @@ REASONS: Final[frozenset[str]] = frozenset(get_args(Reason))
 class RemoteError(Exception):
     """A remote operation failed; ``reason`` says why (one of :data:`REASONS`)."""
 
+    # The message is built when shown, not when raised: with the breaker open, raising this
+    # is most of what a skipped lookup costs.
     def __init__(self, reason: Reason, op: str, detail: str = "", *, engine: str = "") -> None:
         if reason not in REASONS:
             raise ValueError(f"unknown remote failure reason {reason!r}")
@@ -47,8 +49,13 @@ class RemoteError(Exception):
         self.op = op
         self.detail = detail
         self.engine = engine
-        where = f"{engine} {op}" if engine else op
-        super().__init__(f"remote {where}: {reason}" + (f" ({detail})" if detail else ""))
+
+    def __str__(self) -> str:
+        where = f"{self.engine} {self.op}" if self.engine else self.op
+        return f"remote {where}: {self.reason}" + (f" ({self.detail})" if self.detail else "")
+
+    def __repr__(self) -> str:
+        return f"RemoteError({self.reason!r}, {self.op!r}, {self.detail!r}, engine={self.engine!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (self.reason, self.op, self.detail, self.engine))
@@ -84,6 +91,13 @@ def new_token(holder: str = "") -> str:
     if not isinstance(holder, str) or len(holder) > 200 or any(c in holder for c in "\r\n\0"):
         raise ValueError("a lease holder name must be a short string on one line")
     return f"{holder}:{uuid.uuid4().hex}" if holder else uuid.uuid4().hex
+
+
+def check_ttl(ttl_s: float) -> float:
+    """``ttl_s`` if it is a usable lease lifetime (1 ms to a day), else ``ValueError``."""
+    if not isinstance(ttl_s, int | float) or isinstance(ttl_s, bool) or not 0.001 <= ttl_s <= 86400:
+        raise ValueError(f"a lease TTL must be between 0.001 and 86400 seconds, got {ttl_s!r}")
+    return float(ttl_s)
 
 
 class OpObserver(Protocol):

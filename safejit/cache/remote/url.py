@@ -178,7 +178,8 @@ def parse_url(
     if base.session_token is not None and scheme != "s3":
         raise ConfigError("a session token applies to s3:// remotes only")
     if scheme == "s3":
-        return _s3(url, base, parts.hostname or "", parts.path, port, query)
+        # urlsplit lowercases the host; a bucket name is taken as written (and must be lowercase).
+        return _s3(url, base, parts.netloc.rpartition("@")[2], parts.path, port, query)
     return _redis(url, base, parts.hostname or "", parts.path, port, query)
 
 
