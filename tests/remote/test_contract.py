@@ -78,7 +78,9 @@ def test_blob_round_trip(engine_url, make_store, size):
     assert store.get_blob(digest) is None
     assert store.put_blob(digest, data) is Put.CREATED
     assert store.has_blob(digest) is True
-    assert store.get_blob(digest) == data
+    got = store.get_blob(digest)
+    assert isinstance(got, memoryview) and got.readonly
+    assert bytes(got) == data
     assert store.get_blob(digest, size=size) == data
 
 

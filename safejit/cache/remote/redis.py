@@ -18,6 +18,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final, cast
 
+from ... import faults
 from ...errors import ConfigError
 from . import codec
 from ._guard import Guard, os_reason
@@ -231,7 +232,7 @@ class RedisStore:
         client = self.client()
         return bool(self._guard.run("has_blob", "remote.get", lambda: client.exists(key)))
 
-    def get_blob(self, digest: str, *, size: int | None = None) -> bytes | None:
+    def get_blob(self, digest: str, *, size: int | None = None) -> memoryview | None:
         key = self.layout.redis_cas(digest)
         cap = self.settings.max_bytes if size is None else size
         if cap > self.settings.max_bytes or cap < 0:
@@ -247,7 +248,7 @@ class RedisStore:
             return None  # absent (a stored value always has its codec byte)
         if len(blob) > wire_cap:
             raise RemoteError("oversize", "get_blob", f"stored value over {wire_cap} bytes", engine=self.engine)
-        return codec.decode(_mangled(blob), max_bytes=cap)
+        return codec.decode(faults.mangle("remote.get", blob), max_bytes=cap)
 
     def put_blob(self, digest: str, data: bytes) -> Put:
         key = self.layout.redis_cas(digest)
@@ -297,12 +298,6 @@ class RedisStore:
         return got.decode("utf-8", "replace") if got is not None else None
 
 
-def _mangled(blob: bytes) -> bytes:
-    from ... import faults
-
-    return faults.mangle("remote.get", blob)
-
-
 def _no_client_info(connection_class: type) -> dict[str, Any]:
     """Keyword arguments that stop redis-py sending CLIENT SETINFO on connect (a round trip,
     and a command a least-privilege ACL user should not need): ``driver_info=None`` on
@@ -318,8 +313,6 @@ def _no_client_info(connection_class: type) -> dict[str, Any]:
 def _connection_class(redis: Any, settings: RemoteSettings) -> type:
     """redis-py's connection class for the URL's scheme, with the ``remote.connect`` fault
     point at every connect."""
-    from ... import faults
-
     scheme = settings.url.scheme
     base = {
         "redis": redis.Connection,

@@ -251,7 +251,7 @@ class S3Store:
 
         return self._run("has_blob", "remote.get", head)
 
-    def get_blob(self, digest: str, *, size: int | None = None) -> bytes | None:
+    def get_blob(self, digest: str, *, size: int | None = None) -> memoryview | None:
         path = self.layout.s3_cas(digest)
         cap = self.settings.max_bytes if size is None else size
         if cap > self.settings.max_bytes or cap < 0:

@@ -139,8 +139,9 @@ class RemoteStore(Protocol):
 
     def has_blob(self, digest: str) -> bool: ...
 
-    def get_blob(self, digest: str, *, size: int | None = None) -> bytes | None:
-        """The decoded artifact stored under ``digest``, or ``None`` if absent. ``size``
+    def get_blob(self, digest: str, *, size: int | None = None) -> memoryview | None:
+        """The decoded artifact stored under ``digest`` (a read-only view of the bytes
+        received, not copied; ``bytes(view)`` copies), or ``None`` if absent. ``size``
         (the manifest's artifact size) caps what is read and scales the deadline; a stored
         value, compressed or not, over the cap is ``oversize`` and is never read whole.
         The bytes are not checked against ``digest``: that is the caller's job."""
