@@ -5,6 +5,7 @@ are enforced without reading the whole value, and lease ownership."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -282,3 +283,45 @@ def test_s3_object_keys_mirror_the_redis_layout(s3_url, s3_client, make_store):
             f"v1/t1/cuda/lease/{K}",
         ]
     )
+
+
+def _in_forked_child(fn) -> str:
+    """Run ``fn()`` in a forked child; what it returned or the reason it raised."""
+    import warnings
+
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads running
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read)
+        signal.alarm(10)  # a hang ends the child, and the test fails on its status
+        try:
+            out = repr(fn())
+        except RemoteError as exc:
+            out = f"RemoteError:{exc.reason}"
+        except BaseException as exc:
+            out = f"{type(exc).__name__}:{exc}"
+        os.write(write, out.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        out = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, (status, out)
+    return out
+
+
+def test_redis_store_used_before_fork_works_in_the_child(redis_server, make_store):
+    store = make_store(redis_server.url)
+    store.publish_manifest(K, D1, b"m")
+    assert _in_forked_child(lambda: dict(store.index(K))) == repr({D1: b"m"})
+
+
+def test_s3_store_used_before_fork_fails_fast_in_the_child(s3_url, make_store):
+    store = make_store(s3_url)
+    store.publish_manifest(K, D1, b"m")
+    fresh = make_store(s3_url)
+    start = time.monotonic()
+    assert _in_forked_child(lambda: dict(fresh.index(K))) == "RemoteError:error"
+    assert time.monotonic() - start < 5  # not the hang of obstore's runtime in a forked child

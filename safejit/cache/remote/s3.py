@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -42,6 +43,23 @@ T = TypeVar("T")
 _LEASE_BODY_LIMIT: Final = 4096
 #: A concurrent conditional write to the same key (409 ConditionalRequestConflict) is retried once.
 _CONFLICT_RETRIES: Final = 1
+
+
+#: obstore runs requests on a tokio runtime, whose threads a forked child does not have:
+#: in a child forked after the parent made a request, every request would hang. Such a
+#: child fails fast instead (each S3 operation is the reason ``error``); start workers
+#: with ``spawn`` or ``forkserver``, or open the remote in each worker.
+_used = False
+_forked_after_use = False
+_FORK_MESSAGE: Final = "obstore cannot run in a process forked after it was used; use spawn or forkserver"
+
+
+def _on_fork_in_child() -> None:
+    global _forked_after_use
+    _forked_after_use = _forked_after_use or _used
+
+
+os.register_at_fork(after_in_child=_on_fork_in_child)
 
 
 def classify(exc: BaseException) -> Reason:
@@ -143,6 +161,11 @@ class S3Store:
     def _run(
         self, op: str, point: str, fn: Callable[[], T], *, sent: int = 0, received: Callable[[T], int] | None = None
     ) -> T:
+        global _used
+        if _forked_after_use:
+            raise RemoteError("error", op, _FORK_MESSAGE, engine=self.engine)
+        _used = True
+
         def call() -> T:
             if not self._connected:
                 faults.point("remote.connect")
