@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from .breaker import Breaker, BreakerPolicy, Transition
 from .layout import Layout
+from .lease import LeaseKeeper
 from .settings import RemoteSettings
 from .store import REASONS, Lease, OpObserver, Put, Reason, RemoteError, RemoteStore
 from .url import RemoteURL, Secret, parse_url
@@ -34,6 +35,7 @@ __all__ = [
     "BreakerPolicy",
     "Layout",
     "Lease",
+    "LeaseKeeper",
     "OpObserver",
     "Put",
     "Reason",
