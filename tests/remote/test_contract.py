@@ -325,3 +325,25 @@ def test_s3_store_used_before_fork_fails_fast_in_the_child(s3_url, make_store):
     start = time.monotonic()
     assert _in_forked_child(lambda: dict(fresh.index(K))) == "RemoteError:error"
     assert time.monotonic() - start < 5  # not the hang of obstore's runtime in a forked child
+
+
+def test_planted_empty_or_garbage_blob_is_corrupt_not_an_outage(engine_url, make_store, request):
+    store = make_store(engine_url)
+    empty, garbage = hexkey("empty"), hexkey("garbage")
+    if engine_url.startswith("redis"):
+        admin = request.getfixturevalue("redis_server").admin()
+        admin.set(f"sj:v1:t1:cas:{garbage}", b"\x09garbage")
+        admin.set(f"sj:v1:t1:cas:{empty}", b"")  # GETRANGE cannot tell it from absent: a miss
+        assert store.get_blob(empty) is None
+    else:
+        client = request.getfixturevalue("s3_client")
+        prefix = engine_url.split("/")[3].split("?")[0]
+        client.put_object(Bucket="sj-remote-tests", Key=f"{prefix}/v1/t1/cas/{empty[:2]}/{empty}", Body=b"")
+        client.put_object(Bucket="sj-remote-tests", Key=f"{prefix}/v1/t1/cas/{garbage[:2]}/{garbage}", Body=b"\x09g")
+        with pytest.raises(RemoteError) as info:
+            store.get_blob(empty)
+        assert info.value.reason == "corrupt"
+    with pytest.raises(RemoteError) as info:
+        store.get_blob(garbage)
+    assert info.value.reason == "corrupt"
+    assert store.breaker.state == "closed"  # type: ignore[attr-defined]

@@ -181,10 +181,16 @@ class S3Store:
 
     def _get(self, store: Any, path: str, limit: int) -> tuple[bytes, int, str] | None:
         """``(at most limit + 1 bytes, full size, etag)`` of ``path``, or ``None`` if absent."""
+        from obstore import exceptions as errors
+
         try:
             result = self._obstore.get(store, path, options={"range": (0, limit + 1)})
         except FileNotFoundError:
             return None
+        except errors.GenericError as exc:
+            if "416 Range Not Satisfiable" in str(exc):
+                return (b"", 0, "")  # an empty object: no range of it exists
+            raise
         meta = result.meta
         return bytes(result.bytes()), int(meta["size"]), str(meta.get("e_tag") or "")
 
