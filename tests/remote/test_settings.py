@@ -226,3 +226,11 @@ def test_failures_against_unreachable_remotes_never_show_the_password(make_store
         assert info.value.reason == "refused"
         shown = str(info.value) + repr(info.value) + "".join(traceback.format_exception(info.value)) + caplog.text
         assert PASSWORD not in shown and ENCODED not in shown
+
+
+def test_deadline_classes_are_few_and_never_shorter_than_the_deadline():
+    settings = RemoteSettings.from_url("redis://cache")
+    sizes = [0, 1, 10 << 20, 20 << 20, 50 << 20, 100 << 20, 300 << 20, 1 << 30]
+    classes = [settings.deadline_class(n) for n in sizes]
+    assert classes == [0.05, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0]
+    assert all(c >= settings.deadline(n) for c, n in zip(classes, sizes, strict=True))

@@ -132,11 +132,7 @@ class RedisStore:
     def client(self, nbytes: int = 0) -> _redis.Redis:
         """The client whose sockets wait at most the deadline of an ``nbytes`` transfer
         (also what the benchmark uses for its raw GETs)."""
-        want = self.settings.deadline(nbytes)
-        bucket = self.settings.op_timeout_s
-        while bucket < want:
-            bucket *= 2
-        bucket = min(bucket, self.settings.timeout_max_s)
+        bucket = self.settings.deadline_class(nbytes)
         found = self._clients.get(bucket)
         if found is not None:
             return found

@@ -119,11 +119,7 @@ class S3Store:
     def _store(self, nbytes: int = 0) -> Any:
         """The obstore store whose requests time out at the deadline of an ``nbytes``
         transfer (one HTTP client per deadline class: obstore fixes it per store)."""
-        want = self.settings.deadline(nbytes)
-        bucket = self.settings.op_timeout_s
-        while bucket < want:
-            bucket *= 2
-        bucket = min(bucket, self.settings.timeout_max_s)
+        bucket = self.settings.deadline_class(nbytes)
         found = self._stores.get(bucket)
         if found is not None:
             return found

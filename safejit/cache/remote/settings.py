@@ -101,5 +101,15 @@ class RemoteSettings:
         """Seconds allowed for one operation moving ``nbytes``."""
         return min(self.timeout_max_s, max(self.op_timeout_s, nbytes / self.bytes_per_s))
 
+    def deadline_class(self, nbytes: int = 0) -> float:
+        """The deadline an engine's connections for an ``nbytes`` transfer are set up with:
+        :meth:`deadline` rounded up to the floor times a power of two (at most the cap), so
+        that an engine keeps a handful of connection pools, not one per size."""
+        want = self.deadline(nbytes)
+        bucket = self.op_timeout_s
+        while bucket < want:
+            bucket *= 2
+        return min(bucket, self.timeout_max_s)
+
     def redact(self, text: str) -> str:
         return self.url.redact(text)
