@@ -347,3 +347,33 @@ def test_planted_empty_or_garbage_blob_is_corrupt_not_an_outage(engine_url, make
         store.get_blob(garbage)
     assert info.value.reason == "corrupt"
     assert store.breaker.state == "closed"  # type: ignore[attr-defined]
+
+
+def test_s3_conditional_write_conflict_is_retried_once(s3_url, make_store):
+    import types
+
+    import obstore
+    from obstore.exceptions import GenericError
+
+    store = make_store(s3_url)
+    calls: list[str] = []
+
+    def put(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 1:
+            raise GenericError("Server returned non-2xx status code: 409 Conflict: ConditionalRequestConflict")
+        return obstore.put(*args, **kwargs)
+
+    store._obstore = types.SimpleNamespace(**{n: getattr(obstore, n) for n in ("get", "head", "list")}, put=put)
+    assert store.put_blob(hexkey("c"), b"data") is Put.CREATED
+    assert len(calls) == 2
+    calls.clear()
+
+    def always_conflict(*args, **kwargs):
+        calls.append(args[1])
+        raise GenericError("Server returned non-2xx status code: 409 Conflict: ConditionalRequestConflict")
+
+    store._obstore.put = always_conflict
+    with pytest.raises(RemoteError) as info:
+        store.put_blob(hexkey("d"), b"data")
+    assert info.value.reason == "error" and len(calls) == 2

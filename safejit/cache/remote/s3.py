@@ -200,7 +200,7 @@ class S3Store:
             except errors.AlreadyExistsError:
                 return Put.EXISTS
             except errors.GenericError as exc:
-                if "409" not in str(exc) or attempt == _CONFLICT_RETRIES:
+                if "409 Conflict" not in str(exc) or attempt == _CONFLICT_RETRIES:
                     raise
                 continue
             return Put.CREATED
@@ -385,7 +385,7 @@ class S3Store:
         except (errors.PreconditionError, errors.AlreadyExistsError, FileNotFoundError):
             return False
         except errors.GenericError as exc:
-            if "409" in str(exc):  # a concurrent conditional write won
+            if "409 Conflict" in str(exc):  # a concurrent conditional write won
                 return False
             raise
         return True
