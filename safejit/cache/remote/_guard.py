@@ -67,8 +67,10 @@ class Guard:
 
     def admit(self, op: str) -> None:
         """Raise ``circuit_open`` unless the breaker lets a call through now. Called once per
-        public operation, before any other work, so that an open breaker costs a branch; a
-        call admitted as the probe must end in :meth:`run` (which records its outcome)."""
+        public operation (lookups call it first of all, so that an open breaker costs about a
+        branch). A call admitted as the probe records its outcome in :meth:`run`; one that
+        fails before reaching the remote (a malformed key) leaves the probe to expire, and
+        the next one goes out an interval later."""
         if not self.breaker.allow():
             raise RemoteError("circuit_open", op, engine=self.engine)
 

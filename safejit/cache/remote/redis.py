@@ -183,8 +183,8 @@ class RedisStore:
     # -- index ---------------------------------------------------------------
 
     def index(self, build_key: str) -> Mapping[str, bytes]:
-        key = self.layout.redis_idx(build_key)
         self._guard.admit("index")
+        key = self.layout.redis_idx(build_key)
         client = self.client()
         raw = self._guard.run(
             "index",
@@ -220,8 +220,8 @@ class RedisStore:
     # -- blobs ---------------------------------------------------------------
 
     def has_blob(self, digest: str) -> bool:
-        key = self.layout.redis_cas(digest)
         self._guard.admit("has_blob")
+        key = self.layout.redis_cas(digest)
         return self._exists(key)
 
     def _exists(self, key: str) -> bool:
@@ -229,12 +229,12 @@ class RedisStore:
         return bool(self._guard.run("has_blob", "remote.get", lambda: client.exists(key)))
 
     def get_blob(self, digest: str, *, size: int | None = None) -> memoryview | None:
+        self._guard.admit("get_blob")
         key = self.layout.redis_cas(digest)
         cap = self.settings.max_bytes if size is None else size
         if cap > self.settings.max_bytes or cap < 0:
             raise RemoteError("oversize", "get_blob", f"{cap} bytes > {self.settings.max_bytes}", engine=self.engine)
         wire_cap = cap + 1  # the codec byte
-        self._guard.admit("get_blob")
         client = self.client(wire_cap)
         # GETRANGE's end is inclusive: at most wire_cap + 1 bytes, one more than allowed.
         blob = self._guard.run(
@@ -287,8 +287,8 @@ class RedisStore:
         return bool(got)
 
     def lease_holder(self, build_key: str) -> str | None:
-        key = self.layout.redis_lease(build_key)
         self._guard.admit("lease_holder")
+        key = self.layout.redis_lease(build_key)
         client = self.client()
         got = self._guard.run("lease_holder", "remote.get", lambda: cast("bytes | None", client.get(key)))
         return got.decode("utf-8", "replace") if got is not None else None

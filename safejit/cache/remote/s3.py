@@ -213,8 +213,8 @@ class S3Store:
     # -- index ---------------------------------------------------------------
 
     def index(self, build_key: str) -> Mapping[str, bytes]:
-        prefix = self.layout.s3_idx_dir(build_key)
         self._guard.admit("index")
+        prefix = self.layout.s3_idx_dir(build_key)
         store = self._store()
         limit = self.settings.max_manifest_bytes
         manifest_store = self._store(limit)
@@ -260,8 +260,8 @@ class S3Store:
     # -- blobs ---------------------------------------------------------------
 
     def has_blob(self, digest: str) -> bool:
-        path = self.layout.s3_cas(digest)
         self._guard.admit("has_blob")
+        path = self.layout.s3_cas(digest)
         return self._exists(path)
 
     def _exists(self, path: str) -> bool:
@@ -277,12 +277,12 @@ class S3Store:
         return self._run("has_blob", "remote.get", head)
 
     def get_blob(self, digest: str, *, size: int | None = None) -> memoryview | None:
+        self._guard.admit("get_blob")
         path = self.layout.s3_cas(digest)
         cap = self.settings.max_bytes if size is None else size
         if cap > self.settings.max_bytes or cap < 0:
             raise RemoteError("oversize", "get_blob", f"{cap} bytes > {self.settings.max_bytes}", engine=self.engine)
         wire_cap = cap + 1
-        self._guard.admit("get_blob")
         store = self._store(wire_cap)
         got = self._run(
             "get_blob", "remote.get", lambda: self._get(store, path, wire_cap), received=lambda r: len(r[0]) if r else 0
@@ -335,8 +335,8 @@ class S3Store:
         return self._update_lease(lease, 0.0, "")
 
     def lease_holder(self, build_key: str) -> str | None:
-        path = self.layout.s3_lease(build_key)
         self._guard.admit("lease_holder")
+        path = self.layout.s3_lease(build_key)
         store = self._store()
         current = self._run("lease_holder", "remote.get", lambda: self._read_lease(store, path))
         if current is None or current[1] <= time.time() or not current[0]:
