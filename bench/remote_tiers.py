@@ -18,6 +18,7 @@ Keys written (targets in parentheses):
   remote_refused_first_ms         the first lookup against a port where nothing listens (<= 100)
   remote_down_open_us             one lookup while the breaker is open, RemoteError raised and caught (<= 2)
   breaker_allow_open_us           the breaker's check alone while open
+  bare_raise_us                   the peer: raising and catching a plain exception, same run
   cubin_wire_ratio                a real sm_90 cubin's size / its stored (zstd-1) size (>= 3)
   cubin_bytes, cubin_zstd_ms      its size, and the time to encode it
 """
@@ -143,12 +144,23 @@ def open_cost(results: dict[str, Any]) -> None:
         except RemoteError:
             pass
 
+    def bare_raise() -> None:  # the peer: what raising and catching any exception costs here
+        try:
+            raise LookupError("miss")
+        except LookupError:
+            pass
+
     n = 100_000
     per_call = min(timeit.repeat(lookup, number=n, repeat=5)) / n * 1e6
     allow = min(timeit.repeat(breaker.allow, number=n, repeat=5)) / n * 1e6
+    bare = min(timeit.repeat(bare_raise, number=n, repeat=5)) / n * 1e6
     results["remote_down_open_us"] = round(per_call, 3)
     results["breaker_allow_open_us"] = round(allow, 3)
-    print(f"breaker open: {per_call:.2f} us per lookup ({allow:.3f} us for the check alone)")
+    results["bare_raise_us"] = round(bare, 3)
+    print(
+        f"breaker open: {per_call:.2f} us per lookup ({allow:.3f} us for the check alone; "
+        f"raising and catching any exception: {bare:.2f} us)"
+    )
     store.close()
 
 
