@@ -71,7 +71,8 @@ class Guard:
         branch). A call admitted as the probe records its outcome in :meth:`run`; one that
         fails before reaching the remote (a malformed key) leaves the probe to expire, and
         the next one goes out an interval later."""
-        if not self.breaker.allow():
+        breaker = self.breaker
+        if not breaker.closed and not breaker.allow():  # the closed case without a call
             raise RemoteError("circuit_open", op, engine=self.engine)
 
     def run(

@@ -73,7 +73,8 @@ class Breaker:
         self._on_transition = on_transition
         self._clock = clock
         self._lock = threading.Lock()
-        self._closed = True  # the one attribute the fast path reads
+        #: Read-only for callers: ``state == "closed"``, as a plain attribute (the fast path).
+        self.closed = True
         self._state: State = "closed"
         self._next_probe = 0.0
         self._probing = False
@@ -89,7 +90,7 @@ class Breaker:
     def allow(self) -> bool:
         """May a call go to the remote now? Closed: yes. Open: only the probe, at most one
         per ``probe_interval_s``."""
-        if self._closed:
+        if self.closed:
             return True
         if self._clock() < self._next_probe:
             return False
@@ -162,7 +163,7 @@ class Breaker:
         if old == new:
             return None
         self._state = new
-        self._closed = new == "closed"
+        self.closed = new == "closed"
         self.transitions += 1
         return (old, new)
 

@@ -42,13 +42,18 @@ class RemoteError(Exception):
 
     # The message is built when shown, not when raised: with the breaker open, raising this
     # is most of what a skipped lookup costs.
+    detail: str = ""
+    engine: str = ""
+
     def __init__(self, reason: Reason, op: str, detail: str = "", *, engine: str = "") -> None:
         if reason not in REASONS:
             raise ValueError(f"unknown remote failure reason {reason!r}")
         self.reason: Reason = reason
         self.op = op
-        self.detail = detail
-        self.engine = engine
+        if detail:
+            self.detail = detail
+        if engine:
+            self.engine = engine
 
     def __str__(self) -> str:
         where = f"{self.engine} {self.op}" if self.engine else self.op
