@@ -85,12 +85,12 @@ def layout_findings(root: str) -> list[Finding]:
 
 
 def show_findings(out: Out, findings: list[Finding]) -> None:
-    """One ``FAIL`` line per finding (on stdout: they are the command's result)."""
+    """One ``FAIL <path>: <reason>: <detail>`` line per finding (on stdout: they are the
+    command's result), the leaf's id and what ``--fix`` did after it."""
     for f in findings:
-        where = f"{f.id} {f.path}" if f.id else f.path
-        out.line(
-            ("FAIL", "bad"), f" {where}: {f.reason}: {f.detail}", *([(f" ({f.fixed})", "warn")] if f.fixed else [])
-        )
+        tail = [(f" [id {f.id}]", "dim")] if f.id else []
+        tail += [(f" ({f.fixed})", "warn")] if f.fixed else []
+        out.line(("FAIL", "bad"), f" {f.path}: {f.reason}: {f.detail}", *tail)
 
 
 @dataclass(frozen=True, slots=True)
