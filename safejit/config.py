@@ -236,10 +236,19 @@ class Config:
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Config:
-        """A Config from ``SAFEJIT_*`` variables; keyword overrides win."""
-        values = _env.config_overrides()
-        values.update(overrides)
-        return cls(**values)
+        """A Config from ``SAFEJIT_*`` variables; keyword overrides win. A value the
+        Config refuses is a ConfigError naming the variable that set it."""
+        from_env = _env.config_overrides()
+        try:
+            return cls(**{**from_env, **overrides})
+        except ConfigError:
+            for var, (name, _) in _env.VARIABLES.items():
+                if name in from_env and name not in overrides:
+                    try:
+                        cls(**{name: from_env[name]})
+                    except ConfigError as exc:
+                        raise ConfigError(f"{var}: {exc}", variable=var) from None
+            raise
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
