@@ -17,7 +17,7 @@ from typing import Final
 from .closure.hashing import open_regular
 from .errors import ConfigError, LimitExceededError
 
-__all__ = ["NOT_IN_KEY", "AnchoredPath", "BuildSpec", "LoadBaseline", "Source", "Toolchain"]
+__all__ = ["NOT_IN_KEY", "TOOLCHAIN_NOT_IN_KEY", "AnchoredPath", "BuildSpec", "LoadBaseline", "Source", "Toolchain"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 _FILENAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}\Z")
@@ -164,6 +164,10 @@ class Toolchain:
     #: What the toolchain's own empty shared object runs at load (host): anything a
     #: kernel runs beyond it is refused. None: no baseline (other backends).
     load_baseline: LoadBaseline | None = None
+    #: Where the toolchain is installed. Paths under it enter keys relative to it, so the
+    #: same toolchain (the same binaries: ``digest``) installed elsewhere on another node
+    #: shares entries (DESIGN.md §4). "" : the compiler's ``<prefix>/bin/..`` parent.
+    prefix: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +196,11 @@ class BuildSpec:
     #: Kernel names asked for by the caller (C++ name expressions on CUDA).
     name_expressions: tuple[str, ...] = ()
 
+
+#: Toolchain fields that do not enter ``build_key`` as themselves, each with the reason.
+TOOLCHAIN_NOT_IN_KEY: Final[dict[str, str]] = {
+    "prefix": "paths under it enter the key relative to it; its binaries' digests say which toolchain it is",
+}
 
 #: BuildSpec fields that do not enter ``build_key``, each with the reason.
 NOT_IN_KEY: Final[dict[str, str]] = {

@@ -20,7 +20,7 @@ def test_require_signed_defaults_to_whether_a_key_is_set():
     assert safejit.Config().require_signed is False
     assert safejit.Config(signing_key=KEY).require_signed is True
     assert safejit.Config(signing_key=KEY, require_signed=False).require_signed is False
-    with pytest.raises(safejit.ConfigError, match=r"needs Config\.signing_key"):
+    with pytest.raises(safejit.ConfigError, match=r"needs Config\.signing_key or Config\.verify_keys"):
         safejit.Config(require_signed=True)
 
 
