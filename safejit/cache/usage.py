@@ -24,7 +24,7 @@ from typing import Annotated, Final
 
 import msgspec
 
-from .layout import CacheLayout
+from .layout import VERSION
 
 __all__ = [
     "MAX_SAMPLES",
@@ -80,21 +80,41 @@ def usage_name() -> str:
 def write_usage(
     root: str, tenant: str, name: str, backend: str, counters: Mapping[str, int], compile_seconds: Iterable[float]
 ) -> None:
-    """Write (replace) this process's record. Raises ``OSError`` when it cannot."""
-    directory = CacheLayout(root).usage_dir(tenant)
+    """Write (replace) this process's record. Raises ``OSError`` when it cannot — also
+    when a directory on the way below ``root`` is a symlink: a record is never written
+    through one (out of the cache)."""
     record = UsageRecord(
         backend=backend,
         counters=dict(counters),
         compile_seconds=tuple(round(s, 6) for s in list(compile_seconds)[-MAX_SAMPLES:]),
     )
-    tmp = os.path.join(directory, f".{name}.tmp")
+    tmp = f".{name}.tmp"
+    fd = _made_dirs(root, (VERSION, "usage", tenant))
     try:
-        os.makedirs(directory, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        with open(fd, "wb") as fh:
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+        with open(out, "wb") as fh:
             fh.write(_ENCODER.encode(record))
-        os.replace(tmp, os.path.join(directory, name))
+        os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
     except OSError:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=fd)
         raise
+    finally:
+        os.close(fd)
+
+
+def _made_dirs(root: str, parts: tuple[str, ...]) -> int:
+    """A descriptor of ``root/<parts…>``, each part made when absent and opened without
+    following a symlink (``ELOOP``/``ENOTDIR`` when one is not a real directory)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o777, dir_fd=fd)
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -514,3 +514,29 @@ def test_a_leaf_file_that_is_a_fifo_or_symlink_is_a_finding_and_not_read(
     assert "(quarantined)" in cli("verify", "--fix", "--cache-dir", str(cache_dir)).out
     assert leaves(cache_dir) == [] and cli("verify", "--cache-dir", str(cache_dir)).rc == 0
     _assert_outside_intact(outside, before)
+
+
+@pytest.mark.parametrize("level", ["usage", "tenant"])
+def test_a_usage_record_is_never_written_through_a_planted_symlink(cache_dir, outside, level):
+    """A Runtime writes its usage record when it closes: through a ``v1/usage`` (or a
+    tenant's usage dir) planted as a symlink out, it writes nothing (and says so)."""
+    with safejit.Runtime(config=safejit.Config(backend="fake", cache_dirs=(str(cache_dir),))) as rt:
+        rt.compile(SRC)  # (makes v1)
+    settle()
+    import shutil
+
+    shutil.rmtree(cache_dir / "v1" / "usage")
+    if level == "usage":
+        (cache_dir / "v1" / "usage").symlink_to(outside / "usage", target_is_directory=True)
+    else:
+        (cache_dir / "v1" / "usage").mkdir()
+        (cache_dir / "v1" / "usage" / "default").symlink_to(outside / "usage" / "default", target_is_directory=True)
+    before = snapshot(outside)
+    cfg = safejit.Config(backend="fake", cache_dirs=(str(cache_dir),), on_cache_error="bypass")
+    with safejit.Runtime(config=cfg) as rt:
+        rt.compile(safejit.Source("#define VALUE 8\n", "k"))
+    _assert_outside_intact(outside, before)
+    with pytest.raises(safejit.CacheError, match="usage record"):
+        with safejit.Runtime(config=safejit.Config(backend="fake", cache_dirs=(str(cache_dir),))) as rt:
+            rt.compile(safejit.Source("#define VALUE 9\n", "k"))
+    _assert_outside_intact(outside, before)
