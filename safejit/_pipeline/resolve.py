@@ -78,7 +78,9 @@ class Resolver:
             )
         extra_values = tuple(sorted((k, extra_text(k, v)) for k, v in extras))
         backend = self.setup.backend
-        toolchain = backend.toolchain(source, self.setup.runner(self.config, self.env))
+        run = self.setup.runner(self.config, self.env)
+        toolchain = backend.toolchain(source, run)
+        language = backend.language(source)
         anchors = self.setup.anchors(toolchain)
 
         def anchored(path: Any, what: str) -> tuple[str, str]:
@@ -95,12 +97,15 @@ class Resolver:
         if source.origin is not None:
             origin = anchored(source.origin, "source file")
             quote = anchored(os.path.dirname(anchors.expand(*origin) or ""), "source directory")
-        checked_flags = flag_policy.check_flags(flags, token, extra_allowed=backend.extra_flags)
+
+        def machine(given: tuple[str, ...]) -> tuple[str, ...]:  # (-march=native: what it means here)
+            return backend.resolve_machine_flags(given, toolchain=toolchain, language=language, run=run)
+
+        checked_flags = flag_policy.check_flags(flags, token, family=backend.flag_family, machine=machine)
         arch = backend.resolve_arch(arch)
         if any(not isinstance(e, str) or not e or "\0" in e for e in name_expressions):
             raise ConfigError("name_expressions must be non-empty strings")
         checked_defines = flag_policy.check_defines(dict(defines))
-        language = backend.language(source)
         argv = backend.argv(
             toolchain=toolchain,
             language=language,

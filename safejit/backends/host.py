@@ -26,6 +26,7 @@ from ..errors import ConfigError, LoadError
 from ..sandbox import SYSTEM_PATH
 from ..spec import BuildSpec, Source, Toolchain
 from ._argv import ASM_DEP_FLAG, LD_DEP_FLAG, run_argv
+from ._native import resolve_native
 from ._toolchain import (
     ProbeCache,
     compiler_search_dirs,
@@ -50,7 +51,7 @@ class HostBackend:
     name = "host"
     artifact_ext = "so"
     abi = 1
-    extra_flags: tuple[str, ...] = ()
+    flag_family = "gcc"
 
     def __init__(
         self, *, cc: str | None = None, cxx: str | None = None, state_dir: str | None = None, **_: Any
@@ -59,6 +60,9 @@ class HostBackend:
         self._probes = ProbeCache(state_dir)
         self._probed: dict[str, Toolchain] = {}
         self._lock = threading.Lock()
+        #: What machine-dependent flags mean here, per (compiler, language, flags): once
+        #: per process, never on disk (a per-user state dir may be shared between nodes).
+        self._native: dict[tuple[str, str, tuple[str, ...]], tuple[str, ...]] = {}
 
     # -- toolchain -----------------------------------------------------------
     def language(self, source: Source) -> str:
@@ -212,6 +216,16 @@ class HostBackend:
         if arch is not None:
             raise ConfigError("the host backend takes no arch; pass -march=... in flags")
         return None
+
+    def resolve_machine_flags(
+        self, flags: tuple[str, ...], *, toolchain: Toolchain, language: str, run: Runner
+    ) -> tuple[str, ...]:
+        key = (toolchain.compiler, language, flags)
+        found = self._native.get(key)
+        if found is None:
+            where = (os.path.dirname(toolchain.compiler),)
+            found = self._native[key] = resolve_native(run, toolchain.compiler, language, flags, where)
+        return found
 
     def close(self) -> None:
         pass

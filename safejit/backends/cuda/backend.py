@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from ...errors import CompileError, ConfigError
+from ...errors import CompileError, ConfigError, FlagPolicyError
 from ...sandbox import SYSTEM_PATH
 from ...spec import BuildSpec, Source, Toolchain
 from .._argv import run_argv
@@ -40,24 +40,6 @@ _ARCH = re.compile(r"sm_[0-9]{2,3}[af]?\Z")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _FUNC = re.compile(r"Function properties for (\S+)")
 _PROBE_SCHEMA: Final = 3
-#: Allowed ptxas options (through ``--ptxas-options=`` / ``-Xptxas``): none writes files.
-_PTXAS_OK: Final = (
-    "-v",
-    "--verbose",
-    "-O0",
-    "-O1",
-    "-O2",
-    "-O3",
-    "--warn-on-spills",
-    "--warn-on-local-memory-usage",
-    "--allow-expensive-optimizations",
-    "-maxrregcount",
-    "--maxrregcount",
-    "-warn-spills",
-    "-warn-lmem-usage",
-    "--def-load-cache",
-    "--def-store-cache",
-)
 
 
 class SpillWarning(UserWarning):
@@ -68,36 +50,6 @@ class CudaBackend:
     name = "cuda"
     artifact_ext = "cubin"
     abi = 1
-    #: Flag families allowed on top of the common allow-list.
-    extra_flags: tuple[str, ...] = (
-        "--use_fast_math",
-        "-use_fast_math",
-        "-lineinfo",
-        "--generate-line-info",
-        "-maxrregcount",
-        "--maxrregcount",
-        "--fmad",
-        "-fmad",
-        "--ftz",
-        "-ftz",
-        "--prec-div",
-        "-prec-div",
-        "--prec-sqrt",
-        "-prec-sqrt",
-        "--extra-device-vectorization",
-        "-expt-relaxed-constexpr",
-        "--expt-relaxed-constexpr",
-        "--expt-extended-lambda",
-        "-extended-lambda",
-        "--restrict",
-        "-G",
-        "--device-debug",
-        "--ptxas-options=",
-        "-Xptxas=",
-        "--dopt",
-        "-default-device",
-        "--device-as-default-execution-space",
-    )
 
     def __init__(
         self,
@@ -123,6 +75,11 @@ class CudaBackend:
         self._lock = threading.Lock()
 
     @property
+    def flag_family(self) -> str:
+        """NVRTC and nvcc take different options (``safejit.policy.flag_tables``)."""
+        return self.compiler
+
+    @property
     def compiles_in_process(self) -> bool:
         """NVRTC compiles without the sandboxed runner (in process, or in its worker)."""
         return self.compiler == "nvrtc"
@@ -130,6 +87,12 @@ class CudaBackend:
     # -- toolchain -----------------------------------------------------------
     def language(self, source: Source) -> str:
         return "cuda"
+
+    def resolve_machine_flags(
+        self, flags: tuple[str, ...], *, toolchain: Toolchain, language: str, run: Runner
+    ) -> tuple[str, ...]:
+        # (no flag of nvcc's or NVRTC's table depends on the machine: the arch is arch=)
+        raise FlagPolicyError(f"{flags[0]!r} cannot be resolved by the CUDA backend", flag=flags[0])
 
     def resolve_arch(self, arch: str | None) -> str:
         if arch is None:
@@ -242,11 +205,10 @@ class CudaBackend:
         quote_dir: str | None,
         arch: str | None,
     ) -> tuple[str, ...]:
-        _check_ptxas(flags)
-        macros = macro_flags(defines)
         if self.compiler == "nvrtc":
             # No -I: headers are handed over in memory (see nvrtc.py). Include dirs enter the key
             # through the spec itself.
+            macros = macro_flags(defines)
             return ("nvrtc", f"--gpu-architecture={arch}", "-default-device", "--ptxas-options=-v", *flags, *macros)
         host = toolchain.version.split("\nhost: ", 1)[1].split(" ", 1)[0]
         argv = [
@@ -257,7 +219,7 @@ class CudaBackend:
             host,
             "--ptxas-options=-v",
             *flags,
-            *macros,
+            *macro_flags(defines),
             *(f"-I{d}" for d in include_dirs),
         ]
         if quote_dir is not None:
@@ -382,12 +344,3 @@ class CudaBackend:
     def close(self) -> None:
         if self._worker is not None:
             self._worker.close()
-
-
-def _check_ptxas(flags: Sequence[str]) -> None:
-    for flag in flags:
-        for prefix in ("--ptxas-options=", "-Xptxas="):
-            if flag.startswith(prefix):
-                for opt in flag[len(prefix) :].split(","):
-                    if opt.split("=", 1)[0] not in _PTXAS_OK:
-                        raise ConfigError(f"ptxas option {opt!r} is not allowed", flag=flag)
