@@ -88,8 +88,10 @@ class Family:
     libraries: frozenset[str] = frozenset()
     #: ``-Wl,`` options, each from :data:`LINKER`.
     linker: bool = False
-    #: Options whose value is a comma-separated list of ptxas options, each from :data:`PTXAS`.
+    #: Options whose value is ptxas options, each from :data:`PTXAS`: a comma-separated
+    #: list when ``ptxas_lists`` (nvcc splits at commas; NVRTC passes one option on).
     ptxas: tuple[str, ...] = ()
+    ptxas_lists: bool = True
     #: Options whose meaning depends on the machine: admitted only to be resolved by the
     #: backend into what they mean here (DESIGN.md §4), never passed on as they are.
     machine: frozenset[str] = frozenset()
@@ -410,6 +412,7 @@ NVRTC: Final = Family(
     ),
     path_flags=(),
     ptxas=("-Xptxas=", "--ptxas-options="),
+    ptxas_lists=False,
 )
 
 # -- bisheng (Ascend; clang-based, compile step only) -------------------------------

@@ -134,7 +134,8 @@ def _check_option(flag: str, fam: Family) -> str:
         return flag
     ptxas = next((p for p in fam.ptxas if flag.startswith(p)), None)
     if ptxas is not None:
-        for opt in flag[len(ptxas) :].split(","):
+        value = flag[len(ptxas) :]
+        for opt in value.split(",") if fam.ptxas_lists else [value]:
             if not PTXAS.admits(opt):
                 raise FlagPolicyError(f"ptxas option {opt!r} in {flag!r} is not allowed", flag=flag, reason="ptxas")
         return flag

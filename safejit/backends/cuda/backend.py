@@ -24,6 +24,7 @@ from .._toolchain import ProbeCache, compiler_search_dirs, dir_idents, file_iden
 from ..base import CompileOutput, Products, Runner, macro_flags
 from .cubin import KernelParams, cubin_frame_sizes, cubin_kernels
 from .launch import CudaLibrary, device_arch
+from .nvcc_shell import check_argv, defines_header, header_args, split_macros
 from .nvrtc import NvrtcWorker, compile_with_headers, nvrtc_compile_once
 
 try:  # imported with the backend (only when backend="cuda" is asked for), not on the compile path
@@ -211,6 +212,10 @@ class CudaBackend:
             macros = macro_flags(defines)
             return ("nvrtc", f"--gpu-architecture={arch}", "-default-device", "--ptxas-options=-v", *flags, *macros)
         host = toolchain.version.split("\nhost: ", 1)[1].split(" ", 1)[0]
+        # Macros whose text nvcc's shell could act on go into a header (nvcc_shell.py),
+        # before the tenant's own -include files, as -D would be.
+        others, _, _ = split_macros(flags, defines)
+        defines_header(flags, defines)  # (refuses what a header cannot hold, before any key)
         argv = [
             toolchain.compiler,
             "--cubin",
@@ -218,8 +223,8 @@ class CudaBackend:
             "-ccbin",
             host,
             "--ptxas-options=-v",
-            *flags,
-            *macro_flags(defines),
+            *header_args(flags, defines),
+            *others,
             *(f"-I{d}" for d in include_dirs),
         ]
         if quote_dir is not None:
@@ -289,7 +294,16 @@ class CudaBackend:
     def _compile_nvcc(
         self, spec: BuildSpec, workdir: str, expand: Callable[[str], str], run: Runner, timeout: float
     ) -> CompileOutput:
-        b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, ext=self.artifact_ext)
+        b = run_argv(
+            spec,
+            workdir=workdir,
+            expand=expand,
+            run=run,
+            timeout=timeout,
+            ext=self.artifact_ext,
+            defines_header=defines_header(spec.flags, spec.defines),
+            check=check_argv,
+        )
         kernels, meta = self._products(b.artifact)
         return CompileOutput(
             b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta, read_lists=b.read_lists
