@@ -380,14 +380,14 @@ NVRTC: Final = Family(
                 *("-G", "--device-debug", "-lineinfo", "--generate-line-info"),
                 *_dash_forms(("use_fast_math", "extra-device-vectorization", "restrict", "Wreorder")),
                 *_dash_forms(("fno-signed-zeros", "ffinite-math-only", "device-int128", "device-float128")),
-                *_dash_forms(("Wconversion", "minimal", "no-source-include", "no-cache", "utf-8")),
+                *_dash_forms(("Wconversion", "minimal", "no-source-include", "no-cache")),
                 *("-default-device", "--device-as-default-execution-space", "-w", "--disable-warnings"),
                 *("--display-error-number", "-err-no", "--no-display-error-number", "-no-err-no"),
-                *("--device-stack-protector", "-device-stack-protector"),
                 *("-rdc=false", "--relocatable-device-code=false", "-dw", "--device-w"),
             }
         ),
         {
+            # (NVRTC takes a long option with two dashes, or its documented short name)
             **_valued_forms(("maxrregcount", "fmax-errors"), _NUM),
             **_valued_forms(("ftz", "prec-div", "prec-sqrt", "fmad", "device-stack-protector"), _BOOL),
             **_valued_forms(("builtin-move-forward", "builtin-initializer-list"), _BOOL),
@@ -395,19 +395,15 @@ NVRTC: Final = Family(
             "-modify-stack-limit=": _words("false"),
             **_valued_forms(("dopt",), _words("on", "off")),
             **_valued_forms(("std",), _words("c++03", "c++11", "c++14", "c++17", "c++20", "c++23")),
-            **_valued_forms(("Ofast-compile",), _words("0", "min", "mid", "max")),
-            "-Ofc=": _words("0", "min", "mid", "max"),
-            **_valued_forms(("jump-table-density",), _re(r"[0-9]{1,3}")),
-            "-jtd=": _re(r"[0-9]{1,3}"),
+            **dict.fromkeys(("--Ofast-compile=", "-Ofc="), _words("0", "min", "mid", "max")),
+            **dict.fromkeys(("--jump-table-density=", "-jtd="), _re(r"[0-9]{1,3}")),
             **_valued_forms(("frandom-seed",), _re(r"[A-Za-z0-9_]{1,64}")),
             **_valued_forms(("diag-suppress", "diag-warn", "diag-error"), _list("[0-9]{1,6}")),
-            **_valued_forms(
-                ("warning-as-error", "Werror"), _list("all-warnings|reorder|deprecated-declarations|conversion")
+            **dict.fromkeys(
+                ("--warning-as-error=", "-Werror="), _list("all-warnings|reorder|deprecated-declarations|conversion")
             ),
-            **_valued_forms(("optimization-info",), _words("inline")),
-            "-opt-info=": _words("inline"),
-            **_valued_forms(("brief-diagnostics",), _BOOL),
-            "-brief-diag=": _BOOL,
+            **dict.fromkeys(("--optimization-info=", "-opt-info="), _words("inline")),
+            **dict.fromkeys(("--brief-diagnostics=", "-brief-diag="), _BOOL),
         },
     ),
     path_flags=(),
