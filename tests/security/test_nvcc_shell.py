@@ -396,3 +396,28 @@ def test_nvcc_takes_what_its_table_admits(make_runtime, tmp_path):
 def test_nvrtc_takes_what_its_table_admits(make_runtime, tmp_path):
     rt = make_runtime(backend="cuda", source_roots=(str(tmp_path),))
     assert rt.build(safejit.Source(KERNEL, "k"), flags=NVRTC_FLAGS, arch="sm_90").kernels == ("k",)
+
+
+@needs_nvcc
+def test_a_kernel_from_a_file_finds_its_quoted_includes_with_nvcc(make_runtime, tmp_path):
+    # (nvcc has no -iquote: its host preprocessor is given the source's dir)
+    (tmp_path / "kern").mkdir()
+    (tmp_path / "kern" / "scale.h").write_text("#define SCALE 3.0f\n")
+    path = tmp_path / "kern" / "k.cu"
+    path.write_text('#include "scale.h"\nextern "C" __global__ void k(float* y) { y[0] = SCALE; }\n')
+    art = _nvcc_rt(make_runtime, tmp_path).build(safejit.Source.from_file(path), arch="sm_90")
+    assert art.kernels == ("k",)
+    assert [a for a in _manifest_argv(art) if a.startswith("-Xcompiler=-iquote,") and a.endswith("/kern")]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("sandbox", ["off", "auto"])
+def test_a_kernel_file_in_a_dir_with_shell_characters_is_refused_for_nvcc(make_runtime, tmp_path, cache_dir, sandbox):
+    kern = tmp_path / SHELL_DIRS["backquotes"]
+    kern.mkdir()
+    (kern / "k.cu").write_text(KERNEL)
+    rt = _nvcc_rt(make_runtime, tmp_path, sandbox=sandbox, scratch="cache")
+    with pytest.raises(safejit.FlagPolicyError):
+        rt.build(safejit.Source.from_file(kern / "k.cu"), arch="sm_90")
+    assert not (cache_dir / "marker").exists()
+    assert_nothing_published(cache_dir)

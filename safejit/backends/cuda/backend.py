@@ -228,7 +228,9 @@ class CudaBackend:
             *(f"-I{d}" for d in include_dirs),
         ]
         if quote_dir is not None:
-            argv += ["-iquote", quote_dir]
+            # nvcc has no -iquote of its own: its host preprocessor, which reads the
+            # includes, takes it (nvcc_shell.check_argv keeps its path plain).
+            argv.append(f"-Xcompiler=-iquote,{quote_dir}")
         return (*argv, "-MD", "-MF", "{DEP}", "-o", "{OUT}", "-x", "cu", "{SRC}")
 
     def compile(

@@ -32,9 +32,9 @@ __all__ = ["check_argv", "defines_header", "header_args", "split_macros"]
 #: inside double quotes ($ ` \\ "), no comma (nvcc splits there), no quote at all.
 _PLAIN: Final = re.compile(r"[A-Za-z0-9_ .+*/%()<>=!&|^~:?\[\]{}-]*\Z")
 _MACRO: Final = re.compile(r"-[DU][A-Za-z_][A-Za-z0-9_]*(?:=(.*))?\Z", re.S)
-#: What any other argument may hold after the roots are put in (a path: no comma either).
+#: What any other argument may hold once the roots are put in, commas aside (a table's
+#: list, -Xptxas=-v,-O3; but a path put in must add none).
 _SAFE: Final = re.compile(r"[A-Za-z0-9_./+=@%:~-]*\Z")
-_SAFE_LIST: Final = re.compile(r"[A-Za-z0-9_./+=@%:~,-]*\Z")
 
 
 def _macro_args(flags: Sequence[str], defines: Sequence[tuple[str, str | None]]) -> list[str]:
@@ -91,8 +91,13 @@ def check_argv(templates: Sequence[str], argv: Sequence[str]) -> None:
     for template, arg in zip(templates[1:], argv[1:], strict=True):
         if template == arg and template.startswith(("-D", "-U")):
             ok = _plain(arg)
+        elif "\0" in template or template != arg:
+            # An anchored path (after a table's option: -I, -Xcompiler=-iquote,) or a slot
+            # (the work dir's files): the path is plain, commas aside (nvcc splits there).
+            cut = template.find("\0") if "\0" in template else 0
+            ok = _SAFE.match(template[:cut].replace(",", "")) is not None and _SAFE.match(arg[cut:]) is not None
         else:
-            ok = (_SAFE_LIST if template == arg else _SAFE).match(arg) is not None
+            ok = _SAFE.match(arg.replace(",", "")) is not None
         if not ok:
             raise FlagPolicyError(
                 f"{arg!r} holds characters nvcc's shell would act on (a root or path with $, `, quotes, "
