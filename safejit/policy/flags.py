@@ -25,7 +25,7 @@ from typing import Final
 from ..errors import ConfigError, FlagPolicyError
 from .flag_tables import LINKER, LINKER_NEXT, LINKER_REASONS, PTXAS, REASONS, Family, family
 
-__all__ = ["PATH_FLAGS", "MachineResolver", "check_defines", "check_flags", "machine_flags"]
+__all__ = ["PATH_FLAGS", "MachineResolver", "check_defines", "check_flags"]
 
 #: Flags whose value is a path (the host family's; each family lists its own).
 PATH_FLAGS: Final = ("-isystem", "-iquote", "-idirafter", "-include", "-imacros", "-I")
@@ -54,17 +54,11 @@ def check_flags(
                 f"flag {flag!r} is empty, holds NUL or a newline, or is not UTF-8", flag=repr(flag), reason="malformed"
             )
         path_flag = next((p for p in fam.path_flags if flag.startswith(p)), None)
-        if path_flag is not None:
-            value = flag[len(path_flag) :]
-            if not value:
-                i += 1
-                value = _separate_value(flags, i, flag)
-            if value.startswith("-"):
-                raise FlagPolicyError(f"{path_flag} {value!r}: an option where a path belongs", flag=flag)
-            out.append(path_flag + anchor_path(value, f"flag {path_flag}"))
-        elif fam.macros and flag in ("-D", "-U"):
-            i += 1
-            out.append(_check_macro(flag, _separate_value(flags, i, flag)))
+        if path_flag is not None or (fam.macros and flag in ("-D", "-U")):
+            joined = flag[len(path_flag or flag) :]
+            i += not joined  # (the value is the next item)
+            value = joined or _separate_value(flags, i, flag)
+            out.append(_check_macro(flag, value) if path_flag is None else _path(flag, path_flag, value, anchor_path))
         elif fam.macros and flag.startswith(("-D", "-U")):
             out.append(_check_macro(flag[:2], flag[2:]))
         elif flag in fam.machine:
@@ -73,8 +67,7 @@ def check_flags(
                     f"flag {flag!r} depends on the machine and cannot be resolved here", flag=flag, reason="machine"
                 )
             at = len(out) if at < 0 else at
-            if flag not in found_machine:
-                found_machine.append(flag)
+            found_machine += [] if flag in found_machine else [flag]
         else:
             out.append(_check_option(flag, fam))
         i += 1
@@ -83,10 +76,11 @@ def check_flags(
     return tuple(out)
 
 
-def machine_flags(flags: Sequence[str], family: str) -> tuple[str, ...]:
-    """The machine-dependent flags of ``family`` in ``flags`` (before resolution)."""
-    fam = _family(family)
-    return tuple(dict.fromkeys(f for f in flags if isinstance(f, str) and f in fam.machine))
+def _path(flag: str, path_flag: str, value: str, anchor_path: Confiner) -> str:
+    """``path_flag`` and its confined, anchored path ``value`` (from ``flag`` or the next item)."""
+    if value.startswith("-"):
+        raise FlagPolicyError(f"{path_flag} {value!r}: an option where a path belongs", flag=flag)
+    return path_flag + anchor_path(value, f"flag {path_flag}")
 
 
 def _family(name: str) -> Family:
