@@ -131,15 +131,18 @@ _X86_ISA: Final = (
 _GCC_EXACT: Final = frozenset(
     {
         # optimisation and debug levels
-        *("-O", "-O0", "-O1", "-O2", "-O3", "-Os", "-Ofast", "-Og", "-Oz"),
+        *("-O", "-O0", "-O1", "-O2", "-O3", "-Os", "-Og", "-Oz"),
         *("-g", "-g0", "-g1", "-g2", "-g3", "-ggdb", "-ggdb1", "-ggdb2", "-ggdb3", "-gdwarf-4", "-gdwarf-5"),
         "-gline-tables-only",  # (clang)
         "-gno-record-gcc-switches",  # records less, never more
         "-gz",  # compressed debug sections
         # language and diagnostics
         *("-ansi", "-pedantic", "-pedantic-errors", "-w"),
-        # floating point: codegen only
-        *_pairs("fast-math", "unsafe-math-optimizations", "finite-math-only", "math-errno", "signed-zeros"),
+        # floating point: codegen only. Not -ffast-math, -Ofast, -funsafe-math-optimizations:
+        # gcc then links crtfastmath.o, shared objects too, whose initialiser sets
+        # flush-to-zero for the host process at load. Their parts are here.
+        *("-fno-fast-math", "-fno-unsafe-math-optimizations"),
+        *_pairs("finite-math-only", "math-errno", "signed-zeros"),
         *_pairs("trapping-math", "associative-math", "reciprocal-math", "rounding-math", "signaling-nans"),
         *("-fcx-limited-range", "-fcx-fortran-rules", "-fsingle-precision-constant", "-ffloat-store"),
         # loops, inlining, vectorisation: codegen only
@@ -201,7 +204,7 @@ _GCC_VALUED: Final = {
     "-fsimd-cost-model=": _words("unlimited", "dynamic", "cheap", "very-cheap"),
     "-ftrivial-auto-var-init=": _words("zero", "pattern", "uninitialized"),
     "-fdiagnostics-color=": _words("always", "never", "auto"),
-    "-ffp-model=": _words("precise", "strict", "fast"),  # (clang)
+    "-ffp-model=": _words("precise", "strict"),  # (clang; =fast is -ffast-math)
     "-fdenormal-fp-math=": _words("ieee", "preserve-sign", "positive-zero"),  # (clang)
     # compile-time limits: the compile runs under its own limits anyway
     **dict.fromkeys(("-fmax-errors=", "-ferror-limit=", "-ftemplate-depth=", "-fconstexpr-depth="), _NUM),
@@ -548,6 +551,11 @@ REASONS: Final = {
     "-fmacro-prefix-map": "rewrites recorded paths with unconfinable path text",
     "-frecord-gcc-switches": "records this machine's paths in the artifact",
     # effects in the host process at load
+    "-ffast-math": "links crtfastmath.o, whose initialiser sets flush-to-zero in the host process at load",
+    "-Ofast": "links crtfastmath.o, whose initialiser sets flush-to-zero in the host process at load",
+    "-funsafe-math-optimizations": "links crtfastmath.o, whose initialiser sets flush-to-zero in the host process",
+    "-ffp-model=fast": "links crtfastmath.o, whose initialiser sets flush-to-zero in the host process at load",
+    "-mpc": "links crtprec*.o, whose initialiser sets the x87 precision of the host process at load",
     "-fsanitize": "links a sanitizer runtime, whose initialisers run in the host process at load",
     "-static": "links a second C library into the host process",
     "-nostdlib": "drops the toolchain's startfiles, so that a tenant's _init would run at load",

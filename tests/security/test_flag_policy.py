@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -134,6 +135,11 @@ READS_FILES = {
 }
 #: Options whose effect lands in the host process when the artifact is loaded.
 LOAD_TIME = {
+    "fast-math": ["-ffast-math"],
+    "fast-math-by-level": ["-Ofast"],
+    "unsafe-math": ["-funsafe-math-optimizations"],
+    "fast-math-model": ["-ffp-model=fast"],
+    "x87-precision": ["-mpc32"],
     "sanitize-address": ["-fsanitize=address"],
     "sanitize-undefined": ["-fsanitize=undefined"],
     "sanitize-recover": ["-fsanitize-recover=all"],
@@ -305,6 +311,20 @@ def test_the_payloads_are_live_with_gcc_itself(tmp_path, name):
     assert shared.marker.exists()
 
 
+@pytest.mark.skipif(not Path("/usr/bin/gcc").exists(), reason="needs gcc")
+@pytest.mark.parametrize("flag", ["-ffast-math", "-Ofast", "-funsafe-math-optimizations"])
+def test_fast_math_would_set_the_host_process_floating_point_mode(tmp_path, flag):
+    """Why the fast-math spellings are refused for the host: gcc links crtfastmath.o into
+    a shared object too, and its initialiser (set_fast_math) sets flush-to-zero and
+    denormals-are-zero for the process that loads it. (Its parts, -fno-math-errno,
+    -ffinite-math-only..., link nothing.)"""
+    src = tmp_path / "add.c"
+    src.write_text(ADD_C)
+    out = tmp_path / "add.so"
+    subprocess.run(["/usr/bin/gcc", "-shared", "-fPIC", flag, "-o", str(out), str(src)], check=True, timeout=60)
+    assert b"set_fast_math" in out.read_bytes()
+
+
 @pytest.mark.parametrize("sandbox", ["off", "auto"])
 @pytest.mark.parametrize("flags", PAYLOADS.values(), ids=PAYLOADS.keys())
 def test_a_flag_that_would_run_a_program_runs_nothing(tmp_path, cache_dir, sandbox, flags):
@@ -430,7 +450,8 @@ def test_refusal_names_the_flag_and_why(shared):
 
 C_FLAGS = [
     *("-O3", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror=return-type", "-Wformat=2", "-std=c11", "-DX=1"),
-    *("-march=x86-64-v2", "-mtune=generic", "-mavx2", "-mfma", "-mno-avx512f", "-ffast-math", "-fno-strict-aliasing"),
+    *("-march=x86-64-v2", "-mtune=generic", "-mavx2", "-mfma", "-mno-avx512f", "-fno-strict-aliasing"),
+    *("-fno-math-errno", "-ffinite-math-only", "-fno-signed-zeros", "-fno-trapping-math", "-fassociative-math"),
     *("-funroll-loops", "-fno-omit-frame-pointer", "-g", "-fstack-protector-strong", "-fvisibility=default"),
     *("-ffp-contract=fast", "-fopenmp", "-pthread", "-fno-plt", "-ffunction-sections", "-pedantic", "-lm"),
     *("-Wl,--as-needed", "-Wl,-z,relro,-z,now", "-Wl,--hash-style=gnu", "-Wl,--build-id=sha1", "-Wl,-O1"),
@@ -446,5 +467,7 @@ def test_allowed_flags_compile(make_runtime, project, cache_dir):
     cxx = safejit.Source('extern "C" int twice(int a) { return 2 * a; }\n', "twice", filename="twice.cpp")
     cxx_flags = ["-std=c++17", "-fno-exceptions", "-fno-rtti", "-fvisibility-inlines-hidden", "-lstdc++"]
     assert rt.compile(cxx, flags=cxx_flags).kernel("twice")(21) == 42
+    # Loading them changed nothing in this process: subnormals are not flushed to zero.
+    assert sys.float_info.min / 2 > 0
     assert len(leaves(cache_dir)) == 2
     assert_cache_sound(cache_dir)

@@ -12,7 +12,7 @@ import pytest
 import safejit
 from safejit.backends.ascend.backend import AscendBackend
 from safejit.backends.host import HostBackend
-from safejit.policy.flag_tables import FAMILIES, LINKER, LINKER_NEXT, PTXAS, REASONS
+from safejit.policy.flag_tables import FAMILIES, LINKER, LINKER_NEXT, PTXAS
 from safejit.policy.flags import check_flags
 
 
@@ -48,7 +48,8 @@ def test_tables_hold_plain_exact_spellings(name):
         assert _ENTRY.match(entry), entry
     # A valued name is a whole option name and its joiner: never a bare family prefix.
     assert not {"-f", "-m", "-X", "-Wl,", "--"} & set(fam.options.valued)
-    assert not set(REASONS) & fam.options.exact
+    if name == "gcc":  # (loaded into this process: see the load-time cases)
+        assert not {"-ffast-math", "-Ofast", "-funsafe-math-optimizations", "-fsanitize=address"} & fam.options.exact
 
 
 BISHENG_ADMITS = [
