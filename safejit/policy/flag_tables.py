@@ -177,9 +177,10 @@ _GCC_EXACT: Final = frozenset(
         *_both(*_X86_ISA),
         *("-m64", "-mstackrealign", "-mgeneral-regs-only", "-mred-zone", "-mno-red-zone"),
         *_both("strict-align", "outline-atomics"),  # (aarch64)
-        # linking a shared object: -shared is what the backend passes; libgcc and
-        # libstdc++ linked in statically are the toolchain's own (-static itself is refused)
-        *("-shared", "-rdynamic", "-static-libgcc", "-static-libstdc++", "-pthread"),
+        # linking a shared object: -shared is what the backend passes; libgcc linked in
+        # statically is the toolchain's own (-static and -static-libstdc++, which links
+        # libstdc++'s initialisers into the kernel, are refused)
+        *("-shared", "-rdynamic", "-static-libgcc", "-pthread"),
     }
 )
 
@@ -557,6 +558,7 @@ REASONS: Final = {
     "-ffp-model=fast": "links crtfastmath.o, whose initialiser sets flush-to-zero in the host process at load",
     "-mpc": "links crtprec*.o, whose initialiser sets the x87 precision of the host process at load",
     "-fsanitize": "links a sanitizer runtime, whose initialisers run in the host process at load",
+    "-static-libstdc++": "links libstdc++'s initialisers into the kernel: they would run at load",
     "-static": "links a second C library into the host process",
     "-nostdlib": "drops the toolchain's startfiles, so that a tenant's _init would run at load",
     "-nostartfiles": "drops the toolchain's startfiles, so that a tenant's _init would run at load",

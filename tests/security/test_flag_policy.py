@@ -172,6 +172,7 @@ LOAD_TIME = {
     "library-through-linker": ["-Wl,-lasan"],
     "static": ["-static"],
     "static-pie": ["-static-pie"],
+    "static-libstdcxx": ["-static-libstdc++"],
     "nostdlib": ["-nostdlib"],
     "nostartfiles": ["-nostartfiles"],
     "nodefaultlibs": ["-nodefaultlibs"],
