@@ -106,10 +106,14 @@ class Config:
     #: Host compilers (absolute paths); None: ``cc``/``c++`` from a fixed system PATH.
     host_cc: str | None = None
     host_cxx: str | None = None
-    #: Optional HMAC key (at least 16 bytes): leaves this process publishes are signed
-    #: with it, and a signed leaf is used only if its signature verifies.
-    signing_key: bytes | None = field(default=None, repr=False)
-    #: Whether an unsigned leaf is a miss. None (the default): yes when a key is set.
+    #: Optional signing key: HMAC (bytes, at least 16) or an Ed25519 private key (PKCS#8
+    #: PEM). Leaves this process publishes are signed with it; a signed leaf is used only
+    #: if its signature verifies.
+    signing_key: bytes | str | None = field(default=None, repr=False)
+    #: Ed25519 public keys by key id (raw, hex, base64, PEM or ssh-ed25519): readers can
+    #: check leaves signed by a builder without being able to sign any.
+    verify_keys: tuple[tuple[str, bytes | str], ...] = ()
+    #: Whether an unsigned leaf is a miss. None (the default): yes when any key is set.
     #: ``False`` with a key reads signed and unsigned leaves but writes signed ones
     #: (moving a cache to signatures).
     require_signed: bool | None = None
@@ -150,15 +154,28 @@ class Config:
         if self.cuda_spills not in ("warn", "error", "ignore"):
             raise ConfigError(f"Config.cuda_spills must be warn|error|ignore, got {self.cuda_spills!r}")
         if self.signing_key is not None:
-            from .policy.trust import check_hmac_key
+            from .policy.trust import signer_of
 
-            check_hmac_key(self.signing_key)
+            signer_of(self.signing_key)  # (a bad key is refused here, not at the first compile)
+        self._check_verify_keys()
         if self.require_signed is None:
-            object.__setattr__(self, "require_signed", self.signing_key is not None)
+            object.__setattr__(self, "require_signed", self.signing_key is not None or bool(self.verify_keys))
         elif not isinstance(self.require_signed, bool):
             raise ConfigError(f"Config.require_signed must be a bool or None, got {self.require_signed!r}")
         if self.require_signed and not self.signing_key:
             raise ConfigError("Config.require_signed needs Config.signing_key")
+
+    def _check_verify_keys(self) -> None:
+        keys = self.verify_keys
+        if isinstance(keys, dict):
+            keys = tuple(keys.items())
+            object.__setattr__(self, "verify_keys", keys)
+        if not isinstance(keys, tuple) or not all(isinstance(k, tuple) and len(k) == 2 for k in keys):
+            raise ConfigError("Config.verify_keys must map key ids to Ed25519 public keys")
+        if keys:
+            from .policy.trust import Verifier
+
+            Verifier(dict(keys))  # (each key parses, each id is well formed)
 
     def _check_numbers(self) -> None:
         positive = (

@@ -37,6 +37,8 @@ class Miss(StrEnum):
     MISMATCH = "mismatch"
     ARTIFACT = "artifact"
     SIGNATURE = "signature"
+    UNSIGNED = "unsigned"
+    UNKNOWN_KEY = "unknown_key"
     ANCHOR = "anchor"
     CONFINEMENT = "confinement"
     DEP_CHANGED = "dep_changed"
@@ -63,7 +65,9 @@ _TEXT: Final = {
     Miss.MANIFEST: "the manifest is damaged",
     Miss.MISMATCH: "the manifest names another leaf",
     Miss.ARTIFACT: "the artifact is missing or damaged",
-    Miss.SIGNATURE: "the leaf is not validly signed",
+    Miss.SIGNATURE: "the leaf's signature does not verify",
+    Miss.UNSIGNED: "the leaf is not signed, and signatures are required",
+    Miss.UNKNOWN_KEY: "the leaf is signed with a key this process does not know",
     Miss.ANCHOR: "a dependency root is not declared here",
     Miss.CONFINEMENT: "a dependency escapes its root",
     Miss.DEP_CHANGED: "a dependency changed",

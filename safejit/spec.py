@@ -26,6 +26,15 @@ _CXX_SUFFIXES = (".cpp", ".cc", ".cxx", ".c++", ".C")
 AnchoredPath = tuple[str, str]
 
 
+def _encodable(text: str) -> bool:
+    """Whether ``text`` is valid Unicode a file or an argument can hold (no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class Source:
     """Kernel source text with a name.
@@ -54,6 +63,10 @@ class Source:
             raise ConfigError(f"Source.code must be str, got {type(self.code).__name__}")
         if "\0" in self.code:
             raise ConfigError("Source.code contains a NUL byte")
+        for what in ("code", "filename", "origin"):
+            value = getattr(self, what)
+            if isinstance(value, str) and not _encodable(value):
+                raise ConfigError(f"Source.{what} is not valid text (it holds a lone surrogate)")
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise ConfigError(f"Source.name {self.name!r} must match [A-Za-z_][A-Za-z0-9_]{{0,127}}")
         if self.filename is not None and not _FILENAME.match(Path(self.filename).name):

@@ -20,7 +20,7 @@ from ..cache.statmemo import StatMemo
 from ..closure.anchors import Anchors
 from ..config import Config
 from ..policy import roots as root_policy
-from ..policy.trust import HmacSigner
+from ..policy.trust import HmacSigner, SignaturePolicy, Verifier, signer_of
 from ..sandbox import SYSTEM_PATH
 from ..sandbox.runner import Sandbox
 from ..spec import Toolchain
@@ -58,13 +58,13 @@ class Parts:
         # A compiler process works in a scratch dir; one in this process (NVRTC) writes none.
         scratch = self.backend.needs_workdir
         in_memory = scratch and config.scratch == "memory" and memory_scratch() is not None
-        signer = HmacSigner(config.signing_key) if config.signing_key else None
+        signer = signer_of(config.signing_key) if config.signing_key else None
         self.disk = DiskTier(
             dirs,
             tenant=config.tenant,
             backend=config.backend,
             signer=signer,
-            verifier=signer.verifier(require=bool(config.require_signed)) if signer is not None else None,
+            verifier=_signature_policy(config, signer),
             max_artifact_bytes=config.max_artifact_bytes,
             memo=StatMemo(private) if private is not None and config.trust_stat else None,
             staging=Staging(f"artifact.{self.backend.artifact_ext}", scratch=scratch, memory=in_memory),
@@ -148,6 +148,19 @@ class Parts:
         self.disk.close()
         if self._probe_cleanup is not None:
             self._probe_cleanup()
+
+
+def _signature_policy(config: Config, signer: object) -> SignaturePolicy | None:
+    """What a leaf's signature is checked against: the HMAC key, this writer's own
+    Ed25519 public key, and ``Config.verify_keys`` (public keys by key id)."""
+    publics = dict(config.verify_keys)
+    hmacs = [signer] if isinstance(signer, HmacSigner) else []
+    own = getattr(signer, "public_key", None)
+    if isinstance(own, bytes):
+        publics.setdefault(getattr(signer, "key_id", ""), own)
+    if not publics and not hmacs:
+        return None
+    return SignaturePolicy(Verifier(publics, hmac=hmacs), require=bool(config.require_signed))
 
 
 def _remove_probe_dir(path: str, owner: int) -> None:

@@ -23,6 +23,7 @@ __all__ = [
     "DEFINES_SLOT",
     "LD_DEPFILE",
     "LD_DEP_FLAG",
+    "PCH_GUARD",
     "READ_LISTS",
     "ArgvBuild",
     "run_argv",
@@ -111,6 +112,20 @@ def _source_path(workdir: str, spec: BuildSpec) -> str:
     return os.path.join(workdir, "src", spec.filename)
 
 
+#: The argv slot of :data:`PCH_GUARD_TEXT`'s file, which gcc-family argv force-include first.
+PCH_GUARD: Final = "{GUARD}"
+#: A C token before anything else in the translation unit: gcc uses a precompiled
+#: header (``x.h.gch`` beside ``x.h``) only before the first token, and its depfile then
+#: names neither the header nor the ``.gch`` — what the compiler read would go
+#: unrecorded. After this, no ``.gch`` is even looked for. (An identifier reserved to
+#: the implementation: no kernel can clash with it.)
+PCH_GUARD_TEXT: Final = b"extern int __safejit_no_precompiled_headers;\n"
+
+
+def _guard_path(workdir: str) -> str:
+    return os.path.join(workdir, "src", ".no-pch.h")
+
+
 def depfile_path(workdir: str, spec: BuildSpec) -> str:
     """Where ``run_argv`` has the compiler write ``spec``'s depfile."""
     return os.path.join(workdir, f"{spec.name}.d")
@@ -127,11 +142,12 @@ def depfile_deps(dep: str, spec: BuildSpec, data: bytes | None = None) -> tuple[
     (else the closure is unknown). Raises ``OSError`` when it cannot be read."""
     workdir = os.path.dirname(dep)
     src = _source_path(workdir, spec)
+    guard = _guard_path(workdir)
     if data is None:
         data = read_output(dep)
     reported = parse_depfile(data.decode("utf-8", "surrogateescape"))
     absolute = [p if os.path.isabs(p) else os.path.join(workdir, p) for p in reported]
-    own = (src, os.path.join(workdir, DEFINES_HEADER))
+    own = (src, guard, os.path.join(workdir, DEFINES_HEADER))
     return tuple(p for p in absolute if p not in own), src in absolute
 
 
@@ -155,6 +171,7 @@ def run_argv(
     dep = depfile_path(workdir, spec)
     header = os.path.join(workdir, DEFINES_HEADER)
     slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep, "{OBJ}": obj, DEFINES_SLOT: header}
+    slots[PCH_GUARD] = _guard_path(workdir)
     argv = [slots.get(a) or ctx.expand(a) for a in spec.argv]
     for template, arg in zip(spec.argv, argv, strict=True):
         if template.startswith("-Wl,") and arg.count(",") != template.count(","):
@@ -165,6 +182,8 @@ def run_argv(
     if (DEFINES_SLOT in spec.argv) != (defines_header is not None):
         raise CompileError(f"{spec.name}: the argv and the defines header disagree", argv=argv)
     _write_source(src, spec.code)
+    if PCH_GUARD in spec.argv:
+        _write_file(slots[PCH_GUARD], PCH_GUARD_TEXT)
     if defines_header is not None:
         try:
             _write_file(header, defines_header)
