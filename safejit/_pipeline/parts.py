@@ -59,6 +59,7 @@ class Setup:
             worker=config.nvrtc_worker,
             spills=config.cuda_spills,
             require_landlock=config.sandbox == "required",
+            tools_dir=self.tools_dir,
             ascend_homes=(config.ascend_home,) if config.ascend_home else _env.ascend_home_candidates(),
         )
         # A compiler process works in a scratch dir; one in this process (NVRTC) writes none.
@@ -107,6 +108,10 @@ class Setup:
         if tc is None:
             tc = self._toolchain_roots[toolchain_roots] = [os.path.realpath(r) for r in toolchain_roots]
         return [*(os.path.realpath(os.path.expanduser(r)) for r in source_roots), *tc]
+
+    def read_roots(self, toolchain_roots: Sequence[str]) -> list[str]:
+        """The resolved roots a compiler may read: the source roots and ``toolchain_roots``."""
+        return self._read_roots(self.source_roots, tuple(toolchain_roots))
 
     def close(self) -> None:
         self.sandbox.close()  # (a shim that background work starts after this is ended at once)

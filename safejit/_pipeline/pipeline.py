@@ -154,6 +154,7 @@ class Builder:
                     search_dirs=search_dirs(spec, anchors),
                     confine=lambda path: root_policy.confine(path, anchors, what="header"),
                     max_deps=self.config.max_deps,
+                    read_roots=self.setup.read_roots(spec.toolchain.roots),
                 )
             except CompileError as exc:
                 self.counters.add("errors")
@@ -267,7 +268,7 @@ class Builder:
                 manifest = hold[4]
         else:
             if closure is None or not scan.unchanged(closure):
-                closure = self.closure(spec, anchors, out.deps, started_ns)
+                closure = self.closure(spec, anchors, out.deps, started_ns, absent=out.absent)
             closure = scan.merged(closure, self.tools_closure(spec, anchors, workdir, out, started_ns))
         if closure.too_new:
             # A dependency changed within a clock tick of the compile: what the compiler read
@@ -277,7 +278,7 @@ class Builder:
             started_ns = time.time_ns()
             out = self.compile(spec, anchors, workdir)
             closure = scan.merged(
-                self.closure(spec, anchors, out.deps, started_ns),
+                self.closure(spec, anchors, out.deps, started_ns, absent=out.absent),
                 self.tools_closure(spec, anchors, workdir, out, started_ns),
             )
         if manifest is None:
@@ -396,11 +397,13 @@ class Builder:
         early: bool = False,
         tools: bool = False,
         linker: bool = False,
+        absent: Sequence[str] | None = None,
     ) -> Closure:
         """The closure of ``deps``, confined and hashed. ``early``: a scan while the
         compiler still runs, which a later one may repeat (its violations are not counted).
         ``tools``: files the assembler or linker read (no includes, no negatives);
-        ``linker``: the linker's (which may also lie under its roots)."""
+        ``linker``: the linker's (which may also lie under its roots); ``absent``: the
+        compiler's recorded failed lookups (see ``CompileOutput.absent``)."""
         if tools and not deps:
             return _NO_CLOSURE
         with span(SPAN.POLICY_CHECK, {ATTR.KIND: "completeness"}) as s:
@@ -415,6 +418,7 @@ class Builder:
                     trust_stat=self.config.trust_stat,
                     includes=not tools,
                     linker=linker,
+                    absent=absent,
                 )
             except (PolicyError, LimitExceededError) as exc:
                 kind = type(exc).__name__

@@ -62,6 +62,10 @@ class CompileOutput:
     #: The other tools' (assembler, linker) lists of the files they read, raw
     #: (``{path: bytes}``; None: not written): part of the closure, but not sources.
     read_lists: dict[str, bytes | None] = field(default_factory=dict)
+    #: Paths the compiler looked up and did not find, when its lookups were recorded
+    #: (NVRTC in its worker): the negative dependencies, exactly. None: not recorded (a
+    #: depfile names only what was found); they are then derived from the search path.
+    absent: tuple[str, ...] | None = None
 
 
 class LoadedLibrary(Protocol):
@@ -108,7 +112,11 @@ class Backend(Protocol):
         search_dirs: Sequence[str] = (),
         confine: Callable[[str], str] | None = None,
         max_deps: int = 20_000,
-    ) -> CompileOutput: ...
+        read_roots: Sequence[str] = (),
+    ) -> CompileOutput:
+        """``read_roots``: the resolved roots the compiler may read (declared and the
+        toolchain's), for a compiler that does not run through ``run``."""
+        ...
 
     def products(self, artifact: bytes) -> Products | None:
         """An artifact's kernels and metadata, read from its bytes alone, exactly as

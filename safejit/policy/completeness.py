@@ -32,6 +32,7 @@ def record_closure(
     trust_stat: bool = True,
     includes: bool = True,
     linker: bool = False,
+    absent: Sequence[str] | None = None,
 ) -> Closure:
     """Confine, anchor and hash the closure the compiler reported, and derive
     its negative lookups. Raises :class:`UndeclaredDependencyError` for a file
@@ -39,7 +40,10 @@ def record_closure(
     Not ``includes``: files other tools read (objects, libraries), whose bytes
     hold no ``#include`` to follow; one that is gone or no regular file (after it is
     confined) makes the build one that is not vouched for (``too_new``). ``linker``: what the linker read, which
-    may also lie under the linker's roots (and is anchored there first)."""
+    may also lie under the linker's roots (and is anchored there first). ``absent``:
+    the paths the compiler looked up and did not find, when its lookups were recorded:
+    then they are the negative lookups, exactly, in place of those derived from
+    ``search_dirs`` and the sources' include names."""
     if len(paths) > max_deps:
         raise LimitExceededError(f"{len(paths)} dependencies exceed the limit of {max_deps}", limit=max_deps)
     # (what the linker reads may lie where it finds libraries; what the source steers not)
@@ -104,11 +108,19 @@ def record_closure(
         deps.append(Dep(anchored[0], anchored[1], digest))
         states.append((lexical, snap, digest))
         lexicals.append(lexical)
-    read = set(lexicals)
-    absent, present = negative_lookups(lexicals, search_dirs, probes)
-    for q in quoted:
-        if q not in read:
-            (present if os.path.lexists(q) else absent).append(q)
+    present: list[str] = []
+    if absent is not None:
+        # Recorded: each was looked up and not found. One that is there now appeared since:
+        # the build no longer shows what is there to see.
+        missing: list[str] = []
+        for cand in absent:
+            (too_new if os.path.lexists(cand) else missing).append(cand)
+    else:
+        read = set(lexicals)
+        missing, present = negative_lookups(lexicals, search_dirs, probes)
+        for q in quoted:
+            if q not in read:
+                (present if os.path.lexists(q) else missing).append(q)
     # A header where the compiler would have looked first, there now yet not read, may
     # have appeared during the compile: then what the compiler saw is unknown.
     for cand in present:
@@ -118,7 +130,7 @@ def record_closure(
                 too_new.append(cand)
     negative_paths = []
     negatives = []
-    for cand in sorted(set(absent)):
+    for cand in sorted(set(missing)):
         anchored_cand = anchors.anchor(cand)
         if anchored_cand is not None:
             negatives.append(anchored_cand)

@@ -149,6 +149,7 @@ class AscendBackend:
         search_dirs: Sequence[str] = (),
         confine: Callable[[str], str] | None = None,
         max_deps: int = 20_000,
+        read_roots: Sequence[str] = (),
     ) -> CompileOutput:
         b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, ext=self.artifact_ext)
         kernels, meta = self.products(b.artifact)
