@@ -345,6 +345,7 @@ class CudaBackend:
             timeout=timeout,
             max_deps=max_deps,
             confine=confine,
+            roots=read_roots,
         )
         if not result.ok:
             raise _nvrtc_failed(spec.name, result.log, options, search_dirs)

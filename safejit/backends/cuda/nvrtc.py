@@ -166,7 +166,9 @@ def compile_with_headers(
             )
         if known is None:
             if len(paths) >= max_headers:
-                raise CompileError(f"more than {max_headers} headers", log="")
+                raise LimitExceededError(
+                    f"{name}: more than {max_headers} headers exceed the limit of dependencies", limit=max_headers
+                )
             try:
                 data, _ = read_file(path)  # (a FIFO there would block this process for good)
             except OSError as exc:
@@ -230,6 +232,8 @@ def _resolve(
 #: NVRTC allocates and frees some megabytes per compile. A process that hands that back
 #: to the kernel on free faults it in again, zeroed, on the next compile (~1300 faults
 #: here, about 5% of a small compile); the worker keeps up to 256 MiB of it instead.
+#: How long the worker may take to load NVRTC and warm up (not the compile's time).
+_START_S: Final = 120.0
 _WORKER_MALLOC: Final = "glibc.malloc.trim_threshold=268435456:glibc.malloc.mmap_threshold=33554432"
 
 
@@ -300,7 +304,8 @@ class NvrtcWorker:
             try:
                 proc = self._proc
                 if proc is None or proc.poll() is not None:
-                    proc = self._start(timeout)
+                    proc = self._start(max(timeout, _START_S))
+                    deadline = time.monotonic() + timeout  # (the compile's time starts now)
                 if req.record and not self.recording:
                     raise CompileError(f"the NVRTC worker cannot record lookups: {self.why}", log="")
                 assert proc.stdin is not None and proc.stdout is not None

@@ -96,11 +96,15 @@ def compile_recorded(
     timeout: float,
     max_deps: int,
     confine: Callable[[str], str],
+    roots: Sequence[str],
 ) -> tuple[NvrtcResult, Reads]:
     """One NVRTC compile, its lookups recorded (``options`` hold the search path).
     Raises :class:`~safejit.errors.PathConfinementError` when NVRTC was refused a file
-    outside the roots, :class:`~safejit.errors.LimitExceededError` for a closure over
-    ``max_deps``."""
+    outside the roots (Landlock), or found one there (no Landlock here: ``confine``
+    says, for what lies outside ``roots`` by name); and
+    :class:`~safejit.errors.LimitExceededError` for a closure over ``max_deps``. (What
+    lies under a root by name yet outside it through a symlink is the closure's to
+    refuse.)"""
     result = compile_once(NvrtcRequest(code, name, options, name_expressions, record=True), timeout)
     if result.lookups is None:
         raise CompileError(f"{name}: the NVRTC worker recorded no lookups\n{result.log}", log=result.log)
@@ -108,6 +112,10 @@ def compile_recorded(
     for path in reads.denied:
         confine(path)  # raises for a file outside the roots
         raise CompileError(f"{name}: NVRTC may not read {path} (permission denied)", log=result.log)
+    under = tuple(r.rstrip("/") + "/" for r in roots)
+    for path in reads.deps:
+        if not os.path.normpath(path).startswith(under):
+            confine(path)
     if len(reads.deps) > max_deps:
         raise LimitExceededError(
             f"{name}: {len(reads.deps)} dependencies exceed the limit of {max_deps}", limit=max_deps
