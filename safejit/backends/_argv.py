@@ -123,7 +123,9 @@ def run_argv(
     _write_source(src, spec.code)
     out, obj = artifact_path(workdir, spec, ext), artifact_path(workdir, spec, "rel.o")
     dep = depfile_path(workdir, spec)
-    slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep, "{OBJ}": obj}
+    # {DEPNAME}: the depfile by its name in the work dir (the compiler's cwd), for an option
+    # that a driver splits at commas (-Xcompiler), which the work dir's path may hold.
+    slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep, "{OBJ}": obj, "{DEPNAME}": os.path.basename(dep)}
     argv = [slots.get(a) or expand(a) for a in spec.argv]
     for template, arg in zip(spec.argv, argv, strict=True):
         if template.startswith("-Wl,") and arg.count(",") != template.count(","):
@@ -136,7 +138,8 @@ def run_argv(
         start = end + 1
         # The runner reads the depfile and the artifact as the compiler closes them:
         # off the caller's time, and what stands is their content when the step ended.
-        watch = [p for p in (dep, out) if p in step] + read_lists(workdir, step)
+        named = dep in step or slots["{DEPNAME}"] in step
+        watch = [p for p in (dep, out) if p in step or (p == dep and named)] + read_lists(workdir, step)
         result = run(step, cwd=workdir, timeout=timeout, watch=watch)
         files = result.files  # (only the last step's: a later step may rewrite a file)
         logs.append(result.log)
