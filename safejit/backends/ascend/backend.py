@@ -1,25 +1,25 @@
 """Ascend backend: bisheng → relocatable object → ld.lld → device binary.
 
 Both tools run as sandboxed argv lists. Kernel names come from the ELF's
-``.ascend.meta.<name>`` sections (read with pyelftools), so ``Artifact.kernels``
+``.ascend.meta.<name>`` sections (``backends/_elf.py``), so ``Artifact.kernels``
 is known without a device. Loading and launching go through CANN's runtime,
 imported only when a kernel is loaded (``ascend_launch``).
 """
 
 from __future__ import annotations
 
-import io
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from ...closure.hashing import hash_file
 from ...errors import CompileError, ConfigError, LoadError
-from ...spec import BuildSpec, Source, Toolchain
+from ...spec import Source, Toolchain
 from .._argv import run_argv
+from .._elf import ElfError, section_names
 from .._toolchain import ProbeCache, compiler_search_dirs, file_ident, run_text
-from ..base import CompileOutput, Products, Runner, macro_flags
+from ..base import CompileContext, CompileOutput, Products, Runner, macro_flags
 from .launch import AscendLibrary
 
 __all__ = ["AscendBackend", "ascend_kernel_names", "find_toolkit"]
@@ -45,13 +45,9 @@ def find_toolkit(homes: Sequence[str]) -> tuple[str, str, str]:
 def ascend_kernel_names(binary: bytes) -> tuple[str, ...]:
     """Kernel names from ``.ascend.meta.<name>`` sections; mixed-kernel suffixes
     ``_mix_aic``/``_mix_aiv`` are stripped and duplicates merged."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-
     try:
-        elf = ELFFile(io.BytesIO(binary))
-        names = {s.name[len(_META) :] for s in elf.iter_sections() if s.name.startswith(_META)}
-    except (ELFError, ValueError, KeyError) as exc:
+        names = {n[len(_META) :] for n in section_names(binary) if n.startswith(_META)}
+    except ElfError as exc:
         raise LoadError(f"artifact is not a readable ELF object: {exc}") from exc
     return tuple(sorted({n.removesuffix("_mix_aic").removesuffix("_mix_aiv") for n in names if n}))
 
@@ -64,6 +60,7 @@ class AscendBackend:
         "--cce-",
         "-mllvm",
     )
+    needs_workdir = True
 
     def __init__(self, *, ascend_homes: Sequence[str] = (), state_dir: str | None = None, **_: Any) -> None:
         self._homes = tuple(ascend_homes)
@@ -138,20 +135,9 @@ class AscendBackend:
         # One spec, two sandboxed steps: "--" separates the linker's argv.
         return (*argv, "--", lld, "-m", "aicorelinux", "-Ttext=0", "{OBJ}", "-o", "{OUT}")
 
-    def compile(
-        self,
-        spec: BuildSpec,
-        *,
-        workdir: str,
-        expand: Callable[[str], str],
-        run: Runner,
-        timeout: float,
-        search_dirs: Sequence[str] = (),
-        confine: Callable[[str], str] | None = None,
-        max_deps: int = 20_000,
-        read_roots: Sequence[str] = (),
-    ) -> CompileOutput:
-        b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, ext=self.artifact_ext)
+    def compile(self, ctx: CompileContext) -> CompileOutput:
+        spec = ctx.spec
+        b = run_argv(ctx, ext=self.artifact_ext)
         kernels, meta = self.products(b.artifact)
         if not kernels:
             raise CompileError(
@@ -159,12 +145,12 @@ class AscendBackend:
                 log=b.log,
             )
         return CompileOutput(
-            b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta, read_lists=b.read_lists
+            b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta, tool_reads=b.tool_reads
         )
 
     def products(self, artifact: bytes) -> Products:
         kernels = ascend_kernel_names(artifact)
-        return kernels, {"kernels": list(kernels)}
+        return kernels, {}
 
     def load(self, artifact: bytes, *, name: str, options: Mapping[str, Any] | None = None) -> AscendLibrary:
         return AscendLibrary(artifact, name, ascend_kernel_names(artifact))

@@ -23,7 +23,7 @@ from ...sandbox import lookups as lookup_recorder
 from ...spec import BuildSpec, Source, Toolchain
 from .._argv import run_argv
 from .._toolchain import ProbeCache, compiler_search_dirs, dir_idents, file_ident, find_program, hash_tools, run_text
-from ..base import CompileOutput, Products, Runner, macro_flags
+from ..base import CompileContext, CompileOutput, Products, Runner, macro_flags
 from .cubin import KernelParams, cubin_frame_sizes, cubin_kernels
 from .launch import CudaLibrary, device_arch
 from .nvrtc import NvrtcWorker, compile_with_headers, nvrtc_compile_once
@@ -133,9 +133,9 @@ class CudaBackend:
         self._lock = threading.Lock()
 
     @property
-    def compiles_in_process(self) -> bool:
+    def needs_workdir(self) -> bool:
         """NVRTC compiles without the sandboxed runner (in process, or in its worker)."""
-        return self.compiler == "nvrtc"
+        return self.compiler != "nvrtc"
 
     # -- toolchain -----------------------------------------------------------
     def language(self, source: Source) -> str:
@@ -303,56 +303,36 @@ class CudaBackend:
         deps = ("-Xcompiler", "-MD", "-Xcompiler", "-MF", "-Xcompiler", "{DEPNAME}")
         return (*argv, *deps, "-o", "{OUT}", "-x", "cu", "{SRC}")
 
-    def compile(
-        self,
-        spec: BuildSpec,
-        *,
-        workdir: str,
-        expand: Callable[[str], str],
-        run: Runner,
-        timeout: float,
-        search_dirs: Sequence[str] = (),
-        confine: Callable[[str], str] | None = None,
-        max_deps: int = 20_000,
-        read_roots: Sequence[str] = (),
-    ) -> CompileOutput:
+    def compile(self, ctx: CompileContext) -> CompileOutput:
+        spec = ctx.spec
         if self.compiler == "nvrtc":
-            if confine is None:
-                raise ConfigError("NVRTC needs the runtime's confinement")
+            ctx.started()  # (no process to wait for)
             if spec.argv[0] == NVRTC_IN_MEMORY:
-                out = self._compile_in_memory(spec, search_dirs, confine, timeout, max_deps)
+                out = self._compile_in_memory(spec, ctx.search_dirs, ctx.confine, ctx.timeout, ctx.max_deps)
             else:
-                out = self._compile_recorded(spec, search_dirs, expand, confine, timeout, max_deps, read_roots)
+                out = self._compile_recorded(ctx)
         else:
-            out = self._compile_nvcc(spec, workdir, expand, run, timeout)
+            out = self._compile_nvcc(ctx)
         self._check_spills(spec.name, out.log, out.artifact)
         return out
 
-    def _compile_recorded(
-        self,
-        spec: BuildSpec,
-        search_dirs: Sequence[str],
-        expand: Callable[[str], str],
-        confine: Callable[[str], str],
-        timeout: float,
-        max_deps: int,
-        read_roots: Sequence[str],
-    ) -> CompileOutput:
+    def _compile_recorded(self, ctx: CompileContext) -> CompileOutput:
+        spec = ctx.spec
         started = time.perf_counter()
-        options = recorded_options(spec.argv[1:], search_dirs, expand)
+        options = recorded_options(spec.argv[1:], ctx.search_dirs, ctx.expand)
         result, reads = compile_recorded(
             spec.code,
             spec.name,
             options,
             list(spec.name_expressions),
-            compile_once=self._worker_client(spec.arch, read_roots).compile_once,
-            timeout=timeout,
-            max_deps=max_deps,
-            confine=confine,
-            roots=read_roots,
+            compile_once=self._worker_client(spec.arch, ctx.read_roots).compile_once,
+            timeout=ctx.timeout,
+            max_deps=ctx.max_deps,
+            confine=ctx.confine,
+            roots=ctx.read_roots,
         )
         if not result.ok:
-            raise _nvrtc_failed(spec.name, result.log, options, search_dirs)
+            raise _nvrtc_failed(spec.name, result.log, options, ctx.search_dirs)
         kernels = cubin_kernels(result.cubin)
         if reads.unknown:
             logger.warning("%s: NVRTC did what a closure cannot hold: %s", spec.name, reads.unknown[0])
@@ -408,13 +388,11 @@ class CudaBackend:
             meta=self._meta(kernels, result.lowered),
         )
 
-    def _compile_nvcc(
-        self, spec: BuildSpec, workdir: str, expand: Callable[[str], str], run: Runner, timeout: float
-    ) -> CompileOutput:
-        b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, ext=self.artifact_ext)
+    def _compile_nvcc(self, ctx: CompileContext) -> CompileOutput:
+        b = run_argv(ctx, ext=self.artifact_ext)
         kernels, meta = self._products(b.artifact)
         return CompileOutput(
-            b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta, read_lists=b.read_lists
+            b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta, tool_reads=b.tool_reads
         )
 
     def products(self, artifact: bytes) -> Products | None:
