@@ -56,7 +56,7 @@ from typing import Any
 
 import safejit
 import safejit.backends.host
-from safejit.cache import spares
+from safejit.cache import staging as spares
 
 ONE_HEADER_C = '#include "one.h"\nint add(int a, int b) { return a + b + ONE; }\n'
 
@@ -247,7 +247,7 @@ def procs16(results: dict[str, Any]) -> None:
 TELEMETRY_CHILD = r"""
 import json, statistics, sys, tempfile, time
 import safejit, safejit.backends.host
-from safejit.cache import spares
+from safejit.cache import staging as spares
 if sys.argv[1] == "sdk":
     from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider
@@ -509,7 +509,7 @@ CUTE_DISK_CHILD = r"""
 import json, sys, time
 mode, cache, inc, code = sys.argv[1:5]
 if mode == "safejit":
-    import safejit
+    import safejit, safejit.backends.cuda.backend  # (imported before timing, as cuda.core is)
     rt = safejit.Runtime(config=safejit.Config(backend="cuda", cache_dirs=(cache,), source_roots=(inc,)))
     t0 = time.perf_counter()
     rt.compile(safejit.Source(code, "cute_sgemm"), include_dirs=(inc,), arch="sm_90", flags=("-std=c++17",))
