@@ -14,12 +14,14 @@ from typing import Any
 from .errors import ConfigError
 
 __all__ = [
+    "OTHER_VARIABLES",
     "VARIABLES",
     "ascend_home_candidates",
     "config_overrides",
     "default_cache_dir",
     "faults_spec",
     "passthrough_values",
+    "remote_credentials",
     "safejit_variables",
 ]
 
@@ -49,6 +51,17 @@ def _bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r}")
 
 
+def _key_list(text: str) -> tuple[tuple[str, str], ...]:
+    """``id=key;id=key``: Ed25519 public keys (hex, base64 or an ssh-ed25519 line) by key id."""
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(";"))):
+        key_id, sep, key = item.partition("=")
+        if not sep or not key_id.strip() or not key.strip():
+            raise ValueError(f"expected id=key, got {item!r}")
+        out.append((key_id.strip(), key.strip()))
+    return tuple(out)
+
+
 # variable -> (Config field, parser)
 VARIABLES: Mapping[str, tuple[str, Callable[[str], Any]]] = {
     "SAFEJIT_BACKEND": ("backend", str),
@@ -75,6 +88,22 @@ VARIABLES: Mapping[str, tuple[str, Callable[[str], Any]]] = {
     "SAFEJIT_ASCEND_HOME": ("ascend_home", str),
     "SAFEJIT_HOST_CC": ("host_cc", str),
     "SAFEJIT_HOST_CXX": ("host_cxx", str),
+    "SAFEJIT_REMOTE": ("remote", str),
+    "SAFEJIT_REMOTE_MODE": ("remote_mode", str),
+    "SAFEJIT_REMOTE_CONNECT_TIMEOUT_S": ("remote_connect_timeout_s", _float),
+    "SAFEJIT_REMOTE_TIMEOUT_S": ("remote_timeout_s", _float),
+    "SAFEJIT_REMOTE_MAX_BYTES": ("remote_max_bytes", _int),
+    "SAFEJIT_REMOTE_LEASE_TTL_S": ("remote_lease_ttl_s", _float),
+    "SAFEJIT_VERIFY_KEYS": ("verify_keys", _key_list),
+}
+
+#: Variables that are no Config field: read where they are used, never kept in a Config
+#: (credentials), or read once at import (fault injection).
+OTHER_VARIABLES: Mapping[str, str] = {
+    "SAFEJIT_FAULTS": "fault points to enable: point=action[@probability][;...] (safejit.faults)",
+    "SAFEJIT_REMOTE_USERNAME": "the remote's user (S3: access key id) when the URL holds none",
+    "SAFEJIT_REMOTE_PASSWORD": "the remote's password (S3: secret access key) when the URL holds none",
+    "SAFEJIT_REMOTE_SESSION_TOKEN": "S3: a session token for temporary credentials",
 }
 
 
@@ -91,6 +120,22 @@ def config_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]
         except ValueError as exc:
             raise ConfigError(f"{var}={raw!r}: {exc}", variable=var) from exc
     return out
+
+
+def remote_credentials(engine: str) -> dict[str, str]:
+    """The remote's credentials from the environment (only those set): SAFEJIT_REMOTE_*,
+    and for S3 the AWS_* variables its SDKs read."""
+    env = os.environ
+    found = {
+        "username": env.get("SAFEJIT_REMOTE_USERNAME"),
+        "password": env.get("SAFEJIT_REMOTE_PASSWORD"),
+        "session_token": env.get("SAFEJIT_REMOTE_SESSION_TOKEN"),
+    }
+    if engine == "s3":
+        found["username"] = found["username"] or env.get("AWS_ACCESS_KEY_ID")
+        found["password"] = found["password"] or env.get("AWS_SECRET_ACCESS_KEY")
+        found["session_token"] = found["session_token"] or env.get("AWS_SESSION_TOKEN")
+    return {k: v for k, v in found.items() if v}
 
 
 def default_cache_dir() -> Path:

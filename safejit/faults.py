@@ -5,8 +5,9 @@ Enable with ``SAFEJIT_FAULTS="point=action[@probability][;...]"`` or::
     with safejit.faults.inject("disk.rename", "raise:EROFS"):
         rt.compile(src)
 
-Actions: ``raise:ENOSPC`` / ``raise:EIO`` / ``raise:EROFS`` (an ``OSError``
-with that errno), ``crash`` (the process dies at once, as under SIGKILL),
+Actions: ``raise:ENOSPC`` / ``raise:EIO`` / ``raise:EROFS`` / ``raise:ETIMEDOUT`` /
+``raise:ECONNREFUSED`` (an ``OSError`` with that errno; the last two are for the
+``remote.*`` points), ``crash`` (the process dies at once, as under SIGKILL),
 ``delay:SECONDS``, ``corrupt`` (bytes written at the point are damaged).
 When nothing is enabled a point costs one flag check.
 """
@@ -41,10 +42,29 @@ POINTS: Final = frozenset(
         "compiler.spawn",
         "lock.acquire",
         "load",
+        "remote.connect",
+        "remote.get",
+        "remote.put",
+        "remote.lease",
     }
 )
-ACTIONS: Final = ("raise:ENOSPC", "raise:EIO", "raise:EROFS", "crash", "delay:SECONDS", "corrupt")
-_ERRNOS: Final = {"ENOSPC": errno.ENOSPC, "EIO": errno.EIO, "EROFS": errno.EROFS}
+ACTIONS: Final = (
+    "raise:ENOSPC",
+    "raise:EIO",
+    "raise:EROFS",
+    "raise:ETIMEDOUT",
+    "raise:ECONNREFUSED",
+    "crash",
+    "delay:SECONDS",
+    "corrupt",
+)
+_ERRNOS: Final = {
+    "ENOSPC": errno.ENOSPC,
+    "EIO": errno.EIO,
+    "EROFS": errno.EROFS,
+    "ETIMEDOUT": errno.ETIMEDOUT,
+    "ECONNREFUSED": errno.ECONNREFUSED,
+}
 
 
 @dataclass(frozen=True, slots=True)
