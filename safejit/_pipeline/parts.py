@@ -58,6 +58,7 @@ class Parts:
             worker=config.nvrtc_worker,
             spills=config.cuda_spills,
             require_landlock=config.sandbox == "required",
+            tools_dir=self.tools_dir,
             ascend_homes=(config.ascend_home,) if config.ascend_home else _env.ascend_home_candidates(),
         )
         # A compiler process works in a scratch dir; one in this process (NVRTC) writes none.

@@ -170,7 +170,10 @@ def run_argv(
     out, obj = artifact_path(workdir, spec, ext), artifact_path(workdir, spec, "rel.o")
     dep = depfile_path(workdir, spec)
     header = os.path.join(workdir, DEFINES_HEADER)
-    slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep, "{OBJ}": obj, DEFINES_SLOT: header}
+    # {DEPNAME}: the depfile by its name in the work dir (the compiler's cwd), for an option
+    # that a driver splits at commas (-Xcompiler), which the work dir's path may hold.
+    slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep, "{OBJ}": obj, "{DEPNAME}": os.path.basename(dep)}
+    slots[DEFINES_SLOT] = header
     slots[PCH_GUARD] = _guard_path(workdir)
     argv = [slots.get(a) or ctx.expand(a) for a in spec.argv]
     for template, arg in zip(spec.argv, argv, strict=True):
@@ -198,7 +201,8 @@ def run_argv(
         # The runner reads the depfile and the artifact as the compiler closes them:
         # off the caller's time, and what stands is their content when the step ended.
         step_lists = read_lists(workdir, step)
-        watch = [p for p in (dep, out) if p in step] + step_lists
+        named = dep in step or slots["{DEPNAME}"] in step
+        watch = [p for p in (dep, out) if p in step or (p == dep and named)] + step_lists
         watcher.lists = dict.fromkeys(step_lists)
         result = ctx.run(step, cwd=workdir, timeout=ctx.timeout, watch=watch, on_closed=watcher)
         files = result.files  # (only the last step's: a later step may rewrite a file)

@@ -95,6 +95,9 @@ class CompileContext:
     confine: Callable[[str], str]
     max_deps: int
     events: CompileEvents | None = None
+    #: The resolved roots the compiler may read (declared and the toolchain's), for a
+    #: compiler that does not run through ``run`` (NVRTC's worker).
+    read_roots: Sequence[str] = ()
 
     def started(self) -> None:
         if self.events is not None:
@@ -117,6 +120,10 @@ class CompileOutput:
     #: What tools other than the compiler read beyond ``deps`` (``{"assembler": paths,
     #: "linker": paths}``; the toolchain's own link inputs aside): part of the closure.
     tool_reads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Paths the compiler looked up and did not find, when its lookups were recorded
+    #: (NVRTC in its worker): the negative dependencies, exactly. None: not recorded (a
+    #: depfile names only what was found); they are then derived from the search path.
+    absent: tuple[str, ...] | None = None
 
 
 class LoadedLibrary(Protocol):
