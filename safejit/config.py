@@ -91,8 +91,9 @@ class Config:
     inventory: str | None = None
     #: CUDA: "nvrtc" (in process, or in an isolated worker) or "nvcc" (sandboxed argv).
     cuda_compiler: Literal["nvrtc", "nvcc"] = "nvrtc"
-    #: CUDA: run NVRTC in a persistent worker with no filesystem access. In process (False) is
-    #: for trusted sources only: NVRTC itself may read a quoted include from the working directory.
+    #: CUDA: run NVRTC in a persistent worker that may read only the declared and toolchain roots
+    #: and records every path it looks up (one NVRTC run per compile). In process (False) is for
+    #: trusted sources only, and hands headers over in memory: one NVRTC run per header it asks for.
     nvrtc_worker: bool = True
     #: CUDA: what register spills / local memory do: "warn" (SpillWarning), "error", "ignore".
     cuda_spills: Literal["warn", "error", "ignore"] = "warn"
