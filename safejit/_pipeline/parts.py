@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from .. import _env
 from ..backends import Backend, get_backend
 from ..backends.base import Runner, RunOutcome
-from ..cache.disk import LAYOUT, DiskCache
+from ..cache.disk import DiskCache
 from ..cache.staging import Spares, memory_scratch, settle
 from ..cache.statmemo import StatMemo
 from ..closure.anchors import Anchors
@@ -21,6 +21,7 @@ from ..policy import roots as root_policy
 from ..policy.trust import HmacSigner
 from ..sandbox import SYSTEM_PATH
 from ..sandbox.runner import Sandbox
+from ..sandbox.statedir import state_dir
 from ..spec import Toolchain
 
 __all__ = ["Setup"]
@@ -39,15 +40,16 @@ class Setup:
             require_signed=config.require_signed,
             max_artifact_bytes=config.max_artifact_bytes,
         )
-        root = self.disk.writable_root()
-        self.tools_dir = os.path.join(root, LAYOUT, "tools") if root else None
+        # Executables and private state (the shim, the stat memo, the probes) live in this
+        # user's private directory outside every cache root: a cache is data, never code.
+        self.state = state_dir(avoid=dirs)
+        private = self.state.path
         # The shim is built by the system compiler, never by a configured one: a
         # configured compiler is what the sandbox is there to contain.
         cc = shutil.which("cc", path=SYSTEM_PATH)
-        self.sandbox = Sandbox(config.sandbox, tools_dir=self.tools_dir, cc=cc)
+        self.sandbox = Sandbox(config.sandbox, state=self.state, cc=cc)
         self.sandbox.check_available()
-        private = self._private_state_dir()
-        if private is not None and config.trust_stat:
+        if config.trust_stat:
             self.disk.stat_memo = StatMemo(private)
         self.backend: Backend = get_backend(
             config.backend,
@@ -71,17 +73,6 @@ class Setup:
         self._anchors: dict[Toolchain, Anchors] = {}
         self._toolchain_roots: dict[tuple[str, ...], list[str]] = {}
         self.source_roots = config.source_roots
-
-    def _private_state_dir(self) -> str | None:
-        if not self.tools_dir:
-            return None
-        path = os.path.join(self.tools_dir, f"u{os.geteuid()}")
-        try:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            st = os.lstat(path)
-        except OSError:
-            return None
-        return path if st.st_uid == os.geteuid() and not st.st_mode & 0o022 else None
 
     @property
     def probe_dir(self) -> str:

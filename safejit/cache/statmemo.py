@@ -6,8 +6,10 @@ trust an unchanged ``(dev, ino, size, mtime_ns, ctime_ns)`` instead of
 rehashing — the rule the memory tier already applies within a process
 (DESIGN.md §6), made persistent. Snapshots that were racily close to the time
 they were taken are never recorded. The memo lives in a private directory
-(0700, owned by the user) and is keyed by the kernel's boot id, so neither
-another user nor another machine sharing the cache can feed it.
+(``sandbox.statedir``: 0700, owned by the user, outside every cache root) and is
+keyed by the kernel's boot id, so neither another user nor another machine sharing
+the cache can feed it. A record that is not a regular file of this user's, or that
+others may write, is never read.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import time
 from collections.abc import Sequence
 
@@ -43,7 +46,11 @@ class StatMemo:
         if not self.directory:
             return None
         try:
-            with open(self._path(leaf), "rb") as fh:
+            fd = os.open(self._path(leaf), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            with open(fd, "rb") as fh:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                    return None
                 data = json.loads(fh.read())
             if data["leaf"] != leaf or data["deps_key"] != deps_key:
                 return None
@@ -61,6 +68,7 @@ class StatMemo:
         tmp = f"{path}.{os.getpid()}.tmp"
         with contextlib.suppress(OSError):
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            with open(tmp, "w", encoding="ascii") as fh:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with open(fd, "w", encoding="ascii") as fh:
                 json.dump({"leaf": leaf, "deps_key": deps_key, "snaps": [list(s) for s in snaps]}, fh)
             os.replace(tmp, path)
