@@ -92,7 +92,10 @@ def _open_private(path: str, *, create: bool) -> int | None:
     """Walk to ``path`` from ``/``, one component at a time without following a symlink,
     every directory on the way checked; create what is missing (0700) with ``create``.
     The descriptor (``O_PATH``) of the final directory, or None."""
-    parts = [p for p in os.path.realpath(path).split("/") if p]
+    # (links on the way lead somewhere; where they lead is walked and checked. The
+    # directory itself must be no link.)
+    head, name = os.path.split(os.path.abspath(path))
+    parts = [p for p in os.path.realpath(head).split("/") if p] + [name]
     if not parts:
         return None
     fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
