@@ -12,6 +12,7 @@ import platform
 import resource
 import signal
 import socket
+import stat
 import struct
 import sys
 
@@ -175,7 +176,7 @@ class Request:
         self.ro: list[str] = []
         self.rw: list[str] = []
         self.env: dict[str, str] | None = None
-        self.cwd = self.mount_dir = ""
+        self.cwd = self.mount_dir = self.hand_dir = ""
         self.deny_net = False
         self.nproc = -1
         limits = {"-a": resource.RLIMIT_AS, "-c": resource.RLIMIT_CPU, "-f": resource.RLIMIT_FSIZE,
@@ -205,6 +206,8 @@ class Request:
                 self.cwd = value
             elif flag == "-M":
                 self.mount_dir = value
+            elif flag == "-H":
+                self.hand_dir = value
             else:
                 _die(124, flag)
             i += 2
@@ -400,6 +403,92 @@ def _supervise(ahead: Ahead, req: Request) -> int:
     return code
 
 
+_MAX_ENTRIES, _MAX_DEPTH, _MAX_OUTPUTS = 4096, 16, 256
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_regular(name: str, dir_fd: int) -> int:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError("not a regular file")
+    return fd
+
+
+def _copy(src: int, dst: int) -> None:
+    while chunk := os.read(src, 1 << 16):
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(dst, view) :]
+
+
+def _copy_in(src: int, dst: int, owner: tuple[int, int] | None, depth: int, budget: list[int]) -> None:
+    """As shim.c's copy_in."""
+    if owner is not None:
+        os.fchown(dst, *owner)
+    for entry in os.scandir(src):
+        budget[0] -= 1
+        if budget[0] < 0 or depth > _MAX_DEPTH:
+            _die(126, "the work dir holds too much")
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            os.mkdir(entry.name, stat.S_IMODE(st.st_mode), dir_fd=dst)
+            s2, d2 = os.open(entry.name, _DIR, dir_fd=src), os.open(entry.name, _DIR, dir_fd=dst)
+            _copy_in(s2, d2, owner, depth + 1, budget)
+            os.close(s2)
+            os.close(d2)
+        elif stat.S_ISREG(st.st_mode):
+            try:
+                fin = _open_regular(entry.name, src)
+            except OSError:
+                continue
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            out = os.open(entry.name, flags, stat.S_IMODE(st.st_mode), dir_fd=dst)
+            if owner is not None:
+                os.fchown(out, *owner)
+            _copy(fin, out)
+            os.close(fin)
+            os.close(out)
+
+
+def _copy_back(src: int, dst: int) -> None:
+    """As shim.c's copy_back."""
+    for n, entry in enumerate(list(os.scandir(src))[:_MAX_OUTPUTS]):
+        try:
+            fin = _open_regular(entry.name, src)
+        except OSError:
+            continue
+        tmp = f".out-{os.getpid()}-{n}"
+        try:
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dst)
+            try:
+                _copy(fin, out)
+            finally:
+                os.close(out)
+            os.rename(tmp, entry.name, src_dir_fd=dst, dst_dir_fd=dst)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dst)
+        finally:
+            os.close(fin)
+
+
+def _hand_over(fd: int, owner: tuple[int, int], depth: int, budget: list[int]) -> None:
+    """As shim.c's hand_over."""
+    os.fchown(fd, *owner)
+    for entry in os.scandir(fd):
+        budget[0] -= 1
+        if budget[0] < 0 or depth > _MAX_DEPTH:
+            _die(126, "the work dir holds too much")
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode) and not st.st_mode & 0o77:
+            sub = os.open(entry.name, _DIR, dir_fd=fd)
+            _hand_over(sub, owner, depth + 1, budget)
+            os.close(sub)
+        elif stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+            os.chown(entry.name, *owner, dir_fd=fd, follow_symlinks=False)
+
+
 def main(argv: list[str]) -> int:
     os.closerange(3, 1 << 16)
     sock = socket.socket(fileno=os.dup(0))
@@ -410,19 +499,36 @@ def main(argv: list[str]) -> int:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    if req.mount_dir:
-        if ahead.mount_fd < 0:
-            _die(125, "no scratch tmpfs for -M")
-        if _sys(_SYS_MOVE_MOUNT, ahead.mount_fd, b"", -100, os.fsencode(req.mount_dir), 4) != 0:
-            _die(126, "mount the scratch tmpfs")
-    if ahead.mount_fd >= 0:
-        os.close(ahead.mount_fd)
+    own = ahead.uid > 0
+    owner = ((0, 0) if ahead.userns else (ahead.uid, ahead.gid)) if own else None
+    work = scratch = -1
+    try:
+        if req.mount_dir:
+            if ahead.mount_fd < 0:
+                _die(125, "no scratch tmpfs for -M")
+            work = os.open(req.mount_dir, _DIR)
+            scratch = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=ahead.mount_fd)
+            _copy_in(work, scratch, owner, 0, [_MAX_ENTRIES])
+            if _sys(_SYS_MOVE_MOUNT, ahead.mount_fd, b"", -100, os.fsencode(req.mount_dir), 4) != 0:
+                _die(126, "mount the scratch tmpfs")
+        if ahead.mount_fd >= 0:
+            os.close(ahead.mount_fd)
+        if req.hand_dir and owner is not None and not ahead.userns:
+            fd = os.open(req.hand_dir, _DIR)
+            _hand_over(fd, owner, 0, [_MAX_ENTRIES])
+            os.close(fd)
+    except OSError as exc:
+        sys.stderr.write(f"safejit-shim: the work dir: {exc}\n")
+        sys.stderr.flush()
+        os._exit(126)
     if req.cwd:
         try:
             os.chdir(req.cwd)
         except OSError:
             _die(126, "chdir")
     code = _supervise(ahead, req)
+    if scratch >= 0:
+        _copy_back(scratch, work)
     with contextlib.suppress(OSError):
         sock.send(f"exit {code}\n".encode())
     return code

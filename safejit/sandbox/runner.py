@@ -304,20 +304,20 @@ class Sandbox:
             opts.append("-N")
         if shim.scratch is not None and cwd in write_roots:
             opts += ["-M", cwd]
+        elif self._ids is not None and shim.walls.uid != 0 and cwd in write_roots:
+            opts += ["-H", cwd]  # (root without a user namespace: the work dir is handed over)
         return [*opts, "-C", cwd, *_env_options(env), "--", *argv], landlocked
 
     def _start(
         self, argv: Sequence[str], cwd: str, env: Mapping[str, str], read_roots: Sequence[str],
         write_roots: Sequence[str],
     ) -> tuple[Shim, bool]:  # fmt: skip
-        """Hand the run to a shim (its scratch filled first); returns it and whether
-        Landlock applies. A shim that died while waiting is replaced once."""
+        """Hand the run to a shim; returns it and whether Landlock applies. A shim that
+        died while waiting is replaced once."""
         for attempt in (0, 1):
             shim = self._take() if attempt == 0 else self._launch()
             command, landlocked = self._command(shim, argv, cwd, env, read_roots, write_roots)
             try:
-                if shim.scratch is not None and cwd in write_roots:
-                    shim.scratch.fill(cwd, self._ids)
                 shim.submit(command)
             except OSError as exc:
                 shim.retire()
@@ -350,7 +350,9 @@ class Sandbox:
 
         Where the shim offers a scratch tmpfs and ``cwd`` is a write root, the process
         works in the tmpfs mounted on ``cwd`` (what ``cwd`` held is copied in first);
-        the regular files it leaves at the top of it are copied back into ``cwd``."""
+        the regular files it leaves at the top of it are copied back into ``cwd``
+        before the run ends. Where a root caller's compiler runs as another uid with
+        no tmpfs, ``cwd`` (its private parts) is handed over to that uid."""
         self.check_available()
         try:
             faults.point("compiler.spawn")
@@ -365,8 +367,6 @@ class Sandbox:
         try:
             closes = CloseWatch.open(watch, view=scratch.view if scratch else None) if watch else None
             rc = self._wait(shim, argv, timeout, log, closes, files, on_start, on_closed)
-            if scratch is not None:
-                scratch.give_back(cwd, files)
         finally:
             if closes is not None:
                 closes.close()

@@ -20,9 +20,12 @@
  * NUL-terminated arguments:
  *
  *   [-a AS] [-c CPU_S] [-f FSIZE] [-n NOFILE] [-p NPROC] [-r RO_PATH]... [-w RW_PATH]...
- *   [-N] [-M DIR] [-C DIR] [-E NAME=VALUE]... -- PROGRAM ARGS...
+ *   [-N] [-M DIR] [-H DIR] [-C DIR] [-E NAME=VALUE]... -- PROGRAM ARGS...
  *
- * -M mounts the scratch tmpfs on DIR (in this mount namespace only); -C changes to
+ * -M mounts the scratch tmpfs on DIR (in this mount namespace only), with copies of
+ * the directories and regular files DIR holds; after the run, the regular files at
+ * the top of the scratch are copied back into DIR. -H (root, without a user
+ * namespace) hands DIR over to the program's uid (see hand_over). -C changes to
  * DIR after that; -E, given at all, replaces the environment; -N denies TCP
  * bind/connect where the Landlock ABI allows it (>= 4). Without -r/-w no Landlock
  * ruleset is applied. EOF before a command: exit 0 quietly.
@@ -58,6 +61,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/utsname.h>
@@ -296,12 +300,125 @@ static void report(const struct ahead *a) {
     }
 }
 
+/* ---- the scratch: what the work dir holds is copied in, the outputs copied back out ---- */
+
+#define MAX_ENTRIES 4096
+#define MAX_DEPTH 16
+#define MAX_OUTPUTS 256
+
+static int copy_fd(int in, int out) {
+    static char buf[1 << 16];
+    for (;;) {
+        ssize_t n = read(in, buf, sizeof buf);
+        if (n == 0) return 0;
+        if (n < 0) { if (errno == EINTR) continue; return -1; }
+        for (ssize_t done = 0; done < n;) {
+            ssize_t w = write(out, buf + done, (size_t)(n - done));
+            if (w < 0) { if (errno == EINTR) continue; return -1; }
+            done += w;
+        }
+    }
+}
+
+/* The regular file `name` of directory `from`, opened without following a link or
+ * blocking (-1 for anything else). */
+static int open_regular(int from, const char *name, struct stat *st) {
+    int fd = openat(from, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return -1;
+    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) { close(fd); errno = EINVAL; return -1; }
+    return fd;
+}
+
+/* Copy the directories and regular files under `src` into `dst` (links and anything
+ * else are left out), each given to the program's ids when `own`. */
+static void copy_in(int src, int dst, int own, uid_t uid, gid_t gid, int depth, int *budget) {
+    if (own && fchown(dst, uid, gid) != 0) die(126, "chown scratch");
+    int dup_src = dup(src);
+    DIR *d = dup_src >= 0 ? fdopendir(dup_src) : NULL;
+    if (!d) die(126, "read the work dir");
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (--*budget < 0 || depth > MAX_DEPTH) { errno = E2BIG; die(126, "the work dir holds too much"); }
+        struct stat st;
+        if (fstatat(src, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        if (S_ISDIR(st.st_mode)) {
+            if (mkdirat(dst, e->d_name, st.st_mode & 07777) != 0) die(126, "copy into the scratch");
+            int s2 = openat(src, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            int d2 = openat(dst, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (s2 < 0 || d2 < 0) die(126, "copy into the scratch");
+            copy_in(s2, d2, own, uid, gid, depth + 1, budget);
+            close(s2);
+            close(d2);
+        } else if (S_ISREG(st.st_mode)) {
+            int in = open_regular(src, e->d_name, &st);
+            if (in < 0) continue;
+            int out = openat(dst, e->d_name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, st.st_mode & 07777);
+            if (out < 0 || (own && fchown(out, uid, gid) != 0) || copy_fd(in, out) != 0)
+                die(126, "copy into the scratch");
+            close(in);
+            close(out);
+        }
+    }
+    closedir(d);
+}
+
+/* Copy the regular files at the top of the scratch `from` into the work dir `to`: each
+ * written under a new name, then renamed over whatever file was there (never over a
+ * directory). Errors are the runner's to notice: an output is missing. */
+static void copy_back(int from, int to) {
+    int dup_from = dup(from);
+    DIR *d = dup_from >= 0 ? fdopendir(dup_from) : NULL;
+    if (!d) return;
+    struct dirent *e;
+    int copied = 0;
+    while ((e = readdir(d)) != NULL && copied < MAX_OUTPUTS) {
+        struct stat st;
+        int in = open_regular(from, e->d_name, &st);
+        if (in < 0) continue;
+        char tmp[64];
+        snprintf(tmp, sizeof tmp, ".out-%ld-%d", (long)getpid(), copied++);
+        int out = openat(to, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        int ok = out >= 0 && copy_fd(in, out) == 0;
+        if (out >= 0) close(out);
+        close(in);
+        if (!ok || renameat(to, tmp, to, e->d_name) != 0) unlinkat(to, tmp, 0);
+    }
+    closedir(d);
+}
+
+/* Root without a user namespace: the program (another uid) works in the work dir
+ * itself, so it is handed over: the directory, its private (0700) subdirectories and
+ * the single-link files in them. Shared parts (a 0755 stage, a linked lock file) stay. */
+static void hand_over(int dir, uid_t uid, gid_t gid, int depth, int *budget) {
+    if (fchown(dir, uid, gid) != 0) die(126, "hand the work dir over");
+    int dup_dir = dup(dir);
+    DIR *d = dup_dir >= 0 ? fdopendir(dup_dir) : NULL;
+    if (!d) die(126, "read the work dir");
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (--*budget < 0 || depth > MAX_DEPTH) { errno = E2BIG; die(126, "the work dir holds too much"); }
+        struct stat st;
+        if (fstatat(dir, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        if (S_ISDIR(st.st_mode) && !(st.st_mode & 077)) {
+            int sub = openat(dir, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (sub < 0) die(126, "hand the work dir over");
+            hand_over(sub, uid, gid, depth + 1, budget);
+            close(sub);
+        } else if (S_ISREG(st.st_mode) && st.st_nlink == 1) {
+            if (fchownat(dir, e->d_name, uid, gid, AT_SYMLINK_NOFOLLOW) != 0) die(126, "hand the work dir over");
+        }
+    }
+    closedir(d);
+}
+
 /* ---- the run ----------------------------------------------------------------------- */
 
 struct request {
     const char *ro[MAX_PATHS], *rw[MAX_PATHS], *env[MAX_PATHS];
     int nro, nrw, nenv, deny_net;
-    const char *cwd, *mount_dir;
+    const char *cwd, *mount_dir, *hand_dir;
     const char *as, *cpu, *fsize, *nofile, *nproc;
 };
 
@@ -522,6 +639,7 @@ static int parse_request(int argc, char **argv, struct request *o) {
         case 'E': if (o->nenv == MAX_PATHS - 1) { errno = E2BIG; die(124, "-E"); } o->env[o->nenv++] = v; break;
         case 'C': o->cwd = v; break;
         case 'M': o->mount_dir = v; break;
+        case 'H': o->hand_dir = v; break;
         default: errno = EINVAL; die(124, a);
         }
     }
@@ -615,18 +733,35 @@ int main(int argc, char **argv) {
     char **args = read_request(&n);
     int prog = parse_request(n, args, &r);
     if (prog >= n) { errno = EINVAL; die(124, "no program"); }
+    /* The program's ids in the scratch: as root with a user namespace, its uid 0 (the
+     * unprivileged uid); the caller's own otherwise (nothing to change). */
+    int own = a.uid > 0;
+    uid_t uid = a.userns ? 0 : (uid_t)a.uid;
+    gid_t gid = a.userns ? 0 : (gid_t)a.gid;
+    int work = -1, scratch = -1, budget = MAX_ENTRIES;
     if (r.mount_dir) {
         if (a.mount_fd < 0) { errno = ENOSYS; die(125, "no scratch tmpfs for -M"); }
+        work = open(r.mount_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        scratch = openat(a.mount_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (work < 0 || scratch < 0) die(126, "open the work dir");
+        copy_in(work, scratch, own, uid, gid, 0, &budget);
         if (syscall(SYS_move_mount_, a.mount_fd, "", AT_FDCWD, r.mount_dir, MOVE_MOUNT_F_EMPTY_PATH_) != 0)
             die(126, "mount the scratch tmpfs");
     }
     if (a.mount_fd >= 0) close(a.mount_fd);
+    if (r.hand_dir && own && !a.userns) {
+        int dir = open(r.hand_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (dir < 0) die(126, "open the work dir");
+        hand_over(dir, uid, gid, 0, &budget);
+        close(dir);
+    }
     if (r.cwd && chdir(r.cwd) != 0) die(126, "chdir");
     if (r.nenv) {
         r.env[r.nenv] = NULL;
         environ = (char **)r.env;
     }
     int code = supervise(&args[prog], &a, &r);
+    if (scratch >= 0) copy_back(scratch, work);
     /* Everything it started is gone and reaped: say so now, so that the runner need
      * not wait for this process's own exit (and its namespaces' teardown). */
     char said[32];

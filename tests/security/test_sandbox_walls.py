@@ -43,8 +43,11 @@ def attack(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture
-def sandboxes() -> Iterator[dict[str, Sandbox]]:
+@pytest.fixture(params=["c-shim", "python-shim"])
+def sandboxes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Sandbox]]:
+    """Sandboxes made in the test (by :func:`_sandbox`), with the C shim or its Python twin."""
+    if request.param == "python-shim":
+        monkeypatch.setattr(sandbox_mod, "_ensure_shim", lambda state, cc: None)
     made: dict[str, Sandbox] = {}
     yield made
     for sb in made.values():
