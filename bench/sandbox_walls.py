@@ -51,9 +51,8 @@ class _Partial(Sandbox):
         while i < len(opts):
             flag = opts[i]
             takes = flag in ("-T", "-i", "-u", "-g", "-S")
-            if flag == "-R" or (flag == "-S" and "-S" in self._wanted):
-                out += opts[i : i + (2 if takes else 1)]
-            elif flag in ("-U", "-T", "-i", "-u", "-g") and "-U" in self._wanted:
+            wanted = "-S" if flag == "-S" else "-U" if flag in ("-U", "-T", "-i", "-u", "-g") else None
+            if flag == "-R" or wanted in self._wanted:
                 out += opts[i : i + (2 if takes else 1)]
             i += 2 if takes else 1
         return out
