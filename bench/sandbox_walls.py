@@ -69,9 +69,9 @@ def _sandboxes() -> dict[str, Sandbox]:
 
 def _one(sb: Sandbox, work: Path, workload: str, i: int) -> float:
     env = {"PATH": SYSTEM_PATH, "LC_ALL": "C", "TMPDIR": str(work / ".tmp")}
-    (work / ".tmp").mkdir(parents=True, exist_ok=True)
+    (work / ".tmp").mkdir(mode=0o700, parents=True, exist_ok=True)
     src = work / "src" / "k.c"
-    src.parent.mkdir(exist_ok=True)
+    src.parent.mkdir(mode=0o700, exist_ok=True)
     src.write_text(f"#include <stdint.h>\nint64_t f{i}(int64_t x) {{ return x * {i + 3}; }}\n")
     if workload == "true":
         argv, watch = ["/bin/true"], []

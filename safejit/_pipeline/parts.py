@@ -134,7 +134,7 @@ class Setup:
         ) -> RunOutcome:
             where = cwd or self.probe_dir
             tmp = os.path.join(where, ".tmp")
-            os.makedirs(tmp, exist_ok=True)
+            os.makedirs(tmp, mode=0o700, exist_ok=True)  # (private: see the shim's hand_over)
             return self.sandbox.run(
                 argv,
                 cwd=where,

@@ -513,7 +513,7 @@ def main(argv: list[str]) -> int:
                 _die(126, "mount the scratch tmpfs")
         if ahead.mount_fd >= 0:
             os.close(ahead.mount_fd)
-        if req.hand_dir and owner is not None and not ahead.userns:
+        if req.hand_dir and owner is not None:
             fd = os.open(req.hand_dir, _DIR)
             _hand_over(fd, owner, 0, [_MAX_ENTRIES])
             os.close(fd)

@@ -135,6 +135,8 @@ class Sandbox:
         self._exe: tuple[list[str], tuple[int, ...]] | None = None
         self._exe_lock = threading.Lock()
         self._walls: Walls | None = None
+        self._abi = -1
+        self._described: tuple[Walls, str] | None = None
         self._degraded = False
         # The shim started ahead: [Shim] or []. A list, so that the finalizer below can
         # end it when this Sandbox goes without close().
@@ -155,7 +157,13 @@ class Sandbox:
 
     @property
     def landlock(self) -> bool:
-        return self.mode != "off" and min(landlock_abi(), self.walls.landlock) > 0
+        return self.mode != "off" and self._landlock_abi() > 0
+
+    def _landlock_abi(self) -> int:
+        """The Landlock ABI runs get: this kernel's, as the shim found it too."""
+        if self._abi < 0:
+            self._abi = min(landlock_abi(), self.walls.landlock)
+        return self._abi
 
     def describe(self) -> str:
         """The walls every run gets, joined by ``+``: ``landlock-v<ABI>``, ``seccomp``,
@@ -164,13 +172,16 @@ class Sandbox:
         if self.mode == "off":
             return "rlimits"
         w = self.walls
-        parts = [f"landlock-v{min(landlock_abi(), w.landlock)}"] if self.landlock else []
+        if self._described is not None and self._described[0] is w:
+            return self._described[1]
+        parts = [f"landlock-v{self._landlock_abi()}"] if self.landlock else []
         parts += [name for name, on in (("seccomp", w.seccomp), ("userns", w.userns), ("tmpfs", w.scratch)) if on]
         if self._ids is not None:
             parts.append(f"uid-{w.uid}")
         if w.nproc:
             parts.append("nproc")
-        return "+".join([*parts, "rlimits"])
+        self._described = (w, "+".join([*parts, "rlimits"]))
+        return self._described[1]
 
     def missing(self) -> list[str]:
         """The walls of :data:`REQUIRED` a run would lack."""
@@ -244,7 +255,7 @@ class Sandbox:
             except ShimStartError as again:
                 raise SandboxUnavailableError(str(again), missing=list(REQUIRED)) from again
         if self._walls is None or self._degraded:
-            self._walls = shim.walls
+            self._walls, self._abi = shim.walls, -1
         return shim
 
     def _keep(self, shim: Shim) -> None:
@@ -305,7 +316,7 @@ class Sandbox:
         if shim.scratch is not None and cwd in write_roots:
             opts += ["-M", cwd]
         elif self._ids is not None and shim.walls.uid != 0 and cwd in write_roots:
-            opts += ["-H", cwd]  # (root without a user namespace: the work dir is handed over)
+            opts += ["-H", cwd]  # (root without the scratch tmpfs: the work dir is handed over)
         return [*opts, "-C", cwd, *_env_options(env), "--", *argv], landlocked
 
     def _start(

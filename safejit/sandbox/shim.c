@@ -24,8 +24,8 @@
  *
  * -M mounts the scratch tmpfs on DIR (in this mount namespace only), with copies of
  * the directories and regular files DIR holds; after the run, the regular files at
- * the top of the scratch are copied back into DIR. -H (root, without a user
- * namespace) hands DIR over to the program's uid (see hand_over). -C changes to
+ * the top of the scratch are copied back into DIR. -H (root, without the scratch
+ * tmpfs) hands DIR over to the program's uid (see hand_over). -C changes to
  * DIR after that; -E, given at all, replaces the environment; -N denies TCP
  * bind/connect where the Landlock ABI allows it (>= 4). Without -r/-w no Landlock
  * ruleset is applied. EOF before a command: exit 0 quietly.
@@ -38,8 +38,10 @@
  * asked for that fails in the program's process is fatal (126): a run never goes
  * ahead with less than the report said.
  *
- * The program runs as the shim's child; the shim is a child subreaper, so nothing
- * the compiler starts can outlive it (see supervise()). SIGTERM makes it kill
+ * The program runs as the shim's child, started ahead too: it takes its ids, no new
+ * privileges and the seccomp filter before the run is known, then waits for the
+ * command (see start_program). The shim is a child subreaper, so nothing the
+ * compiler starts can outlive it (see supervise()). SIGTERM makes it kill
  * everything and exit 137.
  *
  * Built once per user by safejit.sandbox._shim_build with the system C compiler,
@@ -249,6 +251,29 @@ static int per_namespace_nproc(void) {
     return major > 5 || (major == 5 && minor >= 14);
 }
 
+/* In a user namespace of its own the shim holds every capability there (it needs
+ * CAP_SYS_ADMIN to mount, CAP_CHOWN, CAP_SETUID ...), but the program may never
+ * regain any but CAP_DAC_READ_SEARCH: the bounding set, which the program inherits,
+ * is emptied of the rest now, ahead of the run (one prctl per capability). */
+static void drop_bounding_set(void) {
+    int last = 40;
+    FILE *f = fopen("/proc/sys/kernel/cap_last_cap", "re");
+    if (f) { if (fscanf(f, "%d", &last) != 1) last = 40; fclose(f); }
+    for (int c = 0; c <= last; c++)
+        if (c != CAP_DAC_READ_SEARCH_ && prctl(PR_CAPBSET_DROP, c, 0, 0, 0) != 0 && errno != EINVAL)
+            die(126, "capbset");
+}
+
+/* What the run touches first, touched now: a fresh process's first use of a page
+ * (its heap, a buffer) is a page fault, ~1-2 us each in a VM. */
+static char copy_buf[1 << 16];
+static void warm(void) {
+    memset(copy_buf, 0, sizeof copy_buf);
+    void *heap[4];
+    for (int k = 0; k < 4; k++) { heap[k] = malloc(40 << 10); if (heap[k]) memset(heap[k], 0, 40 << 10); }
+    for (int k = 0; k < 4; k++) free(heap[k]);
+}
+
 static void prepare(struct ahead *a) {
     if (a->userns) {
         a->userns = enter_namespaces(a) == 0;
@@ -259,6 +284,8 @@ static void prepare(struct ahead *a) {
             a->mntns = 1;
         }
     }
+    if (a->userns) drop_bounding_set();
+    warm();
     a->mount_fd = -1;
     if (a->scratch && a->mntns) a->mount_fd = make_tmpfs(a);
     a->scratch = a->mount_fd >= 0;
@@ -307,9 +334,9 @@ static void report(const struct ahead *a) {
 #define MAX_OUTPUTS 256
 
 static int copy_fd(int in, int out) {
-    static char buf[1 << 16];
+    char *buf = copy_buf;
     for (;;) {
-        ssize_t n = read(in, buf, sizeof buf);
+        ssize_t n = read(in, buf, sizeof copy_buf);
         if (n == 0) return 0;
         if (n < 0) { if (errno == EINTR) continue; return -1; }
         for (ssize_t done = 0; done < n;) {
@@ -387,8 +414,8 @@ static void copy_back(int from, int to) {
     closedir(d);
 }
 
-/* Root without a user namespace: the program (another uid) works in the work dir
- * itself, so it is handed over: the directory, its private (0700) subdirectories and
+/* No scratch tmpfs, and the program runs as another uid (the caller is root): it
+ * works in the work dir itself, so that is handed over: the directory, its private (0700) subdirectories and
  * the single-link files in them. Shared parts (a 0755 stage, a linked lock file) stay. */
 static void hand_over(int dir, uid_t uid, gid_t gid, int depth, int *budget) {
     if (fchown(dir, uid, gid) != 0) die(126, "hand the work dir over");
@@ -466,14 +493,10 @@ static int landlock_ruleset(const struct request *r, long abi) {
     return rs;
 }
 
-/* Keep only the capability `keep` (-1: none) in the bounding, effective, permitted and
- * inheritable sets, and in the ambient set so that it survives exec. */
+/* Keep only the capability `keep` (-1: none) in the effective, permitted and
+ * inheritable sets, and in the ambient set so that it survives exec. (The bounding
+ * set was emptied but for CAP_DAC_READ_SEARCH ahead: see drop_bounding_set.) */
 static void only_cap(int keep) {
-    int last = 40;
-    FILE *f = fopen("/proc/sys/kernel/cap_last_cap", "re");
-    if (f) { if (fscanf(f, "%d", &last) != 1) last = 40; fclose(f); }
-    for (int c = 0; c <= last; c++)
-        if (c != keep && prctl(PR_CAPBSET_DROP, c, 0, 0, 0) != 0 && errno != EINVAL) die(126, "capbset");
     struct cap_header h = { CAP_VERSION_3, 0 };
     struct cap_data d[2];
     memset(d, 0, sizeof d);
@@ -516,28 +539,33 @@ static void set_limit(int res, const char *val) {
     if (setrlimit(res, &rl) != 0) die(126, "setrlimit");
 }
 
-/* In the program's process, before exec: every wall, in an order that keeps each
- * possible (the ruleset opens roots before the ids change; seccomp comes last, as
- * it refuses what the steps before it use). */
-static void enter_walls(const struct ahead *a, const struct request *r) {
-    int rs = landlock_ruleset(r, a->landlock);
+/* In the program's process, started ahead (start_program): the walls that do not
+ * depend on the run — its ids, no new privileges, the seccomp filter — in an order
+ * that keeps each possible (seccomp last: it refuses what the steps before use). */
+static void enter_walls_ahead(const struct ahead *a) {
     pid_t shim = getppid();
-    drop_to(a, rs >= 0);
+    drop_to(a, a->landlock >= 1);
     /* (reset by the change of ids; and the shim may have died meanwhile) */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) die(126, "pdeathsig");
     if (getppid() != shim) _exit(126);
+    set_limit(RLIMIT_CORE, "0");
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) die(126, "no_new_privs");
+    if (a->seccomp && syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER_, 0, &a->filter) != 0) die(126, "seccomp");
+}
+
+/* ... and, once the run is known, the rest: Landlock over its roots, its limits. */
+static void enter_walls(const struct ahead *a, const struct request *r) {
+    int rs = landlock_ruleset(r, a->landlock);
+    if (rs < 0 && a->uid > 0 && a->userns) only_cap(-1);  /* no Landlock for this run: no read right either */
     set_limit(RLIMIT_AS, r->as);
     set_limit(RLIMIT_CPU, r->cpu);
     set_limit(RLIMIT_FSIZE, r->fsize);
     set_limit(RLIMIT_NOFILE, r->nofile);
-    set_limit(RLIMIT_CORE, "0");
     if (a->nproc) set_limit(RLIMIT_NPROC, r->nproc);
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) die(126, "no_new_privs");
     if (rs >= 0) {
         if (syscall(SYS_ll_restrict, rs, 0) != 0) die(126, "landlock_restrict_self");
         close(rs);
     }
-    if (a->seccomp && syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER_, 0, &a->filter) != 0) die(126, "seccomp");
 }
 
 static volatile sig_atomic_t stopping = 0;
@@ -583,25 +611,54 @@ static int kill_children(void) {
     return killed;
 }
 
-/* Run the program as a child and reap it; as a child subreaper we also inherit
- * anything it leaves behind (even after setsid), and kill all of it on the way
- * out — on normal exit and on SIGTERM from the runner's timeout. */
-static int supervise(char **prog, const struct ahead *a, const struct request *r) {
+static int parse_request(int argc, char **argv, struct request *o);
+static char **read_command(int fd, int *count, char **raw, size_t *raw_len);
+
+/* Start the program's process ahead of the run: as a child subreaper we also inherit
+ * anything it leaves behind (even after setsid), and kill all of it on the way out
+ * (see supervise). It puts up the walls that do not depend on the run, then waits on
+ * a pipe for the run's command (forwarded by the shim once the scratch is mounted),
+ * puts up the rest and execs. Returns the pipe's write end. */
+static int start_program(const struct ahead *a, pid_t *child) {
     if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) die(126, "subreaper");
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    pid_t child = fork();
-    if (child < 0) die(126, "fork");
-    if (child == 0) {
+    int go[2];
+    if (pipe2(go, O_CLOEXEC) != 0) die(126, "pipe");
+    *child = fork();
+    if (*child < 0) die(126, "fork");
+    if (*child == 0) {
         signal(SIGTERM, SIG_DFL);
         signal(SIGINT, SIG_DFL);
-        enter_walls(a, r);
-        execv(prog[0], prog);
-        die(127, prog[0]);
+        close(go[1]);
+        int null = open("/dev/null", O_RDONLY | O_CLOEXEC);  /* (not the runner's socket) */
+        if (null < 0 || dup2(null, 0) < 0) die(126, "stdin");
+        close(null);
+        enter_walls_ahead(a);
+        int n = 0;
+        char **args = read_command(go[0], &n, NULL, NULL);
+        static struct request r;
+        int prog = parse_request(n, args, &r);
+        if (prog >= n) { errno = EINVAL; die(124, "no program"); }
+        if (r.cwd && chdir(r.cwd) != 0) die(126, "chdir");
+        if (r.nenv) {
+            r.env[r.nenv] = NULL;
+            environ = (char **)r.env;
+        }
+        enter_walls(a, &r);
+        execv(args[prog], &args[prog]);
+        die(127, args[prog]);
     }
+    close(go[0]);
+    return go[1];
+}
+
+/* Wait for the program, then kill and reap everything it left behind — on its exit,
+ * and on SIGTERM from the runner's timeout. */
+static int supervise(pid_t child) {
     int code = 127;
     for (;;) {
         int st;
@@ -672,16 +729,15 @@ static void parse_ahead(int argc, char **argv, struct ahead *a) {
     if (a->uid == 0 || a->gid == 0) { errno = EINVAL; die(124, "-u/-g must not be root"); }
 }
 
-/* The run's command line arrives on stdin: a 4-byte little-endian length, then that
- * many bytes of NUL-terminated arguments. stdin is /dev/null afterwards. EOF before a
- * request means the runner no longer needs this shim: exit quietly. */
-static int status_fd = -1;
-
-static char **read_request(int *count) {
+/* The run's command arrives on `fd` (stdin, a socket to the runner; the program's
+ * process gets it from the shim on a pipe): a 4-byte little-endian length, then that
+ * many bytes of NUL-terminated arguments. EOF before a command means the runner no
+ * longer needs this shim: exit quietly. `raw`: the bytes as read, to forward. */
+static char **read_command(int fd, int *count, char **raw, size_t *raw_len) {
     unsigned char head[4];
     size_t got = 0;
     while (got < sizeof head) {
-        ssize_t n = read(0, head + got, sizeof head - got);
+        ssize_t n = read(fd, head + got, sizeof head - got);
         if (n == 0 && got == 0) _exit(0);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && got == 0 && (errno == ECONNRESET || errno == EPIPE)) _exit(0);
@@ -690,27 +746,37 @@ static char **read_request(int *count) {
     }
     size_t len = head[0] | (head[1] << 8) | ((size_t)head[2] << 16) | ((size_t)head[3] << 24);
     if (len == 0 || len > (16u << 20)) { errno = EINVAL; die(124, "request length"); }
-    char *buf = malloc(len + 1);
+    char *buf = malloc(len + 4);
     if (!buf) die(126, "malloc");
+    memcpy(buf, head, 4);
     for (got = 0; got < len;) {
-        ssize_t n = read(0, buf + got, len - got);
+        ssize_t n = read(fd, buf + 4 + got, len - got);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) die(124, "request body");
         got += (size_t)n;
     }
-    if (buf[len - 1] != 0) { errno = EINVAL; die(124, "request not NUL-terminated"); }
+    char *body = buf + 4;
+    if (body[len - 1] != 0) { errno = EINVAL; die(124, "request not NUL-terminated"); }
     int n = 0;
-    for (size_t k = 0; k < len; k++) n += buf[k] == 0;
+    for (size_t k = 0; k < len; k++) n += body[k] == 0;
     char **args = calloc((size_t)n + 1, sizeof *args);
     if (!args) die(126, "calloc");
-    char *p = buf;
+    char *p = body;
     for (int k = 0; k < n; k++) { args[k] = p; p += strlen(p) + 1; }
-    /* The socket stays open (close-on-exec) for the exit report; the program gets none of it. */
+    *count = n;
+    if (raw) { *raw = buf; *raw_len = len + 4; }
+    return args;
+}
+
+static int status_fd = -1;
+
+static char **read_request(int *count, char **raw, size_t *raw_len) {
+    char **args = read_command(0, count, raw, raw_len);
+    /* The socket stays open (close-on-exec) for the exit report; stdin is /dev/null. */
     status_fd = fcntl(0, F_DUPFD_CLOEXEC, 3);
     int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (status_fd < 0 || null < 0 || dup2(null, 0) < 0) die(126, "stdin");
     close(null);
-    *count = n;
     return args;
 }
 
@@ -729,8 +795,13 @@ int main(int argc, char **argv) {
     parse_ahead(argc, argv, &a);
     prepare(&a);
     report(&a);
+    pid_t child = -1;
+    int to_program = start_program(&a, &child);
+    signal(SIGPIPE, SIG_IGN);  /* (here only: the program's process keeps the default) */
     int n = 0;
-    char **args = read_request(&n);
+    char *raw = NULL;
+    size_t raw_len = 0;
+    char **args = read_request(&n, &raw, &raw_len);
     int prog = parse_request(n, args, &r);
     if (prog >= n) { errno = EINVAL; die(124, "no program"); }
     /* The program's ids in the scratch: as root with a user namespace, its uid 0 (the
@@ -749,18 +820,21 @@ int main(int argc, char **argv) {
             die(126, "mount the scratch tmpfs");
     }
     if (a.mount_fd >= 0) close(a.mount_fd);
-    if (r.hand_dir && own && !a.userns) {
+    if (r.hand_dir && own) {
         int dir = open(r.hand_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (dir < 0) die(126, "open the work dir");
         hand_over(dir, uid, gid, 0, &budget);
         close(dir);
     }
-    if (r.cwd && chdir(r.cwd) != 0) die(126, "chdir");
-    if (r.nenv) {
-        r.env[r.nenv] = NULL;
-        environ = (char **)r.env;
+    /* The program's process waits for the command; it goes on now the work dir is ready. */
+    for (size_t done = 0; done < raw_len;) {
+        ssize_t w = write(to_program, raw + done, raw_len - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;  /* (it died: supervise reports how) */
+        done += (size_t)w;
     }
-    int code = supervise(&args[prog], &a, &r);
+    close(to_program);
+    int code = supervise(child);
     if (scratch >= 0) copy_back(scratch, work);
     /* Everything it started is gone and reaped: say so now, so that the runner need
      * not wait for this process's own exit (and its namespaces' teardown). */
