@@ -17,7 +17,7 @@ with atheris.instrument_imports():
     from safejit.backends.ascend.backend import ascend_kernel_names
     from safejit.backends.cuda.cubin import cubin_frame_sizes, cubin_kernels
     from safejit.backends.host import elf_exported_functions
-    from safejit.cache.leaf import ManifestError, parse_manifest
+    from safejit.cache.leaf import ManifestError, decode_manifest
     from safejit.closure.depfiles import parse_depfile, parse_single_rule
     from safejit.errors import LoadError
 
@@ -28,7 +28,7 @@ def one_input(data: bytes) -> None:
     rest = fdp.ConsumeBytes(fdp.remaining_bytes())
     if which == 0:
         try:
-            parse_manifest(rest)
+            decode_manifest(rest)
         except ManifestError:
             pass
     elif which == 1:

@@ -13,7 +13,8 @@ from .errors import ConfigError
 
 __all__ = ["BACKENDS", "Config"]
 
-BACKENDS = ("host", "cuda", "ascend")
+#: ``fake`` needs no compiler: for tests (see ``safejit.backends.fake``).
+BACKENDS = ("host", "cuda", "ascend", "fake")
 _TENANT = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}\Z")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -70,7 +71,10 @@ class Config:
     max_staleness_s: float = 1.0
     tenant: str = "default"
     compile_timeout_s: float = 300.0
-    lock_timeout_s: float = 600.0
+    #: Seconds to wait for another process compiling the same key (the disk is looked at
+    #: again meanwhile); then compile anyway. The lock only saves work: anyone who can
+    #: open a lock file can hold it, so a long wait would let them stall compiles.
+    lock_timeout_s: float = 60.0
     memory_max_entries: int = 1024
     memory_max_bytes: int = 1 << 30
     sandbox: Literal["auto", "required", "off"] = "auto"
@@ -102,9 +106,13 @@ class Config:
     #: Host compilers (absolute paths); None: ``cc``/``c++`` from a fixed system PATH.
     host_cc: str | None = None
     host_cxx: str | None = None
-    #: Optional HMAC key; with ``require_signed`` unsigned leaves are misses.
+    #: Optional HMAC key (at least 16 bytes): leaves this process publishes are signed
+    #: with it, and a signed leaf is used only if its signature verifies.
     signing_key: bytes | None = field(default=None, repr=False)
-    require_signed: bool = False
+    #: Whether an unsigned leaf is a miss. None (the default): yes when a key is set.
+    #: ``False`` with a key reads signed and unsigned leaves but writes signed ones
+    #: (moving a cache to signatures).
+    require_signed: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("cache_dirs", "source_roots", "env_passthrough", "declared_extras"):
@@ -141,6 +149,14 @@ class Config:
             raise ConfigError(f"Config.cuda_compiler must be nvrtc|nvcc, got {self.cuda_compiler!r}")
         if self.cuda_spills not in ("warn", "error", "ignore"):
             raise ConfigError(f"Config.cuda_spills must be warn|error|ignore, got {self.cuda_spills!r}")
+        if self.signing_key is not None:
+            from .policy.trust import check_hmac_key
+
+            check_hmac_key(self.signing_key)
+        if self.require_signed is None:
+            object.__setattr__(self, "require_signed", self.signing_key is not None)
+        elif not isinstance(self.require_signed, bool):
+            raise ConfigError(f"Config.require_signed must be a bool or None, got {self.require_signed!r}")
         if self.require_signed and not self.signing_key:
             raise ConfigError("Config.require_signed needs Config.signing_key")
 

@@ -11,7 +11,7 @@ import ctypes
 import threading
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .backends.base import LoadedLibrary
@@ -31,25 +31,55 @@ class Artifact:
     digest: str
     size: int
     kernels: tuple[str, ...]
-    #: ``memory`` / ``disk`` / ``compiled`` / ``bypass``: where this call found it.
-    source: str = "compiled"
+    #: Where the call that returned it found it: ``memory`` / ``disk`` / ``remote`` /
+    #: ``compiled`` / ``bypass`` (a :class:`~safejit.outcomes.Tier`).
+    tier: str = "compiled"
+
+    @property
+    def source(self) -> str:
+        """The same as :attr:`tier` (its first name)."""
+        return self.tier
+
+
+class _Loaded:
+    """What views of one loaded module share: the library, its kernels, closed-ness."""
+
+    __slots__ = ("__weakref__", "closed", "finalizer", "kernels", "library", "lock")
+
+    def __init__(self, library: LoadedLibrary) -> None:
+        self.library = library
+        self.closed = False
+        self.lock = threading.Lock()
+        self.kernels: dict[str, Any] = {}
+        self.finalizer = weakref.finalize(self, library.close)
 
 
 class Module:
     """A loaded artifact. ``mod.kernel(name)`` or ``mod[name]`` gives a :class:`Kernel`."""
 
-    def __init__(self, library: LoadedLibrary, artifact: Artifact, backend: str) -> None:
+    def __init__(
+        self, library: LoadedLibrary, artifact: Artifact, backend: str, *, _shared: _Loaded | None = None
+    ) -> None:
         self.artifact = artifact
         self.backend = backend
-        self._library = library
-        self._closed = False
-        self._lock = threading.Lock()
-        self._kernels: dict[str, Any] = {}
-        self._finalizer = weakref.finalize(self, library.close)
+        self._state = _shared if _shared is not None else _Loaded(library)
+        self._library = self._state.library
+        self._kernels = self._state.kernels
+
+    def found_in(self, tier: str) -> Module:
+        """This module as a call that found it in ``tier`` returns it: the same loaded
+        library and kernels, its ``artifact.tier`` saying where."""
+        if tier == self.artifact.tier:
+            return self
+        return Module(self._library, replace(self.artifact, tier=tier), self.backend, _shared=self._state)
+
+    @property
+    def _closed(self) -> bool:
+        return self._state.closed
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._state.closed
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -93,10 +123,11 @@ class Module:
 
     def close(self) -> None:
         """Unload the library. Kernels of a closed module raise LoadError."""
-        with self._lock:
-            self._closed = True
-            self._kernels.clear()
-        self._finalizer()
+        state = self._state
+        with state.lock:
+            state.closed = True
+            state.kernels.clear()
+        state.finalizer()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "loaded"

@@ -1,12 +1,12 @@
-"""Runtime: the one place that composes the layers (DESIGN.md §1).
+"""Runtime: the public façade (DESIGN.md §1, §3).
 
-    compile → resolve → confine → memory → build_key → disk → lock → compile
-            → check closure → publish → load
+    compile → memory tier (hot path: one call) → resolve → confine → build_key
+            → disk → lock → compile → check closure → publish → load
 
-``Runtime`` owns the public API and the memory tier; ``resolve.Resolver`` turns
-a request into a confined BuildSpec and its key; ``builder.Builder`` runs the
-disk half (lookup, lock, compile, closure check, publish, bypass); ``setup``
-holds what the first compile creates.
+``Runtime`` owns the public API and the memory tier; the data path below it is
+``safejit._pipeline`` (``Resolver`` turns a request into a confined BuildSpec and its
+key; ``Pipeline`` runs disk, lock, build, publish, load; ``Parts`` holds what the
+first compile creates).
 """
 
 from __future__ import annotations
@@ -21,18 +21,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import _env
-from ._pipeline.parts import Setup
-from ._pipeline.pipeline import Builder
-from ._pipeline.records import REASON_TEXT, Counters, Explanation, artifact_of, lookup_metric, name_of
-from ._pipeline.resolve import Request, Resolver
-from .cache.disk import Rejection, VerifiedLeaf
-from .cache.memory import Entry, MemoryCache
+from ._pipeline.parts import Parts
+from ._pipeline.pipeline import Pipeline
+from ._pipeline.records import Counters, Explanation, artifact_of, name_of
+from ._pipeline.resolve import Request, Resolved, Resolver
+from .cache.leaf import VerifiedLeaf
+from .cache.memory import Entry, MemoryTier
 from .cache.usage import usage_name, write_usage
+from .closure.hashing import open_regular
 from .config import Config
-from .errors import ConfigError, LoadError
+from .errors import CacheError, ConfigError, LoadError
 from .inventory import InventoryWriter
 from .inventory import Request as InventoryRequest
 from .kernel import Artifact, Module
+from .outcomes import Miss, Tier
 from .policy import roots as root_policy
 from .spec import Source
 from .telemetry import ATTR, SPAN, instruments, span
@@ -57,29 +59,26 @@ class Runtime:
             cfg = cfg.replace(backend=backend)
         self.config = cfg
         self._env = _env.passthrough_values(cfg.env_passthrough)
-        self._setup: Setup | None = None
-        self._parts: tuple[Resolver, Builder] | None = None
+        self._wired: tuple[Parts, Resolver, Pipeline] | None = None
         self._init_lock = threading.Lock()
-        self._staleness = cfg.max_staleness_s
-        self._fast = not cfg.trace_memory_hits
-        self._memory: MemoryCache[Module] = MemoryCache(
+        self._attrs = {ATTR.BACKEND: cfg.backend, ATTR.TENANT: cfg.tenant}
+        self._memory: MemoryTier[Module] = MemoryTier(
             max_entries=cfg.memory_max_entries,
             max_bytes=cfg.memory_max_bytes,
             max_staleness_s=cfg.max_staleness_s,
             on_evict=self._evicted,
+            trace_hits=cfg.trace_memory_hits,
+            attrs=self._attrs,
         )
-        self._entries = self._memory.entries
-        self._memory_hits = 0
         self._counters = Counters()
         self._usage_name = usage_name()
         self._inventory = InventoryWriter(cfg.inventory) if cfg.inventory else None
-        self._attrs = {ATTR.BACKEND: cfg.backend, ATTR.TENANT: cfg.tenant}
         self._closed = False
         ref = weakref.ref(self)
 
         def observe() -> list[tuple[int, int, int, dict[str, str]]]:
             rt = ref()
-            return [] if rt is None else [(rt._memory_hits, len(rt._memory), rt._memory.bytes, rt._attrs)]
+            return [] if rt is None else [(rt._memory.hits, len(rt._memory), rt._memory.bytes, rt._attrs)]
 
         self._observer = observe
         instruments.register(observe)
@@ -103,6 +102,7 @@ class Runtime:
         ``name_expressions`` (CUDA, NVRTC) name template instantiations to compile
         and look up by name, e.g. ``("scale<float>",)``.
         """
+        now = time.monotonic()
         req = (
             source,
             tuple(include_dirs),
@@ -113,14 +113,12 @@ class Runtime:
             tuple(name_expressions),
         )
         try:
-            entry = self._entries.get(req)
+            found = self._memory.get(req, now)
         except TypeError:
             raise ConfigError("defines and extras values must be str, int, float or bool") from None
-        if entry is not None and self._fast and time.monotonic() - entry.checked < self._staleness:
-            entry.ref = True
-            self._memory_hits += 1
-            return entry.value
-        return self._compile_slow(req, entry)
+        if found is not None:
+            return found
+        return self._compile_slow(req, now)
 
     def build(
         self,
@@ -136,23 +134,35 @@ class Runtime:
         """Compile and cache ``source`` without loading it."""
         req = _request(source, include_dirs, defines, flags, extras, arch, name_expressions)
         with span(SPAN.COMPILE, {**self._attrs, ATTR.KERNEL: name_of(source)}):
-            spec, key, anchors = self._resolver().resolve(req)
-            leaf, where, _ = self._builder().obtain(spec, key, anchors)
-            return artifact_of(leaf, where)
+            _, resolver, pipeline = self._init()
+            obtained = pipeline.obtain(resolver.resolve(req))
+            return artifact_of(obtained.leaf, obtained.tier)
 
     def source(self, path: str | os.PathLike[str], *, name: str | None = None) -> Source:
-        """Read a source file *after* confining it to the declared source roots."""
+        """Read a source file under the declared source roots. The file is opened first,
+        then confined by where the opened file really is: a path swapped for a symlink
+        meanwhile cannot make it read another file."""
         anchors = root_policy.build_anchors(self.config.source_roots, ())
-        real = root_policy.confine(os.fspath(path), anchors, what="source file")
-        return Source.from_file(real, name=name, max_bytes=self.config.max_source_bytes)
+        given = os.fspath(path)
+        root_policy.confine(given, anchors, what="source file")  # (a clear error before opening)
+        try:
+            fd, _ = open_regular(given)
+        except OSError as exc:
+            raise ConfigError(f"source file {given!r} cannot be read: {exc.strerror}", path=given) from None
+        try:
+            real = os.readlink(f"/proc/self/fd/{fd}")
+            root_policy.confine(real, anchors, what="source file")
+            return Source.from_fd(fd, given, name=name, max_bytes=self.config.max_source_bytes)
+        finally:
+            os.close(fd)
 
     def warm(self, request: InventoryRequest) -> str:
         """Build one inventory request unless it already verifies: ``hit``, ``built``
         or ``skipped`` (a root it names is not declared here)."""
         d = request.data
         probe = Source(d["code"], d["name"], filename=d["filename"])
-        setup = self._init()
-        anchors = setup.anchors(setup.backend.toolchain(probe, setup.runner(self.config, self._env)))
+        parts, _, _ = self._init()
+        anchors = parts.anchors(parts.backend.toolchain(probe, parts.runner(self.config)))
         args = request.arguments(anchors)
         if args is None:
             return "skipped"
@@ -164,7 +174,7 @@ class Runtime:
 
     def stats(self) -> Mapping[str, int]:
         out = self._counters.snapshot()
-        out["memory_hits"] = self._memory_hits
+        out["memory_hits"] = self._memory.hits
         out["evictions"] = self._memory.evictions
         out["memory_entries"] = len(self._memory)
         out["memory_bytes"] = self._memory.bytes
@@ -183,42 +193,49 @@ class Runtime:
     ) -> Explanation:
         """Say whether a compile would hit the disk tier and, if not, why."""
         req = _request(source, include_dirs, defines, flags, extras, arch, name_expressions)
-        _, key, anchors = self._resolver().resolve(req)
-        disk = self._init().disk
-        first: Rejection | None = None
-        for root in disk.roots:
-            for leaf in disk.candidates(root, key):
-                result = disk.verify(leaf, root, key, anchors)
-                if isinstance(result, VerifiedLeaf):
-                    return Explanation("hit", "a leaf verifies", key, leaf=leaf)
-                first = first or result
-        if first is None:
-            return Explanation("miss", "never built with these inputs (no leaf for this build key)", key)
-        return Explanation("miss", REASON_TEXT.get(first.reason, first.reason), key, path=first.detail, leaf=first.leaf)
+        parts, resolver, _ = self._init()
+        resolved = resolver.resolve(req)
+        found = parts.disk.lookup(resolved.key, resolved.anchors, quiet=True)
+        if isinstance(found, VerifiedLeaf):
+            return Explanation.of(None, resolved.key, leaf=found.path)
+        return Explanation.of(found.reason, resolved.key, path=found.detail or None, leaf=found.leaf or None)
 
     def close(self) -> None:
         """Unload every cached module and release resources. Safe to call twice."""
         if not self._closed:
-            self.flush_usage()
-        self._closed = True
+            self._closed = True
+            try:
+                self.flush_usage()
+            finally:
+                self._release()
+        else:
+            self._release()
+
+    def _release(self) -> None:
         for entry in self._memory.clear():
             entry.value.close()
         instruments.unregister(self._observer)
-        if self._setup is not None:
-            self._setup.close()
+        if self._wired is not None:
+            self._wired[0].close()
 
     def flush_usage(self) -> None:
-        """Write this process's counters into the cache root for ``safejit stats``."""
-        setup = self._setup
-        if setup is None:
+        """Write this process's counters into the cache root for ``safejit stats``.
+        A failure is the cache's: a CacheError under ``on_cache_error="raise"``."""
+        wired = self._wired
+        if wired is None:
             return
-        root = setup.disk.writable_root()
+        root = wired[0].disk.writable_root()
         stats = self.stats()
         if root is None or not any(stats[k] for k in ("compiles", "memory_hits", "disk_hits", "misses")):
             return
-        write_usage(
-            root, self.config.tenant, self._usage_name, self.config.backend, stats, self._counters.compile_seconds
-        )
+        try:
+            write_usage(
+                root, self.config.tenant, self._usage_name, self.config.backend, stats, self._counters.compile_seconds
+            )
+        except OSError as exc:
+            if self.config.on_cache_error == "raise":
+                raise CacheError(f"writing the usage record failed: {exc}", errno=exc.errno, path=root) from exc
+            logger.warning("could not write the usage record in %s: %s", root, exc)
 
     def __enter__(self) -> Runtime:
         return self
@@ -227,90 +244,70 @@ class Runtime:
         self.close()
 
     # -- the data path -------------------------------------------------------
-    def _compile_slow(self, req: Request, entry: Entry[Module] | None) -> Module:
+    def _compile_slow(self, req: Request, now: float) -> Module:
         with span(SPAN.COMPILE, {**self._attrs, ATTR.KERNEL: name_of(req[0])}) as root_span:
-            if entry is not None:
-                with span(SPAN.MEMORY_LOOKUP, {ATTR.TIER: "memory"}) as s:
-                    fresh = self._memory.fresh(entry, time.monotonic())
-                    result = "hit" if fresh else "miss"
-                    reason = "revalidated" if fresh and not self._fast else ("revalidated" if fresh else "stale")
-                    s.set_attributes({ATTR.RESULT: result, ATTR.REASON: reason})
-                lookup_metric("memory", result, reason, self._attrs)
-                if fresh:
-                    entry.ref = True
-                    self._memory_hits += 1
-                    root_span.set_attribute(ATTR.TIER, "memory")
-                    return entry.value
-                self._memory.discard(req, entry)
-                self._counters.add("stale")
+            found = self._memory.find(req, now)
+            if isinstance(found, Module):
+                root_span.set_attribute(ATTR.TIER, Tier.MEMORY)
+                return found
+            if found is Miss.STALE:
+                self._counters.add(Miss.STALE.value)
                 logger.info("memory entry for %s is stale; looking again", name_of(req[0]))
-            else:
-                with span(SPAN.MEMORY_LOOKUP, {ATTR.TIER: "memory", ATTR.RESULT: "miss", ATTR.REASON: "absent"}):
-                    pass
-                lookup_metric("memory", "miss", "absent", self._attrs)
-            produced, _ = self._memory.single_flight(req, lambda: self._produce(req))
-            root_span.set_attribute(ATTR.TIER, produced.value.artifact.source)
-            return produced.value
+            module = self._memory.produce(req, lambda: self._produce(req), now)
+            root_span.set_attribute(ATTR.TIER, module.artifact.tier)
+            return module
 
-    def _produce(self, req: Request) -> Entry[Module]:
-        spec, key, anchors = self._resolver().resolve(req)
+    def _produce(self, req: Request) -> tuple[Entry[Module], Module]:
+        """A memory entry for ``req``, and the module this call returns."""
+        parts, resolver, pipeline = self._init()
+        resolved = resolver.resolve(req)
         if self._inventory is not None:
-            self._inventory.record(spec, self.config.backend)
-        setup = self._init()
-
-        def load(leaf: VerifiedLeaf) -> Any:
-            with span(SPAN.LOAD, {ATTR.BYTES: len(leaf.artifact)}):
-                started = time.perf_counter()
-                try:
-                    library = setup.backend.load(leaf.artifact, name=spec.name, options=leaf.manifest.meta)
-                except OSError as exc:
-                    raise LoadError(
-                        f"{spec.name}: loading the verified artifact failed: {exc}", name=spec.name
-                    ) from exc
-                instruments.load_duration.record(time.perf_counter() - started, self._attrs)
-            return library
-
-        leaf, where, library = self._builder().obtain(spec, key, anchors, load)
-        module = Module(library, artifact_of(leaf, where), self.config.backend)
-        return Entry(
-            module,
+            self._inventory.record(resolved.spec, self.config.backend)
+        obtained = pipeline.obtain(resolved, lambda leaf: self._load(parts, resolved, leaf))
+        leaf = obtained.leaf
+        module = Module(obtained.library, artifact_of(leaf, obtained.tier), self.config.backend)
+        entry = Entry(
+            module.found_in(Tier.MEMORY),
             len(leaf.artifact),
             Entry.dep_list(leaf.dep_states),
-            time.monotonic(),
+            leaf.checked,
             negatives=leaf.negatives,
             trusted=leaf.closure_known,
-            # The request names include dirs as given ("inc", "~/lib", a symlink): they must
-            # still resolve to what this build used.
-            paths=tuple(
-                (os.fspath(given), anchors.expand(*anchored) or "")
-                for given, anchored in zip(req[1], spec.include_dirs, strict=True)
-            ),
+            paths=self._given_paths(req, resolved),
+        )
+        return entry, module
+
+    @staticmethod
+    def _given_paths(req: Request, resolved: Resolved) -> tuple[tuple[str, str], ...]:
+        """The include dirs as the request names them ("inc", "~/lib", a symlink), with
+        what they resolved to: they must still resolve so for the entry to stand."""
+        anchors = resolved.anchors
+        return tuple(
+            (os.fspath(given), anchors.expand(*anchored) or "")
+            for given, anchored in zip(req[1], resolved.spec.include_dirs, strict=True)
         )
 
-    def _init(self) -> Setup:
-        setup = self._setup
-        if setup is None:
+    def _load(self, parts: Parts, resolved: Resolved, leaf: VerifiedLeaf) -> Any:
+        name = resolved.spec.name
+        with span(SPAN.LOAD, {ATTR.BYTES: len(leaf.artifact)}):
+            started = time.perf_counter()
+            try:
+                library = parts.backend.load(leaf.artifact, name=name, options=leaf.manifest.meta_dict())
+            except OSError as exc:
+                raise LoadError(f"{name}: loading the verified artifact failed: {exc}", name=name) from exc
+            instruments.load_duration.record(time.perf_counter() - started, self._attrs)
+        return library
+
+    def _init(self) -> tuple[Parts, Resolver, Pipeline]:
+        wired = self._wired
+        if wired is None:
             with self._init_lock:
-                if self._setup is None:
-                    fresh = Setup(self.config)
-                    attrs = self._attrs
-                    self._parts = (
-                        Resolver(self.config, fresh, self._env, attrs),
-                        Builder(self.config, fresh, self._env, self._counters, attrs),
-                    )
-                    self._setup = fresh  # last: a reader that sees it also sees _parts
-                setup = self._setup
-        return setup
-
-    def _resolver(self) -> Resolver:
-        self._init()
-        assert self._parts is not None
-        return self._parts[0]
-
-    def _builder(self) -> Builder:
-        self._init()
-        assert self._parts is not None
-        return self._parts[1]
+                if self._wired is None:
+                    parts = Parts(self.config, self._env)
+                    resolver = Resolver(self.config, parts, self._env, self._attrs)
+                    self._wired = (parts, resolver, Pipeline(self.config, parts, self._counters, self._attrs))
+                wired = self._wired
+        return wired
 
     def _evicted(self, module: Module) -> None:
         # The module stays loaded while callers hold it; the finalizer unloads it after.
@@ -342,4 +339,7 @@ def _request(
 def _flush_at_exit(ref: weakref.ref[Runtime]) -> None:
     rt = ref()
     if rt is not None and not rt._closed:
-        rt.flush_usage()
+        try:
+            rt.flush_usage()
+        except CacheError as exc:
+            logger.warning("%s", exc)

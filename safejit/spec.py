@@ -62,13 +62,25 @@ class Source:
 
     @classmethod
     def from_file(cls, path: str | Path, *, name: str | None = None, max_bytes: int = 4 << 20) -> Source:
-        """Read a source file. Confinement of ``path`` happens at compile time."""
-        p = Path(path)
-        fd, _ = open_regular(str(p))  # (never blocks on a FIFO)
+        """Read a source file. Confinement of ``path`` happens at compile time
+        (``Runtime.source`` confines it first)."""
+        fd, _ = open_regular(os.fspath(path))  # (never blocks on a FIFO)
         try:
-            data = os.read(fd, max_bytes + 1)
+            return cls.from_fd(fd, path, name=name, max_bytes=max_bytes)
         finally:
             os.close(fd)
+
+    @classmethod
+    def from_fd(cls, fd: int, path: str | Path, *, name: str | None = None, max_bytes: int = 4 << 20) -> Source:
+        """Read a source from an open file ``fd`` (read from where it is); ``path`` names
+        it (its name, language and the directory of its quoted includes)."""
+        p = Path(path)
+        chunks = []
+        left = max_bytes + 1
+        while left > 0 and (chunk := os.read(fd, left)):
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
         if len(data) > max_bytes:
             raise LimitExceededError(f"source {p} is over {max_bytes} bytes", path=str(p), limit=max_bytes)
         try:

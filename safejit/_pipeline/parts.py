@@ -1,5 +1,6 @@
-"""What the first compile sets up: disk tier, sandbox, backend, anchors — and the
-sandboxed runner every compiler and probe goes through."""
+"""What the first compile sets up, wired once by constructor: the backend, the
+sandbox, the disk tier (with its staging and stat memo), the signer and verifier —
+and the sandboxed runner every compiler and probe goes through."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from collections.abc import Callable, Sequence
 from .. import _env
 from ..backends import Backend, get_backend
 from ..backends.base import Runner, RunOutcome
-from ..cache.disk import DiskCache
-from ..cache.staging import Spares, memory_scratch, settle
+from ..cache.disk import DiskTier
+from ..cache.staging import Staging, memory_scratch, settle
 from ..cache.statmemo import StatMemo
 from ..closure.anchors import Anchors
 from ..config import Config
@@ -24,22 +25,16 @@ from ..sandbox.runner import Sandbox
 from ..sandbox.statedir import state_dir
 from ..spec import Toolchain
 
-__all__ = ["Setup"]
+__all__ = ["Parts"]
 
 
-class Setup:
-    """What the first compile sets up: backend, sandbox, disk tier."""
+class Parts:
+    """Every component a Runtime's data path uses, built once from its Config."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, env: Sequence[tuple[str, str]]) -> None:
+        self.config = config
+        self._env = tuple(env)
         dirs = config.resolved_cache_dirs()
-        self.disk = DiskCache(
-            dirs,
-            tenant=config.tenant,
-            backend=config.backend,
-            signer=HmacSigner(config.signing_key) if config.signing_key else None,
-            require_signed=config.require_signed,
-            max_artifact_bytes=config.max_artifact_bytes,
-        )
         # Executables and private state (the shim, the stat memo, the probes) live in this
         # user's private directory outside every cache root: a cache is data, never code.
         self.state = state_dir(avoid=dirs)
@@ -49,8 +44,6 @@ class Setup:
         cc = shutil.which("cc", path=SYSTEM_PATH)
         self.sandbox = Sandbox(config.sandbox, state=self.state, cc=cc)
         self.sandbox.check_available()
-        if config.trust_stat:
-            self.disk.stat_memo = StatMemo(private)
         self.backend: Backend = get_backend(
             config.backend,
             cc=config.host_cc,
@@ -64,65 +57,55 @@ class Setup:
             ascend_homes=(config.ascend_home,) if config.ascend_home else _env.ascend_home_candidates(),
         )
         # A compiler process works in a scratch dir; one in this process (NVRTC) writes none.
-        scratch = not getattr(self.backend, "compiles_in_process", False)
+        scratch = self.backend.needs_workdir
         in_memory = scratch and config.scratch == "memory" and memory_scratch() is not None
-        self.disk.spares = Spares(f"artifact.{self.backend.artifact_ext}", scratch=scratch and not in_memory)
-        self.disk.memory_scratch = in_memory
+        signer = HmacSigner(config.signing_key) if config.signing_key else None
+        self.disk = DiskTier(
+            dirs,
+            tenant=config.tenant,
+            backend=config.backend,
+            signer=signer,
+            verifier=signer.verifier(require=bool(config.require_signed)) if signer is not None else None,
+            max_artifact_bytes=config.max_artifact_bytes,
+            memo=StatMemo(private) if config.trust_stat else None,
+            staging=Staging(f"artifact.{self.backend.artifact_ext}", scratch=scratch, memory=in_memory),
+        )
         self._probe_dir: str | None = None
-        self._probe_cleanup: weakref.finalize[[str, int], Setup] | None = None
-        self._anchors: dict[Toolchain, Anchors] = {}
-        self._toolchain_roots: dict[tuple[str, ...], list[str]] = {}
-        self.source_roots = config.source_roots
+        self._probe_cleanup: weakref.finalize[[str, int], Parts] | None = None
+        self._anchors: dict[tuple[Toolchain, tuple[str, ...]], Anchors] = {}
 
     @property
     def probe_dir(self) -> str:
         """A scratch directory for toolchain probes, made on first need."""
         if self._probe_dir is None:
             self._probe_dir = tempfile.mkdtemp(prefix="safejit-probe-")
-            # Removed by close(), else when this Setup is collected or at exit.
+            # Removed by close(), else when these parts are collected or at exit.
             self._probe_cleanup = weakref.finalize(self, _remove_probe_dir, self._probe_dir, os.getpid())
         return self._probe_dir
 
     def anchors(self, toolchain: Toolchain) -> Anchors:
-        found = self._anchors.get(toolchain)
+        """The anchors of this compile's roots: the source roots resolved now (a root
+        given as a symlink that was re-pointed takes effect at once, for confinement,
+        anchors and the sandbox alike), the toolchain's as probed."""
+        resolved = tuple(root_policy.resolve_root(r) for r in self.config.source_roots)
+        key = (toolchain, resolved)
+        found = self._anchors.get(key)
         if found is None:
-            found = root_policy.build_anchors(self.source_roots, toolchain.roots, link_roots=toolchain.link_roots)
-            self._anchors[toolchain] = found
+            if len(self._anchors) >= 64:
+                self._anchors.clear()
+            found = root_policy.anchors_of(resolved, toolchain.roots, link_roots=toolchain.link_roots)
+            self._anchors[key] = found
         return found
 
-    def _read_roots(self, source_roots: Sequence[str], toolchain_roots: tuple[str, ...]) -> list[str]:
-        """Resolved: the shim silently skips a path that does not exist as given ("~/x",
-        relative). Toolchain roots were resolved by the probe; source roots are
-        resolved again on every compile (a re-pointed symlink takes effect at once)."""
-        tc = self._toolchain_roots.get(toolchain_roots)
-        if tc is None:
-            tc = self._toolchain_roots[toolchain_roots] = [os.path.realpath(r) for r in toolchain_roots]
-        return [*(os.path.realpath(os.path.expanduser(r)) for r in source_roots), *tc]
-
-    def close(self) -> None:
-        self.sandbox.close()  # (a shim that background work starts after this is ended at once)
-        settle()
-        self.backend.close()
-        if self.disk.spares is not None:
-            self.disk.spares.discard_all()
-        if self._probe_cleanup is not None:
-            self._probe_cleanup()
-
     def runner(
-        self,
-        config: Config,
-        env: Sequence[tuple[str, str]],
-        toolchain_roots: Sequence[str] = (),
-        on_start: Callable[[], None] | None = None,
-        on_closed: Callable[[str, bytes], None] | None = None,
+        self, config: Config, toolchain_roots: Sequence[str] = (), on_start: Callable[[], None] | None = None
     ) -> Runner:
         """Run argv lists in the sandbox: fixed PATH, TMPDIR in the work dir, only
-        ``env_passthrough`` variables; read access to the source roots. ``on_start``
-        runs once, when the first process has started; ``on_closed(path, data)`` while
-        a process runs, when it has closed a file the step named in ``watch``."""
+        ``env_passthrough`` variables; read access to the source roots and
+        ``toolchain_roots``. ``on_start`` runs once, when the first process has started."""
         pending = [on_start] if on_start is not None else []
-        base_env = {"PATH": SYSTEM_PATH, "LC_ALL": "C", **dict(env)}
-        roots = self._read_roots(config.source_roots, tuple(toolchain_roots))
+        base_env = {"PATH": SYSTEM_PATH, "LC_ALL": "C", **dict(self._env)}
+        roots = [*(root_policy.resolve_root(r) for r in config.source_roots), *toolchain_roots]
 
         def run(
             argv: Sequence[str],
@@ -131,6 +114,7 @@ class Setup:
             timeout: float | None = None,
             extra_read: Sequence[str] = (),
             watch: Sequence[str] = (),
+            on_closed: Callable[[str, bytes], None] | None = None,
         ) -> RunOutcome:
             where = cwd or self.probe_dir
             tmp = os.path.join(where, ".tmp")
@@ -148,6 +132,14 @@ class Setup:
             )
 
         return run
+
+    def close(self) -> None:
+        self.sandbox.close()  # (a shim that background work starts after this is ended at once)
+        settle()
+        self.backend.close()
+        self.disk.close()
+        if self._probe_cleanup is not None:
+            self._probe_cleanup()
 
 
 def _remove_probe_dir(path: str, owner: int) -> None:

@@ -1,5 +1,5 @@
-"""Plain records and helpers of the data path: explanations, manifests, artifacts,
-the counters behind ``Runtime.stats()``."""
+"""Plain records of the data path: explanations, manifests, artifacts, and the
+counters behind ``Runtime.stats()``."""
 
 from __future__ import annotations
 
@@ -9,64 +9,60 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
+
+import msgspec
 
 from ..backends.base import Products
-from ..cache.disk import VerifiedLeaf
-from ..cache.leaf import Manifest
+from ..cache.leaf import ArtifactInfo, BackendMeta, Manifest, VerifiedLeaf
 from ..cache.usage import MAX_SAMPLES
 from ..closure.anchors import Anchors
 from ..closure.hashing import digest_bytes
 from ..closure.scan import Closure
-from ..config import Config
 from ..errors import KeyDeclarationError
 from ..kernel import Artifact
 from ..keys import deps_key
+from ..outcomes import Miss, Outcome, Tier
 from ..spec import BuildSpec, Source
-from ..telemetry import ATTR, instruments
 
 __all__ = [
-    "REASON_TEXT",
+    "LOG_EVENT_CAP",
     "Counters",
     "Explanation",
     "artifact_of",
+    "backend_meta",
     "extra_text",
-    "lookup_metric",
     "make_manifest",
     "name_of",
     "search_dirs",
 ]
 
-LOG_EVENT_CAP = 8192
+LOG_EVENT_CAP: Final = 8192
 
 
 @dataclass(frozen=True, slots=True)
 class Explanation:
-    """Why a lookup would hit or miss; ``path`` names the first changed dependency."""
+    """Why a lookup would hit or miss: ``result`` is ``hit`` or ``miss``, ``reason``
+    says why in words, ``miss`` names it (a :class:`~safejit.outcomes.Miss`; None on a
+    hit), ``path`` is the first changed dependency or shadowing header, ``leaf`` the
+    leaf concerned."""
 
-    result: str  # "hit" | "miss"
+    result: str
     reason: str
     build_key: str
     path: str | None = None
     leaf: str | None = None
+    miss: Miss | None = None
+
+    @classmethod
+    def of(cls, miss: Miss | None, build_key: str, *, path: str | None = None, leaf: str | None = None) -> Explanation:
+        if miss is None:
+            return cls("hit", "a leaf verifies", build_key, path, leaf)
+        return cls("miss", miss.text, build_key, path, leaf, miss)
 
     def __str__(self) -> str:
         where = f" ({self.path})" if self.path else ""
         return f"{self.result}: {self.reason}{where} [build {self.build_key[:16]}]"
-
-
-REASON_TEXT = {
-    "dep_changed": "a dependency changed",
-    "dep_missing": "a dependency is missing",
-    "dep_shadowed": "a new header shadows a dependency",
-    "marker": "the leaf is not committed",
-    "manifest": "the manifest is damaged",
-    "mismatch": "the manifest names another leaf",
-    "artifact": "the artifact is missing or damaged",
-    "signature": "the leaf is not validly signed",
-    "anchor": "a dependency root is not declared here",
-    "confinement": "a dependency escapes its root",
-}
 
 
 def name_of(source: Any) -> str:
@@ -77,10 +73,6 @@ def extra_text(name: str, value: Any) -> str:
     if isinstance(value, (bool, str, int, float)):
         return json.dumps(value)
     raise KeyDeclarationError(f"extra {name} must be str, int, float or bool, got {type(value).__name__}")
-
-
-def lookup_metric(tier: str, result: str, reason: str, attrs: Mapping[str, str]) -> None:
-    instruments.lookups.add(1, {**attrs, ATTR.TIER: tier, ATTR.RESULT: result, ATTR.REASON: reason})
 
 
 def search_dirs(spec: BuildSpec, anchors: Anchors) -> list[str]:
@@ -98,15 +90,7 @@ def search_dirs(spec: BuildSpec, anchors: Anchors) -> list[str]:
 
 
 def make_manifest(
-    spec: BuildSpec,
-    key: str,
-    closure: Closure,
-    cfg: Config,
-    ext: str,
-    *,
-    artifact: bytes,
-    products: Products,
-    seconds: float,
+    spec: BuildSpec, key: str, closure: Closure, ext: str, *, artifact: bytes, products: Products, seconds: float
 ) -> Manifest:
     """The leaf's manifest. ``seconds``: the compile's, until the artifact was complete."""
     dep_tuples = tuple(sorted(d.as_tuple() for d in closure.deps))
@@ -114,14 +98,12 @@ def make_manifest(
     return Manifest(
         build_key=key,
         deps_key=deps_key(dep_tuples, negatives),
-        backend=cfg.backend,
-        tenant=cfg.tenant,
+        backend=spec.backend.partition("/")[0],
+        tenant=spec.tenant,
         name=spec.name,
         deps=dep_tuples,
         negatives=negatives,
-        artifact_file=f"artifact.{ext}",
-        artifact_size=len(artifact),
-        artifact_digest=digest_bytes(artifact),
+        artifact=ArtifactInfo(file=f"artifact.{ext}", size=len(artifact), digest=digest_bytes(artifact)),
         kernels=products[0],
         argv=spec.argv,
         toolchain={
@@ -131,11 +113,16 @@ def make_manifest(
         },
         timings={"compile_s": round(seconds, 6)},
         created=time.time(),
-        meta=products[1],
+        meta=backend_meta(products[1]),
     )
 
 
-def artifact_of(leaf: VerifiedLeaf, where: str) -> Artifact:
+def backend_meta(meta: Mapping[str, Any]) -> BackendMeta:
+    """A backend's metadata as the manifest keeps it."""
+    return msgspec.convert(meta, BackendMeta)
+
+
+def artifact_of(leaf: VerifiedLeaf, tier: Tier) -> Artifact:
     man = leaf.manifest
     return Artifact(
         build_key=man.build_key,
@@ -144,11 +131,22 @@ def artifact_of(leaf: VerifiedLeaf, where: str) -> Artifact:
         digest=man.artifact_digest,
         size=man.artifact_size,
         kernels=man.kernels,
-        source=where,
+        tier=tier,
     )
 
 
-COUNTERS = ("compiles", "disk_hits", "misses", "stale", "bypass", "published", "adopted", "not_published", "errors")
+#: What ``Runtime.stats()`` counts besides the memory tier's own figures.
+COUNTERS: Final = (
+    "compiles",
+    "disk_hits",
+    "misses",
+    Miss.STALE.value,
+    Tier.BYPASS.value,
+    Outcome.PUBLISHED.value,
+    Outcome.ADOPTED.value,
+    "not_published",
+    "errors",
+)
 
 
 class Counters:
@@ -166,3 +164,11 @@ class Counters:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)
+
+    def outcome(self, outcome: Outcome) -> None:
+        """Count what a publish did (``kept``/``skipped`` are both "not published")."""
+        self.add(outcome.value if outcome in (Outcome.PUBLISHED, Outcome.ADOPTED) else "not_published")
+
+    @staticmethod
+    def merged(mapping: Mapping[str, int], **more: int) -> dict[str, int]:
+        return {**mapping, **more}

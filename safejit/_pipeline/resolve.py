@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..closure.anchors import Anchors
@@ -15,23 +16,35 @@ from ..policy import flags as flag_policy
 from ..policy import roots as root_policy
 from ..spec import BuildSpec, Source
 from ..telemetry import ATTR, SPAN, instruments, span
-from .parts import Setup
+from .parts import Parts
 from .records import extra_text
 
-__all__ = ["Request", "Resolver"]
+__all__ = ["Request", "Resolved", "Resolver"]
 
 #: (source, include_dirs, defines items, flags, extras items, arch, name expressions) — hashable.
 Request = tuple[Any, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """A request resolved: its spec (confined, policy-checked), build key, and the
+    anchors of this compile's roots."""
+
+    spec: BuildSpec
+    key: str
+    anchors: Anchors
+
+
 class Resolver:
-    def __init__(self, config: Config, setup: Setup, env: Sequence[tuple[str, str]], attrs: dict[str, str]) -> None:
+    """Turns requests into :class:`Resolved` specs (policy checks, confinement, key)."""
+
+    def __init__(self, config: Config, parts: Parts, env: Sequence[tuple[str, str]], attrs: dict[str, str]) -> None:
         self.config = config
-        self.setup = setup
+        self.parts = parts
         self.env = env
         self._attrs = attrs
 
-    def resolve(self, req: Request) -> tuple[BuildSpec, str, Anchors]:
+    def resolve(self, req: Request) -> Resolved:
         """Request → BuildSpec (confined, policy-checked) and its build key."""
         source, include_dirs, typed_defines, flags, typed_extras, arch, name_expressions = req
         defines = tuple((k, v) for k, _, v in typed_defines)
@@ -47,7 +60,7 @@ class Resolver:
         with span(SPAN.KEY) as s:
             key = build_key(spec)
             s.set_attribute(ATTR.BUILD_KEY, key)
-        return spec, key, anchors
+        return Resolved(spec, key, anchors)
 
     def make_spec(
         self,
@@ -77,9 +90,9 @@ class Resolver:
                 f"missing {sorted(declared - names)}, unknown {sorted(names - declared)}"
             )
         extra_values = tuple(sorted((k, extra_text(k, v)) for k, v in extras))
-        backend = self.setup.backend
-        toolchain = backend.toolchain(source, self.setup.runner(self.config, self.env))
-        anchors = self.setup.anchors(toolchain)
+        backend = self.parts.backend
+        toolchain = backend.toolchain(source, self.parts.runner(self.config))
+        anchors = self.parts.anchors(toolchain)
 
         def anchored(path: Any, what: str) -> tuple[str, str]:
             real = root_policy.confine(os.fspath(path), anchors, what=what)

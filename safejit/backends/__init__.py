@@ -1,4 +1,12 @@
-"""Backends: host (C/C++ via the system compiler), cuda, ascend."""
+"""Backends, each behind the :class:`~safejit.backends.base.Backend` protocol.
+
+- ``base``: the protocol, ``CompileContext`` and what a compile returns.
+- ``host``: C/C++ through the system compiler, loaded with ctypes (the default).
+- ``cuda/``: NVRTC and nvcc to cubins; ``ascend/``: bisheng + ld.lld, CANN's runtime.
+- ``fake``: no compiler at all — for tests of the pipeline and of users' own code.
+- ``_argv``: running a compiler argv in a work dir (the work dir's file names);
+  ``_toolchain``: probing toolchains, remembered per user.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +25,10 @@ def get_backend(name: str, **options: object) -> Backend:
         from .ascend.backend import AscendBackend
 
         return AscendBackend(**options)  # type: ignore[arg-type]
+    if name == "fake":
+        from .fake import FakeBackend
+
+        return FakeBackend(**options)
     if name == "cuda":
         from .cuda.backend import CudaBackend
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -14,7 +14,7 @@ from ..closure.depfiles import make_unescaped, parse_depfile, parse_listing, par
 from ..closure.hashing import read_output
 from ..errors import CompileError, FlagPolicyError
 from ..spec import BuildSpec
-from .base import Runner
+from .base import CompileContext
 
 __all__ = [
     "ASM_DEPFILE",
@@ -23,10 +23,6 @@ __all__ = [
     "LD_DEP_FLAG",
     "READ_LISTS",
     "ArgvBuild",
-    "artifact_path",
-    "depfile_deps",
-    "depfile_path",
-    "read_lists",
     "run_argv",
     "tool_reads",
 ]
@@ -59,9 +55,8 @@ class ArgvBuild:
     deps: tuple[str, ...]
     #: False when the depfile does not even name the source: the closure is unknown.
     complete: bool
-    #: The other tools' lists of what they read (``{path: bytes}``, None: not written);
-    #: see :func:`tool_reads`.
-    read_lists: dict[str, bytes | None]
+    #: What the assembler and the linker read beyond ``deps`` (see :func:`tool_reads`).
+    tool_reads: dict[str, tuple[str, ...]]
     log: str
     argv: tuple[str, ...]
     seconds: float
@@ -116,28 +111,34 @@ def depfile_deps(dep: str, spec: BuildSpec, data: bytes | None = None) -> tuple[
     return tuple(p for p in absolute if p != src), src in absolute
 
 
-def run_argv(
-    spec: BuildSpec, *, workdir: str, expand: Callable[[str], str], run: Runner, timeout: float, ext: str
-) -> ArgvBuild:
+def run_argv(ctx: CompileContext, *, ext: str) -> ArgvBuild:
+    """Run ``ctx.spec``'s argv in ``ctx.workdir``: stage the source, fill the slots, run
+    each step (steps are separated by ``--``), then read the artifact, the depfile and
+    the other tools' lists. While the last step runs, its closes are reported to
+    ``ctx.events`` (``listed`` at the depfile's, ``closed_artifact`` at the artifact's)."""
+    spec, workdir = ctx.spec, ctx.workdir
     src = _source_path(workdir, spec)
     _write_source(src, spec.code)
     out, obj = artifact_path(workdir, spec, ext), artifact_path(workdir, spec, "rel.o")
     dep = depfile_path(workdir, spec)
     slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep, "{OBJ}": obj}
-    argv = [slots.get(a) or expand(a) for a in spec.argv]
+    argv = [slots.get(a) or ctx.expand(a) for a in spec.argv]
     for template, arg in zip(spec.argv, argv, strict=True):
         if template.startswith("-Wl,") and arg.count(",") != template.count(","):
             # A root with a comma in its path would split a linker argument in two.
             raise FlagPolicyError(f"{arg!r}: a root's path holds a comma", flag=template, reason="linker")
     logs, seconds, start = [], 0.0, 0
     files: Mapping[str, bytes] = {}
+    watcher = _Closes(ctx, dep, out)
     for end in [i for i, a in enumerate(argv) if a == "--"] + [len(argv)]:
         step = argv[start:end]
         start = end + 1
         # The runner reads the depfile and the artifact as the compiler closes them:
         # off the caller's time, and what stands is their content when the step ended.
-        watch = [p for p in (dep, out) if p in step] + read_lists(workdir, step)
-        result = run(step, cwd=workdir, timeout=timeout, watch=watch)
+        step_lists = read_lists(workdir, step)
+        watch = [p for p in (dep, out) if p in step] + step_lists
+        watcher.lists = dict.fromkeys(step_lists)
+        result = ctx.run(step, cwd=workdir, timeout=ctx.timeout, watch=watch, on_closed=watcher)
         files = result.files  # (only the last step's: a later step may rewrite a file)
         logs.append(result.log)
         seconds += result.seconds
@@ -162,7 +163,44 @@ def run_argv(
             os.unlink(obj)  # intermediates are not kept
     except OSError as exc:
         raise CompileError(f"{spec.name}: compiler output missing: {exc}", log=log, argv=argv) from exc
-    return ArgvBuild(artifact, deps, complete, lists, log, tuple(argv), seconds)
+    try:
+        reads = tool_reads(workdir, deps, lists, spec.toolchain.link_inputs)
+    except ValueError as exc:
+        raise CompileError(f"{spec.name}: {exc}; refusing the build", log=log, argv=argv) from None
+    return ArgvBuild(artifact, deps, complete, reads, log, tuple(argv), seconds)
+
+
+class _Closes:
+    """Turns the files a running compile closes into ``ctx.events``: the depfile's
+    close into ``listed``, the artifact's into ``closed_artifact`` (with what the
+    other tools had listed as read by then, when all of them had)."""
+
+    def __init__(self, ctx: CompileContext, depfile: str, artifact: str) -> None:
+        self.ctx = ctx
+        self.depfile = depfile
+        self.artifact = artifact
+        self.lists: dict[str, bytes | None] = {}
+        self.deps: tuple[str, ...] | None = None
+
+    def __call__(self, path: str, data: bytes) -> None:
+        events = self.ctx.events
+        if events is None:
+            return
+        if path in self.lists:
+            self.lists[path] = data
+        elif path == self.depfile:
+            self.deps = None
+            with contextlib.suppress(OSError, ValueError):
+                deps, complete = depfile_deps(self.depfile, self.ctx.spec, data)
+                self.deps = deps
+                events.listed(deps, complete)
+        elif path == self.artifact:
+            reads = None
+            if self.deps is not None and None not in self.lists.values():
+                with contextlib.suppress(ValueError):
+                    workdir = os.path.dirname(self.artifact)
+                    reads = tool_reads(workdir, self.deps, self.lists, self.ctx.spec.toolchain.link_inputs)
+            events.closed_artifact(data, reads)
 
 
 def read_lists(workdir: str, argv: Sequence[str]) -> list[str]:

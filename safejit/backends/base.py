@@ -1,7 +1,9 @@
 """The Backend protocol every backend implements, and what it exchanges.
 
-Backends never import ``policy`` or ``cache``: the runtime hands them a
-:class:`Runner` (the sandbox) and the anchors' ``expand_text``.
+Backends never import ``policy``, ``cache`` or the composer: the composer hands a
+backend one :class:`CompileContext` (the spec, the sandboxed runner, where to work,
+how to confine a path) and hears back through :class:`CompileEvents` while the
+compiler runs. A backend owns its work directory's file names.
 """
 
 from __future__ import annotations
@@ -12,7 +14,17 @@ from typing import Any, Protocol
 
 from ..spec import BuildSpec, Source, Toolchain
 
-__all__ = ["Backend", "CompileOutput", "LoadedLibrary", "Products", "RunOutcome", "Runner", "macro_flags"]
+__all__ = [
+    "Backend",
+    "CompileContext",
+    "CompileEvents",
+    "CompileOutput",
+    "LoadedLibrary",
+    "Products",
+    "RunOutcome",
+    "Runner",
+    "macro_flags",
+]
 
 
 #: What a compile made besides the bytes, as the manifest keeps it: the kernels' names
@@ -32,6 +44,8 @@ class RunOutcome(Protocol):
 
 
 class Runner(Protocol):
+    """Runs one argv in the sandbox (the only way a backend starts a process)."""
+
     def __call__(
         self,
         argv: Sequence[str],
@@ -40,10 +54,51 @@ class Runner(Protocol):
         timeout: float | None = None,
         extra_read: Sequence[str] = (),
         watch: Sequence[str] = (),
+        on_closed: Callable[[str, bytes], None] | None = None,
     ) -> RunOutcome:
-        """``watch``: files the step writes (a depfile, the artifact), which the runner
-        may read as they are closed, while the step still runs: ``files`` then holds
-        them as they were when the step ended. A runner is free to ignore it."""
+        """``cwd``: where it runs ("" for a probe: a private scratch dir). ``watch``:
+        files the step writes (a depfile, the artifact), which the runner may read as
+        they are closed while the step still runs, telling ``on_closed(path, data)``;
+        ``files`` then holds them as they were when the step ended. A runner is free
+        to ignore it. ``extra_read``: more roots the step may read."""
+
+
+class CompileEvents(Protocol):
+    """What the composer wants to hear while a compile runs (each optional to act on)."""
+
+    def started(self) -> None:
+        """The compiler has started (once; in process: the compile begins)."""
+
+    def listed(self, deps: tuple[str, ...], complete: bool) -> None:
+        """The compiler listed what it read (its depfile is written; its assembler and
+        linker may still run). ``complete``: the list names the source itself."""
+
+    def closed_artifact(self, data: bytes, tool_reads: Mapping[str, tuple[str, ...]] | None) -> None:
+        """The compiler closed its artifact holding ``data`` (it may close it again);
+        ``tool_reads``: what the other tools had read by then (None: not known yet)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompileContext:
+    """Everything one compile needs from the composer."""
+
+    spec: BuildSpec
+    #: The scratch directory a compiler process works in ("" for one in this process).
+    workdir: str
+    #: Anchored tokens in argv text → absolute paths.
+    expand: Callable[[str], str]
+    run: Runner
+    timeout: float
+    #: The include search list, in order (quote chain first), for backends that search themselves.
+    search_dirs: Sequence[str]
+    #: A path → its confined real path, or ``PathConfinementError``.
+    confine: Callable[[str], str]
+    max_deps: int
+    events: CompileEvents | None = None
+
+    def started(self) -> None:
+        if self.events is not None:
+            self.events.started()
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +114,9 @@ class CompileOutput:
     complete: bool = True
     #: Backend metadata kept in the manifest (CUDA: parameter layouts, lowered names).
     meta: dict[str, Any] = field(default_factory=dict)
-    #: The other tools' (assembler, linker) lists of the files they read, raw
-    #: (``{path: bytes}``; None: not written): part of the closure, but not sources.
-    read_lists: dict[str, bytes | None] = field(default_factory=dict)
+    #: What tools other than the compiler read beyond ``deps`` (``{"assembler": paths,
+    #: "linker": paths}``; the toolchain's own link inputs aside): part of the closure.
+    tool_reads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 class LoadedLibrary(Protocol):
@@ -77,11 +132,20 @@ class Backend(Protocol):
     #: Flag families this backend allows on top of the common allow-list.
     extra_flags: tuple[str, ...]
 
-    def resolve_arch(self, arch: str | None) -> str | None: ...
+    @property
+    def needs_workdir(self) -> bool:
+        """Whether its compiler is a process that needs a scratch work dir (NVRTC: no)."""
+        ...
+
+    def resolve_arch(self, arch: str | None) -> str | None:
+        """The target architecture to key and compile for (None where there is none)."""
+        ...
 
     def close(self) -> None: ...
 
-    def toolchain(self, source: Source, run: Runner) -> Toolchain: ...
+    def toolchain(self, source: Source, run: Runner) -> Toolchain:
+        """The probed toolchain that compiles ``source`` (remembered)."""
+        ...
 
     def language(self, source: Source) -> str: ...
 
@@ -95,27 +159,22 @@ class Backend(Protocol):
         include_dirs: Sequence[str],
         quote_dir: str | None,
         arch: str | None,
-    ) -> tuple[str, ...]: ...
+    ) -> tuple[str, ...]:
+        """The final argv, with anchored tokens and ``{SRC}``/``{OUT}``/``{DEP}`` slots."""
+        ...
 
-    def compile(
-        self,
-        spec: BuildSpec,
-        *,
-        workdir: str,
-        expand: Callable[[str], str],
-        run: Runner,
-        timeout: float,
-        search_dirs: Sequence[str] = (),
-        confine: Callable[[str], str] | None = None,
-        max_deps: int = 20_000,
-    ) -> CompileOutput: ...
+    def compile(self, ctx: CompileContext) -> CompileOutput:
+        """Compile ``ctx.spec``; raise ``CompileError`` (with the log) on failure."""
+        ...
 
     def products(self, artifact: bytes) -> Products | None:
         """An artifact's kernels and metadata, read from its bytes alone, exactly as
         ``compile`` reports them; None when they take more than the bytes."""
         ...
 
-    def load(self, artifact: bytes, *, name: str, options: Mapping[str, Any] | None = None) -> LoadedLibrary: ...
+    def load(self, artifact: bytes, *, name: str, options: Mapping[str, Any] | None = None) -> LoadedLibrary:
+        """Load verified bytes (never a path)."""
+        ...
 
 
 def macro_flags(defines: Sequence[tuple[str, str | None]]) -> list[str]:

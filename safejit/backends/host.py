@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from .. import faults
@@ -24,7 +24,7 @@ from ..closure.depfiles import parse_listing
 from ..closure.hashing import hash_file
 from ..errors import ConfigError, LoadError
 from ..sandbox import SYSTEM_PATH
-from ..spec import BuildSpec, Source, Toolchain
+from ..spec import Source, Toolchain
 from ._argv import ASM_DEP_FLAG, LD_DEP_FLAG, run_argv
 from ._toolchain import (
     ProbeCache,
@@ -36,7 +36,7 @@ from ._toolchain import (
     program_dirs,
     run_text,
 )
-from .base import CompileOutput, Products, Runner, macro_flags
+from .base import CompileContext, CompileOutput, Products, Runner, macro_flags
 
 __all__ = ["HostBackend", "HostLibrary", "elf_exported_functions"]
 
@@ -51,6 +51,7 @@ class HostBackend:
     artifact_ext = "so"
     abi = 1
     extra_flags: tuple[str, ...] = ()
+    needs_workdir = True
 
     def __init__(
         self, *, cc: str | None = None, cxx: str | None = None, state_dir: str | None = None, **_: Any
@@ -216,22 +217,11 @@ class HostBackend:
     def close(self) -> None:
         pass
 
-    def compile(
-        self,
-        spec: BuildSpec,
-        *,
-        workdir: str,
-        expand: Callable[[str], str],
-        run: Runner,
-        timeout: float,
-        search_dirs: Sequence[str] = (),
-        confine: Callable[[str], str] | None = None,
-        max_deps: int = 20_000,
-    ) -> CompileOutput:
-        b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, ext=self.artifact_ext)
+    def compile(self, ctx: CompileContext) -> CompileOutput:
+        b = run_argv(ctx, ext=self.artifact_ext)
         kernels, meta = self.products(b.artifact)
         return CompileOutput(
-            b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta, read_lists=b.read_lists
+            b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta, tool_reads=b.tool_reads
         )
 
     # -- artifacts -----------------------------------------------------------

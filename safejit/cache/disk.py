@@ -1,22 +1,17 @@
-"""The disk tier: layout, self-verifying leaves, lookup and the publish protocol.
+"""The disk tier: self-verifying leaves under an ordered list of roots, and the
+publish protocol (DESIGN.md §5; paths in ``layout``).
 
-Layout under each root (DESIGN.md §5)::
+A leaf is a hit only if ``.committed`` holds the digest of ``manifest.json``, the
+manifest decodes under the strict schema and names this leaf, its signature verifies
+(when keys are configured), its dependencies rehashed *now* reproduce ``<D>`` and its
+negatives are absent (``leaf.verify_closure``), and the artifact bytes match the
+manifest. Readers take no lock. A leaf that is damaged — or a file or a symlink
+standing where a leaf or a build directory should be — is moved aside (quarantine)
+when its root is writable, and rebuilt.
 
-    <root>/v1/tmp/<uuid>/                       staging and compile work dirs
-    <root>/v1/locks/<build_key>.lock
-    <root>/v1/quarantine/<uuid>/                leaves that failed verification
-    <root>/v1/<tenant>/<backend>/<K[:2]>/build-<K>/deps-<D>/
-          artifact.<ext>   manifest.json   .committed
-
-A leaf is a hit only if ``.committed`` holds the digest of ``manifest.json``,
-the manifest parses under the strict schema and names this leaf, its deps
-rehashed *now* reproduce ``<D>``, the artifact bytes match the manifest and
-(when a key is configured) the signature verifies. Readers take no lock.
-
-Layout, lookup and publish stay in one module on purpose (~560 lines): they are
-one protocol (DESIGN.md §5), and each half is checked against the other; what
-is not part of it lives beside it. Work
-directories prepared ahead are in ``spares.py``, file primitives in ``fsio.py``.
+Lookup and publish stay in one module on purpose: they are one protocol, each half
+checked against the other. Work directories live in ``staging``, file primitives in
+``fsio``, the manifest and the closure check in ``leaf``.
 """
 
 from __future__ import annotations
@@ -30,74 +25,51 @@ import stat
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Final, NamedTuple, Protocol
+from typing import Any, Final
 
 from .. import faults
-from ..closure.anchors import LINK_ANCHOR, Anchors, is_under
-from ..closure.hashing import Snapshot, digest_bytes, hash_opened, snapshot_of
+from ..closure.anchors import Anchors
+from ..closure.hashing import digest_bytes
+from ..closure.scan import DepState
 from ..keys import deps_key as compute_deps_key
+from ..outcomes import Miss, Outcome, Tier
 from ..telemetry import ATTR, SPAN, instruments, span
-from .fsio import (
-    EarlyWrite,
-    Flock,
-    fsync_dir,
-    fsync_file,
-    lock_file,
-    makedirs_durable,
-    read_bytes,
-    remove_tree,
-    rename,
-    write_file,
+from .fsio import Flock, fsync_dir, fsync_file, lock_file, makedirs_durable, read_bytes, rename, write_file
+from .layout import MANIFEST, MARKER, CacheLayout, is_real_dir
+from .leaf import (
+    MANIFEST_LIMIT,
+    ClosureMemo,
+    Manifest,
+    ManifestError,
+    Negatives,
+    Rehashed,
+    Rejection,
+    Signer,
+    VerifiedLeaf,
+    Verifier,
+    check_signature,
+    decode_manifest,
+    leaf_files,
+    verify_closure,
 )
-from .leaf import Manifest, ManifestError, parse_manifest
-from .staging import LOCK_BLANK, Spares, Workdir, background, make, memory_scratch, remove_quietly, with_scratch
-from .statmemo import StatMemo
+from .staging import LOCK_BLANK, EarlyWrite, Staging, Workdir, background
 
-__all__ = ["LAYOUT", "DepState", "DiskCache", "Rejection", "Signer", "VerifiedLeaf"]
+__all__ = ["BEFORE_COMMIT", "DiskTier"]
 
 logger = logging.getLogger(__name__)
 
-LAYOUT: Final = "v1"
-MARKER: Final = ".committed"
 #: The fault point passed just before a leaf's marker is written into its stage (each
 #: time: a leaf staged early and then written again by the publish passes it twice).
 BEFORE_COMMIT: Final = "publish.before_commit"
-MANIFEST: Final = "manifest.json"
-_MANIFEST_LIMIT: Final = 64 << 20
-#: Reasons that mean the leaf itself is damaged (quarantined), not merely outdated.
-CORRUPT_REASONS: Final = frozenset({"marker", "manifest", "mismatch", "artifact"})
-
-DepState = tuple[str, Snapshot, str]  # absolute path, stat snapshot, digest
+#: How many leaves of one build key a lookup looks at, newest first.
+MAX_LEAVES: Final = 64
 
 
-class Signer(Protocol):
-    def sign(self, message: bytes) -> str: ...
-    def verify(self, message: bytes, signature: str) -> bool: ...
+class DiskTier:
+    """Lookup and publish over an ordered list of roots (the first writable one takes
+    new leaves; the rest are read-only)."""
 
-
-class Rejection(NamedTuple):
-    root: str
-    leaf: str
-    reason: str
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class VerifiedLeaf:
-    path: str
-    root: str
-    manifest: Manifest
-    artifact: bytes
-    dep_states: tuple[DepState, ...] = field(repr=False)
-    #: Paths that must stay absent (shadowing headers, false ``__has_include``).
-    negatives: tuple[str, ...] = field(default=(), repr=False)
-    #: False when the compiler's dependency scan was incomplete (never cached beyond one use).
-    closure_known: bool = True
-
-
-class DiskCache:
-    """Lookup and publish over an ordered list of roots (first writable wins)."""
+    tier: Final = Tier.DISK
 
     def __init__(
         self,
@@ -106,32 +78,32 @@ class DiskCache:
         tenant: str,
         backend: str,
         signer: Signer | None = None,
-        require_signed: bool = False,
+        verifier: Verifier | None = None,
         max_artifact_bytes: int = 512 << 20,
-        max_leaves: int = 64,
-        stat_memo: StatMemo | None = None,
+        memo: ClosureMemo | None = None,
+        staging: Staging | None = None,
     ) -> None:
         self.roots = tuple(os.path.realpath(os.path.expanduser(r)) for r in roots)
         self.tenant = tenant
         self.backend = backend
-        self.signer = signer
-        self.require_signed = require_signed
-        self.max_artifact_bytes = max_artifact_bytes
-        self.max_leaves = max_leaves
-        self.stat_memo = stat_memo
-        #: Work directories prepared ahead (set by the runtime, which knows the artifact's name).
-        self.spares: Spares | None = None
-        #: Compile in a private directory on /dev/shm (Config.scratch == "memory").
-        self.memory_scratch = False
+        self._signer = signer
+        self._verifier = verifier
+        self._max_artifact_bytes = max_artifact_bytes
+        self._memo = memo
+        self._staging = staging if staging is not None else Staging("")
         self._attrs = {ATTR.BACKEND: backend, ATTR.TENANT: tenant}
         self._writable: str | None = None
         self._root_ids: dict[str, tuple[int, int]] = {}
-        self._leaf_memo: tuple[Manifest, str, Manifest, bytes] | None = None
+        self._files_memo: tuple[Manifest, Manifest, dict[str, bytes]] | None = None
+        #: Why the last search for a writable root found none.
         self.last_error: OSError | None = None
 
-    # -- layout --------------------------------------------------------------
+    # -- roots -----------------------------------------------------------------
+    def layout(self, root: str) -> CacheLayout:
+        return CacheLayout(root)
+
     def build_dir(self, root: str, build_key: str) -> str:
-        return os.path.join(root, LAYOUT, self.tenant, self.backend, build_key[:2], f"build-{build_key}")
+        return CacheLayout(root).build_dir(self.tenant, self.backend, build_key)
 
     def writable_root(self) -> str | None:
         """The first root that can take new entries. A success is remembered; a
@@ -153,14 +125,15 @@ class DiskCache:
             except OSError as exc:
                 self.last_error = exc
                 continue
+            layout = CacheLayout(root)
             try:
-                makedirs_durable(os.path.join(root, LAYOUT, "tmp"))
-                makedirs_durable(os.path.join(root, LAYOUT, "locks"))
+                makedirs_durable(layout.tmp)
+                makedirs_durable(layout.locks)
                 st = os.lstat(root)
             except OSError as exc:
                 self.last_error = exc
                 continue
-            if os.access(os.path.join(root, LAYOUT, "tmp"), os.W_OK | os.X_OK):
+            if os.access(layout.tmp, os.W_OK | os.X_OK):
                 self._root_ids.setdefault(root, (st.st_dev, st.st_ino))
                 self._writable = root
                 return root
@@ -174,271 +147,208 @@ class DiskCache:
             return False
         return stat.S_ISDIR(st.st_mode) and self._root_ids.get(root) == (st.st_dev, st.st_ino)
 
-    def new_workdir(self, root: str) -> str:
-        path = os.path.join(root, LAYOUT, "tmp", uuid.uuid4().hex)
-        os.mkdir(path, 0o700)
-        return path
+    # -- lookup ----------------------------------------------------------------
+    def lookup(self, build_key: str, anchors: Anchors, *, quiet: bool = False) -> VerifiedLeaf | Rejection:
+        """The newest leaf of ``build_key`` that verifies, in the first root that has
+        one; else the first rejection met (``Miss.ABSENT`` when there was no leaf).
+        ``quiet`` (explain): no telemetry, nothing moved aside or touched."""
+        first: Rejection | None = None
+        for root in self.roots:
+            if quiet:
+                hit, rejections = self.lookup_root(root, build_key, anchors, quiet=True)
+            else:
+                with span(SPAN.DISK_LOOKUP, {ATTR.TIER: "disk", ATTR.ROOT: root, ATTR.BUILD_KEY: build_key}) as s:
+                    hit, rejections = self.lookup_root(root, build_key, anchors)
+                    self._report(s, rejections, hit)
+            if hit is not None:
+                return hit
+            first = first or (rejections[0] if rejections else None)
+        return first or Rejection(Miss.ABSENT)
 
-    def workdir(self, root: str) -> Workdir:
-        """A work directory for one compile and its publish, prepared ahead when possible,
-        with its scratch in memory when ``memory_scratch`` is set."""
-        base = os.path.join(root, LAYOUT, "tmp")
-        wd = self.spares.take(base) if self.spares is not None else make(base, "", prepared=False)
-        try:
-            return with_scratch(wd, memory_scratch() if self.memory_scratch else None)
-        except OSError as exc:
-            logger.debug("no scratch in memory (%s); compiling in the cache root", exc)
-            return wd
+    def lookup_root(
+        self, root: str, build_key: str, anchors: Anchors, *, quiet: bool = False
+    ) -> tuple[VerifiedLeaf | None, list[Rejection]]:
+        """The newest leaf of ``build_key`` in ``root`` that verifies, and why the ones
+        before it did not. Damaged leaves met are quarantined when ``root`` is the
+        writable one; a hit's mtime is touched (LRU). ``quiet``: neither."""
+        rejections: list[Rejection] = []
+        rehashed: Rehashed = {}
+        for leaf in self._candidates(root, build_key, rejections):
+            if quiet:
+                result = self.verify(leaf, root, build_key, anchors, rehashed)
+            else:
+                with span(SPAN.VERIFY, {ATTR.ROOT: root, "safejit.leaf": os.path.basename(leaf)}) as vs:
+                    started = time.perf_counter()
+                    result = self.verify(leaf, root, build_key, anchors, rehashed)
+                    instruments.verify_duration.record(time.perf_counter() - started, self._attrs)
+                    if isinstance(result, VerifiedLeaf):
+                        vs.set_attributes({ATTR.RESULT: "ok", ATTR.DEPS_COUNT: len(result.manifest.deps)})
+                    else:
+                        vs.set_attributes({ATTR.RESULT: "rejected", ATTR.REASON: result.reason})
+            if isinstance(result, VerifiedLeaf):
+                if not quiet:
+                    with contextlib.suppress(OSError):
+                        os.utime(leaf)  # best effort: read-only roots still hit
+                    self._quarantine_damaged(root, rejections)
+                return result, rejections
+            rejections.append(result)
+        if not quiet:
+            self._quarantine_damaged(root, rejections)
+        return None, rejections
 
-    def discard_workdir_later(self, wd: Workdir, root: str) -> None:
-        """Delete a work directory (and its scratch) in the background; ``gc`` (and, for
-        memory scratch, the next process) removes what a dead process left."""
-        self.discard_later(wd.path, root)
-        if wd.scratch != wd.path:
-            background().submit(remove_quietly, wd.scratch)
+    def _quarantine_damaged(self, root: str, rejections: list[Rejection]) -> None:
+        if any(rej.reason.corrupt for rej in rejections) and root == self.writable_root():
+            for rej in rejections:
+                if rej.reason.corrupt:
+                    self.quarantine(rej.leaf, root)
 
-    def discard(self, path: str, root: str) -> None:
-        with contextlib.suppress(OSError):
-            remove_tree(path, within=os.path.join(root, LAYOUT))
+    def _report(self, s: Any, rejections: list[Rejection], hit: VerifiedLeaf | None) -> None:
+        for rej in rejections:
+            event = {ATTR.REASON: rej.reason, "safejit.leaf": rej.leaf, "safejit.detail": rej.detail}
+            s.add_event("leaf.rejected", event)
+            instruments.lookup(Tier.DISK, "reject", rej.reason, self._attrs)
+        if hit is not None:
+            s.set_attributes(
+                {ATTR.RESULT: "hit", ATTR.DEPS_KEY: hit.manifest.deps_key, ATTR.DEPS_COUNT: len(hit.manifest.deps)}
+            )
+            instruments.lookup(Tier.DISK, "hit", "verified", self._attrs)
+            return
+        reason = rejections[0].reason if rejections else Miss.ABSENT
+        s.set_attributes({ATTR.RESULT: "miss", ATTR.REASON: reason})
+        instruments.lookup(Tier.DISK, "miss", reason, self._attrs)
 
-    def discard_later(self, path: str, root: str) -> None:
-        """Delete a work directory in the background (``gc`` removes it if the process dies first)."""
-        background().submit(self.discard, path, root)
-
-    def refill_later(self, root: str) -> None:
-        """Prepare the next work directory in the background."""
-        if self.spares is not None:
-            self.spares.refill(os.path.join(root, LAYOUT, "tmp"))
-
-    def make_build_dir_later(self, root: str, build_key: str) -> None:
-        """Create ``build-<K>`` in the background while the compiler runs (publish makes
-        sure of it again; an empty build dir is a plain miss)."""
-        background().submit(_makedirs_quiet, self.build_dir(root, build_key))
-
-    # -- lookup --------------------------------------------------------------
-    def candidates(self, root: str, build_key: str) -> list[str]:
-        """Leaves under ``build-<K>`` in one root, newest first."""
+    def _candidates(self, root: str, build_key: str, rejections: list[Rejection]) -> list[str]:
+        """Leaves under ``build-<K>`` in one root, newest first. Anything else standing
+        there — the build dir or a leaf replaced by a file or a symlink — is reported
+        as damaged (never followed)."""
         bdir = self.build_dir(root, build_key)
+        try:
+            st = os.lstat(bdir)
+        except OSError:
+            return []
+        if not stat.S_ISDIR(st.st_mode):
+            rejections.append(Rejection(Miss.DAMAGED, "the build directory is not a directory", bdir, root))
+            return []
         entries = []
         try:
             with os.scandir(bdir) as it:
                 for e in it:
-                    if e.name.startswith("deps-") and e.is_dir(follow_symlinks=False):
-                        with contextlib.suppress(OSError):  # pruned meanwhile: not a candidate
-                            entries.append((e.stat(follow_symlinks=False).st_mtime_ns, e.path))
+                    if not e.name.startswith("deps-"):
+                        continue
+                    try:
+                        est = e.stat(follow_symlinks=False)
+                    except OSError:
+                        continue  # pruned meanwhile: not a candidate
+                    if stat.S_ISDIR(est.st_mode):
+                        entries.append((est.st_mtime_ns, e.path))
+                    else:
+                        rejections.append(Rejection(Miss.DAMAGED, "a leaf that is not a directory", e.path, root))
         except OSError:
             return []
         entries.sort(reverse=True)
-        return [path for _, path in entries[: self.max_leaves]]
-
-    def lookup_root(
-        self, root: str, build_key: str, anchors: Anchors, rejections: list[Rejection]
-    ) -> VerifiedLeaf | None:
-        memo: dict[str, tuple[str, Snapshot] | None] = {}
-        for leaf in self.candidates(root, build_key):
-            with span(SPAN.VERIFY, {ATTR.ROOT: root, "safejit.leaf": os.path.basename(leaf)}) as s:
-                started = time.perf_counter()
-                result = self.verify(leaf, root, build_key, anchors, memo)
-                instruments.verify_duration.record(time.perf_counter() - started, self._attrs)
-                if isinstance(result, VerifiedLeaf):
-                    s.set_attributes({ATTR.RESULT: "ok", ATTR.DEPS_COUNT: len(result.manifest.deps)})
-                else:
-                    s.set_attributes({ATTR.RESULT: "rejected", ATTR.REASON: result.reason})
-            if isinstance(result, VerifiedLeaf):
-                with contextlib.suppress(OSError):
-                    os.utime(leaf)  # best effort: read-only roots still hit
-                return result
-            rejections.append(result)
-            if result.reason in CORRUPT_REASONS and root == self.writable_root():
-                self.quarantine(leaf, root)
-        return None
-
-    def lookup(
-        self, build_key: str, anchors: Anchors, rejections: list[Rejection] | None = None
-    ) -> VerifiedLeaf | None:
-        sink: list[Rejection] = [] if rejections is None else rejections
-        for root in self.roots:
-            leaf = self.lookup_root(root, build_key, anchors, sink)
-            if leaf is not None:
-                return leaf
-        return None
+        return [path for _, path in entries[:MAX_LEAVES]]
 
     def verify(
-        self,
-        leaf: str,
-        root: str,
-        build_key: str,
-        anchors: Anchors | None,
-        memo: dict[str, tuple[str, Snapshot] | None] | None = None,
+        self, leaf: str, root: str, build_key: str, anchors: Anchors | None, rehashed: Rehashed | None = None
     ) -> VerifiedLeaf | Rejection:
         """Check a leaf completely; a :class:`Rejection` says why it is not a hit.
 
         With ``anchors=None`` only the leaf's own integrity is checked (marker,
         manifest, name, signature, artifact), not its dependencies.
         """
-        memo = {} if memo is None else memo
+        checked = time.monotonic()
+        found = self._manifest(leaf, root, build_key)
+        if isinstance(found, Rejection):
+            return found
+        man = found
+        if anchors is None:
+            return self._read_artifact(leaf, root, man, (), Negatives(), checked)
+        closure = verify_closure(man, anchors, leaf, self._memo, rehashed)
+        if isinstance(closure, Rejection):
+            return Rejection(closure.reason, closure.detail, leaf, root)
+        return self._read_artifact(leaf, root, man, *closure, checked)
 
-        def reject(reason: str, detail: str) -> Rejection:
-            return Rejection(root, leaf, reason, detail)
-
+    def _manifest(self, leaf: str, root: str, build_key: str) -> Manifest | Rejection:
+        """The leaf's manifest, when the leaf is committed, intact, names this leaf and
+        is signed as the keys require."""
         name = os.path.basename(leaf)
         try:
             marker = read_bytes(os.path.join(leaf, MARKER), 1024).decode("ascii", "replace").strip()
         except OSError as exc:
-            if exc.errno == errno.ENOENT and not os.path.isdir(leaf):
-                return reject("gone", "the leaf was removed meanwhile (prune)")
-            return reject(_read_reason(exc, "marker"), f"no readable commit marker ({exc.strerror})")
+            if exc.errno == errno.ENOENT and not os.path.lexists(leaf):
+                return Rejection(Miss.GONE, "the leaf was removed meanwhile (prune)", leaf, root)
+            return Rejection(_read_reason(exc, Miss.MARKER), f"no readable commit marker ({exc.strerror})", leaf, root)
         try:
-            raw = read_bytes(os.path.join(leaf, MANIFEST), _MANIFEST_LIMIT)
+            raw = read_bytes(os.path.join(leaf, MANIFEST), MANIFEST_LIMIT)
         except OSError as exc:
-            return reject(_read_reason(exc, "manifest"), f"unreadable manifest ({exc.strerror})")
+            return Rejection(_read_reason(exc, Miss.MANIFEST), f"unreadable manifest ({exc.strerror})", leaf, root)
         if digest_bytes(raw) != marker:
-            return reject("manifest", "manifest does not match its commit marker")
+            return Rejection(Miss.MANIFEST, "manifest does not match its commit marker", leaf, root)
         try:
-            man = parse_manifest(raw)
+            man = decode_manifest(raw)
         except ManifestError as exc:
-            return reject("manifest", str(exc))
+            return Rejection(Miss.MANIFEST, str(exc), leaf, root)
         if (
             man.build_key != build_key
             or f"deps-{man.deps_key}" != name
             or man.tenant != self.tenant
             or man.backend != self.backend
         ):
-            return reject("mismatch", "manifest names another leaf")
+            return Rejection(Miss.MISMATCH, "manifest names another leaf", leaf, root)
         if compute_deps_key(man.deps, man.negatives) != man.deps_key:
-            return reject("mismatch", "the listed dependencies do not reproduce the leaf name")
-        if self.signer is not None:  # with a key, a leaf from another writer is a miss unless signed
-            message = man.signed_message(f"build-{build_key}/{name}")
-            if man.signature is None or not self.signer.verify(message, man.signature):
-                return reject("signature", "missing or bad signature")
-        if anchors is None:
-            return self._read_artifact(leaf, root, man, ())
-        states = self._trusted_states(leaf, man, anchors)
-        if states is None:
-            states = []
-            for anchor, rel, want in man.deps:
-                state = self._rehash(anchors, anchor, rel, memo)
-                where = anchors.expand(anchor, rel) or f"{anchor}:{rel}"
-                if state is None:
-                    return reject("dep_missing", where)
-                if isinstance(state, str):
-                    return reject(state, where)
-                if state[2] != want:
-                    return reject("dep_changed", where)
-                states.append(state)
-            if self.stat_memo is not None:
-                self.stat_memo.record(leaf, man.deps_key, [s[1] for s in states])
-        absent = []
-        for anchor, rel in man.negatives:
-            path = anchors.expand(anchor, rel)
-            if path is None or os.path.lexists(path):
-                return reject("dep_shadowed", path or f"{anchor}:{rel}")
-            absent.append(path)
-        return self._read_artifact(leaf, root, man, tuple(states), tuple(absent))
-
-    def _trusted_states(self, leaf: str, man: Manifest, anchors: Anchors) -> list[DepState] | None:
-        """The deps' states from the stat memo when no stat moved since they last
-        verified by rehash; None means: rehash."""
-        snaps = self.stat_memo.lookup(leaf, man.deps_key) if self.stat_memo is not None else None
-        if snaps is None or len(snaps) != len(man.deps):
-            return None
-        states: list[DepState] = []
-        for (anchor, rel, digest), snap in zip(man.deps, snaps, strict=True):
-            path = anchors.expand(anchor, rel)
-            if path is None:
-                return None
-            try:
-                st = os.lstat(path)
-            except (OSError, ValueError):
-                return None
-            if stat.S_ISLNK(st.st_mode) or snapshot_of(st) != snap:
-                return None
-            states.append((path, snap, digest))
-        return states
+            return Rejection(Miss.MISMATCH, "the listed dependencies do not reproduce the leaf name", leaf, root)
+        bad = check_signature(man, self._verifier)
+        if bad is not None:
+            return Rejection(bad.reason, bad.detail, leaf, root)
+        return man
 
     def _read_artifact(
-        self, leaf: str, root: str, man: Manifest, states: tuple[DepState, ...], negatives: tuple[str, ...] = ()
+        self, leaf: str, root: str, man: Manifest, states: tuple[DepState, ...], negatives: Negatives, checked: float
     ) -> VerifiedLeaf | Rejection:
         try:
-            limit = min(self.max_artifact_bytes, man.artifact_size)
+            limit = min(self._max_artifact_bytes, man.artifact_size)
             artifact = read_bytes(os.path.join(leaf, man.artifact_file), limit)
         except OSError as exc:
-            return Rejection(root, leaf, _read_reason(exc, "artifact"), f"artifact unreadable ({exc.strerror})")
+            reason = _read_reason(exc, Miss.ARTIFACT)
+            return Rejection(reason, f"artifact unreadable ({exc.strerror})", leaf, root)
         if len(artifact) != man.artifact_size or digest_bytes(artifact) != man.artifact_digest:
-            return Rejection(root, leaf, "artifact", "artifact bytes do not match the manifest")
-        return VerifiedLeaf(leaf, root, man, artifact, states, negatives)
+            return Rejection(Miss.ARTIFACT, "artifact bytes do not match the manifest", leaf, root)
+        return VerifiedLeaf(leaf, root, man, artifact, states, negatives, checked=checked)
 
-    @staticmethod
-    def _rehash(
-        anchors: Anchors, anchor: str, rel: str, memo: dict[str, tuple[str, Snapshot] | None]
-    ) -> DepState | str | None:
-        """The current state of an anchored dependency, confined to its roots: the file
-        it reaches, through any symlink on the way, must lie under one (under the
-        linker's roots only for a dep anchored there: the linker's read)."""
-        path = anchors.expand(anchor, rel)
-        if path is None:
-            return "anchor"
-        linker = anchor.startswith(LINK_ANCHOR)
-        key = f"\0{LINK_ANCHOR}{path}" if linker else path
-        if key in memo:
-            got = memo[key]
-            return None if got is None else (path, got[1], got[0])
-        roots = [r for n, r in anchors.roots.items() if linker or not n.startswith(LINK_ANCHOR)]
-        try:
-            hashed = hash_opened(path, lambda real: any(is_under(real, r) for r in roots))
-        except (OSError, ValueError):  # (ValueError: a name the OS cannot take, from a manifest)
-            memo[key] = None
-            return None
-        if hashed is None:
-            return "confinement"
-        memo[key] = hashed
-        return (path, hashed[1], hashed[0])
-
-    # -- publish -------------------------------------------------------------
-    def leaf_files(self, build_key: str, manifest: Manifest, artifact: bytes) -> tuple[Manifest, dict[str, bytes]]:
+    # -- publish ---------------------------------------------------------------
+    def leaf_files(self, manifest: Manifest, artifact: bytes) -> tuple[Manifest, dict[str, bytes]]:
         """The manifest as published (signed, when a key is configured) and the leaf's
         files, ``{name: bytes}``, the marker last. (The last manifest's are remembered:
         the files staged early are asked for again by the publish.)"""
-        memo = self._leaf_memo
-        if memo is not None and memo[0] is manifest and memo[1] == build_key:
-            signed, raw = memo[2], memo[3]
-        else:
-            signed = manifest
-            if self.signer is not None:
-                sig = self.signer.sign(manifest.signed_message(f"build-{build_key}/deps-{manifest.deps_key}"))
-                signed = dataclasses.replace(manifest, signature=sig)
-            raw = signed.to_json()
-            self._leaf_memo = (manifest, build_key, signed, raw)
-        return signed, {
-            manifest.artifact_file: artifact,
-            MANIFEST: raw,
-            MARKER: digest_bytes(raw).encode() + b"\n",
-        }
+        memo = self._files_memo
+        if memo is not None and memo[0] is manifest and memo[2][manifest.artifact_file] is artifact:
+            return memo[1], memo[2]
+        signed, files = leaf_files(manifest, artifact, self._signer)
+        self._files_memo = (manifest, signed, files)
+        return signed, files
 
     def publish(
         self,
         root: str,
         build_key: str,
-        manifest: Manifest,
-        artifact: bytes,
-        dep_states: tuple[DepState, ...],
-        negatives: tuple[str, ...] = (),
+        built: VerifiedLeaf,
         workdir: Workdir | None = None,
         early: EarlyWrite | None = None,
-    ) -> tuple[VerifiedLeaf, str]:
-        """Publish a leaf; returns it with the outcome ``published`` or ``adopted``.
-        ``workdir``: a prepared one, whose stage's empty files are filled (else a stage
-        is made); ``early``: what of the leaf was written into that stage already.
+    ) -> tuple[VerifiedLeaf, Outcome]:
+        """Publish a build; returns the leaf with the outcome ``published``, ``adopted``
+        (an equal leaf won the race) or ``kept`` (an existing leaf of that name could not
+        be read, and is kept: this build is returned unpublished). ``workdir``: a
+        prepared one, whose stage's empty files are filled (else a stage is made);
+        ``early``: what of the leaf was written into that stage already.
 
-        Raises ``OSError`` when nothing could be published; a failed publish
-        never reports success and never leaves a partial leaf visible.
+        Raises ``OSError`` when nothing could be published; a failed publish never
+        reports success and never leaves a partial leaf visible.
         """
-        name = f"deps-{manifest.deps_key}"
-        manifest, files = self.leaf_files(build_key, manifest, artifact)
+        manifest, files = self.leaf_files(built.manifest, built.artifact)
         bdir = self.build_dir(root, build_key)
-        leaf = os.path.join(bdir, name)
+        leaf = os.path.join(bdir, f"deps-{manifest.deps_key}")
         prepared = workdir is not None and workdir.prepared
-        stage = workdir.stage if workdir is not None and prepared else self.new_workdir(root)
+        stage = workdir.stage if workdir is not None and prepared else self._staging.new_stage(root)
         # A stage made and fsynced ahead (a spare) has durable entries: filling its files
         # changes none, and their own fsyncs suffice. Creating or removing one does.
         entries_changed = not (prepared and workdir is not None and workdir.synced)
@@ -467,75 +377,100 @@ class DiskCache:
                 fsync_dir(stage)
             if not prepared:
                 os.chmod(stage, 0o755)
-            # New build dirs need no fsync of their parents: if a power cut loses the
-            # directory entry, the leaf is a miss, never a damaged hit.
-            os.makedirs(bdir, exist_ok=True)
+            self._make_build_dir(root, bdir)
+            published = dataclasses.replace(built, path=leaf, root=root, manifest=manifest)
             for attempt in (1, 2):
                 faults.point("publish.before_rename")
                 try:
                     rename(stage, leaf)
                 except OSError as exc:
                     if exc.errno == errno.ENOENT and attempt == 1 and os.path.isdir(stage):
-                        os.makedirs(bdir, exist_ok=True)  # a concurrent prune removed the empty build dir
+                        self._make_build_dir(root, bdir)  # a concurrent prune removed the empty build dir
                         continue
-                    if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
                         raise
-                    # Same name, so the winner lists exactly the closure we just hashed:
-                    # its own integrity is all that is left to check.
-                    winner = self.verify(leaf, root, build_key, None)
-                    if isinstance(winner, VerifiedLeaf):
-                        adopted = VerifiedLeaf(leaf, root, winner.manifest, winner.artifact, dep_states, negatives)
-                        return adopted, "adopted"
-                    if winner.reason == "io":
-                        # The existing leaf may well be sound; it is just unreadable now. Keep it,
-                        # and hand back our own (equivalent) build, unpublished.
-                        logger.warning("leaf %s exists but cannot be read (%s); not replacing it", leaf, winner.detail)
-                        return VerifiedLeaf("", root, manifest, artifact, dep_states, negatives), "kept"
-                    if attempt == 2:
-                        # An unreadable winner (EIO...) may be sound: keep it, fail this publish.
-                        raise OSError(
-                            exc.errno, f"{exc.strerror}; existing leaf unusable: {winner.detail}", leaf
-                        ) from exc
-                    logger.warning("quarantining %s before publishing over it: %s", leaf, winner.detail)
-                    self.quarantine(leaf, root)
-                    continue
+                    outcome = self._lost_race(root, build_key, leaf, published, attempt, exc)
+                    if outcome is None:
+                        continue  # the damaged winner was moved aside: try once more
+                    return outcome
                 faults.point("publish.after_rename")
                 # The leaf is complete and durable already; making its new name durable
                 # too overlaps the caller's load. A power cut before that fsync loses the
                 # name (a later miss), never the leaf's integrity.
                 background().submit(_fsync_quietly, bdir)
                 stage = ""
-                return VerifiedLeaf(leaf, root, manifest, artifact, dep_states, negatives), "published"
+                return published, Outcome.PUBLISHED
             raise AssertionError("unreachable")  # pragma: no cover
         finally:
             if stage:
-                self.discard(stage, root)
+                self._staging.discard(stage, root)
 
-    def quarantine(self, leaf: str, root: str) -> None:
-        """Move a damaged leaf aside (same filesystem rename); best effort."""
-        instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: "quarantined"})
-        qdir = os.path.join(root, LAYOUT, "quarantine")
+    def _lost_race(
+        self, root: str, build_key: str, leaf: str, ours: VerifiedLeaf, attempt: int, exc: OSError
+    ) -> tuple[VerifiedLeaf, Outcome] | None:
+        """The leaf's name is taken. Same name, so the winner lists exactly the closure we
+        just hashed: its own integrity is all that is left to check."""
+        winner = self.verify(leaf, root, build_key, None) if is_real_dir(leaf) else None
+        if isinstance(winner, VerifiedLeaf):
+            return dataclasses.replace(ours, manifest=winner.manifest, artifact=winner.artifact), Outcome.ADOPTED
+        if winner is not None and winner.reason is Miss.IO:
+            # The existing leaf may well be sound; it is just unreadable now. Keep it,
+            # and hand back our own (equivalent) build, unpublished.
+            logger.warning("leaf %s exists but cannot be read (%s); not replacing it", leaf, winner.detail)
+            return dataclasses.replace(ours, path=""), Outcome.KEPT
+        detail = winner.detail if winner is not None else "not a directory"
+        if attempt == 2:
+            raise OSError(exc.errno, f"{exc.strerror}; existing leaf unusable: {detail}", leaf) from exc
+        logger.warning("quarantining %s before publishing over it: %s", leaf, detail)
+        self.quarantine(leaf, root)
+        return None
+
+    def _make_build_dir(self, root: str, bdir: str) -> None:
+        """``build-<K>`` as a real directory: anything else standing there (a file, a
+        symlink) is moved aside first. New build dirs need no fsync of their parents: if
+        a power cut loses the directory entry, the leaf is a miss, never a damaged hit."""
+        if os.path.lexists(bdir) and not is_real_dir(bdir):
+            logger.warning("quarantining %s: not a directory", bdir)
+            self.quarantine(bdir, root)
+        os.makedirs(bdir, exist_ok=True)
+
+    def make_build_dir_later(self, root: str, build_key: str) -> None:
+        """Create ``build-<K>`` in the background while the compiler runs (publish makes
+        sure of it again; an empty build dir is a plain miss)."""
+        background().submit(_makedirs_quiet, self.build_dir(root, build_key))
+
+    def quarantine(self, path: str, root: str) -> None:
+        """Move a damaged leaf (or whatever stands in its place) aside: a same-filesystem
+        rename of the entry itself, never followed; best effort."""
+        instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: Outcome.QUARANTINED})
+        qdir = CacheLayout(root).quarantine
         try:
             makedirs_durable(qdir)
-            rename(leaf, os.path.join(qdir, f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}"))
+            rename(path, os.path.join(qdir, f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}"))
         except OSError as exc:
-            logger.debug("could not quarantine %s: %s", leaf, exc)
+            logger.debug("could not quarantine %s: %s", path, exc)
+
+    # -- work dirs and locks ---------------------------------------------------
+    def workdir(self, root: str) -> Workdir:
+        """A work directory for one compile and its publish (see ``staging``)."""
+        return self._staging.workdir(root)
+
+    def release_workdir_later(self, workdir: Workdir, root: str) -> None:
+        """Delete a work directory in the background and prepare the next ones."""
+        self._staging.release_later(workdir, root)
 
     def acquire_lock(self, root: str, build_key: str, timeout: float, workdir: Workdir | None = None) -> Flock | None:
-        """Take the per-build-key lock; None when it timed out or is unusable (compile anyway:
-        the publish protocol is safe without it). A new lock file is the prepared
+        """Take the per-build-key lock within ``timeout`` seconds; None when it is held
+        elsewhere all that time (the publish protocol is safe without it). Raises
+        ``OSError`` when the lock file cannot be used. A new lock file is the prepared
         ``workdir``'s empty one, linked into place."""
-        path = os.path.join(root, LAYOUT, "locks", f"{build_key}.lock")
+        path = CacheLayout(root).lock(build_key)
         blank = os.path.join(workdir.path, LOCK_BLANK) if workdir is not None and workdir.prepared else None
-        try:
-            faults.point("lock.acquire")
-            lock = lock_file(path, timeout, blank=blank)
-        except OSError as exc:
-            logger.warning("lock %s unusable (%s); compiling without it", path, exc)
-            return None
-        if lock is None:
-            logger.warning("lock %s not acquired in %.1fs; compiling without it", path, timeout)
-        return lock
+        faults.point("lock.acquire")
+        return lock_file(path, timeout, blank=blank)
+
+    def close(self) -> None:
+        self._staging.close()
 
 
 def _fsync_quietly(path: str) -> None:
@@ -550,7 +485,7 @@ def _makedirs_quiet(path: str) -> None:
         os.makedirs(path, exist_ok=True)
 
 
-def _read_reason(exc: OSError, damaged: str) -> str:
+def _read_reason(exc: OSError, damaged: Miss) -> Miss:
     """A missing, oversized or non-regular file means a damaged leaf; any other read
     error (EIO, EACCES, ...) is the storage's fault: a miss, not a reason to quarantine."""
-    return damaged if exc.errno in (errno.ENOENT, errno.EFBIG, errno.EINVAL, errno.ELOOP) else "io"
+    return damaged if exc.errno in (errno.ENOENT, errno.EFBIG, errno.EINVAL, errno.ELOOP, errno.ENOTDIR) else Miss.IO

@@ -8,17 +8,13 @@ import errno
 import fcntl
 import os
 import stat
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Final
 
 from .. import faults
-from .._background import background
 
 __all__ = [
-    "EarlyWrite",
     "Flock",
     "fsync_dir",
     "fsync_file",
@@ -140,84 +136,6 @@ def read_bytes(path: str, limit: int) -> bytes:
         os.close(fd)
 
 
-class EarlyWrite:
-    """A leaf's files written into its stage ahead of the publish, while the compiler
-    that closed the artifact is still finishing: by the caller (whose thread would
-    otherwise just wait for the compiler to exit), their writeback started, then
-    fsynced on a background thread. The publish finds them written and durable.
-
-    Best effort: a write that fails is undone (the publish then writes the files and
-    reports what fails); a later write replaces an earlier one. :meth:`use` is the
-    publish's check, and raises the background fsync's error as its own."""
-
-    def __init__(self, stage: str) -> None:
-        self.stage = stage
-        #: Whether an entry of the stage was created or removed here (its directory
-        #: then needs an fsync of its own before the publish).
-        self.dir_changed = False
-        self._lock = threading.Lock()  # held by an fsync; taken to undo what it syncs
-        self._gen = 0  # what was written, replaced or undone: a stale fsync is skipped
-        self._files: dict[str, bytes] = {}
-        self._synced: Future[None] | None = None
-        self._used = False
-
-    def write(self, files: dict[str, bytes], *, before_last: str | None = None) -> None:
-        """Write ``files`` (name in the stage: bytes, in order) now, and fsync them in the
-        background. ``before_last``: a fault point passed before the last file."""
-        if self._used or files == self._files:
-            return  # the publish has looked already; or written already
-        self._undo()
-        self._files = dict(files)
-        paths = [os.path.join(self.stage, name) for name in files]
-        try:
-            for i, (path, data) in enumerate(zip(paths, files.values(), strict=True)):
-                if before_last is not None and i == len(paths) - 1:
-                    faults.point(before_last)
-                if not write_file(path, data, prepared=True, sync=False):
-                    self.dir_changed = True
-        except OSError:
-            self._undo()  # no partial file: the publish creates them afresh
-            return
-        self._synced = background().submit(self._fsync, paths, self._gen)
-
-    def _fsync(self, paths: list[str], gen: int) -> None:
-        with self._lock:
-            # Only the files this write made: an fsync of files written after it (same
-            # names) could take their writeback error, which the kernel reports once.
-            if gen == self._gen:
-                for path in paths:
-                    fsync_file(path)  # its error is the publish's (use)
-
-    def _undo(self) -> None:
-        """Remove what was written (once an fsync under way is done; those not yet
-        started are skipped)."""
-        with self._lock:
-            self._gen += 1
-            for name in self._files:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self.stage, name))
-                    self.dir_changed = True
-            self._files, self._synced = {}, None
-
-    def use(self, files: dict[str, bytes]) -> frozenset[str]:
-        """The names of ``files`` written here with exactly those bytes, durably; raises
-        ``OSError`` when their fsync failed (a later fsync could succeed without the data
-        being safe). Empty when what was written differs from ``files`` (a build compiled
-        again, say, made other bytes): then it is gone, for the files to be written afresh."""
-        self._used = True
-        synced = self._synced
-        if synced is not None and all(files.get(name) == data for name, data in self._files.items()):
-            synced.result()
-            return frozenset(self._files)
-        self._undo()
-        return frozenset()
-
-    def cancel(self) -> None:
-        """Remove what was written (after an fsync under way); later writes are ignored."""
-        self._used = True
-        self._undo()
-
-
 def makedirs_durable(path: str, mode: int = 0o755) -> None:
     """``mkdir -p`` that fsyncs each parent whose entries it changed."""
     missing = []
@@ -235,8 +153,11 @@ def makedirs_durable(path: str, mode: int = 0o755) -> None:
 
 
 def remove_tree(path: str, *, within: str) -> None:
-    """Delete ``path`` recursively without following symlinks, only inside ``within``."""
+    """Delete ``path`` recursively without following symlinks, only inside ``within``
+    — which must itself be what it says, not a symlink to elsewhere."""
     real_within = os.path.realpath(within)
+    if real_within != os.path.abspath(within) and os.path.islink(within):
+        raise OSError(errno.EPERM, f"refusing to delete through a symlink: {within}", path)
     parent = os.path.realpath(os.path.dirname(path))
     if not (parent == real_within or parent.startswith(real_within.rstrip("/") + "/")):
         raise OSError(errno.EPERM, f"refusing to delete outside {within}", path)
@@ -276,7 +197,9 @@ def lock_file(path: str, timeout: float, *, blank: str | None = None) -> Flock |
     """Lock ``path`` exclusively, waiting up to ``timeout`` seconds; None on timeout.
 
     A missing lock file is created — by hard-linking ``blank`` (an empty file made
-    ahead, cache.staging) there when one is given, which allocates no inode.
+    ahead, cache.staging) there when one is given, which allocates no inode. A lock
+    taken on a file that ``gc`` has meanwhile unlinked (or replaced) is let go and taken
+    again on the file the path names now: two holders of one key never coexist.
     """
     if blank is not None:
         with contextlib.suppress(OSError):  # EEXIST: it is there already; else create it below
@@ -287,7 +210,11 @@ def lock_file(path: str, timeout: float, *, blank: str | None = None) -> Flock |
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return Flock(fd)
+            held, named = os.fstat(fd), _ident(path)
+            if (held.st_dev, held.st_ino) == named:
+                return Flock(fd)
+            os.close(fd)  # removed by gc since it was opened: take the one there now
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
         except BlockingIOError:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -298,3 +225,11 @@ def lock_file(path: str, timeout: float, *, blank: str | None = None) -> Flock |
         except BaseException:
             os.close(fd)
             raise
+
+
+def _ident(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)

@@ -1,156 +1,408 @@
-"""The leaf manifest: its strict schema and canonical bytes."""
+"""A leaf: its manifest (the one schema, strict decoder and encoder), its files, and
+its verification against the files of THIS machine.
+
+The manifest is hostile input (a shared cache is written by others): it is decoded
+by a strict schema (unknown fields, wrong types, deep nesting, out-of-range numbers
+are a :class:`ManifestError`, which callers treat as a miss), and a signature covers
+every field of it. :func:`verify_closure` is shared by every tier that serves leaves
+built elsewhere: it rehashes the listed dependencies (or trusts an unchanged stat this
+user recorded, see ``statmemo``) and checks that every negative lookup is still absent.
+"""
 
 from __future__ import annotations
 
-import json
-import re
+import math
+import os
+import stat
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Annotated, Any, Final, Protocol
 
-from ..keys import encode
+import msgspec
 
-__all__ = ["MANIFEST_SCHEMA", "Manifest", "ManifestError", "parse_manifest"]
+from ..closure.anchors import LINK_ANCHOR, Anchors, is_under
+from ..closure.hashing import Snapshot, digest_bytes, hash_opened, is_racy, snapshot_of
+from ..closure.scan import Absence, DepState
+from ..outcomes import Miss
+from .layout import MANIFEST, MARKER
 
-MANIFEST_SCHEMA: Final = 1
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_HEXES = re.compile(r"[0-9a-f]*")
+__all__ = [
+    "MANIFEST_SCHEMA",
+    "ArtifactInfo",
+    "BackendMeta",
+    "ClosureMemo",
+    "Manifest",
+    "ManifestError",
+    "Rejection",
+    "Signature",
+    "Signer",
+    "VerifiedLeaf",
+    "Verifier",
+    "decode_manifest",
+    "encode_manifest",
+    "leaf_files",
+    "signed_bytes",
+    "verify_closure",
+]
+
+MANIFEST_SCHEMA: Final = 2
+#: A manifest larger than this is not read (a planted one could be any size).
+MANIFEST_LIMIT: Final = 64 << 20
+
+Hex64 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+Text = Annotated[str, msgspec.Meta(max_length=1 << 16)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=1 << 40)]
 
 
 class ManifestError(ValueError):
     """The manifest does not match the schema."""
 
 
-@dataclass(frozen=True, slots=True)
-class Manifest:
-    build_key: str
-    deps_key: str
-    backend: str
-    tenant: str
-    name: str
-    deps: tuple[tuple[str, str, str], ...]
-    negatives: tuple[tuple[str, str], ...]
-    artifact_file: str
-    artifact_size: int
-    artifact_digest: str
-    kernels: tuple[str, ...]
-    argv: tuple[str, ...]
-    toolchain: dict[str, Any]
-    timings: dict[str, float]
+class ArtifactInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    file: Annotated[str, msgspec.Meta(pattern=r"^artifact\.[a-z0-9]{1,16}$")]
+    size: Count
+    digest: Hex64
+
+
+class Signature(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A signature over :func:`signed_bytes`: ``alg`` (``hmac-sha256`` | ``ed25519``),
+    the id of the key that made it, and its value (hex)."""
+
+    alg: Annotated[str, msgspec.Meta(max_length=32)]
+    key_id: Annotated[str, msgspec.Meta(max_length=128)]
+    value: Annotated[str, msgspec.Meta(max_length=512)]
+
+
+class BackendMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What a backend keeps beside the bytes (CUDA: parameter layouts ``[(offset, size)]``
+    per kernel, and the lowered names of name expressions)."""
+
+    params: dict[Text, tuple[tuple[Count, Count], ...]] = {}
+    symbols: dict[Text, Text] = {}
+
+
+class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A leaf's manifest. ``deps``: ``(anchor, relpath, digest)`` of every file the build
+    read, sorted; ``negatives``: ``(anchor, relpath)`` of paths that must stay absent."""
+
+    schema: int = MANIFEST_SCHEMA
+    build_key: Hex64
+    deps_key: Hex64
+    backend: Text
+    tenant: Text
+    name: Text
+    deps: tuple[tuple[Text, Text, Hex64], ...]
+    negatives: tuple[tuple[Text, Text], ...]
+    artifact: ArtifactInfo
+    kernels: tuple[Text, ...]
+    argv: tuple[Text, ...]
+    toolchain: dict[Text, Text]
+    timings: dict[Text, float]
     created: float
-    signature: str | None = None
-    #: Backend metadata (CUDA: kernel parameter layouts and lowered names).
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: BackendMeta = BackendMeta()
+    signature: Signature | None = None
 
-    def to_json(self) -> bytes:
-        data = {
-            "schema": MANIFEST_SCHEMA,
-            "build_key": self.build_key,
-            "deps_key": self.deps_key,
-            "backend": self.backend,
-            "tenant": self.tenant,
-            "name": self.name,
-            "deps": [list(d) for d in self.deps],
-            "negatives": [list(n) for n in self.negatives],
-            "artifact": {"file": self.artifact_file, "size": self.artifact_size, "digest": self.artifact_digest},
-            "kernels": list(self.kernels),
-            "argv": list(self.argv),
-            "toolchain": self.toolchain,
-            "timings": self.timings,
-            "created": self.created,
-            "signature": self.signature,
-            "meta": self.meta,
-        }
-        return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    @property
+    def artifact_file(self) -> str:
+        return self.artifact.file
 
-    def signed_message(self, leaf_name: str) -> bytes:
-        """What a signature covers: leaf name, artifact digest, dependencies and metadata."""
-        return encode(
-            (
-                "safejit.leaf",
-                leaf_name,
-                self.artifact_digest,
-                self.artifact_size,
-                sorted(self.deps),
-                sorted(self.negatives),
-                json.dumps(self.meta, sort_keys=True),
-            )
-        )
+    @property
+    def artifact_size(self) -> int:
+        return self.artifact.size
+
+    @property
+    def artifact_digest(self) -> str:
+        return self.artifact.digest
+
+    def meta_dict(self) -> dict[str, Any]:
+        """The backend metadata as plain values (what a backend's ``load`` takes)."""
+        return msgspec.structs.asdict(self.meta)
 
 
-def _hex64(value: Any) -> bool:
-    return isinstance(value, str) and _HEX64.fullmatch(value) is not None
+_DECODER: Final = msgspec.json.Decoder(Manifest)
+_ENCODER: Final = msgspec.json.Encoder()
 
 
-def _dep_rows(rows: Any) -> bool:
-    """``[[anchor, relpath, digest], ...]`` — checked in bulk: closures are large."""
-    if not isinstance(rows, list):
-        return False
-    if not all(
-        type(r) is list
-        and len(r) == 3
-        and type(r[0]) is str
-        and type(r[1]) is str
-        and type(r[2]) is str
-        and len(r[2]) == 64
-        for r in rows
-    ):
-        return False
-    return _HEXES.fullmatch("".join(r[2] for r in rows)) is not None
-
-
-def _str_tuple(value: Any, width: int) -> bool:
-    return isinstance(value, list) and len(value) == width and all(isinstance(v, str) for v in value)
-
-
-def parse_manifest(raw: bytes) -> Manifest:
-    """Parse and validate; any deviation raises :class:`ManifestError`."""
+def decode_manifest(raw: bytes) -> Manifest:
+    """Decode and validate; any deviation raises :class:`ManifestError`."""
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"not JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA:
-        raise ManifestError("wrong schema")
-    art = data.get("artifact")
-    checks = (
-        _hex64(data.get("build_key")),
-        _hex64(data.get("deps_key")),
-        isinstance(data.get("backend"), str),
-        isinstance(data.get("tenant"), str),
-        isinstance(data.get("name"), str),
-        _dep_rows(data.get("deps")),
-        isinstance(data.get("negatives"), list) and all(_str_tuple(n, 2) for n in data["negatives"]),
-        isinstance(art, dict)
-        and isinstance(art.get("file"), str)
-        and "/" not in art.get("file", "/")
-        and type(art.get("size")) is int
-        and art["size"] >= 0
-        and _hex64(art.get("digest")),
-        isinstance(data.get("kernels"), list) and all(isinstance(k, str) for k in data["kernels"]),
-        isinstance(data.get("argv"), list) and all(isinstance(a, str) for a in data["argv"]),
-        isinstance(data.get("toolchain"), dict),
-        isinstance(data.get("timings"), dict),
-        isinstance(data.get("created"), (int, float)),
-        "signature" in data and (data["signature"] is None or isinstance(data["signature"], str)),
-        isinstance(data.get("meta", {}), dict),
-    )
-    if not all(checks) or not isinstance(art, dict):
-        raise ManifestError("a field is missing or has the wrong type")
-    return Manifest(
-        build_key=data["build_key"],
-        deps_key=data["deps_key"],
-        backend=data["backend"],
-        tenant=data["tenant"],
-        name=data["name"],
-        deps=tuple((d[0], d[1], d[2]) for d in data["deps"]),
-        negatives=tuple((n[0], n[1]) for n in data["negatives"]),
-        artifact_file=art["file"],
-        artifact_size=art["size"],
-        artifact_digest=art["digest"],
-        kernels=tuple(data["kernels"]),
-        argv=tuple(data["argv"]),
-        toolchain=data["toolchain"],
-        timings=data["timings"],
-        created=float(data["created"]),
-        signature=data["signature"],
-        meta=data.get("meta", {}),
-    )
+        man = _DECODER.decode(raw)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise ManifestError(str(exc)) from None
+    if man.schema != MANIFEST_SCHEMA:
+        raise ManifestError(f"schema {man.schema}, expected {MANIFEST_SCHEMA}")
+    if not math.isfinite(man.created) or not all(math.isfinite(v) for v in man.timings.values()):
+        raise ManifestError("a number is not finite")
+    return man
+
+
+def encode_manifest(man: Manifest) -> bytes:
+    return _ENCODER.encode(man)
+
+
+def signed_bytes(man: Manifest) -> bytes:
+    """What a signature covers: every field of the manifest but the signature."""
+    return b"safejit.leaf\0" + _ENCODER.encode(msgspec.structs.replace(man, signature=None))
+
+
+class Signer(Protocol):
+    """Signs the leaves this process publishes."""
+
+    def sign(self, message: bytes) -> Signature: ...
+
+
+class Verifier(Protocol):
+    """Checks signatures of leaves others published. ``require`` makes an unsigned
+    leaf a miss; a signed leaf must verify either way."""
+
+    @property
+    def require(self) -> bool: ...
+
+    def verify(self, message: bytes, signature: Signature) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why a leaf (or a tier) served nothing: a :class:`~safejit.outcomes.Miss`, a
+    detail for people (the changed file, the error), the leaf and root concerned."""
+
+    reason: Miss
+    detail: str = ""
+    leaf: str = ""
+    root: str = ""
+
+
+class Negatives:
+    """Paths that must stay absent for a leaf to stay valid (shadowing headers, false
+    ``__has_include``), and how to check that cheaply: the deepest existing directory
+    above each, with its identity and last change as recorded when the check last
+    passed. While such a directory is unchanged no entry was added to it, so every
+    absent path below it still is; when one changed (for any entry), the paths are
+    checked one by one and the directories recorded again."""
+
+    __slots__ = ("_dirs", "_paths", "_root_of", "_rows")
+
+    def __init__(
+        self,
+        *,
+        paths: Sequence[str] | None = None,
+        rows: Sequence[tuple[str, str]] = (),
+        anchors: Anchors | None = None,
+        dirs: Sequence[tuple[str, Snapshot]] = (),
+    ) -> None:
+        self._paths = list(paths) if paths is not None else None
+        self._rows = rows
+        self._root_of = anchors.expand if anchors is not None else None
+        self._dirs = list(dirs)
+
+    def __len__(self) -> int:
+        return len(self._paths) if self._paths is not None else len(self._rows)
+
+    @property
+    def dirs(self) -> list[tuple[str, Snapshot]]:
+        return self._dirs
+
+    def paths(self) -> list[str]:
+        """The absolute paths (expanded from their anchors on first need). A row that
+        no longer expands (its root is not declared here) stands for a path that is
+        there: the check fails."""
+        if self._paths is None:
+            expand = self._root_of
+            assert expand is not None
+            self._paths = [expand(a, r) or "\0" for a, r in self._rows]
+        return self._paths
+
+    def hold(self) -> bool:
+        """Whether every path is still absent (re-recording the directories when they
+        had to be checked path by path)."""
+        if self._dirs:
+            try:
+                if all(_dir_snap(d) == snap for d, snap in self._dirs):
+                    return True
+            except OSError:
+                pass
+        absent = Absence()
+        paths = self.paths()
+        if not all(p != "\0" and absent(p) for p in paths):
+            return False
+        self._dirs = negative_dirs(paths)
+        return True
+
+    def first_present(self) -> str:
+        """The first path that is there now (for the reason of a miss)."""
+        absent = Absence()
+        return next((p for p in self.paths() if p == "\0" or not absent(p)), "")
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedLeaf:
+    """A leaf whose every check passed: load ``artifact`` (the verified bytes), never
+    the path again. ``path`` is empty for a build that was not published."""
+
+    path: str
+    root: str
+    manifest: Manifest
+    artifact: bytes
+    dep_states: tuple[DepState, ...] = field(repr=False)
+    negatives: Negatives = field(default_factory=Negatives, repr=False)
+    #: False when the compiler's dependency scan was incomplete (never cached beyond one use).
+    closure_known: bool = True
+    #: When (``time.monotonic()``) its closure was last found current: the memory
+    #: tier's staleness clock starts here, not when the entry is stored.
+    checked: float = 0.0
+
+
+def leaf_files(man: Manifest, artifact: bytes, signer: Signer | None) -> tuple[Manifest, dict[str, bytes]]:
+    """The manifest as published (signed when there is a signer) and the leaf's files,
+    ``{name: bytes}`` in write order: the marker, which holds the manifest's digest, last."""
+    if signer is not None:
+        man = msgspec.structs.replace(man, signature=signer.sign(signed_bytes(man)))
+    raw = encode_manifest(man)
+    return man, {man.artifact.file: artifact, MANIFEST: raw, MARKER: digest_bytes(raw).encode() + b"\n"}
+
+
+def check_signature(man: Manifest, verifier: Verifier | None) -> Rejection | None:
+    if verifier is None:
+        return None
+    if man.signature is None:
+        return Rejection(Miss.SIGNATURE, "unsigned") if verifier.require else None
+    if not verifier.verify(signed_bytes(man), man.signature):
+        return Rejection(Miss.SIGNATURE, f"bad signature ({man.signature.alg}, key {man.signature.key_id!r})")
+    return None
+
+
+class ClosureMemo(Protocol):
+    """The per-user record of the states a leaf's closure had when it last verified by
+    a full check (``cache.statmemo``): an unchanged stat stands for unchanged bytes."""
+
+    def lookup(self, leaf: str, deps_key: str, roots: str) -> MemoRecord | None: ...
+
+    def record(self, leaf: str, deps_key: str, roots: str, record: MemoRecord) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class MemoRecord:
+    """Each dependency's path and stat; each negative directory's path and stat."""
+
+    paths: list[str]
+    snaps: list[Snapshot]
+    dirs: list[tuple[str, Snapshot]]
+
+
+Rehashed = dict[str, tuple[str, Snapshot] | None]
+
+
+def verify_closure(
+    man: Manifest, anchors: Anchors, leaf: str, memo: ClosureMemo | None, rehashed: Rehashed | None = None
+) -> tuple[tuple[DepState, ...], Negatives] | Rejection:
+    """The dependencies' current states and the negatives, if the closure still holds on
+    this machine — every dependency hashes as listed, every negative is absent — else
+    why not. With a memo, a dependency whose stat is as this user recorded it after a
+    full check is not read again, and negatives below unchanged directories are not
+    looked up one by one. ``rehashed``: digests already taken in this lookup (leaves
+    of one build key share most of their closure)."""
+    roots_id = _roots_id(anchors) if memo is not None else ""
+    recorded = memo.lookup(leaf, man.deps_key, roots_id) if memo is not None else None
+    states = _trusted_deps(man, recorded) if recorded is not None else None
+    changed = states is None
+    if states is None:
+        rehashed = {} if rehashed is None else rehashed
+        fresh: list[DepState] = []
+        for anchor, rel, want in man.deps:
+            state = _rehash(anchors, anchor, rel, rehashed)
+            if isinstance(state, Miss) or state[2] != want:
+                where = anchors.expand(anchor, rel) or f"{anchor}:{rel}"
+                return Rejection(state if isinstance(state, Miss) else Miss.DEP_CHANGED, where)
+            fresh.append(state)
+        states = tuple(fresh)
+    negatives = Negatives(rows=man.negatives, anchors=anchors, dirs=recorded.dirs if recorded is not None else ())
+    before = negatives.dirs
+    if man.negatives and not negatives.hold():
+        return Rejection(Miss.DEP_SHADOWED, negatives.first_present())
+    if memo is not None and (changed or negatives.dirs is not before):
+        memo.record(
+            leaf, man.deps_key, roots_id, MemoRecord([s[0] for s in states], [s[1] for s in states], negatives.dirs)
+        )
+    return states, negatives
+
+
+def _roots_id(anchors: Anchors) -> str:
+    """Which roots the anchors name: a memo recorded under other roots says nothing."""
+    return digest_bytes("\0".join(f"{k}={v}" for k, v in sorted(anchors.roots.items())).encode())
+
+
+def _trusted_deps(man: Manifest, recorded: MemoRecord) -> tuple[DepState, ...] | None:
+    """The dependencies' states from the memo, when no stat moved since it was recorded."""
+    paths, snaps = recorded.paths, recorded.snaps
+    if len(paths) != len(man.deps):
+        return None
+    try:
+        # lstat: a dependency replaced by a symlink is a changed one (its target is not
+        # what was confined when it was hashed).
+        if [snapshot_of(os.lstat(p)) for p in paths] != snaps:
+            return None
+    except (OSError, ValueError):
+        return None
+    return tuple(zip(paths, snaps, (d[2] for d in man.deps), strict=True))
+
+
+def _dir_snap(path: str) -> Snapshot:
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(path)
+    return (st.st_dev, st.st_ino, 0, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def negative_dirs(paths: Sequence[str]) -> list[tuple[str, Snapshot]]:
+    """The deepest existing directory above each path (all absent), with its identity
+    and last change. Empty when one changed within the racy window: what it holds may
+    still change within the same timestamp tick, so its stat cannot vouch for it."""
+    found: dict[str, Snapshot] = {}
+    missing: set[str] = set()
+    for path in paths:
+        parent = os.path.dirname(path)
+        while parent not in found:
+            if parent in missing:
+                parent = os.path.dirname(parent)
+                continue
+            try:
+                snap = _dir_snap(parent)
+            except OSError:
+                missing.add(parent)
+                up = os.path.dirname(parent)
+                if up == parent:
+                    return []
+                parent = up
+                continue
+            if is_racy(snap):
+                return []
+            found[parent] = snap
+    return list(found.items())
+
+
+def _rehash(anchors: Anchors, anchor: str, rel: str, rehashed: Rehashed) -> DepState | Miss:
+    """The current state of an anchored dependency, confined to its roots: the file
+    it reaches, through any symlink on the way, must lie under one (under the
+    linker's roots only for a dep anchored there: the linker's read)."""
+    path = anchors.expand(anchor, rel)
+    if path is None:
+        return Miss.ANCHOR
+    linker = anchor.startswith(LINK_ANCHOR)
+    key = f"\0{LINK_ANCHOR}{path}" if linker else path
+    if key in rehashed:
+        got = rehashed[key]
+        return Miss.DEP_MISSING if got is None else (path, got[1], got[0])
+    roots = [r for n, r in anchors.roots.items() if linker or not n.startswith(LINK_ANCHOR)]
+    try:
+        hashed = hash_opened(path, _under_any(roots))
+    except (OSError, ValueError):  # (ValueError: a name the OS cannot take, from a manifest)
+        rehashed[key] = None
+        return Miss.DEP_MISSING
+    if hashed is None:
+        return Miss.CONFINEMENT
+    rehashed[key] = hashed
+    return (path, hashed[1], hashed[0])
+
+
+def _under_any(roots: Sequence[str]) -> Callable[[str], bool]:
+    return lambda real: any(is_under(real, r) for r in roots)

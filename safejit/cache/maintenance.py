@@ -1,26 +1,28 @@
-"""Whole-cache operations: listing, integrity verification, ``check()``.
+"""Whole-cache operations: listing, integrity verification, ``check()``, prune, gc.
 
-These walk ``<root>/v1`` without following symlinks and never delete outside it.
+A cache root is hostile ground (others write it): these walk ``<root>/v1`` without
+following a symlink, never delete outside it (nor through a ``v1`` that is itself a
+symlink), and report what they cannot read as findings instead of failing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
-import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .disk import CORRUPT_REASONS, LAYOUT, MANIFEST, MARKER, DiskCache, Rejection, VerifiedLeaf
+from ..outcomes import Miss
+from .disk import DiskTier
 from .fsio import remove_tree
+from .layout import MANIFEST, MARKER, CacheLayout, LeafPath, build_key_of, deps_key_of, is_real_dir
+from .leaf import Rejection, VerifiedLeaf
 
-__all__ = ["LeafInfo", "PruneReport", "check", "gc", "iter_leaves", "prune", "verify_all"]
-
-_BUILD = re.compile(r"build-([0-9a-f]{64})\Z")
-_DEPS = re.compile(r"deps-([0-9a-f]{64})\Z")
-_RESERVED = frozenset({"tmp", "locks", "quarantine", "tools", "usage"})
+__all__ = ["LeafInfo", "PruneReport", "check", "damaged", "gc", "iter_leaves", "prune", "verify_all"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,50 +37,79 @@ class LeafInfo:
     mtime: float
 
 
-def _dirs(path: str) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(path) as it:
-            return sorted((e for e in it if e.is_dir(follow_symlinks=False)), key=lambda e: e.name)
-    except OSError:
-        return []
+def _layout(root: str) -> CacheLayout:
+    """The layout of ``root`` as it really is (a root given through a symlink is fine;
+    a ``v1`` that is a symlink is not walked: see :func:`damaged`)."""
+    return CacheLayout(os.path.realpath(os.path.expanduser(root)))
+
+
+def _sound_base(layout: CacheLayout) -> bool:
+    return is_real_dir(layout.base)
 
 
 def iter_leaves(root: str) -> Iterator[LeafInfo]:
-    base = os.path.join(root, LAYOUT)
-    for tenant in _dirs(base):
-        if tenant.name in _RESERVED:
+    layout = _layout(root)
+    if not _sound_base(layout):
+        return
+    for found in layout.leaves():
+        info = _info(layout.root, found)
+        if info is not None:
+            yield info
+
+
+def _info(root: str, found: LeafPath) -> LeafInfo | None:
+    size = 0
+    try:
+        with os.scandir(found.path) as it:
+            for f in it:
+                if f.is_file(follow_symlinks=False):
+                    size += f.stat(follow_symlinks=False).st_size
+        mtime = os.lstat(found.path).st_mtime
+    except OSError:
+        return None
+    return LeafInfo(root, found.tenant, found.backend, found.build_key, found.deps_key, found.path, size, mtime)
+
+
+def damaged(root: str) -> list[tuple[str, str]]:
+    """``(path, why)`` of what stands where the layout wants a directory and is not one
+    (a ``v1``, build dir or leaf replaced by a file or a symlink), and of entries that
+    belong nowhere in the leaf tree."""
+    layout = _layout(root)
+    if os.path.lexists(layout.base) and not _sound_base(layout):
+        return [(layout.base, "the cache's v1 directory is not a directory (a symlink?)")]
+    out: list[tuple[str, str]] = []
+    for _, _, build in layout.build_dirs():
+        if build_key_of(build.name) is None:
+            out.append((build.path, "not a build directory"))
             continue
-        for backend in _dirs(tenant.path):
-            for shard in _dirs(backend.path):
-                for build in _dirs(shard.path):
-                    bm = _BUILD.match(build.name)
-                    if not bm:
-                        continue
-                    for leaf in _dirs(build.path):
-                        dm = _DEPS.match(leaf.name)
-                        if not dm:
-                            continue
-                        size = 0
-                        try:
-                            for f in _entries(leaf.path):
-                                if f.is_file(follow_symlinks=False):
-                                    size += f.stat(follow_symlinks=False).st_size
-                            mtime = leaf.stat(follow_symlinks=False).st_mtime
-                        except OSError:
-                            continue
-                        yield LeafInfo(
-                            root, tenant.name, backend.name, bm.group(1), dm.group(1), leaf.path, size, mtime
-                        )
+        if not build.is_dir(follow_symlinks=False):
+            out.append((build.path, "a build directory that is not a directory"))
+            continue
+        with contextlib.suppress(OSError), os.scandir(build.path) as it:
+            for entry in it:
+                if deps_key_of(entry.name) is None:
+                    out.append((entry.path, "stray entry in a build directory"))
+                elif not entry.is_dir(follow_symlinks=False):
+                    out.append((entry.path, "a leaf that is not a directory"))
+    return out
 
 
 def verify_all(root: str, *, fix: bool = False) -> Iterator[tuple[LeafInfo, Rejection | None]]:
-    """Integrity of every leaf (marker, manifest, name, artifact bytes)."""
+    """Integrity of every leaf (marker, manifest, name, artifact bytes); with ``fix``,
+    damaged leaves — and whatever stands where a leaf or build dir should be — are
+    moved to quarantine (the entry itself, never followed)."""
+    layout = _layout(root)
+    for path, why in damaged(root):
+        if fix and path != layout.base:
+            DiskTier((layout.root,), tenant="", backend="").quarantine(path, layout.root)
+        info = LeafInfo(layout.root, "", "", "", "", path, 0, 0.0)
+        yield info, Rejection(Miss.DAMAGED, why, path, layout.root)
     for info in iter_leaves(root):
-        disk = DiskCache((root,), tenant=info.tenant, backend=info.backend)
-        result = disk.verify(info.path, root, info.build_key, None)
+        disk = DiskTier((layout.root,), tenant=info.tenant, backend=info.backend)
+        result = disk.verify(info.path, layout.root, info.build_key, None)
         bad = None if isinstance(result, VerifiedLeaf) else result
-        if bad is not None and fix and bad.reason in CORRUPT_REASONS:
-            disk.quarantine(info.path, root)
+        if bad is not None and fix and bad.reason.corrupt:
+            disk.quarantine(info.path, layout.root)
         yield info, bad
 
 
@@ -86,7 +117,7 @@ def check(root: str) -> list[str]:
     """Every consistency problem under ``root``; empty when the cache is sound.
 
     A sound cache shows no leaf that fails its integrity check, no leaf with
-    files other than its own, and no stray entry in the build tree.
+    files other than its own, and no stray or damaged entry in the build tree.
     """
     problems: list[str] = []
     for info, bad in verify_all(root):
@@ -97,19 +128,6 @@ def check(root: str) -> list[str]:
         extra = names - {MANIFEST, MARKER} - {n for n in names if n.startswith("artifact.")}
         if extra or len(names) != 3:
             problems.append(f"{info.path}: unexpected files {sorted(names)}")
-    base = os.path.join(root, LAYOUT)
-    for tenant in _dirs(base):
-        if tenant.name in _RESERVED:
-            continue
-        for backend in _dirs(tenant.path):
-            for shard in _dirs(backend.path):
-                for build in _dirs(shard.path):
-                    if not _BUILD.match(build.name):
-                        problems.append(f"{build.path}: not a build directory")
-                        continue
-                    for entry in _entries(build.path):
-                        if not _DEPS.match(entry.name) or not entry.is_dir(follow_symlinks=False):
-                            problems.append(f"{entry.path}: stray entry in a build directory")
     return problems
 
 
@@ -121,14 +139,14 @@ class PruneReport:
     kept_recent: int
 
 
-def _discard_leaf(root: str, path: str) -> bool:
+def _discard_leaf(layout: CacheLayout, path: str) -> bool:
     """Make a leaf vanish atomically (rename into tmp/), then delete it there."""
-    trash = os.path.join(root, LAYOUT, "tmp", f"trash-{uuid.uuid4().hex}")
+    trash = os.path.join(layout.tmp, f"trash-{uuid.uuid4().hex}")
     try:
         os.rename(path, trash)
     except OSError:
         return False  # already gone, or not ours to move
-    remove_tree(trash, within=os.path.join(root, LAYOUT))
+    remove_tree(trash, within=layout.base)
     return True
 
 
@@ -141,13 +159,16 @@ def prune(
     grace_s: float = 60.0,
     now: float | None = None,
     progress: Callable[[int], None] | None = None,
+    dry_run: bool = False,
 ) -> PruneReport:
     """Delete leaves: older than ``max_age_s``, beyond the ``keep_per_build`` newest
     of their build, then least recently used until under ``max_bytes``.
 
     A leaf touched within ``grace_s`` is never deleted (a running process may have
     just found it). Leaves vanish by one rename, so readers see a whole leaf or none.
+    ``dry_run``: report what would go, delete nothing.
     """
+    layout = _layout(root)
     clock = time.time() if now is None else now
     infos = list(iter_leaves(root))
     doomed: dict[str, LeafInfo] = {}
@@ -176,24 +197,27 @@ def prune(
     spared += sum(1 for i in doomed.values() if clock - i.mtime <= grace_s)
     removed = freed = 0
     for n, info in enumerate(sorted(doomed.values(), key=lambda i: i.mtime)):
-        if clock - info.mtime > grace_s and _discard_leaf(root, info.path):
+        if clock - info.mtime > grace_s and (dry_run or _discard_leaf(layout, info.path)):
             removed += 1
             freed += info.size
-            with contextlib.suppress(OSError):
-                os.rmdir(os.path.dirname(info.path))  # the build dir, once empty
+            if not dry_run:
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.dirname(info.path))  # the build dir, once empty
         if progress is not None:
             progress(n + 1)
     return PruneReport(len(infos), removed, freed, spared)
 
 
 def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -> dict[str, int]:
-    """Remove staging residue, quarantined leaves and usage records older than
-    ``max_age_s``. Never follows symlinks; never leaves ``<root>/v1``."""
+    """Remove staging residue, quarantined leaves, usage records and idle lock files
+    older than ``max_age_s``, and move aside whatever stands where a leaf or a build
+    dir should be. Never follows symlinks; never leaves ``<root>/v1`` (nothing at all
+    when ``v1`` is not a real directory)."""
+    layout = _layout(root)
     clock = time.time() if now is None else now
-    base = os.path.join(root, LAYOUT)
-    # Lock files are never deleted: a process blocked on the old inode would then hold a
-    # lock nobody else sees, and two compiles of one key would run at once.
-    counts = {"staging": 0, "quarantine": 0, "usage": 0}
+    counts = {"staging": 0, "quarantine": 0, "usage": 0, "locks": 0, "damaged": 0}
+    if not _sound_base(layout):
+        return counts
 
     def old(entry: os.DirEntry[str]) -> bool:
         try:
@@ -201,20 +225,54 @@ def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -
         except OSError:
             return False
 
-    for kind in ("tmp", "quarantine"):
-        for entry in _entries(os.path.join(base, kind)):
+    for path, _ in damaged(root):
+        DiskTier((layout.root,), tenant="", backend="").quarantine(path, layout.root)
+        counts["damaged"] += 1
+    for kind, where in (("staging", layout.tmp), ("quarantine", layout.quarantine)):
+        for entry in _entries(where):
             if old(entry):
                 try:
-                    remove_tree(entry.path, within=base)
+                    remove_tree(entry.path, within=layout.base)
                 except OSError:
                     continue  # a writer is still busy in it: next time
-                counts["staging" if kind == "tmp" else "quarantine"] += 1
-    for tenant in _dirs(os.path.join(base, "usage")):
+                counts[kind] += 1
+    for tenant in _entries(layout.usage):
+        if not tenant.is_dir(follow_symlinks=False):
+            continue
         for entry in _entries(tenant.path):
             if old(entry) and entry.is_file(follow_symlinks=False):
-                os.unlink(entry.path)
-                counts["usage"] += 1
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                    counts["usage"] += 1
+    for entry in _entries(layout.locks):
+        if old(entry) and _remove_idle_lock(entry.path):
+            counts["locks"] += 1
     return counts
+
+
+def _remove_idle_lock(path: str) -> bool:
+    """Delete a lock file nobody holds: taken without waiting, unlinked while held.
+    A process that had it open and takes it afterwards finds that its path now names
+    another file (or none), and takes that one instead (``fsio.lock_file``): so no
+    two processes ever hold "the" lock of a key at once."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        now = os.lstat(path)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            return False
+        os.unlink(path)
+        return True
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.ENOENT):
+            raise
+        return False
+    finally:
+        os.close(fd)
 
 
 def _entries(path: str) -> list[os.DirEntry[str]]:

@@ -1,10 +1,19 @@
-"""The memory tier: bounded, thread-safe, single-flight, revalidated.
+"""The memory tier: bounded, thread-safe, single-flight, revalidated — and the one
+owner of ``max_staleness_s``.
 
-Entries are bounded by count and by bytes and evicted in second-chance
-(CLOCK) order, an LRU approximation that lets a hit mark an entry without
-taking a lock. Each entry keeps its dependency list with stat snapshots; an
-entry older than ``max_staleness_s`` since its last check is revalidated
-(stat, then rehash only what changed) before it is returned.
+Entries are bounded by count and by bytes and evicted in second-chance (CLOCK)
+order, an LRU approximation that lets a hit mark an entry without taking a lock.
+Each entry keeps its dependency list with stat snapshots and the time its closure
+was last found current (``Entry.checked``). The guarantee (DESIGN.md §6): a value
+returned to a call made at time *t* was built from dependency contents found
+current at or after *t* − ``max_staleness_s``. So a call gets an entry as it is
+only while that holds; otherwise the entry is revalidated first (stat, then rehash
+only what changed) — also when the call joined a compile in flight, and also when
+the entry's own publish or load was slow: the clock starts when the closure was
+checked, never when the entry was stored.
+
+:meth:`MemoryTier.get` is the hot path (one dict lookup and a clock read);
+everything else happens in :meth:`MemoryTier.find` and :meth:`MemoryTier.produce`.
 """
 
 from __future__ import annotations
@@ -13,28 +22,44 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from ..closure.hashing import Snapshot, hash_file, is_racy, snapshot_of
+from ..outcomes import Miss, Tier
+from ..telemetry import ATTR, SPAN, instruments, span
 
-__all__ = ["Entry", "MemoryCache"]
+__all__ = ["Entry", "MemoryTier"]
 
 T = TypeVar("T")
 
 
+class _Negatives(Protocol):
+    def hold(self) -> bool: ...
+
+
+class _NoNegatives:
+    def hold(self) -> bool:
+        return True
+
+
+_NONE = _NoNegatives()
+
+
 @dataclass(slots=True, eq=False)
 class Entry(Generic[T]):
+    """A value with what it was built from: ``deps`` rows ``[path, snapshot, digest,
+    racy]`` (mutated in place by revalidation), the paths that must stay absent, and
+    ``checked``, the monotonic time its closure was last found current."""
+
     value: T
     size: int
-    #: [path, snapshot, digest, racy] — mutated in place by revalidation.
     deps: list[list[Any]] = field(default_factory=list)
     checked: float = 0.0
     ref: bool = False
-    #: Paths that must still not exist (a new shadowing header makes the entry stale).
-    negatives: tuple[str, ...] = ()
+    negatives: _Negatives = _NONE
     #: False: the closure is unknown, so the entry never revalidates.
     trusted: bool = True
     #: (path as the request gave it, what it resolved to): a re-pointed path makes the entry stale.
@@ -47,9 +72,19 @@ class Entry(Generic[T]):
         return [[path, snap, digest, not digest or is_racy(snap, now)] for path, snap, digest in states]
 
 
-class MemoryCache(Generic[T]):
+class MemoryTier(Generic[T]):
+    """``max_entries`` / ``max_bytes`` bound it; ``on_evict`` is told of each evicted
+    value. ``trace_hits``: every hit goes through :meth:`find` (with its span)."""
+
     def __init__(
-        self, *, max_entries: int, max_bytes: int, max_staleness_s: float, on_evict: Callable[[T], None] | None = None
+        self,
+        *,
+        max_entries: int,
+        max_bytes: int,
+        max_staleness_s: float,
+        on_evict: Callable[[T], None] | None = None,
+        trace_hits: bool = False,
+        attrs: Mapping[str, str] | None = None,
     ) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
@@ -57,21 +92,61 @@ class MemoryCache(Generic[T]):
         self.entries: OrderedDict[Hashable, Entry[T]] = OrderedDict()
         self.bytes = 0
         self.evictions = 0
+        #: Hits, counted in a plain int on the hot path (``safejit.cache.memory.hits``).
+        self.hits = 0
         self._lock = threading.Lock()
-        self._inflight: dict[Hashable, Future[Entry[T]]] = {}
+        self._inflight: dict[Hashable, Future[tuple[Entry[T], T]]] = {}
         self._on_evict = on_evict
+        # The hot path's bound: none when every hit must be traced (find does the work).
+        self._window = -1.0 if trace_hits else max_staleness_s
+        self._attrs = dict(attrs or {})
 
     def __len__(self) -> int:
         return len(self.entries)
 
+    # -- lookups ---------------------------------------------------------------
+    def get(self, key: Hashable, now: float) -> T | None:
+        """The value of ``key`` if its closure was checked within the window before
+        ``now`` (the call's time), else None: then :meth:`find`. Raises ``TypeError``
+        for an unhashable key."""
+        entry = self.entries.get(key)
+        if entry is not None and now - entry.checked < self._window:
+            entry.ref = True
+            self.hits += 1
+            return entry.value
+        return None
+
+    def find(self, key: Hashable, now: float) -> T | Miss:
+        """The value of ``key`` for a call made at ``now``, revalidated when its window
+        has passed; else why not (``absent``, or ``stale``: the entry is dropped)."""
+        entry = self.entries.get(key)
+        if entry is None:
+            with span(SPAN.MEMORY_LOOKUP, {ATTR.TIER: Tier.MEMORY, ATTR.RESULT: "miss", ATTR.REASON: Miss.ABSENT}):
+                pass
+            instruments.lookup(Tier.MEMORY, "miss", Miss.ABSENT, self._attrs)
+            return Miss.ABSENT
+        with span(SPAN.MEMORY_LOOKUP, {ATTR.TIER: Tier.MEMORY}) as s:
+            fresh = self.fresh(entry, now)
+            result, reason = ("hit", "revalidated") if fresh else ("miss", Miss.STALE)
+            s.set_attributes({ATTR.RESULT: result, ATTR.REASON: reason})
+        instruments.lookup(Tier.MEMORY, result, reason, self._attrs)
+        if fresh:
+            entry.ref = True
+            self.hits += 1
+            return entry.value
+        self.discard(key, entry)
+        return Miss.STALE
+
     def fresh(self, entry: Entry[T], now: float) -> bool:
-        """True when ``entry`` may be returned: checked recently, or revalidated now."""
+        """Whether ``entry`` may be returned to a call made at ``now``: its closure was
+        checked since ``now - max_staleness_s``, or is found current again now."""
         if now - entry.checked < self.max_staleness_s:
             return True
-        return self.revalidate(entry, now)
+        return self.revalidate(entry, time.monotonic())
 
     def revalidate(self, entry: Entry[T], now: float) -> bool:
-        """Re-stat every dependency; rehash those whose stat moved (or is racy)."""
+        """Re-stat every dependency; rehash those whose stat moved (or is racy). ``now``:
+        when this check started (the entry's new ``checked``)."""
         if not entry.trusted:
             return False
         for given, resolved in entry.paths:
@@ -95,12 +170,48 @@ class MemoryCache(Generic[T]):
                 return False
             dep[1] = cur
             dep[3] = is_racy(cur, wall)
-        for path in entry.negatives:
-            if os.path.lexists(path):
-                return False
+        if not entry.negatives.hold():
+            return False
         entry.checked = now
         return True
 
+    # -- producing -------------------------------------------------------------
+    def produce(self, key: Hashable, make: Callable[[], tuple[Entry[T], T]], now: float) -> T:
+        """The value of ``key`` for a call made at ``now``. ``make`` returns the entry to
+        keep and what its caller gets; it runs once for concurrent callers, who get the
+        same — but a caller that joined one in flight gets it only if the entry is
+        fresh for that caller's own time (else ``make`` runs again)."""
+        while True:
+            entry, made, mine = self._single_flight(key, make)
+            if mine or self.fresh(entry, now):
+                return made
+            self.discard(key, entry)
+
+    def _single_flight(self, key: Hashable, make: Callable[[], tuple[Entry[T], T]]) -> tuple[Entry[T], T, bool]:
+        with self._lock:
+            fut = self._inflight.get(key)
+            owner = fut is None
+            if owner:
+                fut = Future()
+                self._inflight[key] = fut
+        assert fut is not None
+        if not owner:
+            entry, made = fut.result()
+            return entry, made, False
+        try:
+            entry, made = make()
+        except BaseException as exc:
+            with self._lock:
+                self._inflight.pop(key, None)
+            fut.set_exception(exc)
+            raise
+        self.insert(key, entry)
+        with self._lock:
+            self._inflight.pop(key, None)
+        fut.set_result((entry, made))
+        return entry, made, True
+
+    # -- bookkeeping -----------------------------------------------------------
     def discard(self, key: Hashable, entry: Entry[T]) -> None:
         with self._lock:
             if self.entries.get(key) is entry:
@@ -132,30 +243,6 @@ class MemoryCache(Generic[T]):
         if self._on_evict is not None:
             for e in evicted:
                 self._on_evict(e.value)
-
-    def single_flight(self, key: Hashable, produce: Callable[[], Entry[T]]) -> tuple[Entry[T], bool]:
-        """Run ``produce`` once for concurrent callers of ``key``; returns (entry, produced_here)."""
-        with self._lock:
-            fut = self._inflight.get(key)
-            owner = fut is None
-            if owner:
-                fut = Future()
-                self._inflight[key] = fut
-        assert fut is not None
-        if not owner:
-            return fut.result(), False
-        try:
-            entry = produce()
-        except BaseException as exc:
-            with self._lock:
-                self._inflight.pop(key, None)
-            fut.set_exception(exc)
-            raise
-        self.insert(key, entry)
-        with self._lock:
-            self._inflight.pop(key, None)
-        fut.set_result(entry)
-        return entry, True
 
     def clear(self) -> list[Entry[T]]:
         with self._lock:

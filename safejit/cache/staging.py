@@ -35,13 +35,27 @@ import threading
 import time
 import uuid
 import weakref
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Final
 
+from .. import faults
 from .._background import background, settle
 from .._proc import alive
+from .fsio import fsync_file, remove_tree, write_file
+from .layout import MANIFEST, MARKER, CacheLayout
 
-__all__ = ["MAX_AGE_S", "Spares", "Workdir", "background", "pristine", "remove_quietly", "settle"]
+__all__ = [
+    "MAX_AGE_S",
+    "EarlyWrite",
+    "Spares",
+    "Staging",
+    "Workdir",
+    "background",
+    "pristine",
+    "remove_quietly",
+    "settle",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -121,8 +135,8 @@ def make(base: str, artifact_file: str, *, prepared: bool, scratch: bool = True,
         blanks = [
             (os.path.join(wd.path, LOCK_BLANK), 0o666),
             (os.path.join(wd.stage, artifact_file), 0o644),
-            (os.path.join(wd.stage, "manifest.json"), 0o644),
-            (os.path.join(wd.stage, ".committed"), 0o644),
+            (os.path.join(wd.stage, MANIFEST), 0o644),
+            (os.path.join(wd.stage, MARKER), 0o644),
         ]
         if scratch:
             os.mkdir(wd.tmp, 0o700)
@@ -261,8 +275,6 @@ class Spares:
 
 def remove_quietly(path: str) -> None:
     """Delete a work or scratch dir (never following links), ignoring errors."""
-    from .fsio import remove_tree
-
     with contextlib.suppress(OSError):
         remove_tree(path, within=os.path.dirname(path))
 
@@ -271,3 +283,126 @@ def _discard_all(ref: weakref.ref[Spares]) -> None:
     spares = ref()
     if spares is not None:
         spares.discard_all()
+
+
+class Staging:
+    """A disk tier's work directories: prepared ahead (``Spares``), with the compiler's
+    scratch in memory when asked (``memory``), deleted in the background after use;
+    ``gc`` (and, for memory scratch, the next process) removes what a dead process
+    left. ``artifact_file``: the leaf's artifact name, '' when no leaf is prepared."""
+
+    def __init__(self, artifact_file: str, *, scratch: bool = True, memory: bool = False) -> None:
+        self._spares = Spares(artifact_file, scratch=scratch and not memory) if artifact_file else None
+        self._memory = memory
+
+    def workdir(self, root: str) -> Workdir:
+        """A work directory for one compile and its publish, prepared ahead when possible,
+        with its scratch in memory when asked."""
+        base = CacheLayout(root).tmp
+        wd = self._spares.take(base) if self._spares is not None else make(base, "", prepared=False)
+        try:
+            return with_scratch(wd, memory_scratch() if self._memory else None)
+        except OSError as exc:
+            logger.debug("no scratch in memory (%s); compiling in the cache root", exc)
+            return wd
+
+    def new_stage(self, root: str) -> str:
+        path = os.path.join(CacheLayout(root).tmp, uuid.uuid4().hex)
+        os.mkdir(path, 0o700)
+        return path
+
+    def discard(self, path: str, root: str) -> None:
+        with contextlib.suppress(OSError):
+            remove_tree(path, within=CacheLayout(root).base)
+
+    def release_later(self, wd: Workdir, root: str) -> None:
+        """Delete ``wd`` (and its scratch) in the background, and prepare the next work
+        directories: once a compile is done — made while it runs, their fsyncs slow the
+        compiler down (0.2-0.7 ms here)."""
+        background().submit(self.discard, wd.path, root)
+        if wd.scratch != wd.path:
+            background().submit(remove_quietly, wd.scratch)
+        if self._spares is not None:
+            self._spares.refill(CacheLayout(root).tmp)
+
+    def close(self) -> None:
+        if self._spares is not None:
+            self._spares.discard_all()
+
+
+class EarlyWrite:
+    """A leaf's files written into its stage ahead of the publish, while the compiler
+    that closed the artifact is still finishing: by the caller (whose thread would
+    otherwise just wait for the compiler to exit), their writeback started, then
+    fsynced on a background thread. The publish finds them written and durable.
+
+    Best effort: a write that fails is undone (the publish then writes the files and
+    reports what fails); a later write replaces an earlier one. :meth:`use` is the
+    publish's check, and raises the background fsync's error as its own."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        #: Whether an entry of the stage was created or removed here (its directory
+        #: then needs an fsync of its own before the publish).
+        self.dir_changed = False
+        self._lock = threading.Lock()  # held by an fsync; taken to undo what it syncs
+        self._gen = 0  # what was written, replaced or undone: a stale fsync is skipped
+        self._files: dict[str, bytes] = {}
+        self._synced: Future[None] | None = None
+        self._used = False
+
+    def write(self, files: dict[str, bytes], *, before_last: str | None = None) -> None:
+        """Write ``files`` (name in the stage: bytes, in order) now, and fsync them in the
+        background. ``before_last``: a fault point passed before the last file."""
+        if self._used or files == self._files:
+            return  # the publish has looked already; or written already
+        self._undo()
+        self._files = dict(files)
+        paths = [os.path.join(self.stage, name) for name in files]
+        try:
+            for i, (path, data) in enumerate(zip(paths, files.values(), strict=True)):
+                if before_last is not None and i == len(paths) - 1:
+                    faults.point(before_last)
+                if not write_file(path, data, prepared=True, sync=False):
+                    self.dir_changed = True
+        except OSError:
+            self._undo()  # no partial file: the publish creates them afresh
+            return
+        self._synced = background().submit(self._fsync, paths, self._gen)
+
+    def _fsync(self, paths: list[str], gen: int) -> None:
+        with self._lock:
+            # Only the files this write made: an fsync of files written after it (same
+            # names) could take their writeback error, which the kernel reports once.
+            if gen == self._gen:
+                for path in paths:
+                    fsync_file(path)  # its error is the publish's (use)
+
+    def _undo(self) -> None:
+        """Remove what was written (once an fsync under way is done; those not yet
+        started are skipped)."""
+        with self._lock:
+            self._gen += 1
+            for name in self._files:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.stage, name))
+                    self.dir_changed = True
+            self._files, self._synced = {}, None
+
+    def use(self, files: dict[str, bytes]) -> frozenset[str]:
+        """The names of ``files`` written here with exactly those bytes, durably; raises
+        ``OSError`` when their fsync failed (a later fsync could succeed without the data
+        being safe). Empty when what was written differs from ``files`` (a build compiled
+        again, say, made other bytes): then it is gone, for the files to be written afresh."""
+        self._used = True
+        synced = self._synced
+        if synced is not None and all(files.get(name) == data for name, data in self._files.items()):
+            synced.result()
+            return frozenset(self._files)
+        self._undo()
+        return frozenset()
+
+    def cancel(self) -> None:
+        """Remove what was written (after an fsync under way); later writes are ignored."""
+        self._used = True
+        self._undo()

@@ -1,27 +1,38 @@
-"""A per-user, per-boot memory of the stat snapshots a leaf's dependencies had
-when they last verified by a full rehash.
+"""A per-user, per-boot memory of the states a leaf's closure had when it last
+verified by a full check: each dependency's stat snapshot, and the identity and last
+change of the deepest existing directory above each negative lookup.
 
-A later verification in any process of the same user on the same boot may
-trust an unchanged ``(dev, ino, size, mtime_ns, ctime_ns)`` instead of
-rehashing — the rule the memory tier already applies within a process
-(DESIGN.md §6), made persistent. Snapshots that were racily close to the time
-they were taken are never recorded. The memo lives in a private directory
-(``sandbox.statedir``: 0700, owned by the user, outside every cache root) and is
-keyed by the kernel's boot id, so neither another user nor another machine sharing
-the cache can feed it. A record that is not a regular file of this user's, or that
-others may write, is never read.
+A later verification in any process of the same user on the same boot may trust an
+unchanged ``(dev, ino, size, mtime_ns, ctime_ns)`` instead of rehashing, and an
+unchanged directory instead of looking up every absent path below it — the rule the
+memory tier already applies within a process (DESIGN.md §6), made persistent.
+Snapshots that were racily close to the time they were taken are never recorded
+(numbered, the events this guards against)::
+
+    1. a file is hashed at time T, its stat S taken before its bytes were read;
+    2. it is written again within the same timestamp tick as S: its stat stays S;
+    3. a later verification sees S unchanged and trusts the old digest — stale.
+
+Step 3 cannot happen for a snapshot whose mtime and ctime lie more than
+``RACY_WINDOW_NS`` (2 s, far above any filesystem's tick) before the time it was
+taken: any later write gives the file a later ctime. The memo lives in a private
+directory (``sandbox.statedir``: 0700, owned by the user, outside every cache root)
+and is keyed by the kernel's boot id, so neither another user nor another machine
+sharing the cache can feed it. A record that is not a regular file of this user's,
+or that others may write, is never read.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import stat
 import time
-from collections.abc import Sequence
+
+import msgspec
 
 from ..closure.hashing import Snapshot, digest_bytes, is_racy
+from .leaf import MemoRecord
 
 __all__ = ["StatMemo", "boot_id"]
 
@@ -34,7 +45,22 @@ def boot_id() -> str:
         return ""
 
 
+class _Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    leaf: str
+    deps_key: str
+    roots: str
+    paths: list[str]
+    snaps: list[tuple[int, int, int, int, int]]
+    dirs: list[tuple[str, tuple[int, int, int, int, int]]]
+
+
+_DECODER = msgspec.json.Decoder(_Record)
+_ENCODER = msgspec.json.Encoder()
+
+
 class StatMemo:
+    """The memo in ``private_dir`` (this user's, 0700): one small file per leaf."""
+
     def __init__(self, private_dir: str) -> None:
         boot = boot_id()
         self.directory = os.path.join(private_dir, f"stat-{boot}") if boot else ""
@@ -42,7 +68,7 @@ class StatMemo:
     def _path(self, leaf: str) -> str:
         return os.path.join(self.directory, digest_bytes(leaf.encode())[:40] + ".json")
 
-    def lookup(self, leaf: str, deps_key: str) -> list[Snapshot] | None:
+    def lookup(self, leaf: str, deps_key: str, roots: str) -> MemoRecord | None:
         if not self.directory:
             return None
         try:
@@ -51,24 +77,26 @@ class StatMemo:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
                     return None
-                data = json.loads(fh.read())
-            if data["leaf"] != leaf or data["deps_key"] != deps_key:
-                return None
-            return [(s[0], s[1], s[2], s[3], s[4]) for s in data["snaps"]]
-        except (OSError, ValueError, KeyError, TypeError):
+                data = _DECODER.decode(fh.read())
+        except (OSError, msgspec.DecodeError):
             return None
+        if (data.leaf, data.deps_key, data.roots) != (leaf, deps_key, roots) or len(data.paths) != len(data.snaps):
+            return None
+        return MemoRecord(data.paths, data.snaps, data.dirs)
 
-    def record(self, leaf: str, deps_key: str, snaps: Sequence[Snapshot]) -> None:
+    def record(self, leaf: str, deps_key: str, roots: str, record: MemoRecord) -> None:
         if not self.directory:
             return
         now = time.time_ns()
-        if any(is_racy(s, now) for s in snaps):
+        if any(is_racy(s, now) for s in record.snaps):
             return
+        dirs: list[tuple[str, Snapshot]] = [] if any(is_racy(s, now) for _, s in record.dirs) else record.dirs
         path = self._path(leaf)
         tmp = f"{path}.{os.getpid()}.tmp"
         with contextlib.suppress(OSError):
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            data = _Record(leaf, deps_key, roots, record.paths, record.snaps, dirs)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            with open(fd, "w", encoding="ascii") as fh:
-                json.dump({"leaf": leaf, "deps_key": deps_key, "snaps": [list(s) for s in snaps]}, fh)
+            with open(fd, "wb") as fh:
+                fh.write(_ENCODER.encode(data))
             os.replace(tmp, path)

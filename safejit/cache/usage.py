@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ..closure.hashing import read_file
-from .disk import LAYOUT
+from .layout import CacheLayout
 
 __all__ = ["MAX_SAMPLES", "read_usage", "usage_name", "write_usage"]
 
@@ -32,18 +32,24 @@ def usage_name() -> str:
 def write_usage(
     root: str, tenant: str, name: str, backend: str, counters: Mapping[str, int], compile_seconds: Iterable[float]
 ) -> None:
-    directory = os.path.join(root, LAYOUT, "usage", tenant)
+    """Write (replace) this process's record. Raises ``OSError`` when it cannot."""
+    directory = CacheLayout(root).usage_dir(tenant)
     data = {
         "backend": backend,
         "counters": dict(counters),
         "compile_seconds": [round(s, 6) for s in list(compile_seconds)[-MAX_SAMPLES:]],
     }
-    with contextlib.suppress(OSError):
+    tmp = os.path.join(directory, f".{name}.tmp")
+    try:
         os.makedirs(directory, exist_ok=True)
         tmp = os.path.join(directory, f".{name}.tmp")
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(data, fh)
         os.replace(tmp, os.path.join(directory, name))
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _listing(path: str) -> list[os.DirEntry[str]]:
@@ -56,7 +62,7 @@ def _listing(path: str) -> list[os.DirEntry[str]]:
 
 def read_usage(root: str) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(tenant, record)`` for every usage record under ``root``."""
-    base = os.path.join(root, LAYOUT, "usage")
+    base = CacheLayout(root).usage
     try:
         with os.scandir(base) as it:
             tenants = sorted(it, key=lambda e: e.name)

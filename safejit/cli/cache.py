@@ -12,8 +12,8 @@ from rich.progress import Progress, TaskID
 from rich.table import Table
 
 from ..cache import maintenance
-from ..cache.disk import LAYOUT
 from ..cache.fsio import read_bytes
+from ..cache.layout import MANIFEST, MARKER, CacheLayout
 from ..cache.usage import read_usage
 from ..runtime import Runtime
 from ._common import age_text, config_for, console, count_dir, progress, roots_of
@@ -59,8 +59,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
             g = groups.setdefault((info.tenant, info.backend), [0, 0])
             g[0] += 1
             g[1] += info.size
-        quarantined = count_dir(os.path.join(root, LAYOUT, "quarantine"))
-        staging = count_dir(os.path.join(root, LAYOUT, "tmp"))
+        quarantined = count_dir(CacheLayout(root).quarantine)
+        staging = count_dir(CacheLayout(root).tmp)
         for (tenant, backend), (n, total) in sorted(groups.items()) or [(("-", "-"), [0, 0])]:
             size.add_row(root, tenant, backend, str(n), f"{total:,}", str(quarantined), str(staging))
         for tenant, row in _usage_rows(root):
@@ -213,11 +213,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from ..cache.leaf import ManifestError, parse_manifest
+    from ..cache.leaf import ManifestError, decode_manifest
 
     leaf = os.path.realpath(args.leaf)
     try:
-        man = parse_manifest(read_bytes(os.path.join(leaf, "manifest.json"), 1 << 24))
+        man = decode_manifest(read_bytes(os.path.join(leaf, MANIFEST), 1 << 24))
     except (OSError, ManifestError) as exc:
         console.print(f"[red]error[/]: {leaf}: {exc}")
         return 1
@@ -245,7 +245,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for anchor, rel in man.negatives:
         deps.add_row(anchor, rel, "[dim]must not exist[/]")
     console.print(deps)
-    extra = sorted(set(os.listdir(leaf)) - {"manifest.json", ".committed", man.artifact_file})
+    extra = sorted(set(os.listdir(leaf)) - {MANIFEST, MARKER, man.artifact_file})
     if extra:
         console.print(f"dumps: {', '.join(extra)}")
     return 0

@@ -12,8 +12,8 @@ import time
 import uuid
 from typing import Any
 
-from ..cache.disk import LAYOUT
 from ..cache.fsio import remove_tree
+from ..cache.layout import VERSION
 from ..runtime import Runtime
 from ..spec import Source
 from ._common import config_for, console
@@ -118,9 +118,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _remove_build(leaf: str) -> None:
     """Remove the demo's own build directory (its nonce makes it unique)."""
     build = os.path.dirname(leaf)
-    root = build.split(f"/{LAYOUT}/")[0]
+    root = build.split(f"/{VERSION}/")[0]
     try:
-        remove_tree(build, within=os.path.join(root, LAYOUT))
+        remove_tree(build, within=os.path.join(root, VERSION))
     except OSError as exc:
         console.print(f"[yellow]could not remove demo entry {build}: {exc}[/]")
 

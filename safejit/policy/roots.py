@@ -12,28 +12,38 @@ import os
 from collections.abc import Iterable
 
 from ..closure.anchors import LINK_ANCHOR, Anchors, is_under, real_path
-from ..errors import PathConfinementError
+from ..errors import ConfigError, PathConfinementError
 
-__all__ = ["build_anchors", "confine"]
+__all__ = ["anchors_of", "build_anchors", "confine", "resolve_root"]
 
 
-def build_anchors(
+def resolve_root(root: str) -> str:
+    """A declared source root, resolved now (symlinks followed, through the kernel);
+    :class:`ConfigError` when it does not exist or is no directory."""
+    expanded = os.path.expanduser(root)
+    try:
+        real = real_path(expanded, strict=True)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"source root {root!r} does not exist ({getattr(exc, 'strerror', None) or exc}); "
+            "fix Config.source_roots (or SAFEJIT_SOURCE_ROOTS)",
+            path=root,
+        ) from None
+    if not os.path.isdir(real):
+        raise ConfigError(f"source root {root!r} is not a directory", path=root)
+    return real
+
+
+def anchors_of(
     source_roots: Iterable[str],
     toolchain_roots: Iterable[str],
     cache_roots: Iterable[str] = (),
     link_roots: Iterable[str] = (),
 ) -> Anchors:
-    """Anchors ``s<i>`` (source roots), ``t<i>`` (toolchain), ``c<i>`` (cache), ``l<i>``
-    (where the linker finds libraries: see :data:`LINK_ANCHOR`).
-
-    Missing source roots are refused; missing toolchain roots are skipped.
-    """
-    named: dict[str, str] = {}
-    for i, root in enumerate(source_roots):
-        try:
-            named[f"s{i}"] = real_path(os.path.expanduser(root), strict=True)
-        except OSError as exc:
-            raise PathConfinementError(f"source root {root!r} does not exist: {exc}", path=root) from exc
+    """Anchors ``s<i>`` (``source_roots``, already resolved: :func:`resolve_root`),
+    ``t<i>`` (toolchain), ``c<i>`` (cache), ``l<i>`` (where the linker finds libraries:
+    see :data:`LINK_ANCHOR`). Missing toolchain, cache and link roots are skipped."""
+    named = {f"s{i}": root for i, root in enumerate(source_roots)}
     for prefix, roots in (("t", toolchain_roots), ("c", cache_roots), (LINK_ANCHOR, link_roots)):
         for i, root in enumerate(roots):
             try:
@@ -43,19 +53,36 @@ def build_anchors(
     return Anchors(named)
 
 
+def build_anchors(
+    source_roots: Iterable[str],
+    toolchain_roots: Iterable[str],
+    cache_roots: Iterable[str] = (),
+    link_roots: Iterable[str] = (),
+) -> Anchors:
+    """:func:`anchors_of` with the source roots resolved now."""
+    return anchors_of([resolve_root(r) for r in source_roots], toolchain_roots, cache_roots, link_roots)
+
+
 def confine(path: str, anchors: Anchors, *, what: str, allow: Iterable[str] | None = None) -> str:
     """The resolved ``path`` if it lies under a root (of ``allow`` anchors when given,
-    else of any but the linker's), else :class:`PathConfinementError`."""
-    if "\0" in path:
-        raise PathConfinementError(f"{what} path contains NUL", path=path)
+    else of any but the linker's), else :class:`PathConfinementError`. An error about a
+    path outside the roots says only that: not whether it exists, nor where it led."""
+    if not isinstance(path, str) or "\0" in path:
+        raise PathConfinementError(f"{what} path contains NUL", path=str(path))
     try:
-        real = os.path.realpath(os.path.expanduser(path), strict=True)
-    except OSError as exc:
-        raise PathConfinementError(f"{what} {path!r} cannot be resolved: {exc.strerror}", path=path) from exc
+        expanded = os.path.expanduser(path)
+        real = os.path.realpath(expanded)
+        os.fsencode(real)
+    except (OSError, ValueError, UnicodeError):
+        raise PathConfinementError(f"{what} {path!r} is not a usable path", path=path) from None
     names = set(allow) if allow is not None else None
     for name, root in anchors.roots.items():
         if (name in names if names is not None else not name.startswith(LINK_ANCHOR)) and is_under(real, root):
+            if not os.path.exists(real):
+                raise PathConfinementError(f"{what} {path!r} does not exist", path=path)
             return real
     raise PathConfinementError(
-        f"{what} {path!r} resolves to {real!r}, outside every declared root", path=path, resolved=real
+        f"{what} {path!r} is outside the declared roots; declare its directory in Config.source_roots "
+        "(or SAFEJIT_SOURCE_ROOTS)",
+        path=path,
     )

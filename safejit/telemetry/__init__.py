@@ -11,7 +11,7 @@ a no-op. Applications (and the CLI) configure the SDK, e.g. with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -140,6 +140,10 @@ class _Instruments:
         meter.create_observable_gauge(
             METRIC.MEMORY_BYTES, [self._observe_bytes], unit="By", description="Memory-tier bytes"
         )
+
+    def lookup(self, tier: str, result: str, reason: str, attrs: Mapping[str, str]) -> None:
+        """Count one lookup of ``tier`` (``safejit.cache.lookups``)."""
+        self.lookups.add(1, {**attrs, ATTR.TIER: tier, ATTR.RESULT: result, ATTR.REASON: reason})
 
     @staticmethod
     def _histogram(name: str, description: str):  # type: ignore[no-untyped-def]

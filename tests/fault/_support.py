@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import safejit
-from safejit.cache.disk import LAYOUT
+from safejit.cache.layout import VERSION as LAYOUT
 from tests.conftest import ADD_C, leaves, staging_residue
 
 #: The leaf every seeded cache already holds before a fault test starts.

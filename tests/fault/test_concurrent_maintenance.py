@@ -15,7 +15,7 @@ from tests.conftest import assert_cache_sound
 LOADER = r"""
 import json, sys, time
 import safejit
-cache, stop = sys.argv[1], sys.argv[2]
+cache, stop, progress = sys.argv[1], sys.argv[2], sys.argv[3]
 import os
 errors, calls = [], 0
 while not os.path.exists(stop):
@@ -30,26 +30,36 @@ while not os.path.exists(stop):
         finally:
             rt.close()
         calls += 1
+        with open(progress, "a") as fh:
+            fh.write("1")
 print(json.dumps({"errors": errors, "calls": calls}))
 """
 
 
 def test_prune_and_gc_while_eight_processes_load_cause_no_error_and_no_wrong_kernel(cache_dir, tmp_path):
+    """Bounded by count and time: at least 6 rounds of prune and gc, and until every
+    loader has made 6 calls (or 240 s passed, on a very loaded machine) — the
+    assertions are on outcomes only, never on how much fitted in a window."""
     stop = tmp_path / "stop"
+    progress = [tmp_path / f"progress-{i}" for i in range(8)]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", LOADER, str(cache_dir), str(stop)],
+            [sys.executable, "-c", LOADER, str(cache_dir), str(stop), str(progress[i])],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for _ in range(8)
+        for i in range(8)
     ]
+
+    def calls(path: Path) -> int:
+        return path.stat().st_size if path.exists() else 0
+
     try:
-        deadline = time.monotonic() + 6
+        deadline = time.monotonic() + 240
         rounds = gc_removed = 0
         residue = cache_dir / "v1" / "tmp"
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and (rounds < 6 or min(calls(p) for p in progress) < 6):
             # Old residue for gc to find; fresh staging dirs of the loaders must be left alone.
             if residue.is_dir():
                 stale = residue / f"stale-{rounds}"
@@ -74,5 +84,5 @@ def test_prune_and_gc_while_eight_processes_load_cause_no_error_and_no_wrong_ker
                 proc.kill()
                 proc.wait()
     assert [r["errors"] for r in reports] == [[]] * 8
-    assert all(r["calls"] > 0 for r in reports) and rounds > 5 and gc_removed > 0
+    assert all(r["calls"] > 0 for r in reports) and rounds >= 6 and gc_removed > 0
     assert_cache_sound(cache_dir)

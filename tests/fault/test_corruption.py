@@ -16,7 +16,8 @@ import pytest
 import safejit
 from safejit import faults
 from safejit.cache import maintenance
-from safejit.cache.disk import LAYOUT, MANIFEST, MARKER
+from safejit.cache.layout import MANIFEST, MARKER
+from safejit.cache.layout import VERSION as LAYOUT
 from tests.conftest import assert_cache_sound
 from tests.fault._support import (
     EARLIER_C,

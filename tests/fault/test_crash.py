@@ -17,7 +17,8 @@ import pytest
 
 import safejit
 from safejit.cache import staging as spares
-from safejit.cache.disk import LAYOUT, MANIFEST, MARKER
+from safejit.cache.layout import MANIFEST, MARKER
+from safejit.cache.layout import VERSION as LAYOUT
 from tests.conftest import assert_cache_sound
 from tests.fault._support import (
     EARLIER_C,

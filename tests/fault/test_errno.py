@@ -16,7 +16,8 @@ import pytest
 
 import safejit
 from safejit import cli, faults
-from safejit.cache.disk import DiskCache, Rejection, VerifiedLeaf
+from safejit.cache.disk import DiskTier
+from safejit.cache.leaf import Rejection, VerifiedLeaf
 from safejit.policy.roots import build_anchors
 from tests.conftest import assert_cache_sound
 from tests.fault._support import (
@@ -109,11 +110,10 @@ def test_disk_lookup_eio_on_read_rejects_as_io_without_quarantine(seeded_cache, 
     earlier = only_leaf(seeded_cache)
     earlier_bytes = snapshot(earlier)
     key = make_runtime().build(_earlier()).build_key
-    disk = DiskCache((str(seeded_cache),), tenant="default", backend="host")
-    rejections: list[Rejection] = []
+    disk = DiskTier((str(seeded_cache),), tenant="default", backend="host")
     with faults.inject("disk.read", "raise:EIO"):
-        assert disk.lookup(key, build_anchors((), ()), rejections) is None
-    assert [r.reason for r in rejections] == ["io"]
+        found = disk.lookup(key, build_anchors((), ()))
+    assert isinstance(found, Rejection) and found.reason == "io"
     assert quarantined(seeded_cache) == []
     assert snapshot(earlier) == earlier_bytes
     assert isinstance(disk.verify(earlier, disk.roots[0], key, None), VerifiedLeaf)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import safejit
-from safejit.cache.disk import LAYOUT
+from safejit.cache.layout import VERSION as LAYOUT
 from tests.conftest import assert_cache_sound
 from tests.fault._support import (
     EXPECTED,

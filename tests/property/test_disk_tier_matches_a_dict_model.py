@@ -1,4 +1,4 @@
-"""DiskCache.publish / lookup_root on a real directory against a dict model.
+"""DiskTier.publish / lookup_root on a real directory against a dict model.
 
 The model is ``{build_key: {deps_key: leaf}}``, each leaf holding its artifact
 bytes and the closure it was published with (header digests and negative
@@ -26,11 +26,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from safejit.cache import maintenance
-from safejit.cache.disk import CORRUPT_REASONS, MANIFEST, MARKER, DiskCache, Rejection, VerifiedLeaf
-from safejit.cache.leaf import Manifest
+from safejit.cache.disk import DiskTier
+from safejit.cache.layout import MANIFEST, MARKER
+from safejit.cache.leaf import ArtifactInfo, Manifest, Negatives, Rejection, VerifiedLeaf
 from safejit.closure.anchors import Anchors
 from safejit.closure.hashing import hash_file
 from safejit.keys import deps_key, digest_bytes
+from safejit.outcomes import CORRUPT as CORRUPT_REASONS
 from tests.conftest import staging_residue
 
 TENANT = "default"
@@ -71,9 +73,7 @@ def make_manifest(
         name="kernel",
         deps=dep_tuples,
         negatives=negs,
-        artifact_file=ARTIFACT,
-        artifact_size=len(artifact),
-        artifact_digest=digest_bytes(artifact),
+        artifact=ArtifactInfo(file=ARTIFACT, size=len(artifact), digest=digest_bytes(artifact)),
         kernels=("kernel",),
         argv=("/usr/bin/cc", "-shared", "-fPIC", "-O2", "-o", "{OUT}", "-x", "c", "{SRC}"),
         toolchain={"compiler": "/usr/bin/cc", "version": "12.2.0", "digest": digest_bytes(b"cc")},
@@ -97,7 +97,7 @@ class DiskTierMachine(RuleBasedStateMachine):
             _rewrite(os.path.join(src, rel), content)
         self.src = os.path.realpath(src)
         self.anchors = Anchors({"s0": self.src})
-        self.disk = DiskCache((os.path.join(self.tmp, "cache"),), tenant=TENANT, backend=BACKEND)
+        self.disk = DiskTier((os.path.join(self.tmp, "cache"),), tenant=TENANT, backend=BACKEND)
         # As in Runtime: publish goes to the writable root the cache probed.
         root = self.disk.writable_root()
         assert root == self.disk.roots[0]
@@ -179,7 +179,8 @@ class DiskTierMachine(RuleBasedStateMachine):
         manifest = make_manifest(build_key, tuple(deps), negs, artifact)
         dkey = manifest.deps_key
 
-        leaf, outcome = self.disk.publish(self.root, build_key, manifest, artifact, tuple(states), absent)
+        built = VerifiedLeaf("", "", manifest, artifact, tuple(states), Negatives(paths=absent))
+        leaf, outcome = self.disk.publish(self.root, build_key, built)
 
         assert leaf.path == self.leaf_path(build_key, dkey)
         assert leaf.manifest.deps_key == dkey
@@ -203,9 +204,7 @@ class DiskTierMachine(RuleBasedStateMachine):
         hits = self.hits(build_key)
         on_disk = set(self.model.get(build_key, {}))
         expected = {d: self.expected_reasons(build_key, d) for d in on_disk}
-        rejections: list[Rejection] = []
-
-        got = self.disk.lookup_root(self.root, build_key, self.anchors, rejections)
+        got, rejections = self.disk.lookup_root(self.root, build_key, self.anchors)
 
         if got is None:
             assert not hits, "lookup missed although an intact, current leaf exists"
@@ -215,7 +214,7 @@ class DiskTierMachine(RuleBasedStateMachine):
             assert got.artifact == hits[dkey].artifact
             assert got.path == self.leaf_path(build_key, dkey)
             assert got.manifest.build_key == build_key
-            assert got.negatives == tuple(os.path.join(self.src, rel) for _, rel in hits[dkey].negatives)
+            assert got.negatives.paths() == [os.path.join(self.src, rel) for _, rel in hits[dkey].negatives]
             assert [s[2] for s in got.dep_states] == [d for _, _, d in hits[dkey].deps]
 
         rejected: dict[str, str] = {}

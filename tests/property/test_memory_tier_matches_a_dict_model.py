@@ -1,4 +1,4 @@
-"""MemoryCache against a dict model: bounds, byte accounting, no wrong value, CLOCK order.
+"""MemoryTier against a dict model: bounds, byte accounting, no wrong value, CLOCK order.
 
 The model maps each key to the Entry last inserted for it (and not discarded
 since). The cache may have evicted keys the model still holds, but whatever
@@ -19,7 +19,7 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from safejit.cache.memory import Entry, MemoryCache
+from safejit.cache.memory import Entry, MemoryTier
 
 keys = st.integers(0, 5)
 sizes = st.integers(0, 40)
@@ -32,19 +32,19 @@ class Boom(Exception):
 class MemoryTierMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.cache: MemoryCache[int] | None = None
+        self.cache: MemoryTier[int] | None = None
         self.model: dict[Hashable, Entry[int]] = {}
         self.evicted: list[int] = []
         self.serial = itertools.count()
 
     @initialize(max_entries=st.integers(1, 4), max_bytes=st.integers(0, 200))
     def make_cache(self, max_entries: int, max_bytes: int) -> None:
-        self.cache = MemoryCache(
+        self.cache = MemoryTier(
             max_entries=max_entries, max_bytes=max_bytes, max_staleness_s=3600.0, on_evict=self.evicted.append
         )
 
     @property
-    def c(self) -> MemoryCache[int]:
+    def c(self) -> MemoryTier[int]:
         assert self.cache is not None
         return self.cache
 
@@ -126,13 +126,13 @@ class MemoryTierMachine(RuleBasedStateMachine):
         entry = self._new_entry(size)
         calls: list[int] = []
 
-        def produce() -> Entry[int]:
+        def produce() -> tuple[Entry[int], int]:
             calls.append(1)
-            return entry
+            return entry, -entry.value
 
-        result: list[tuple[Entry[int], bool]] = []
-        self._inserting(key, entry, lambda: result.append(self.c.single_flight(key, produce)))
-        assert result == [(entry, True)]
+        result: list[int] = []
+        self._inserting(key, entry, lambda: result.append(self.c.produce(key, produce, time.monotonic())))
+        assert result == [-entry.value]
         assert calls == [1]
 
     @rule(key=keys, size=sizes)
@@ -140,18 +140,18 @@ class MemoryTierMachine(RuleBasedStateMachine):
         snapshot = [(k, e) for k, e in self.c.entries.items()]
         nbytes = self.c.bytes
 
-        def produce() -> Entry[int]:
+        def produce() -> tuple[Entry[int], int]:
             raise Boom
 
         with pytest.raises(Boom):
-            self.c.single_flight(key, produce)
+            self.c.produce(key, produce, time.monotonic())
         assert list(self.c.entries.items()) == snapshot
         assert self.c.bytes == nbytes
         # The failed flight left nothing behind: the next caller produces anew.
         entry = self._new_entry(size)
-        result: list[tuple[Entry[int], bool]] = []
-        self._inserting(key, entry, lambda: result.append(self.c.single_flight(key, lambda: entry)))
-        assert result == [(entry, True)]
+        result: list[int] = []
+        self._inserting(key, entry, lambda: result.append(self.c.produce(key, lambda: (entry, entry.value), 0.0)))
+        assert result == [entry.value]
 
     @rule()
     def clear(self) -> None:

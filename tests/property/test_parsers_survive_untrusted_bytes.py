@@ -15,7 +15,7 @@ import safejit
 from safejit.backends.ascend.backend import ascend_kernel_names
 from safejit.backends.cuda.cubin import cubin_frame_sizes, cubin_kernels
 from safejit.backends.host import elf_exported_functions
-from safejit.cache.leaf import ManifestError, parse_manifest
+from safejit.cache.leaf import BackendMeta, ManifestError, decode_manifest
 from safejit.closure.depfiles import _prerequisites, _split_words, parse_depfile, parse_single_rule
 from safejit.errors import LoadError
 
@@ -51,7 +51,7 @@ MUTATIONS = st.tuples(
 
 def _manifest_ok(raw: bytes) -> None:
     try:
-        parse_manifest(raw)
+        decode_manifest(raw)
     except ManifestError:
         pass
 
@@ -151,13 +151,45 @@ def test_elf_with_an_absurd_section_header_offset_is_a_load_error():
     _elf_ok(crash)
 
 
-@pytest.mark.parametrize("key", ["signature", "meta", "negatives", "toolchain", "created"])
+@pytest.mark.parametrize("key", ["signature", "meta", "negatives", "toolchain", "created", "deps", "artifact"])
 def test_a_manifest_without_a_field_is_a_manifest_error(real_inputs, key):
     # (found by the mutation fuzzer: a manifest without "signature" raised KeyError)
     data = json.loads(real_inputs["manifest"])
     del data[key]
-    if key == "meta":
-        assert parse_manifest(json.dumps(data).encode()).meta == {}  # optional: older leaves have none
+    if key in ("meta", "signature"):  # optional: an unsigned leaf; one with no backend metadata
+        decoded = decode_manifest(json.dumps(data).encode())
+        assert decoded.signature is None and decoded.meta == BackendMeta()
         return
     with pytest.raises(ManifestError):
-        parse_manifest(json.dumps(data).encode())
+        decode_manifest(json.dumps(data).encode())
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("created", 1e400),
+        ("deps", [[["a"] * 3]] * 2),
+        ("kernels", [[[[[[[[[[[[["deep"]]]]]]]]]]]]]),
+        ("toolchain", {"compiler": 10**400}),
+        ("timings", {"compile_s": float("nan")}),
+        ("artifact", {"file": "../../etc/passwd", "size": 1, "digest": "0" * 64}),
+        ("artifact", {"file": "artifact.so", "size": 2**70, "digest": "0" * 64}),
+        ("artifact", {"file": "artifact.so", "size": -1, "digest": "0" * 64}),
+        ("unknown", 1),
+        ("meta", {"params": {"k": [[1, 2, 3]]}}),
+        ("signature", "0" * 64),
+    ],
+)
+def test_a_manifest_with_hostile_values_is_a_manifest_error(real_inputs, key, value):
+    """Manifests in a shared cache are written by others: huge numbers, deep nesting,
+    wrong types, unknown fields are refused by the schema, never let through."""
+    data = json.loads(real_inputs["manifest"])
+    data[key] = value
+    raw = json.dumps(data).replace("NaN", "NaN").encode()
+    with pytest.raises(ManifestError):
+        decode_manifest(raw)
+
+
+def test_a_deeply_nested_manifest_is_a_manifest_error():
+    with pytest.raises(ManifestError):
+        decode_manifest(b'{"meta":' + b"[" * 100_000 + b"]" * 100_000 + b"}")

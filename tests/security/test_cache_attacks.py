@@ -53,7 +53,7 @@ def test_compile_that_writes_without_bound_is_stopped(make_runtime, project, cac
 
     rt = make_runtime(source_roots=(str(project),), host_cc=str(cc), compile_timeout_s=60)
     limits = sandbox.Limits(file_size=1 << 20)
-    rt._init().sandbox.limits = limits  # a small limit keeps the test quick
+    rt._init()[0].sandbox.limits = limits  # a small limit keeps the test quick
     with pytest.raises(safejit.CompileError) as exc:
         rt.compile(ADD)
     assert "rc=153" in exc.value.log  # 128 + SIGXFSZ: stopped by the file-size limit
@@ -197,11 +197,21 @@ def test_header_swapped_for_a_fifo_does_not_hang_revalidation(make_runtime, proj
     assert len(leaves(cache_dir)) == 1  # the first build's, and nothing new
 
 
-def test_planted_manifest_without_a_signature_field_is_a_miss_not_a_crash(make_runtime, cache_dir):
+@pytest.mark.parametrize("field", ["deps", "artifact", "build_key", "kernels"])
+def test_planted_manifest_without_a_field_is_a_miss_not_a_crash(make_runtime, cache_dir, field):
     # A manifest missing "signature" once raised KeyError out of every lookup of the key.
     _, leaf = _one_leaf(make_runtime, cache_dir)
-    _rewrite_manifest(leaf, lambda d: d.pop("signature"))
+    _rewrite_manifest(leaf, lambda d: d.pop(field))
     rt = make_runtime()
+    assert rt.compile(ADD).kernel("add")(1, 2) == 3
+    assert rt.stats()["disk_hits"] == 0 and rt.stats()["compiles"] == 1
+    assert_cache_sound(cache_dir)
+
+
+def test_planted_manifest_without_a_signature_is_a_miss_under_a_key(make_runtime, cache_dir):
+    _, leaf = _one_leaf(make_runtime, cache_dir, signing_key=KEY)
+    _rewrite_manifest(leaf, lambda d: d.pop("signature"))
+    rt = make_runtime(signing_key=KEY)
     assert rt.compile(ADD).kernel("add")(1, 2) == 3
     assert rt.stats()["disk_hits"] == 0 and rt.stats()["compiles"] == 1
     assert_cache_sound(cache_dir)

@@ -43,6 +43,17 @@ def _assert_refused_before_compiling(rt: safejit.Runtime, exc: pytest.ExceptionI
     assert_nothing_published(cache_dir)
 
 
+def _assert_outside(exc: pytest.ExceptionInfo, given: object, *, hidden: str = "") -> None:
+    """An error about a path outside the roots says only that: not where it led (nor
+    the working directory a relative path was resolved in), nor whether it exists."""
+    text = str(exc.value)
+    assert "outside the declared roots" in text and exc.value.path == str(given)
+    assert not hasattr(exc.value, "resolved")
+    if hidden:
+        assert hidden not in text.replace(str(given), "")
+    assert os.getcwd() not in text.replace(str(given), "")
+
+
 def _assert_compiler_read_refused(exc: pytest.ExceptionInfo, mode: str, cache_dir: Path) -> None:
     if mode == "auto":  # Landlock denied the open itself
         assert "Permission denied" in exc.value.log
@@ -56,7 +67,7 @@ def test_relative_include_dir_outside_roots_is_refused(make_runtime, project, ou
     rt = _runtime(make_runtime, project)
     with pytest.raises(safejit.PathConfinementError) as exc:
         rt.compile(ADD, include_dirs=("outside",))
-    assert exc.value.resolved == str(outside)
+    _assert_outside(exc, "outside", hidden=str(outside))
     _assert_refused_before_compiling(rt, exc, cache_dir)
 
 
@@ -76,7 +87,7 @@ def test_dotdot_include_dir_escape_is_refused(make_runtime, project, outside, ca
     rt = _runtime(make_runtime, project)
     with pytest.raises(safejit.PathConfinementError) as exc:
         rt.compile(ADD, include_dirs=(escape,))
-    assert exc.value.resolved == str(outside)
+    _assert_outside(exc, escape, hidden=str(outside))
     _assert_refused_before_compiling(rt, exc, cache_dir)
 
 
@@ -86,7 +97,7 @@ def test_dir_symlink_pointing_outside_is_refused(make_runtime, project, outside,
     rt = _runtime(make_runtime, project)
     with pytest.raises(safejit.PathConfinementError) as exc:
         rt.compile(safejit.Source('#include "secret.h"\nint s(void){return SECRET;}\n', "s"), include_dirs=(link,))
-    assert exc.value.resolved == str(outside)
+    _assert_outside(exc, link, hidden=str(outside))
     _assert_refused_before_compiling(rt, exc, cache_dir)
 
 
@@ -97,7 +108,7 @@ def test_file_symlink_source_pointing_outside_is_refused(make_runtime, project, 
     rt = _runtime(make_runtime, project)
     with pytest.raises(safejit.PathConfinementError) as by_source:
         rt.source(link)
-    assert by_source.value.resolved == str(outside / "kernel.c")
+    _assert_outside(by_source, link, hidden=str(outside))
     with pytest.raises(safejit.PathConfinementError) as by_compile:  # read by the caller, refused at compile
         rt.compile(safejit.Source.from_file(link))
     _assert_refused_before_compiling(rt, by_source, cache_dir)
@@ -124,24 +135,25 @@ def test_source_from_file_outside_roots_is_refused(make_runtime, project, outsid
     rt = _runtime(make_runtime, project)
     with pytest.raises(safejit.PathConfinementError) as exc:
         rt.compile(safejit.Source.from_file(kernel))
-    assert exc.value.resolved == str(kernel)
+    _assert_outside(exc, kernel)
     _assert_refused_before_compiling(rt, exc, cache_dir)
 
 
 def test_runtime_source_outside_roots_is_refused_before_reading(make_runtime, project, outside, cache_dir, monkeypatch):
     opened: list[object] = []
-    real_from_file = safejit.Source.from_file.__func__
+    real_open = os.open
 
-    def spy(cls, path, **kw):
-        opened.append(path)
-        return real_from_file(cls, path, **kw)
+    def spy(path, *args, **kw):
+        if "secret" in str(path) or "inner.h" in str(path):
+            opened.append(path)
+        return real_open(path, *args, **kw)
 
-    monkeypatch.setattr(safejit.Source, "from_file", classmethod(spy))
+    monkeypatch.setattr(os, "open", spy)
     rt = _runtime(make_runtime, project)
     with pytest.raises(safejit.PathConfinementError) as exc:
         rt.source(outside / "secret")
     assert opened == []
-    assert exc.value.resolved == str(outside / "secret")
+    _assert_outside(exc, outside / "secret")
     assert_no_secret(exc.value)
     assert rt.source(project / "include" / "inner.h").code == "#define INNER 41\n"  # the spy does see reads
     assert len(opened) == 1

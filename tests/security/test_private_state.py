@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import safejit
+from safejit.cache.leaf import MemoRecord
 from safejit.cache.statmemo import StatMemo, boot_id
 from safejit.sandbox import statedir
 from safejit.sandbox._shim_build import shim_name
@@ -96,9 +97,10 @@ def test_shim_probe_and_stat_memo_planted_in_the_cache_root_are_never_used(tmp_p
     monkeypatch.setattr(statedir, "_opened", {})
     rt = _compile_fresh(tmp_path, cache)
     try:
-        setup = rt._init()
+        setup = rt._init()[0]
         assert Path(setup.state.shown) == home / "safejit"
-        assert setup.disk.stat_memo is not None and setup.disk.stat_memo.directory.startswith(setup.state.path)
+        memo = setup.disk._memo
+        assert isinstance(memo, StatMemo) and memo.directory.startswith(setup.state.path)
     finally:
         rt.close()
     assert not marker.exists()
@@ -140,7 +142,7 @@ def test_a_private_dir_not_ours_or_writable_by_others_is_never_used(tmp_path, mo
     monkeypatch.setattr(statedir, "_opened", {})
     rt = _compile_fresh(tmp_path, tmp_path / "cache")
     try:
-        used = rt._init().state
+        used = rt._init()[0].state
         assert Path(used.shown) != planted and not Path(used.shown).is_relative_to(tmp_path / "elsewhere")
     finally:
         rt.close()
@@ -167,7 +169,7 @@ def test_a_private_dir_below_a_directory_others_may_write_is_never_used(tmp_path
     monkeypatch.setattr(statedir, "_opened", {})
     rt = _compile_fresh(tmp_path, tmp_path / "cache")
     try:
-        assert not Path(rt._init().state.shown).is_relative_to(shared)
+        assert not Path(rt._init()[0].state.shown).is_relative_to(shared)
     finally:
         rt.close()
     assert not marker.exists()
@@ -179,7 +181,7 @@ def test_a_private_dir_inside_a_cache_root_is_never_used(tmp_path, monkeypatch):
     monkeypatch.setattr(statedir, "_opened", {})
     rt = _compile_fresh(tmp_path, cache)
     try:
-        assert not Path(rt._init().state.shown).is_relative_to(cache)
+        assert not Path(rt._init()[0].state.shown).is_relative_to(cache)
     finally:
         rt.close()
     assert list(cache.rglob("shim-*")) == [] and list(cache.rglob("probe-*")) == []
@@ -231,16 +233,16 @@ def test_the_shim_runs_through_its_descriptor_not_its_path(tmp_path, fresh_state
 def test_a_stat_memo_record_not_ours_is_never_read(tmp_path, fresh_state, defect):
     state = statedir.state_dir()
     memo = StatMemo(state.path)
-    snaps = [(1, 2, 3, 4, 5)]
-    memo.record("leaf", "deps", snaps)
+    record = MemoRecord(["s0/x.h"], [(1, 2, 3, 4, 5)], [])
+    memo.record("leaf", "deps", "roots", record)
     path = Path(memo._path("leaf").replace(state.path, state.shown))
-    assert memo.lookup("leaf", "deps") == [tuple(s) for s in snaps]
+    assert memo.lookup("leaf", "deps", "roots") == record
     if defect == "fifo":
         path.unlink()
         os.mkfifo(path)
     else:
         _spoil(path, defect, tmp_path / "moved" / path.name)
-    assert memo.lookup("leaf", "deps") is None
+    assert memo.lookup("leaf", "deps", "roots") is None
 
 
 def test_a_fresh_private_dir_is_made_private(fresh_state):

@@ -282,7 +282,7 @@ def test_a_root_callers_compile_reads_root_only_roots_and_works(make_runtime, tm
     (root / "include" / "v.h").write_text("#define V 7\n")
     os.chmod(root, 0o700)
     rt = make_runtime(source_roots=(str(root),))
-    if not rt._init().sandbox.landlock:
+    if not rt._init()[0].sandbox.landlock:
         pytest.skip("without Landlock a root-only root is unreadable to the compiler, by design")
     src = safejit.Source('#include "v.h"\nint v(void) { return V; }\n', "v")
     assert rt.compile(src, include_dirs=(str(root / "include"),)).kernel("v")() == 7
@@ -418,7 +418,7 @@ def test_required_without_a_wall_refuses_before_any_compiler_runs(
 @needs_landlock
 def test_required_with_every_wall_compiles(make_runtime, tmp_path, cache_dir):
     rt = make_runtime(sandbox="required")
-    sb = rt._init().sandbox
+    sb = rt._init()[0].sandbox
     if sb.missing():
         pytest.skip(f"this system lacks {sb.missing()}")
     assert rt.compile(safejit.Source(ADD_C, "add")).kernel("add")(2, 3) == 5
@@ -467,7 +467,7 @@ def test_a_root_callers_compile_works_without_a_user_namespace(make_runtime, tmp
         for p in (top, root, root / "include"):
             p.chmod(0o755)
         rt = make_runtime(source_roots=(str(root),))
-        sb = rt._init().sandbox
+        sb = rt._init()[0].sandbox
         assert not sb.walls.userns and sb.walls.uid != 0 and f"uid-{sb.walls.uid}" in sb.describe()
         src = safejit.Source('#include "v.h"\nint v(void) { return V; }\n', "v")
         assert rt.compile(src, include_dirs=(str(root / "include"),)).kernel("v")() == 9

@@ -11,7 +11,7 @@ import pytest
 
 import safejit
 from safejit.backends._argv import ASM_DEP_FLAG, tool_reads
-from safejit.cache.leaf import Manifest, parse_manifest
+from safejit.cache.leaf import Manifest, decode_manifest
 from tests.conftest import settle
 from tests.security._support import write_failing_wrapper
 
@@ -23,7 +23,7 @@ def _kernel(directive: str, path: Path) -> safejit.Source:
 
 
 def _manifest(module: safejit.Module) -> Manifest:
-    return parse_manifest((Path(module.artifact.path) / "manifest.json").read_bytes())
+    return decode_manifest((Path(module.artifact.path) / "manifest.json").read_bytes())
 
 
 def _data(root: Path, directive: str, value: int) -> Path:

@@ -14,7 +14,7 @@ import pytest
 
 import safejit
 from safejit.backends._argv import LD_DEP_FLAG, tool_reads
-from safejit.cache.leaf import parse_manifest
+from safejit.cache.leaf import decode_manifest
 from safejit.closure.hashing import hash_file
 from safejit.policy import completeness
 from safejit.policy.roots import build_anchors
@@ -50,7 +50,7 @@ def _project(tmp_path: Path, lib: Path) -> tuple[Path, Path]:
 
 
 def _deps(module: safejit.Module) -> list[str]:
-    manifest = parse_manifest((Path(module.artifact.path) / "manifest.json").read_bytes())
+    manifest = decode_manifest((Path(module.artifact.path) / "manifest.json").read_bytes())
     return [f"{anchor}/{relpath}" for anchor, relpath, _ in manifest.deps]
 
 
@@ -106,7 +106,7 @@ def test_a_linker_that_lists_nothing_is_reported(make_runtime, tmp_path, caplog)
         VALUE.__class__("int one(void) { return 1; }\n", "one")
     )
     assert module.kernel("one")() == 1
-    manifest = parse_manifest((Path(module.artifact.path) / "manifest.json").read_bytes())
+    manifest = decode_manifest((Path(module.artifact.path) / "manifest.json").read_bytes())
     assert LD_DEP_FLAG not in manifest.argv
     assert any("cannot list the files it reads (--dependency-file)" in r.getMessage() for r in caplog.records)
 
@@ -125,7 +125,7 @@ def test_an_upgraded_crt_file_is_a_miss_not_a_stale_hit(make_runtime, tmp_path):
     config = {"source_roots": (str(root),), "host_cc": str(cc)}
     one = safejit.Source("int one(void) { return 1; }\n", "one")
     before = make_runtime(**config).compile(one)
-    manifest = parse_manifest((Path(before.artifact.path) / "manifest.json").read_bytes())
+    manifest = decode_manifest((Path(before.artifact.path) / "manifest.json").read_bytes())
     assert hash_file(str(crti))[0] in manifest.toolchain["digest"].split(":")
     settle()
     with crti.open("ab") as f:

@@ -8,7 +8,7 @@ import time
 import pytest
 
 import safejit
-from safejit.cache.memory import Entry, MemoryCache
+from safejit.cache.memory import Entry, MemoryTier
 from tests.conftest import KERNEL_WITH_HEADER, settle
 
 
@@ -36,7 +36,7 @@ def test_byte_bound_is_respected(make_runtime):
 
 
 def test_second_chance_keeps_recently_used_entries():
-    cache: MemoryCache[str] = MemoryCache(max_entries=3, max_bytes=1 << 30, max_staleness_s=1.0)
+    cache: MemoryTier[str] = MemoryTier(max_entries=3, max_bytes=1 << 30, max_staleness_s=1.0)
     for key in "abc":
         cache.insert(key, Entry(key, 1))
     cache.entries["a"].ref = True  # "a" was hit since insertion
@@ -77,7 +77,7 @@ def test_racily_clean_snapshot_is_rehashed_not_trusted(tmp_path):
     header.write_text("#define A 1\n")
     digest, snap = hash_file(str(header))
     assert is_racy(snap)  # just written
-    cache: MemoryCache[str] = MemoryCache(max_entries=4, max_bytes=1 << 20, max_staleness_s=0)
+    cache: MemoryTier[str] = MemoryTier(max_entries=4, max_bytes=1 << 20, max_staleness_s=0)
     # Same stat as now, but the recorded digest differs from the content (as if
     # the file changed in the same tick after it was hashed).
     racy = Entry("v", 1, [[str(header), snap, "0" * 64, True]])

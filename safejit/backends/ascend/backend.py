@@ -11,15 +11,15 @@ from __future__ import annotations
 import io
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from ...closure.hashing import hash_file
 from ...errors import CompileError, ConfigError, LoadError
-from ...spec import BuildSpec, Source, Toolchain
+from ...spec import Source, Toolchain
 from .._argv import run_argv
 from .._toolchain import ProbeCache, compiler_search_dirs, file_ident, run_text
-from ..base import CompileOutput, Products, Runner, macro_flags
+from ..base import CompileContext, CompileOutput, Products, Runner, macro_flags
 from .launch import AscendLibrary
 
 __all__ = ["AscendBackend", "ascend_kernel_names", "find_toolkit"]
@@ -64,6 +64,7 @@ class AscendBackend:
         "--cce-",
         "-mllvm",
     )
+    needs_workdir = True
 
     def __init__(self, *, ascend_homes: Sequence[str] = (), state_dir: str | None = None, **_: Any) -> None:
         self._homes = tuple(ascend_homes)
@@ -138,19 +139,9 @@ class AscendBackend:
         # One spec, two sandboxed steps: "--" separates the linker's argv.
         return (*argv, "--", lld, "-m", "aicorelinux", "-Ttext=0", "{OBJ}", "-o", "{OUT}")
 
-    def compile(
-        self,
-        spec: BuildSpec,
-        *,
-        workdir: str,
-        expand: Callable[[str], str],
-        run: Runner,
-        timeout: float,
-        search_dirs: Sequence[str] = (),
-        confine: Callable[[str], str] | None = None,
-        max_deps: int = 20_000,
-    ) -> CompileOutput:
-        b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, ext=self.artifact_ext)
+    def compile(self, ctx: CompileContext) -> CompileOutput:
+        spec = ctx.spec
+        b = run_argv(ctx, ext=self.artifact_ext)
         kernels, meta = self.products(b.artifact)
         if not kernels:
             raise CompileError(
@@ -158,12 +149,12 @@ class AscendBackend:
                 log=b.log,
             )
         return CompileOutput(
-            b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta, read_lists=b.read_lists
+            b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta, tool_reads=b.tool_reads
         )
 
     def products(self, artifact: bytes) -> Products:
         kernels = ascend_kernel_names(artifact)
-        return kernels, {"kernels": list(kernels)}
+        return kernels, {}
 
     def load(self, artifact: bytes, *, name: str, options: Mapping[str, Any] | None = None) -> AscendLibrary:
         return AscendLibrary(artifact, name, ascend_kernel_names(artifact))

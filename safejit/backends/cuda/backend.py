@@ -21,7 +21,7 @@ from ...sandbox import SYSTEM_PATH
 from ...spec import BuildSpec, Source, Toolchain
 from .._argv import run_argv
 from .._toolchain import ProbeCache, compiler_search_dirs, dir_idents, file_ident, find_program, hash_tools, run_text
-from ..base import CompileOutput, Products, Runner, macro_flags
+from ..base import CompileContext, CompileOutput, Products, Runner, macro_flags
 from .cubin import KernelParams, cubin_frame_sizes, cubin_kernels
 from .launch import CudaLibrary, device_arch
 from .nvrtc import NvrtcWorker, compile_with_headers, nvrtc_compile_once
@@ -123,9 +123,9 @@ class CudaBackend:
         self._lock = threading.Lock()
 
     @property
-    def compiles_in_process(self) -> bool:
+    def needs_workdir(self) -> bool:
         """NVRTC compiles without the sandboxed runner (in process, or in its worker)."""
-        return self.compiler == "nvrtc"
+        return self.compiler != "nvrtc"
 
     # -- toolchain -----------------------------------------------------------
     def language(self, source: Source) -> str:
@@ -264,22 +264,13 @@ class CudaBackend:
             argv += ["-iquote", quote_dir]
         return (*argv, "-MD", "-MF", "{DEP}", "-o", "{OUT}", "-x", "cu", "{SRC}")
 
-    def compile(
-        self,
-        spec: BuildSpec,
-        *,
-        workdir: str,
-        expand: Callable[[str], str],
-        run: Runner,
-        timeout: float,
-        search_dirs: Sequence[str] = (),
-        confine: Callable[[str], str] | None = None,
-        max_deps: int = 20_000,
-    ) -> CompileOutput:
+    def compile(self, ctx: CompileContext) -> CompileOutput:
+        spec = ctx.spec
         if self.compiler == "nvrtc":
-            out = self._compile_nvrtc(spec, search_dirs, confine, timeout, max_deps)
+            ctx.started()  # (no process to wait for)
+            out = self._compile_nvrtc(spec, ctx.search_dirs, ctx.confine, ctx.timeout, ctx.max_deps)
         else:
-            out = self._compile_nvcc(spec, workdir, expand, run, timeout)
+            out = self._compile_nvcc(ctx)
         self._check_spills(spec.name, out.log, out.artifact)
         return out
 
@@ -324,13 +315,11 @@ class CudaBackend:
             meta=self._meta(kernels, result.lowered),
         )
 
-    def _compile_nvcc(
-        self, spec: BuildSpec, workdir: str, expand: Callable[[str], str], run: Runner, timeout: float
-    ) -> CompileOutput:
-        b = run_argv(spec, workdir=workdir, expand=expand, run=run, timeout=timeout, ext=self.artifact_ext)
+    def _compile_nvcc(self, ctx: CompileContext) -> CompileOutput:
+        b = run_argv(ctx, ext=self.artifact_ext)
         kernels, meta = self._products(b.artifact)
         return CompileOutput(
-            b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta, read_lists=b.read_lists
+            b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta, tool_reads=b.tool_reads
         )
 
     def products(self, artifact: bytes) -> Products | None:

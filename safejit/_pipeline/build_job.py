@@ -1,0 +1,276 @@
+"""One compile and the closure of what it read, as a job with its state in fields.
+
+The closure is scanned twice at most. Early, while the compiler still runs: when it
+has listed what it read (its assembler and linker run on), and again when it closes
+its artifact — if nothing it listed has changed by then, the closure holds for those
+very bytes, and the leaf can be staged before the driver even exits. Late, after the
+compiler exits, for whatever the early scan could not vouch for. A dependency that
+changed within a clock tick of the compile means what the compiler read is unknown:
+the job compiles once more, and vouches only for a clean run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from ..backends.base import CompileContext, CompileOutput, Products
+from ..cache.leaf import Manifest, Negatives, VerifiedLeaf, negative_dirs
+from ..closure import scan
+from ..closure.anchors import Anchors
+from ..closure.scan import Closure
+from ..config import Config
+from ..errors import CompileError, LimitExceededError, PolicyError, SafejitError
+from ..outcomes import Outcome
+from ..policy import completeness
+from ..policy import roots as root_policy
+from ..spec import BuildSpec
+from ..telemetry import ATTR, SPAN, instruments, span
+from .parts import Parts
+from .records import LOG_EVENT_CAP, Counters, backend_meta, make_manifest, search_dirs
+
+__all__ = ["BuildJob", "Built", "OnArtifact"]
+
+logger = logging.getLogger("safejit.runtime")
+
+#: ``on_artifact(data, manifest)``: the compiler closed its artifact holding ``data``;
+#: ``manifest``: the leaf's, if these bytes are the build's (None: not known yet).
+OnArtifact = Callable[[bytes, Manifest | None], None]
+
+_NO_CLOSURE = Closure([], [], [], [], [])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Built:
+    """A build: its leaf (not yet published: ``path`` is empty) and whether it may be
+    vouched for (published, trusted by the memory tier)."""
+
+    leaf: VerifiedLeaf
+    vouched: bool
+
+
+@dataclasses.dataclass(slots=True)
+class _Held:
+    """The closure found unchanged when the compiler closed its artifact holding
+    ``artifact``, with what the other tools had read by then, and the manifest made
+    for those bytes (None: not known from the bytes alone)."""
+
+    listed: Closure
+    artifact: bytes
+    tool_reads: Mapping[str, tuple[str, ...]]
+    closure: Closure
+    manifest: Manifest | None
+
+
+class BuildJob:
+    """Compile ``spec`` once (twice if a dependency changed during the first run) and
+    record its closure. ``on_start``: work to overlap with the compiler, run once it
+    has started; ``on_artifact``: see :data:`OnArtifact`."""
+
+    def __init__(
+        self,
+        parts: Parts,
+        config: Config,
+        spec: BuildSpec,
+        key: str,
+        anchors: Anchors,
+        counters: Counters,
+        attrs: Mapping[str, str],
+        *,
+        on_start: Callable[[], None] | None = None,
+        on_artifact: OnArtifact | None = None,
+    ) -> None:
+        self.parts = parts
+        self.config = config
+        self.spec = spec
+        self.key = key
+        self.anchors = anchors
+        self.counters = counters
+        self._attrs = attrs
+        self._on_start = on_start
+        self._on_artifact = on_artifact
+        self._search_dirs = search_dirs(spec, anchors)
+        self._started_ns = 0
+        self._started = 0.0
+        #: The compiler's own listing, and its closure, as scanned early.
+        self._early: tuple[tuple[str, ...], Closure] | None = None
+        self._held: _Held | None = None
+
+    # -- events from the compile (CompileEvents) ----------------------------------
+    def started(self) -> None:
+        waiting, self._on_start = self._on_start, None
+        if waiting is not None:
+            waiting()
+
+    def listed(self, deps: tuple[str, ...], complete: bool) -> None:
+        """The compiler has written its depfile; its assembler and linker still run.
+        Scanning now takes the scan off the caller's time; it is used only if the final
+        depfile names the very same files and none of them has changed before the
+        artifact's last close (or, failing that, the compiler's exit). Any failure is
+        left to the late scan."""
+        self._early = None
+        self._held = None
+        if complete:
+            with contextlib.suppress(OSError, ValueError, SafejitError):
+                self._early = (deps, self._closure(deps, early=True))
+
+    def closed_artifact(self, data: bytes, tool_reads: Mapping[str, tuple[str, ...]] | None) -> None:
+        """Whatever the compiler read went into these bytes before it closed them: if the
+        early closure still holds now, it holds for them, however long the driver takes
+        to exit (reads after this close cannot change them)."""
+        self._held = None
+        early = self._early
+        if early is None or tool_reads is None or not scan.unchanged(early[1]):
+            return
+        with contextlib.suppress(OSError, ValueError, SafejitError):
+            closure = scan.merged(early[1], self._tools_closure(tool_reads))
+            # If these bytes are the build's, so is this manifest (the compile's time:
+            # until its artifact was complete).
+            products = None if closure.too_new else self.parts.backend.products(data)
+            manifest = None if products is None else self._manifest(closure, data, products, self._elapsed())
+            self._held = _Held(early[1], data, tool_reads, closure, manifest)
+            if self._on_artifact is not None:  # staged once all it was made of is known to be confined
+                self._on_artifact(data, manifest)
+
+    # -- the job ---------------------------------------------------------------
+    def run(self, workdir: str) -> Built:
+        """Compile in ``workdir`` and record the closure."""
+        self._started_ns, self._started = time.time_ns(), time.perf_counter()
+        out = self._compile(workdir, events=True)
+        closure, manifest = self._closure_of(out)
+        if closure.too_new:
+            # A dependency changed within a clock tick of the compile: what the compiler read
+            # is unknown. Once the tick has passed, compile again; vouch only for a clean run.
+            logger.info("%s changed while %s compiled; compiling again", closure.too_new[0], self.spec.name)
+            time.sleep(scan.COARSE_NS / 1e9)
+            self._started_ns = time.time_ns()
+            out = self._compile(workdir, events=False)
+            closure = scan.merged(self._closure(out.deps), self._tools_closure(out.tool_reads))
+            manifest = None
+        checked = time.monotonic()  # (no later than the scan that vouches for the closure)
+        if manifest is None:
+            manifest = self._manifest(closure, out.artifact, (out.kernels, out.meta), out.seconds)
+        negatives = Negatives(paths=closure.negative_paths, dirs=negative_dirs(closure.negative_paths))
+        leaf = VerifiedLeaf("", "", manifest, out.artifact, tuple(closure.states), negatives, checked=checked)
+        if out.complete and not closure.too_new:
+            return Built(leaf, True)
+        # What the compiler read is not what was hashed (or is unknown): the build may be
+        # returned once, but nothing may vouch for it later — not the disk tier, and not the
+        # memory tier (its entry fails its first revalidation).
+        changed = set(closure.too_new)
+        unvouched = tuple((p, snap, "" if p in changed else d) for p, snap, d in closure.states)
+        why = f"{closure.too_new[0]} changed during compile" if closure.too_new else "the dependency scan is incomplete"
+        logger.warning("not caching %s: %s; it will be rebuilt next time", self.spec.name, why)
+        self.counters.outcome(Outcome.SKIPPED)
+        instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: Outcome.SKIPPED})
+        return Built(dataclasses.replace(leaf, dep_states=unvouched, closure_known=out.complete), False)
+
+    def _closure_of(self, out: CompileOutput) -> tuple[Closure, Manifest | None]:
+        """The closure of the finished compile: the one checked at the close that made
+        these very bytes, when there was one; else scanned now."""
+        held = self._held
+        early = self._early
+        if (
+            held is not None
+            and early is not None
+            and early[0] == out.deps
+            and held.listed is early[1]
+            and held.artifact is out.artifact
+            and held.tool_reads == out.tool_reads
+        ):
+            manifest = held.manifest
+            if manifest is not None and (manifest.kernels, manifest.meta) != (out.kernels, backend_meta(out.meta)):
+                manifest = None
+            return held.closure, manifest
+        closure = early[1] if early is not None and early[0] == out.deps and scan.unchanged(early[1]) else None
+        if closure is None:
+            closure = self._closure(out.deps)
+        return scan.merged(closure, self._tools_closure(out.tool_reads)), None
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self._started
+
+    def _manifest(self, closure: Closure, data: bytes, products: Products, seconds: float) -> Manifest:
+        ext = self.parts.backend.artifact_ext
+        return make_manifest(self.spec, self.key, closure, ext, artifact=data, products=products, seconds=seconds)
+
+    def _compile(self, workdir: str, *, events: bool) -> CompileOutput:
+        self.counters.add("compiles")
+        spec, anchors = self.spec, self.anchors
+        with span(SPAN.COMPILER_RUN, {ATTR.SANDBOX: self.parts.sandbox.describe()}) as s:
+            ctx = CompileContext(
+                spec=spec,
+                workdir=workdir,
+                expand=anchors.expand_text,
+                run=self.parts.runner(
+                    self.config, (*spec.toolchain.roots, *spec.toolchain.link_roots), on_start=self.started
+                ),
+                timeout=self.config.compile_timeout_s,
+                search_dirs=self._search_dirs,
+                confine=lambda path: root_policy.confine(path, anchors, what="header"),
+                max_deps=self.config.max_deps,
+                events=self if events else None,
+            )
+            try:
+                out = self.parts.backend.compile(ctx)
+            except CompileError as exc:
+                self.counters.add("errors")
+                s.add_event("compiler.log", {"safejit.log": exc.log[:LOG_EVENT_CAP]})
+                raise
+            finally:
+                self.started()  # (a compile that failed before starting its process)
+            s.set_attribute(ATTR.BYTES, len(out.artifact))
+            if out.log:
+                s.add_event("compiler.log", {"safejit.log": out.log[:LOG_EVENT_CAP]})
+        instruments.compile_duration.record(out.seconds, self._attrs)
+        self.counters.compile_seconds.append(out.seconds)
+        if len(out.artifact) > self.config.max_artifact_bytes:
+            raise LimitExceededError(
+                f"artifact is {len(out.artifact)} bytes; the limit is {self.config.max_artifact_bytes}",
+                limit=self.config.max_artifact_bytes,
+            )
+        return out
+
+    def _tools_closure(self, reads: Mapping[str, tuple[str, ...]]) -> Closure:
+        """The closure of what each other tool read: the assembler's (what inline asm
+        names) confined like includes, the linker's also under the linker's roots."""
+        closure = _NO_CLOSURE
+        for tool, deps in reads.items():
+            if deps:
+                closure = scan.merged(closure, self._closure(deps, tools=True, linker=tool == "linker"))
+        return closure
+
+    def _closure(
+        self, deps: Sequence[str], *, early: bool = False, tools: bool = False, linker: bool = False
+    ) -> Closure:
+        """The closure of ``deps``, confined and hashed. ``early``: a scan while the
+        compiler still runs, which a later one may repeat (its violations are not
+        counted). ``tools``: files the assembler or linker read (no includes, no
+        negatives); ``linker``: the linker's (which may also lie under its roots)."""
+        with span(SPAN.POLICY_CHECK, {ATTR.KIND: "completeness"}) as s:
+            try:
+                return completeness.record_closure(
+                    deps,
+                    self.anchors,
+                    max_deps=self.config.max_deps,
+                    started_ns=self._started_ns,
+                    search_dirs=() if tools else self._search_dirs,
+                    source=b"" if tools else self.spec.code,
+                    trust_stat=self.config.trust_stat,
+                    includes=not tools,
+                    linker=linker,
+                )
+            except (PolicyError, LimitExceededError) as exc:
+                kind = type(exc).__name__
+                s.set_attribute(ATTR.KIND, kind)
+                if not early:
+                    instruments.policy_violations.add(1, {**self._attrs, ATTR.KIND: kind})
+                raise
+            except OSError as exc:  # (a listed file that is no regular file, or unreadable)
+                raise CompileError(
+                    f"{self.spec.name}: a file the build read cannot be hashed: {exc.filename}: {exc.strerror}",
+                    log="",
+                ) from None

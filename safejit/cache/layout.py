@@ -1,0 +1,152 @@
+"""Every on-disk path shape of a cache root, in one place (DESIGN.md §5)::
+
+    <root>/v1/tmp/<uuid>/                       staging and compile work dirs
+    <root>/v1/locks/<build_key>.lock
+    <root>/v1/quarantine/<stamp>-<id>/          leaves that failed verification
+    <root>/v1/usage/<tenant>/<record>.json      per-process counters (safejit stats)
+    <root>/v1/<tenant>/<backend>/<K[:2]>/build-<K>/deps-<D>/
+          artifact.<ext>   manifest.json   .committed
+
+:meth:`CacheLayout.leaves` walks the leaf tree without following a symlink.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = [
+    "MANIFEST",
+    "MARKER",
+    "RESERVED",
+    "VERSION",
+    "CacheLayout",
+    "LeafPath",
+    "artifact_file",
+]
+
+VERSION: Final = "v1"
+MARKER: Final = ".committed"
+MANIFEST: Final = "manifest.json"
+#: Names under ``v1/`` that are not tenants.
+RESERVED: Final = frozenset({"tmp", "locks", "quarantine", "tools", "usage"})
+_BUILD: Final = re.compile(r"build-([0-9a-f]{64})\Z")
+_DEPS: Final = re.compile(r"deps-([0-9a-f]{64})\Z")
+
+
+def artifact_file(ext: str) -> str:
+    """A leaf's artifact name (``artifact.so``, ``artifact.cubin``...)."""
+    return f"artifact.{ext}"
+
+
+@dataclass(frozen=True, slots=True)
+class LeafPath:
+    """A leaf found by :meth:`CacheLayout.leaves` (its directory entry, not yet verified)."""
+
+    tenant: str
+    backend: str
+    build_key: str
+    deps_key: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLayout:
+    """The paths of one cache root. ``root`` is the resolved root directory."""
+
+    root: str
+
+    @property
+    def base(self) -> str:
+        return os.path.join(self.root, VERSION)
+
+    @property
+    def tmp(self) -> str:
+        return os.path.join(self.root, VERSION, "tmp")
+
+    @property
+    def locks(self) -> str:
+        return os.path.join(self.root, VERSION, "locks")
+
+    @property
+    def quarantine(self) -> str:
+        return os.path.join(self.root, VERSION, "quarantine")
+
+    @property
+    def usage(self) -> str:
+        return os.path.join(self.root, VERSION, "usage")
+
+    def usage_dir(self, tenant: str) -> str:
+        return os.path.join(self.root, VERSION, "usage", tenant)
+
+    def lock(self, build_key: str) -> str:
+        return os.path.join(self.root, VERSION, "locks", f"{build_key}.lock")
+
+    def build_dir(self, tenant: str, backend: str, build_key: str) -> str:
+        return os.path.join(self.root, VERSION, tenant, backend, build_key[:2], f"build-{build_key}")
+
+    def leaf(self, tenant: str, backend: str, build_key: str, deps_key: str) -> str:
+        return os.path.join(self.build_dir(tenant, backend, build_key), f"deps-{deps_key}")
+
+    def within(self, path: str) -> bool:
+        """Whether ``path`` lies lexically under ``<root>/v1`` (deletion stays inside it)."""
+        base = self.base.rstrip("/") + "/"
+        return os.path.normpath(path).startswith(base)
+
+    # -- walking ---------------------------------------------------------------
+    def build_dirs(self) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
+        """``(tenant, backend, entry)`` for every entry of the shard level — build dirs
+        and strays alike (the caller tells them apart with :func:`build_key_of`)."""
+        for tenant in _dirs(self.base):
+            if tenant.name in RESERVED:
+                continue
+            for backend in _dirs(tenant.path):
+                for shard in _dirs(backend.path):
+                    for entry in _entries(shard.path):
+                        yield tenant.name, backend.name, entry
+
+    def leaves(self) -> Iterator[LeafPath]:
+        """Every ``deps-<D>`` directory of every ``build-<K>`` directory (real directories
+        only; a symlink standing in for either is not followed)."""
+        for tenant, backend, build in self.build_dirs():
+            key = build_key_of(build.name)
+            if key is None or not build.is_dir(follow_symlinks=False):
+                continue
+            for leaf in _entries(build.path):
+                deps = deps_key_of(leaf.name)
+                if deps is not None and leaf.is_dir(follow_symlinks=False):
+                    yield LeafPath(tenant, backend, key, deps, leaf.path)
+
+
+def build_key_of(name: str) -> str | None:
+    m = _BUILD.match(name)
+    return m.group(1) if m else None
+
+
+def deps_key_of(name: str) -> str | None:
+    m = _DEPS.match(name)
+    return m.group(1) if m else None
+
+
+def is_real_dir(path: str) -> bool:
+    """A directory, and not a symlink to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _entries(path: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError:
+        return []
+
+
+def _dirs(path: str) -> list[os.DirEntry[str]]:
+    return [e for e in _entries(path) if e.is_dir(follow_symlinks=False)]
