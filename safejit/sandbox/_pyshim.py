@@ -494,6 +494,8 @@ def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=os.dup(0))
     ahead = Ahead(argv)
     ahead.prepare()
+    if _libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, once the maps are written: see shim.c
+        _die(126, "dumpable")
     ahead.report(sock)
     req = Request(_read_request(sock))
     null = os.open(os.devnull, os.O_RDONLY)

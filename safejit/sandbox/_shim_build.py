@@ -80,12 +80,24 @@ def ensure_shim(state: StateDir, cc: str | None) -> int | None:
         with open(out, "rb") as fh:
             binary = fh.read()
         _install(state, name, binary)
+        _forget_others(state, name)
     except (OSError, subprocess.SubprocessError) as exc:
         logger.warning("building the sandbox shim failed: %s", exc)
         return None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return _open_checked(state, name)
+
+
+def _forget_others(state: StateDir, name: str) -> None:
+    """Remove the shims of other versions of ``shim.c`` (or other compilers): a process
+    that runs one holds it open, so it goes on working."""
+    with contextlib.suppress(OSError), os.scandir(state.path) as entries:
+        old = [e.name for e in entries if e.name.startswith("shim-") and e.name != name]
+    for other in old:
+        with contextlib.suppress(OSError):
+            if stat.S_ISREG(os.lstat(other, dir_fd=state.fd).st_mode):
+                os.unlink(other, dir_fd=state.fd)
 
 
 def _install(state: StateDir, name: str, binary: bytes) -> None:

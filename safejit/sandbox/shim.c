@@ -794,6 +794,11 @@ int main(int argc, char **argv) {
     close_others();
     parse_ahead(argc, argv, &a);
     prepare(&a);
+    /* Not dumpable (once its own maps are written: that needs its /proc files): a
+     * compiler of the same uid (the caller is not root) cannot reach into this process
+     * through /proc/<pid>/mem (nor ptrace it: seccomp refuses that) to use its
+     * capabilities in the namespace. (exec makes the program dumpable again.) */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) die(126, "dumpable");
     report(&a);
     pid_t child = -1;
     int to_program = start_program(&a, &child);
