@@ -10,7 +10,8 @@ that matches its meaning, so callers may catch either::
     ├── PolicyError                  (PermissionError)
     │   ├── PathConfinementError                    path outside every declared root
     │   ├── FlagPolicyError                         compiler flag refused
-    │   └── UndeclaredDependencyError               closure reads outside declared roots
+    │   ├── UndeclaredDependencyError               closure reads outside declared roots
+    │   └── LoadTimeCodeError                       a host kernel would run its own code when loaded
     ├── SandboxUnavailableError      (RuntimeError) sandbox="required" but not offered
     ├── CompileError                 (RuntimeError) compiler failed; carries .log
     │   └── CompileTimeout           (TimeoutError) compiler killed at the time limit
@@ -35,6 +36,7 @@ __all__ = [
     "KeyDeclarationError",
     "LimitExceededError",
     "LoadError",
+    "LoadTimeCodeError",
     "PathConfinementError",
     "PolicyError",
     "SafejitError",
@@ -90,6 +92,15 @@ class FlagPolicyError(PolicyError):
 
 class UndeclaredDependencyError(PolicyError):
     """The compiler read a file outside every declared root."""
+
+
+class LoadTimeCodeError(PolicyError):
+    """A host kernel's shared object would run code of its own when it is loaded
+    (a constructor, an IFUNC resolver, code added to ``_init``…) or would change the
+    process for it (an executable stack, a library search path). ``.reasons`` names
+    each finding; nothing was published or loaded."""
+
+    reasons: tuple[str, ...]
 
 
 class SandboxUnavailableError(SafejitError, RuntimeError):

@@ -17,7 +17,7 @@ from typing import Final
 from .closure.hashing import open_regular
 from .errors import ConfigError, LimitExceededError
 
-__all__ = ["NOT_IN_KEY", "AnchoredPath", "BuildSpec", "Source", "Toolchain"]
+__all__ = ["NOT_IN_KEY", "AnchoredPath", "BuildSpec", "LoadBaseline", "Source", "Toolchain"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 _FILENAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}\Z")
@@ -101,6 +101,31 @@ class Source:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadBaseline:
+    """What the toolchain's own empty shared object runs or calls when it is loaded and
+    unloaded (its crt files: ``_init``, ``frame_dummy``, ``__do_global_dtors_aux``): a
+    host kernel may hold exactly this and nothing more (``backends/_load_time.py``)."""
+
+    #: ``EI_CLASS``, ``EI_DATA`` and ``e_machine`` of what the toolchain links.
+    elf_class: int
+    byte_order: int
+    machine: int
+    #: Size of ``.init`` / ``.fini`` where ``DT_INIT`` / ``DT_FINI`` is set; -1: not set.
+    init: int
+    fini: int
+    #: Entries of ``DT_INIT_ARRAY`` / ``DT_FINI_ARRAY``.
+    init_array: int
+    fini_array: int
+    #: Bytes of ``.ctors`` / ``.dtors`` (older toolchains).
+    ctors: int
+    dtors: int
+    #: Symbols the start-up code calls if something defines them (``__gmon_start__``,
+    #: ``__cxa_finalize``, ``_ITM_registerTMCloneTable``…): the link's undefined
+    #: dynamic symbols, which must stay undefined in every kernel.
+    startup_refs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Toolchain:
     """A probed compiler: identity, version, binary digest and its roots."""
 
@@ -123,6 +148,9 @@ class Toolchain:
     #: Where the linker finds libraries: declared roots for what the linker reads only
     #: (anchors ``l0``…), never for includes, sources or paths in flags.
     link_roots: tuple[str, ...] = ()
+    #: What the toolchain's own empty shared object runs at load (host): anything a
+    #: kernel runs beyond it is refused. None: no baseline (other backends).
+    load_baseline: LoadBaseline | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -220,6 +220,11 @@ class BuildJob:
                 self.counters.add("errors")
                 s.add_event("compiler.log", {"safejit.log": exc.log[:LOG_EVENT_CAP]})
                 raise
+            except PolicyError as exc:  # (what the compiler made is refused: LoadTimeCodeError)
+                kind = type(exc).__name__
+                s.set_attribute(ATTR.KIND, kind)
+                instruments.policy_violations.add(1, {**self._attrs, ATTR.KIND: kind})
+                raise
             finally:
                 self.started()  # (a compile that failed before starting its process)
             s.set_attribute(ATTR.BYTES, len(out.artifact))

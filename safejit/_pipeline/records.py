@@ -14,7 +14,7 @@ from typing import Any, Final
 import msgspec
 
 from ..backends.base import Products
-from ..cache.leaf import ArtifactInfo, BackendMeta, Manifest, VerifiedLeaf
+from ..cache.leaf import ArtifactInfo, BackendMeta, Inputs, Manifest, VerifiedLeaf
 from ..cache.usage import MAX_SAMPLES
 from ..closure.anchors import Anchors
 from ..closure.hashing import digest_bytes
@@ -114,6 +114,16 @@ def make_manifest(
         timings={"compile_s": round(seconds, 6)},
         created=time.time(),
         meta=backend_meta(products[1]),
+        inputs=Inputs(
+            source_digest=spec.source_digest,
+            language=spec.language,
+            arch=spec.arch,
+            flags=spec.flags,
+            defines=spec.defines,
+            include_dirs=spec.include_dirs,
+            extras=spec.extras,
+            env=tuple((name, digest_bytes(value.encode())) for name, value in spec.env),
+        ),
     )
 
 

@@ -5,6 +5,7 @@ fresh process that only hits the cache starts no compiler."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -17,7 +18,7 @@ from ..closure.hashing import Snapshot, digest_bytes, hash_file, is_racy
 from ..errors import ConfigError
 from ..keys import encode
 from ..sandbox import SYSTEM_PATH
-from ..spec import Toolchain
+from ..spec import LoadBaseline, Toolchain
 from .base import Runner
 
 __all__ = [
@@ -172,6 +173,7 @@ class ProbeCache:
                 link_deps=data["link_deps"] is True,
                 link_inputs=tuple(str(p) for p in data["link_inputs"]),
                 link_roots=tuple(str(p) for p in data["link_roots"]),
+                load_baseline=_baseline_from(data.get("load_baseline")),
             )
         except (OSError, ValueError, KeyError, TypeError, IndexError, ConfigError):
             return None
@@ -197,6 +199,7 @@ class ProbeCache:
             "link_deps": tc.link_deps,
             "link_inputs": list(tc.link_inputs),
             "link_roots": list(tc.link_roots),
+            "load_baseline": None if tc.load_baseline is None else dataclasses.asdict(tc.load_baseline),
             "tools": [[name, real, *snap] for name, real, snap in tools],
             "dirs": [list(d) for d in dirs],
         }
@@ -208,3 +211,18 @@ class ProbeCache:
         except OSError:
             with contextlib.suppress(OSError):
                 tmp.unlink()
+
+
+def _baseline_from(value: object) -> LoadBaseline | None:
+    """A :class:`LoadBaseline` as :meth:`ProbeCache.put` wrote it; ``ValueError`` for
+    anything else (the probe is then done again)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {f.name for f in dataclasses.fields(LoadBaseline)}:
+        raise ValueError("not a load baseline")
+    refs = value.pop("startup_refs")
+    if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
+        raise ValueError("not a load baseline")
+    if not all(type(v) is int for v in value.values()):
+        raise ValueError("not a load baseline")
+    return LoadBaseline(**value, startup_refs=tuple(refs))

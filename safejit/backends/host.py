@@ -1,5 +1,10 @@
 """Host backend: C/C++ through the system compiler into a shared object,
-loaded from the verified bytes (memfd + dlopen) and called through ctypes."""
+loaded from the verified bytes (memfd + dlopen) and called through ctypes.
+
+Calling a kernel runs the tenant's code in this process; loading one must not:
+an object that would run code of its own at ``dlopen`` (beyond what the
+toolchain's own empty link runs, read by the probe) is refused with
+``LoadTimeCodeError`` before it is published or loaded (``_load_time.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +15,6 @@ import fcntl
 import logging
 import os
 import shutil
-import struct
 import tempfile
 import threading
 import time
@@ -21,11 +25,13 @@ from typing import Any, Final
 from .. import faults
 from .._proc import alive
 from ..closure.depfiles import parse_listing
-from ..closure.hashing import hash_file
-from ..errors import ConfigError, LoadError
+from ..closure.hashing import hash_file, read_output
+from ..errors import ConfigError, LoadError, LoadTimeCodeError
 from ..sandbox import SYSTEM_PATH
-from ..spec import Source, Toolchain
+from ..spec import BuildSpec, LoadBaseline, Source, Toolchain
 from ._argv import ASM_DEP_FLAG, LD_DEP_FLAG, run_argv
+from ._elf import ElfError, dynsym_functions
+from ._load_time import baseline_of, load_time_code
 from ._toolchain import (
     ProbeCache,
     compiler_search_dirs,
@@ -38,12 +44,12 @@ from ._toolchain import (
 )
 from .base import CompileContext, CompileOutput, Products, Runner, macro_flags
 
-__all__ = ["HostBackend", "HostLibrary", "elf_exported_functions"]
+__all__ = ["HostBackend", "HostLibrary", "elf_exported_functions", "refuse_load_time_code"]
 
 logger = logging.getLogger(__name__)
 
 _SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
-_PROBE_SCHEMA: Final = 6
+_PROBE_SCHEMA: Final = 7
 
 
 class HostBackend:
@@ -125,7 +131,7 @@ class HostBackend:
         # only, never for includes or sources. What it reads to link nothing (crt files,
         # libc, libgcc) is the toolchain's own: in its digest, like cc1.
         link_roots = [os.path.realpath(d) for d in program_dirs(search_out, "libraries") if os.path.isdir(d)]
-        link_deps, link_inputs = self._probe_link_deps(compiler, language, run, (*where, *link_roots))
+        link_deps, link_inputs, baseline = self._probe_link(compiler, language, run, (*where, *link_roots))
         link_roots += [os.path.dirname(real) for _, real in link_inputs]
         more, tools = hash_tools([*found, *link_inputs])
         digests += more
@@ -139,37 +145,44 @@ class HostBackend:
             link_deps=link_deps,
             link_inputs=tuple(name for name, _ in link_inputs),
             link_roots=tuple(dict.fromkeys(link_roots)),
+            load_baseline=baseline,
         )
         self._probes.put(ident, tc, tools, dirs)
         return tc
 
     @staticmethod
-    def _probe_link_deps(
+    def _probe_link(
         compiler: str, language: str, run: Runner, where: Sequence[str]
-    ) -> tuple[bool, list[tuple[str, str]]]:
-        """Whether the linker lists the files it reads (GNU ld, lld: ``--dependency-file``):
-        crt files, libraries, linker scripts, which no depfile of the compiler names; and
-        ``(name, resolved)`` of those it reads to link nothing: the toolchain's own."""
-        listing = "-Wl,--dependency-file=/dev/stdout"
-        result = run(
-            [compiler, "-shared", "-x", language, "/dev/null", "-o", "/dev/null", listing],
-            cwd="",
-            timeout=60,
-            extra_read=where,
-        )
-        try:
-            listed = parse_listing(result.log) if result.returncode == 0 else None
-        except ValueError:
-            listed = None
+    ) -> tuple[bool, list[tuple[str, str]], LoadBaseline | None]:
+        """Link an empty shared object as a kernel is linked, and learn from it: whether
+        the linker lists the files it reads (GNU ld, lld: ``--dependency-file``): crt
+        files, libraries, linker scripts, which no depfile of the compiler names;
+        ``(name, resolved)`` of those it reads to link nothing: the toolchain's own; and
+        what the toolchain's own shared object runs at load (its crt files' ``_init``,
+        ``frame_dummy``…), which a kernel may hold and nothing more. None: no baseline
+        (every kernel is then refused)."""
+        with tempfile.TemporaryDirectory(prefix="safejit-link-probe-") as scratch:
+            empty = os.path.join(scratch, "empty.so")
+            link = [compiler, "-shared", "-fPIC", "-O2", "-fno-lto", "-x", language, "/dev/null", "-o", empty]
+            listing = "-Wl,--dependency-file=/dev/stdout"
+            result = run([*link, listing], cwd=scratch, timeout=60, extra_read=where)
+            try:
+                listed = parse_listing(result.log) if result.returncode == 0 else None
+            except ValueError:
+                listed = None
+            if listed is None:
+                logger.warning(
+                    "the linker of %s cannot list the files it reads (--dependency-file): libraries and "
+                    "crt files are not part of the dependency closure",
+                    compiler,
+                )
+                result = run(link, cwd=scratch, timeout=60, extra_read=where)
+            baseline = _baseline(compiler, empty) if result.returncode == 0 else None
         if listed is None:
-            logger.warning(
-                "the linker of %s cannot list the files it reads (--dependency-file): libraries and "
-                "crt files are not part of the dependency closure",
-                compiler,
-            )
-            return False, []
+            return False, [], baseline
         # (the driver's temporary object is gone by now; whatever else is not a file is no input)
-        return True, [(p, os.path.realpath(p)) for p in listed if os.path.isabs(p) and os.path.isfile(p)]
+        inputs = [(p, os.path.realpath(p)) for p in listed if os.path.isabs(p) and os.path.isfile(p)]
+        return True, inputs, baseline
 
     # -- compile -------------------------------------------------------------
     def argv(
@@ -219,6 +232,7 @@ class HostBackend:
 
     def compile(self, ctx: CompileContext) -> CompileOutput:
         b = run_argv(ctx, ext=self.artifact_ext)
+        refuse_load_time_code(ctx.spec, b.artifact)
         kernels, meta = self.products(b.artifact)
         return CompileOutput(
             b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta, tool_reads=b.tool_reads
@@ -233,54 +247,42 @@ class HostBackend:
         return HostLibrary(artifact, name)
 
 
-def elf_exported_functions(artifact: bytes) -> tuple[str, ...]:
-    """Defined global/weak functions in an ELF shared object's ``.dynsym``.
-
-    A direct reading of the section headers and the dynamic symbol table: it
-    runs on every compile, where a general ELF library costs milliseconds.
-    """
+def _baseline(compiler: str, path: str) -> LoadBaseline | None:
     try:
-        return _dynsym_functions(artifact)
-    except (struct.error, IndexError, ValueError, OverflowError) as exc:  # found by fuzzing: huge offsets
-        raise LoadError(f"artifact is not a readable ELF shared object: {exc}") from exc
+        return baseline_of(read_output(path))
+    except (OSError, ElfError) as exc:
+        logger.warning("the empty shared object %s links cannot be read (%s): every kernel is refused", compiler, exc)
+        return None
 
 
-def _dynsym_functions(data: bytes) -> tuple[str, ...]:
-    if data[:4] != b"\x7fELF" or data[4] not in (1, 2) or data[5] not in (1, 2):
-        raise ValueError("bad ELF magic")
-    is64, end = data[4] == 2, "<" if data[5] == 1 else ">"
-    if is64:
-        shoff, shentsize, shnum = (
-            struct.unpack_from(end + "Q", data, 0x28)[0],
-            *struct.unpack_from(end + "HH", data, 0x3A),
-        )
-        sec = struct.Struct(end + "IIQQQQIIQQ")  # name type flags addr offset size link info align entsize
-        sym = struct.Struct(end + "IBBHQQ")  # name info other shndx value size
+def refuse_load_time_code(spec: BuildSpec, artifact: bytes) -> None:
+    """Raise :class:`LoadTimeCodeError` if loading ``artifact`` would run code of its own
+    (or change the process for it) beyond what the toolchain's empty link does."""
+    baseline = spec.toolchain.load_baseline
+    if baseline is None:
+        reasons = ["the toolchain's own empty shared object could not be made or read, so nothing may be loaded"]
     else:
-        shoff, shentsize, shnum = (
-            struct.unpack_from(end + "I", data, 0x20)[0],
-            *struct.unpack_from(end + "HH", data, 0x2E),
+        try:
+            reasons = load_time_code(artifact, baseline)
+        except ElfError as exc:
+            raise LoadError(f"{spec.name}: not a readable shared object: {exc}", name=spec.name) from exc
+    if reasons:
+        raise LoadTimeCodeError(
+            f"{spec.name}: refused: loading it would run code of its own or change the process for it: "
+            + "; ".join(reasons),
+            name=spec.name,
+            reasons=tuple(reasons),
         )
-        sec = struct.Struct(end + "IIIIIIIIII")
-        sym = struct.Struct(end + "IIIBBH")  # name value size info other shndx
-    headers = [sec.unpack_from(data, shoff + i * shentsize) for i in range(shnum)]
-    names: set[str] = set()
-    for h in headers:
-        if h[1] != 11:  # SHT_DYNSYM
-            continue
-        strtab = headers[h[6]]
-        str_off, str_end = strtab[4], strtab[4] + strtab[5]
-        for off in range(h[4], h[4] + h[5], sym.size):
-            fields = sym.unpack_from(data, off)
-            name_off, info, shndx = (fields[0], fields[1], fields[3]) if is64 else (fields[0], fields[3], fields[5])
-            if info & 0xF != 2 or info >> 4 not in (1, 2) or shndx == 0:  # FUNC; GLOBAL|WEAK; defined
-                continue
-            start = str_off + name_off
-            stop = data.index(b"\0", start, str_end)
-            names.add(data[start:stop].decode("utf-8", "replace"))
-    names.discard("_init")
-    names.discard("_fini")
-    return tuple(sorted(names))
+
+
+def elf_exported_functions(artifact: bytes) -> tuple[str, ...]:
+    """Defined global/weak functions in an ELF shared object's ``.dynsym``
+    (``_elf.dynsym_functions``: it runs on every compile, where a general ELF
+    library costs milliseconds)."""
+    try:
+        return dynsym_functions(artifact)
+    except ElfError as exc:
+        raise LoadError(f"artifact is not a readable ELF shared object: {exc}") from exc
 
 
 _loader_lock = threading.Lock()

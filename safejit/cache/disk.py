@@ -93,7 +93,6 @@ class DiskTier:
         self._staging = staging if staging is not None else Staging("")
         self._attrs = {ATTR.BACKEND: backend, ATTR.TENANT: tenant}
         self._writable: str | None = None
-        self._root_ids: dict[str, tuple[int, int]] = {}
         self._files_memo: tuple[Manifest, Manifest, dict[str, bytes]] | None = None
         #: Why the last search for a writable root found none.
         self.last_error: OSError | None = None
@@ -106,22 +105,19 @@ class DiskTier:
         return CacheLayout(root).build_dir(self.tenant, self.backend, build_key)
 
     def writable_root(self) -> str | None:
-        """The first root that can take new entries. A success is remembered; a
-        failure is not (a full or flaky disk may recover), and its error is kept
-        in ``last_error`` for the caller to report. A root whose directory was
-        swapped (for a symlink, or another directory) since it was first used is
-        unusable: nothing is written through it."""
+        """The first root that can take new entries. A success is remembered while the
+        root and its layout are there; a failure is not (a full or flaky disk may
+        recover), and its error is kept in ``last_error`` for the caller to report. A
+        root that was removed or moved away while this process ran is made again. A
+        root that is now a symlink is never written through."""
         if isinstance(self._writable, str):
-            if self._same_root(self._writable):
+            if self._layout_there(self._writable):
                 return self._writable
             self._writable = None
         for root in self.roots:
             try:
-                st = os.lstat(root)
-                if stat.S_ISLNK(st.st_mode) or (root in self._root_ids and not self._same_root(root)):
-                    raise OSError(errno.EXDEV, "cache root was replaced since it was first used", root)
-            except FileNotFoundError:
-                pass
+                if os.path.islink(root):
+                    raise OSError(errno.ELOOP, "cache root is a symlink now (it was resolved when first used)", root)
             except OSError as exc:
                 self.last_error = exc
                 continue
@@ -129,23 +125,24 @@ class DiskTier:
             try:
                 makedirs_durable(layout.tmp)
                 makedirs_durable(layout.locks)
-                st = os.lstat(root)
+                if not self._layout_there(root):
+                    raise OSError(errno.ENOTDIR, "the cache layout is not made of directories", layout.base)
             except OSError as exc:
                 self.last_error = exc
                 continue
             if os.access(layout.tmp, os.W_OK | os.X_OK):
-                self._root_ids.setdefault(root, (st.st_dev, st.st_ino))
                 self._writable = root
                 return root
-            self.last_error = PermissionError(errno.EACCES, "cache root is not writable", root)
+            self.last_error = PermissionError(
+                errno.EROFS if _read_only(root) else errno.EACCES, "cache root is not writable", root
+            )
         return None
 
-    def _same_root(self, root: str) -> bool:
-        try:
-            st = os.lstat(root)
-        except OSError:
-            return False
-        return stat.S_ISDIR(st.st_mode) and self._root_ids.get(root) == (st.st_dev, st.st_ino)
+    @staticmethod
+    def _layout_there(root: str) -> bool:
+        """The root, ``v1``, ``tmp`` and ``locks`` are real directories (no symlink)."""
+        layout = CacheLayout(root)
+        return all(is_real_dir(p) for p in (root, layout.base, layout.tmp, layout.locks))
 
     # -- lookup ----------------------------------------------------------------
     def lookup(self, build_key: str, anchors: Anchors, *, quiet: bool = False) -> VerifiedLeaf | Rejection:
@@ -426,18 +423,31 @@ class DiskTier:
         return None
 
     def _make_build_dir(self, root: str, bdir: str) -> None:
-        """``build-<K>`` as a real directory: anything else standing there (a file, a
-        symlink) is moved aside first. New build dirs need no fsync of their parents: if
-        a power cut loses the directory entry, the leaf is a miss, never a damaged hit."""
-        if os.path.lexists(bdir) and not is_real_dir(bdir):
-            logger.warning("quarantining %s: not a directory", bdir)
-            self.quarantine(bdir, root)
-        os.makedirs(bdir, exist_ok=True)
+        """``build-<K>`` and the directories above it as real directories, made without
+        following a symlink: anything else standing on the way (a file, a symlink a
+        writer of the shared root planted) is moved aside first. New build dirs need no
+        fsync of their parents: if a power cut loses the directory entry, the leaf is a
+        miss, never a damaged hit."""
+        base = CacheLayout(root).base
+        path = base
+        for part in os.path.relpath(bdir, base).split(os.sep):
+            path = os.path.join(path, part)
+            try:
+                os.mkdir(path, 0o755)
+            except FileExistsError:
+                if not is_real_dir(path):
+                    logger.warning("quarantining %s: not a directory", path)
+                    self.quarantine(path, root)
+                    os.mkdir(path, 0o755)
 
     def make_build_dir_later(self, root: str, build_key: str) -> None:
         """Create ``build-<K>`` in the background while the compiler runs (publish makes
         sure of it again; an empty build dir is a plain miss)."""
-        background().submit(_makedirs_quiet, self.build_dir(root, build_key))
+        background().submit(self._make_build_dir_quietly, root, self.build_dir(root, build_key))
+
+    def _make_build_dir_quietly(self, root: str, bdir: str) -> None:
+        with contextlib.suppress(OSError):
+            self._make_build_dir(root, bdir)
 
     def quarantine(self, path: str, root: str) -> None:
         """Move a damaged leaf (or whatever stands in its place) aside: a same-filesystem
@@ -452,8 +462,15 @@ class DiskTier:
 
     # -- work dirs and locks ---------------------------------------------------
     def workdir(self, root: str) -> Workdir:
-        """A work directory for one compile and its publish (see ``staging``)."""
-        return self._staging.workdir(root)
+        """A work directory for one compile and its publish (see ``staging``). When the
+        layout has vanished meanwhile (the cache dir removed or moved), it is made again."""
+        try:
+            return self._staging.workdir(root)
+        except FileNotFoundError:
+            self._writable = None
+            if self.writable_root() != root:
+                raise
+            return self._staging.workdir(root)
 
     def release_workdir_later(self, workdir: Workdir, root: str) -> None:
         """Delete a work directory in the background and prepare the next ones."""
@@ -467,7 +484,11 @@ class DiskTier:
         path = CacheLayout(root).lock(build_key)
         blank = os.path.join(workdir.path, LOCK_BLANK) if workdir is not None and workdir.prepared else None
         faults.point("lock.acquire")
-        return lock_file(path, timeout, blank=blank)
+        try:
+            return lock_file(path, timeout, blank=blank)
+        except FileNotFoundError:  # the layout vanished meanwhile: made again, then locked
+            makedirs_durable(CacheLayout(root).locks)
+            return lock_file(path, timeout, blank=blank)
 
     def close(self) -> None:
         self._staging.close()
@@ -480,9 +501,11 @@ def _fsync_quietly(path: str) -> None:
         logger.warning("could not make %s durable: %s (its newest leaf may not survive a power cut)", path, exc)
 
 
-def _makedirs_quiet(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.makedirs(path, exist_ok=True)
+def _read_only(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _read_reason(exc: OSError, damaged: Miss) -> Miss:

@@ -156,7 +156,7 @@ def remove_tree(path: str, *, within: str) -> None:
     """Delete ``path`` recursively without following symlinks, only inside ``within``
     — which must itself be what it says, not a symlink to elsewhere."""
     real_within = os.path.realpath(within)
-    if real_within != os.path.abspath(within) and os.path.islink(within):
+    if real_within != os.path.normpath(os.path.abspath(within)):
         raise OSError(errno.EPERM, f"refusing to delete through a symlink: {within}", path)
     parent = os.path.realpath(os.path.dirname(path))
     if not (parent == real_within or parent.startswith(real_within.rstrip("/") + "/")):

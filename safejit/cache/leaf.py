@@ -31,6 +31,7 @@ __all__ = [
     "ArtifactInfo",
     "BackendMeta",
     "ClosureMemo",
+    "Inputs",
     "Manifest",
     "ManifestError",
     "Rejection",
@@ -81,6 +82,21 @@ class BackendMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     symbols: dict[Text, Text] = {}
 
 
+class Inputs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What the build key was made of, besides the toolchain (for ``explain`` to say
+    which input differs when a request misses). Environment values are kept as
+    digests: a passed-through variable may hold what a shared cache must not show."""
+
+    source_digest: Hex64
+    language: Text
+    arch: Text | None
+    flags: tuple[Text, ...]
+    defines: tuple[tuple[Text, Text | None], ...]
+    include_dirs: tuple[tuple[Text, Text], ...]
+    extras: tuple[tuple[Text, Text], ...]
+    env: tuple[tuple[Text, Hex64], ...]
+
+
 class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """A leaf's manifest. ``deps``: ``(anchor, relpath, digest)`` of every file the build
     read, sorted; ``negatives``: ``(anchor, relpath)`` of paths that must stay absent."""
@@ -100,6 +116,7 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     timings: dict[Text, float]
     created: float
     meta: BackendMeta = BackendMeta()
+    inputs: Inputs | None = None
     signature: Signature | None = None
 
     @property

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from safejit.closure.anchors import Anchors
 from safejit.keys import KEY_SCHEMA, digest_bytes
-from safejit.spec import BuildSpec, Toolchain
+from safejit.spec import BuildSpec, LoadBaseline, Toolchain
 
 __all__ = [
     "FIELD_STRATEGIES",
@@ -61,6 +61,20 @@ TOOLCHAIN_FIELD_STRATEGIES: dict[str, st.SearchStrategy[Any]] = {
     "link_deps": st.booleans(),
     "link_inputs": _tool_dirs,
     "link_roots": _tool_dirs,
+    "load_baseline": st.none()
+    | st.builds(
+        LoadBaseline,
+        elf_class=st.sampled_from([1, 2]),
+        byte_order=st.sampled_from([1, 2]),
+        machine=st.sampled_from([3, 62, 183]),
+        init=st.integers(-1, 64),
+        fini=st.integers(-1, 64),
+        init_array=st.integers(0, 3),
+        fini_array=st.integers(0, 3),
+        ctors=st.integers(0, 32),
+        dtors=st.integers(0, 32),
+        startup_refs=st.lists(st.sampled_from(["__gmon_start__", "__cxa_finalize", "_ITM_x"]), unique=True).map(tuple),
+    ),
 }
 
 toolchains = st.fixed_dictionaries(TOOLCHAIN_FIELD_STRATEGIES).map(lambda kw: Toolchain(**kw))
@@ -158,6 +172,7 @@ _TOOLCHAIN_FALLBACKS: dict[str, tuple[Any, Any]] = {
     "link_deps": (False, True),
     "link_inputs": ((), ("/usr/lib/x86_64-linux-gnu/crti.o",)),
     "link_roots": ((), ("/usr/lib/x86_64-linux-gnu",)),
+    "load_baseline": (None, LoadBaseline(2, 1, 62, 23, 9, 1, 1, 0, 0, ("__gmon_start__",))),
 }
 
 _TABLES: dict[type, tuple[dict[str, st.SearchStrategy[Any]], dict[str, tuple[Any, Any]]]] = {

@@ -23,10 +23,10 @@ SEEDS = ("0", "12345")
 _CHILD = """
 import json, pickle, sys
 from safejit.keys import build_key
-from safejit.spec import BuildSpec, Toolchain
+from safejit.spec import BuildSpec, LoadBaseline, Toolchain
 with open(sys.argv[1], "rb") as fh:
     pickled, reprs = pickle.load(fh)
-rebuilt = [eval(r, {"BuildSpec": BuildSpec, "Toolchain": Toolchain}) for r in reprs]
+rebuilt = [eval(r, {"BuildSpec": BuildSpec, "Toolchain": Toolchain, "LoadBaseline": LoadBaseline}) for r in reprs]
 print(json.dumps({
     "str_hash": hash("safejit.build_key"),
     "from_pickle": [build_key(s) for s in pickled],

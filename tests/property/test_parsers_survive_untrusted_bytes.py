@@ -1,6 +1,9 @@
-"""Every parser of untrusted bytes (manifest, depfile, ELF symbol tables, cubin
-info, Ascend meta sections) either parses or raises its typed error — never
-anything else, never a hang. Random bytes, and mutations of real inputs."""
+"""Every parser of untrusted bytes (manifest, depfile, the ELF reader's every entry
+point: symbol tables, sections, program headers, the dynamic table, relocations,
+cubin info, Ascend meta sections, the load-time analysis) either parses or raises
+its typed error — never anything else, never a hang. Random bytes, and mutations
+of real inputs (a shared object, a cubin, small ELF files of each class and byte
+order)."""
 
 from __future__ import annotations
 
@@ -12,12 +15,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import safejit
+from safejit.backends import _elf, _load_time
 from safejit.backends.ascend.backend import ascend_kernel_names
 from safejit.backends.cuda.cubin import cubin_frame_sizes, cubin_kernels
 from safejit.backends.host import elf_exported_functions
 from safejit.cache.leaf import BackendMeta, ManifestError, decode_manifest
 from safejit.closure.depfiles import _prerequisites, _split_words, parse_depfile, parse_single_rule
 from safejit.errors import LoadError
+from safejit.spec import LoadBaseline
+from tests._elf_build import STB_GLOBAL, STT_FUNC, tiny_elf
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -34,7 +40,37 @@ def real_inputs(tmp_path_factory) -> dict[str, bytes]:
     art = rt.build(safejit.Source("#include <stdint.h>\nint add(int a, int b) { return a + b; }\n", "add"))
     rt.close()
     leaf = Path(art.path)
-    return _Inputs(manifest=(leaf / "manifest.json").read_bytes(), elf=(leaf / "artifact.so").read_bytes())
+    inputs = _Inputs(manifest=(leaf / "manifest.json").read_bytes(), elf=(leaf / "artifact.so").read_bytes())
+    symbols = [("f", STB_GLOBAL << 4 | STT_FUNC, 1), ("g", STB_GLOBAL << 4 | STT_FUNC, 1)]
+    for c in (32, 64):
+        for o in ("le", "be"):
+            inputs[f"tiny{c}{o}"] = tiny_elf(is64=c == 64, little=o == "le", symbols=symbols)
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError:
+        return inputs
+    _, prog = nvrtc.nvrtcCreateProgram(b'extern "C" __global__ void k(float* x, int n) { x[n] = n; }', b"k", 0, [], [])
+    nvrtc.nvrtcCompileProgram(prog, 1, [b"-arch=sm_90"])
+    _, size = nvrtc.nvrtcGetCUBINSize(prog)
+    inputs["cubin"] = b" " * size
+    nvrtc.nvrtcGetCUBIN(prog, inputs["cubin"])
+    nvrtc.nvrtcDestroyProgram(prog)
+    return inputs
+
+
+#: What ``baseline_of`` reads from gcc 12's empty link on x86-64.
+_BASELINE = LoadBaseline(
+    elf_class=2,
+    byte_order=1,
+    machine=62,
+    init=23,
+    fini=9,
+    init_array=1,
+    fini_array=1,
+    ctors=0,
+    dtors=0,
+    startup_refs=("_ITM_deregisterTMCloneTable", "_ITM_registerTMCloneTable", "__cxa_finalize", "__gmon_start__"),
+)
 
 
 def _mutate(data: bytes, flips: list[tuple[int, int]], cut: int) -> bytes:
@@ -63,6 +99,32 @@ def _elf_ok(raw: bytes) -> None:
         except LoadError:
             pass
     assert isinstance(cubin_frame_sizes(raw), dict)
+    for reading in (_elf.dynsym_functions, _elf.section_names, _load_time.baseline_of, _load_time_ok, _walk):
+        try:
+            reading(raw)
+        except _elf.ElfError:
+            pass
+
+
+def _load_time_ok(raw: bytes) -> None:
+    assert all(isinstance(r, str) and r for r in _load_time.load_time_code(raw, _BASELINE))
+
+
+def _walk(raw: bytes) -> None:
+    """Every reading the Elf object offers, each on its own."""
+    elf = _elf.Elf(raw)
+    for step in (elf.sections, elf.segments, elf.dynamic):
+        try:
+            step()
+        except _elf.ElfError:
+            pass
+    for section in elf.sections():
+        try:
+            assert all(isinstance(v, bytes) for _, v in _elf.eiattr_records(elf.section_data(section)))
+            if section.type in (_elf.SHT_SYMTAB, _elf.SHT_DYNSYM):
+                elf.symbols(section)
+        except _elf.ElfError:
+            pass
 
 
 @FUZZ
@@ -140,9 +202,26 @@ def test_elf_readers_on_random_bytes(raw):
 
 
 @FUZZ
-@given(MUTATIONS)
-def test_elf_readers_on_mutated_shared_objects(real_inputs, mutation):
-    _elf_ok(_mutate(real_inputs["elf"], *mutation))
+@given(MUTATIONS, st.sampled_from(["elf", "tiny32le", "tiny32be", "tiny64le", "tiny64be", "cubin"]))
+def test_elf_readers_on_mutated_elf_files(real_inputs, mutation, which):
+    if which in real_inputs:
+        _elf_ok(_mutate(real_inputs[which], *mutation))
+
+
+#: Flips where the tables' offsets, sizes and counts are: the ELF header, the program
+#: headers after it, and (as a fraction of the file) the section headers at its end.
+HEADER_MUTATIONS = st.lists(st.tuples(st.integers(0, 0x1FF) | st.floats(0.9, 1.0), st.integers(0, 255)), max_size=8)
+
+
+@FUZZ
+@given(HEADER_MUTATIONS, st.sampled_from(["elf", "tiny32le", "tiny64be", "cubin"]))
+def test_elf_readers_on_files_with_mutated_headers(real_inputs, flips, which):
+    if which not in real_inputs:
+        return
+    buf = bytearray(real_inputs[which])
+    for pos, value in flips:
+        buf[(pos if isinstance(pos, int) else int(pos * (len(buf) - 1))) % len(buf)] = value
+    _elf_ok(bytes(buf))
 
 
 def test_elf_with_an_absurd_section_header_offset_is_a_load_error():

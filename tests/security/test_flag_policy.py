@@ -226,4 +226,9 @@ def test_plain_linker_values_still_compile(make_runtime, tmp_path, rpath):
     value = rpath if rpath.startswith("$") else str(tmp_path / rpath if rpath.startswith("ws") else root / rpath)
     rt = make_runtime(source_roots=(str(root),))
     flags = ["-Wl,-z,now", "-Wl,--hash-style=gnu", "-Wl,-soname,libadd.so.1", f"-Wl,-rpath,{value}"]
-    assert rt.compile(ADD, flags=flags).kernel("add")(2, 3) == 5
+    # The flag policy lets the values through and the linker uses them; what they make
+    # (a search path and a name of the object's own) is then refused from loading.
+    with pytest.raises(safejit.LoadTimeCodeError) as info:
+        rt.compile(ADD, flags=flags)
+    assert [r.split(" (")[0] for r in info.value.reasons] == ["it has a name", "it has a library search path"]
+    assert rt.compile(ADD, flags=flags[:2]).kernel("add")(2, 3) == 5

@@ -303,17 +303,17 @@ def _forged_lto_source(work: Path, payload: str) -> str:
     """A C source whose top-level asm re-creates the ``.gnu.lto_*`` sections of
     ``payload`` compiled with -flto: compiled without -flto, its object still claims to
     hold LTO bytecode, which a linker plugin would compile and assemble at link time."""
-    from elftools.elf.elffile import ELFFile
+    from safejit.backends._elf import Elf
 
     (work / "payload.c").write_text(payload)
     subprocess.run(["cc", "-flto", "-c", "-o", work / "payload.o", work / "payload.c"], check=True)
     lines = []
-    with (work / "payload.o").open("rb") as f:
-        for section in ELFFile(f).iter_sections():
-            if section.name.startswith(".gnu.lto_"):
-                data = section.data()
-                lines.append(f'.section {section.name},"e",@progbits')
-                lines += [".byte " + ",".join(map(str, data[i : i + 32])) for i in range(0, len(data), 32)]
+    elf = Elf((work / "payload.o").read_bytes())
+    for section in elf.sections():
+        if section.name.startswith(".gnu.lto_"):
+            data = elf.section_data(section)
+            lines.append(f'.section {section.name},"e",@progbits')
+            lines += [".byte " + ",".join(map(str, data[i : i + 32])) for i in range(0, len(data), 32)]
     lines += [".globl __gnu_lto_slim", ".comm __gnu_lto_slim,1,1", ".text"]
     asm = "\n".join(lines).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return f'__asm__("{asm}\\n");\nint carrier(void) {{ return 1; }}\n'

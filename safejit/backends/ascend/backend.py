@@ -1,14 +1,13 @@
 """Ascend backend: bisheng → relocatable object → ld.lld → device binary.
 
 Both tools run as sandboxed argv lists. Kernel names come from the ELF's
-``.ascend.meta.<name>`` sections (read with pyelftools), so ``Artifact.kernels``
+``.ascend.meta.<name>`` sections (``backends/_elf.py``), so ``Artifact.kernels``
 is known without a device. Loading and launching go through CANN's runtime,
 imported only when a kernel is loaded (``ascend_launch``).
 """
 
 from __future__ import annotations
 
-import io
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -18,6 +17,7 @@ from ...closure.hashing import hash_file
 from ...errors import CompileError, ConfigError, LoadError
 from ...spec import Source, Toolchain
 from .._argv import run_argv
+from .._elf import ElfError, section_names
 from .._toolchain import ProbeCache, compiler_search_dirs, file_ident, run_text
 from ..base import CompileContext, CompileOutput, Products, Runner, macro_flags
 from .launch import AscendLibrary
@@ -45,13 +45,9 @@ def find_toolkit(homes: Sequence[str]) -> tuple[str, str, str]:
 def ascend_kernel_names(binary: bytes) -> tuple[str, ...]:
     """Kernel names from ``.ascend.meta.<name>`` sections; mixed-kernel suffixes
     ``_mix_aic``/``_mix_aiv`` are stripped and duplicates merged."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-
     try:
-        elf = ELFFile(io.BytesIO(binary))
-        names = {s.name[len(_META) :] for s in elf.iter_sections() if s.name.startswith(_META)}
-    except (ELFError, ValueError, KeyError) as exc:
+        names = {n[len(_META) :] for n in section_names(binary) if n.startswith(_META)}
+    except ElfError as exc:
         raise LoadError(f"artifact is not a readable ELF object: {exc}") from exc
     return tuple(sorted({n.removesuffix("_mix_aic").removesuffix("_mix_aiv") for n in names if n}))
 
