@@ -32,6 +32,19 @@ def _private_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         yield
 
 
+@pytest.fixture
+def private_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh private state dir for this test alone (``sandbox.statedir``): where its
+    Runtimes keep the shim, the stat memo and the toolchain probes."""
+    from safejit.sandbox import statedir
+
+    home = tmp_path / "state-home"
+    home.mkdir()
+    monkeypatch.setenv("XDG_STATE_HOME", str(home))
+    monkeypatch.setattr(statedir, "_opened", {})
+    return home / "safejit"
+
+
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in list(os.environ):
