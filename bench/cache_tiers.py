@@ -45,7 +45,7 @@ from typing import Any
 
 import safejit
 import safejit.backends.host
-from safejit.cache import spares
+from safejit.cache import staging as spares
 
 ONE_HEADER_C = '#include "one.h"\nint add(int a, int b) { return a + b + ONE; }\n'
 
@@ -236,7 +236,7 @@ def procs16(results: dict[str, Any]) -> None:
 TELEMETRY_CHILD = r"""
 import json, statistics, sys, tempfile, time
 import safejit, safejit.backends.host
-from safejit.cache import spares
+from safejit.cache import staging as spares
 if sys.argv[1] == "sdk":
     from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider
