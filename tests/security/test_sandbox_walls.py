@@ -434,9 +434,16 @@ def test_the_walls_hold_for_an_unprivileged_caller():
     home = Path(tempfile.mkdtemp(prefix="safejit-nobody-"))  # (in /tmp: nobody can reach it)
     try:
         os.chown(home, 65534, 65534)
-        env = {"PATH": SYSTEM_PATH, "HOME": str(home), "SAFEJIT_TEST_AS_NOBODY": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {
+            "PATH": SYSTEM_PATH,
+            "HOME": str(home),
+            "SAFEJIT_TEST_AS_NOBODY": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",  # (only what this module needs: others may not import as nobody)
+        }
         become = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--"]
-        args = ["-q", "-p", "no:cacheprovider", "--basetemp", str(home / "t"), "-k", "not unprivileged_caller"]
+        args = ["-q", "-p", "no:cacheprovider", "-p", "pytest_timeout", "--basetemp", str(home / "t")]
+        args += ["-k", "not unprivileged_caller"]
         proc = subprocess.run(
             [*become, sys.executable, "-m", "pytest", *args, __file__],
             cwd=str(_HERE.parent.parent),
