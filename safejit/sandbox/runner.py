@@ -15,7 +15,8 @@ a Python callback between fork and exec, which is unsafe in threaded programs):
 - rlimits: address space, CPU time, file size, open files, no core files, and
   processes (counted per run in its user namespace).
 
-``Sandbox.describe()`` says which of them a run gets.
+``Sandbox.describe()`` says which of them a run gets. (One class, the runner with
+its spare shims, whose parts share its state: hence the module's length.)
 """
 
 from __future__ import annotations
