@@ -129,8 +129,12 @@ class Backend(Protocol):
     artifact_ext: str
     #: Bumped when the backend changes how it builds argv or artifacts.
     abi: int
-    #: Flag families this backend allows on top of the common allow-list.
-    extra_flags: tuple[str, ...]
+
+    @property
+    def flag_family(self) -> str:
+        """The table of compiler flags tenants may pass (``safejit.policy.flag_tables``):
+        "gcc", "nvcc", "nvrtc" or "bisheng"."""
+        ...
 
     @property
     def needs_workdir(self) -> bool:
@@ -139,6 +143,13 @@ class Backend(Protocol):
 
     def resolve_arch(self, arch: str | None) -> str | None:
         """The target architecture to key and compile for (None where there is none)."""
+        ...
+
+    def resolve_machine_flags(
+        self, flags: tuple[str, ...], *, toolchain: Toolchain, language: str, run: Runner
+    ) -> tuple[str, ...]:
+        """What machine-dependent ``flags`` (``-march=native``) mean on this machine, as
+        flags of the backend's family that say so explicitly (DESIGN.md §4)."""
         ...
 
     def close(self) -> None: ...

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from ...errors import CompileError, ConfigError
+from ...errors import CompileError, ConfigError, FlagPolicyError
 from ...sandbox import SYSTEM_PATH
 from ...spec import BuildSpec, Source, Toolchain
 from .._argv import run_argv
@@ -24,6 +24,7 @@ from .._toolchain import ProbeCache, compiler_search_dirs, dir_idents, file_iden
 from ..base import CompileContext, CompileOutput, Products, Runner, macro_flags
 from .cubin import KernelParams, cubin_frame_sizes, cubin_kernels
 from .launch import CudaLibrary, device_arch
+from .nvcc_shell import check_argv, defines_header, header_args, split_macros
 from .nvrtc import NvrtcWorker, compile_with_headers, nvrtc_compile_once
 
 try:  # imported with the backend (only when backend="cuda" is asked for), not on the compile path
@@ -40,24 +41,6 @@ _ARCH = re.compile(r"sm_[0-9]{2,3}[af]?\Z")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _FUNC = re.compile(r"Function properties for (\S+)")
 _PROBE_SCHEMA: Final = 3
-#: Allowed ptxas options (through ``--ptxas-options=`` / ``-Xptxas``): none writes files.
-_PTXAS_OK: Final = (
-    "-v",
-    "--verbose",
-    "-O0",
-    "-O1",
-    "-O2",
-    "-O3",
-    "--warn-on-spills",
-    "--warn-on-local-memory-usage",
-    "--allow-expensive-optimizations",
-    "-maxrregcount",
-    "--maxrregcount",
-    "-warn-spills",
-    "-warn-lmem-usage",
-    "--def-load-cache",
-    "--def-store-cache",
-)
 
 
 class SpillWarning(UserWarning):
@@ -68,36 +51,6 @@ class CudaBackend:
     name = "cuda"
     artifact_ext = "cubin"
     abi = 1
-    #: Flag families allowed on top of the common allow-list.
-    extra_flags: tuple[str, ...] = (
-        "--use_fast_math",
-        "-use_fast_math",
-        "-lineinfo",
-        "--generate-line-info",
-        "-maxrregcount",
-        "--maxrregcount",
-        "--fmad",
-        "-fmad",
-        "--ftz",
-        "-ftz",
-        "--prec-div",
-        "-prec-div",
-        "--prec-sqrt",
-        "-prec-sqrt",
-        "--extra-device-vectorization",
-        "-expt-relaxed-constexpr",
-        "--expt-relaxed-constexpr",
-        "--expt-extended-lambda",
-        "-extended-lambda",
-        "--restrict",
-        "-G",
-        "--device-debug",
-        "--ptxas-options=",
-        "-Xptxas=",
-        "--dopt",
-        "-default-device",
-        "--device-as-default-execution-space",
-    )
 
     def __init__(
         self,
@@ -123,6 +76,11 @@ class CudaBackend:
         self._lock = threading.Lock()
 
     @property
+    def flag_family(self) -> str:
+        """NVRTC and nvcc take different options (``safejit.policy.flag_tables``)."""
+        return self.compiler
+
+    @property
     def needs_workdir(self) -> bool:
         """NVRTC compiles without the sandboxed runner (in process, or in its worker)."""
         return self.compiler != "nvrtc"
@@ -130,6 +88,12 @@ class CudaBackend:
     # -- toolchain -----------------------------------------------------------
     def language(self, source: Source) -> str:
         return "cuda"
+
+    def resolve_machine_flags(
+        self, flags: tuple[str, ...], *, toolchain: Toolchain, language: str, run: Runner
+    ) -> tuple[str, ...]:
+        # (no flag of nvcc's or NVRTC's table depends on the machine: the arch is arch=)
+        raise FlagPolicyError(f"{flags[0]!r} cannot be resolved by the CUDA backend", flag=flags[0])
 
     def resolve_arch(self, arch: str | None) -> str:
         if arch is None:
@@ -244,13 +208,16 @@ class CudaBackend:
         quote_dir: str | None,
         arch: str | None,
     ) -> tuple[str, ...]:
-        _check_ptxas(flags)
-        macros = macro_flags(defines)
         if self.compiler == "nvrtc":
             # No -I: headers are handed over in memory (see nvrtc.py). Include dirs enter the key
             # through the spec itself.
+            macros = macro_flags(defines)
             return ("nvrtc", f"--gpu-architecture={arch}", "-default-device", "--ptxas-options=-v", *flags, *macros)
         host = toolchain.version.split("\nhost: ", 1)[1].split(" ", 1)[0]
+        # Macros whose text nvcc's shell could act on go into a header (nvcc_shell.py),
+        # before the tenant's own -include files, as -D would be.
+        others, _, _ = split_macros(flags, defines)
+        defines_header(flags, defines)  # (refuses what a header cannot hold, before any key)
         argv = [
             toolchain.compiler,
             "--cubin",
@@ -258,12 +225,14 @@ class CudaBackend:
             "-ccbin",
             host,
             "--ptxas-options=-v",
-            *flags,
-            *macros,
+            *header_args(flags, defines),
+            *others,
             *(f"-I{d}" for d in include_dirs),
         ]
         if quote_dir is not None:
-            argv += ["-iquote", quote_dir]
+            # nvcc has no -iquote of its own: its host preprocessor, which reads the
+            # includes, takes it (nvcc_shell.check_argv keeps its path plain).
+            argv.append(f"-Xcompiler=-iquote,{quote_dir}")
         return (*argv, "-MD", "-MF", "{DEP}", "-o", "{OUT}", "-x", "cu", "{SRC}")
 
     def compile(self, ctx: CompileContext) -> CompileOutput:
@@ -318,7 +287,9 @@ class CudaBackend:
         )
 
     def _compile_nvcc(self, ctx: CompileContext) -> CompileOutput:
-        b = run_argv(ctx, ext=self.artifact_ext)
+        spec = ctx.spec
+        header = defines_header(spec.flags, spec.defines)
+        b = run_argv(ctx, ext=self.artifact_ext, defines_header=header, check=check_argv)
         kernels, meta = self._products(b.artifact)
         return CompileOutput(
             b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta, tool_reads=b.tool_reads
@@ -373,12 +344,3 @@ class CudaBackend:
     def close(self) -> None:
         if self._worker is not None:
             self._worker.close()
-
-
-def _check_ptxas(flags: Sequence[str]) -> None:
-    for flag in flags:
-        for prefix in ("--ptxas-options=", "-Xptxas="):
-            if flag.startswith(prefix):
-                for opt in flag[len(prefix) :].split(","):
-                    if opt.split("=", 1)[0] not in _PTXAS_OK:
-                        raise ConfigError(f"ptxas option {opt!r} is not allowed", flag=flag)
