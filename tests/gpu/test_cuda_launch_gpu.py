@@ -110,7 +110,14 @@ def test_launch_width_mismatch_on_the_c_path_raises_and_launches_nothing(module)
     k.launch(_blocks(n), (256,), (1.0, x, y, n, 0.0))
     k.launch(_blocks(n), (256,), (2.0, x, y, n, 0.0))  # the C path
     torch.cuda.synchronize()
-    for bad in [(3.0, x, y, 2**40, 0.0), (3.0, x, y, n, 1), (3.0, x, y, n), (3.0, y, n, n, 0.0)]:
+    np = pytest.importorskip("numpy")
+    for bad in [
+        (3.0, x, y, 2**40, 0.0),  # an int wider than the int parameter
+        (3.0, x, y, -(2**31) - 1, 0.0),
+        (3.0, x, y, n, np.float32(0.0)),  # a 4-byte scalar for the double
+        (x, x, y, n, 0.0),  # a pointer for the float
+        (3.0, x, y, n),  # one short
+    ]:
         with pytest.raises(safejit.ConfigError):
             k.launch(_blocks(n), (256,), bad)
     torch.cuda.synchronize()
