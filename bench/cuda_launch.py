@@ -15,6 +15,7 @@ Keys (``--json``):
                              Python float and int, packed by the cubin's widths on every call — divided by
                              cuda.core ``launch(S, config, kernel, ptr, np.float32(1.0), np.int32(n))`` with
                              exact-width arguments made once, on the same cuda.core stream S (target <= 1.0)
+  launch_vs_cuda_core_paired   the median of each safejit batch's ratio to the cuda.core batch after it
   launch_us, cuda_core_launch_us   the two, in microseconds per launch
   torch_stream_vs_cuda_core  safejit with ``stream=None`` inside ``torch.cuda.stream(...)``: torch's current stream
   python_path_vs_cuda_core   safejit's Python launch path (the fallback where the C path cannot be built)
@@ -48,8 +49,10 @@ CODE = 'extern "C" __global__ void scale(float* x, float a, int n) { int i = blo
 N = 32
 
 
-def per_launch_us(variants: dict[str, Callable[[], None]], sync: Callable[[], None], batches: int, per: int) -> dict:
-    """Median over batches of the mean microseconds per launch, variants interleaved."""
+def per_launch_us(
+    variants: dict[str, Callable[[], None]], sync: Callable[[], None], batches: int, per: int
+) -> dict[str, list[float]]:
+    """Each batch's mean microseconds per launch, by variant, the variants interleaved."""
     for fn in variants.values():  # warm up: plans made, caches filled
         for _ in range(200):
             fn()
@@ -63,7 +66,12 @@ def per_launch_us(variants: dict[str, Callable[[], None]], sync: Callable[[], No
                 fn()
             means[name].append((time.perf_counter() - t0) / per * 1e6)
     sync()
-    return {name: statistics.median(values) for name, values in means.items()}
+    return means
+
+
+def paired(ours: list[float], theirs: list[float]) -> float:
+    """The median of each batch's ratio to the peer's batch right after it."""
+    return statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
 
 
 def main() -> None:
@@ -112,20 +120,23 @@ def main() -> None:
         stream.sync()
         torch.cuda.synchronize()
 
-    us = per_launch_us(variants, sync, opts.batches, opts.per_batch)
+    batches = per_launch_us(variants, sync, opts.batches, opts.per_batch)
+    us = {name: statistics.median(values) for name, values in batches.items()}
     with torch.cuda.stream(torch_stream):
-        torch_us = per_launch_us(
+        torch_batches = per_launch_us(
             {"torch_stream": lambda: k.launch((1,), (32,), (x, 1.0, N)), "cuda_core": variants["cuda_core"]},
             sync,
             opts.batches,
             opts.per_batch,
         )
+    torch_us = {name: statistics.median(values) for name, values in torch_batches.items()}
     torch.cuda.synchronize()
     assert torch.equal(x, torch.ones_like(x))  # every launch scaled by 1.0: the kernel ran with these arguments
 
     peer = us["cuda_core"]
     report = {
         "launch_vs_cuda_core": us["safejit"] / peer,
+        "launch_vs_cuda_core_paired": paired(batches["safejit"], batches["cuda_core"]),
         "launch_us": us["safejit"],
         "cuda_core_launch_us": peer,
         "torch_stream_vs_cuda_core": torch_us["torch_stream"] / torch_us["cuda_core"],
@@ -145,8 +156,12 @@ def main() -> None:
     }
     for name, value in us.items():
         print(f"{name:24s} {value:7.3f} us/launch   {value / peer:5.2f} x cuda.core")
-    print(f"{'torch_stream':24s} {torch_us['torch_stream']:7.3f} us/launch   {report['torch_stream_vs_cuda_core']:5.2f} x")
-    print(f"launch_vs_cuda_core {report['launch_vs_cuda_core']:.3f}  (C path: {report['c_path']})")
+    torch_ratio = report["torch_stream_vs_cuda_core"]
+    print(f"{'torch_stream':24s} {torch_us['torch_stream']:7.3f} us/launch   {torch_ratio:5.2f} x cuda.core")
+    print(
+        f"launch_vs_cuda_core {report['launch_vs_cuda_core']:.3f}"
+        f"  (paired by batch: {report['launch_vs_cuda_core_paired']:.3f}; C path: {report['c_path']})"
+    )
     if opts.json:
         Path(opts.json).write_text(json.dumps(report, indent=2) + "\n")
     rt.close()
