@@ -30,7 +30,18 @@ from typing import Final
 
 from ..outcomes import Miss
 from .disk import DiskTier
-from .layout import MANIFEST, MARKER, RESERVED, VERSION, CacheLayout, LeafPath, build_key_of, deps_key_of, is_real_dir
+from .layout import (
+    MANIFEST,
+    MARKER,
+    O_DIR,
+    RESERVED,
+    CacheLayout,
+    LeafPath,
+    build_key_of,
+    deps_key_of,
+    entries,
+    is_real_dir,
+)
 from .leaf import MANIFEST_LIMIT, Manifest, Rejection, VerifiedLeaf, decode_manifest
 from .usage import RECORD_LIMIT, UsageError, UsageRecord, decode_usage
 
@@ -52,7 +63,6 @@ __all__ = [
 ]
 
 #: Open a directory, never through a symlink.
-_O_DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: Open a file to read, never through a symlink, never blocking on a FIFO or taking a tty.
 _O_READ: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 #: Hex digits of the build key, then of the deps key, in a leaf's short id.
@@ -118,7 +128,7 @@ def read_manifest(info: LeafInfo) -> Manifest:
     """A leaf's manifest, decoded by the strict schema (``ManifestError``, or
     ``OSError`` when it cannot be read); not verified against the leaf's files."""
     parents = (info.tenant, info.backend, info.build_key[:2], f"build-{info.build_key}", f"deps-{info.deps_key}")
-    with _dir(_layout(info.root), *parents) as leaf:
+    with _layout(info.root).open_dir(*parents) as leaf:
         return decode_manifest(_read_at(leaf, MANIFEST, MANIFEST_LIMIT))
 
 
@@ -166,7 +176,7 @@ def verify_all(root: str, *, fix: bool = False) -> Iterator[tuple[LeafInfo, Reje
     layout = _layout(root)
     for path, why in damaged(root):
         if fix and path != layout.base:
-            _set_aside(layout, path)
+            layout.set_aside(path)
         info = LeafInfo(layout.root, "", "", "", "", path, 0, 0.0)
         yield info, Rejection(Miss.DAMAGED, why, path, layout.root)
     for info in iter_leaves(root):
@@ -174,7 +184,7 @@ def verify_all(root: str, *, fix: bool = False) -> Iterator[tuple[LeafInfo, Reje
         result = disk.verify(info.path, layout.root, info.build_key, None)
         bad = None if isinstance(result, VerifiedLeaf) else result
         if bad is not None and fix and bad.reason.corrupt:
-            _set_aside(layout, info.path)
+            layout.set_aside(info.path)
         yield info, bad
 
 
@@ -200,7 +210,7 @@ def count_entries(root: str, name: str) -> int | None:
     """How many entries ``<root>/v1/<name>`` holds (``tmp``, ``quarantine``...): 0 when
     it is absent, None when it is not a real directory."""
     try:
-        with _dir(_layout(root), name) as fd:
+        with _layout(root).open_dir(name) as fd:
             return len(os.listdir(fd))
     except FileNotFoundError:
         return 0
@@ -225,17 +235,17 @@ def read_usage(root: str) -> Iterator[UsageEntry]:
     file too large, JSON that does not match); a writer's temporary (``.``) is skipped."""
     layout = _layout(root)
     try:
-        usage = _open_dirs(layout, ("usage",))
+        usage = layout.open_dirs(("usage",))
     except OSError:
         return  # absent; or not a directory: damaged() reports it
     try:
-        for tenant in _entries_at(usage):
+        for tenant in entries(usage):
             where = os.path.join(layout.usage, tenant.name)
             if not tenant.is_dir(follow_symlinks=False):
                 yield UsageEntry(tenant.name, where, None, f"not a directory ({_kind(tenant)})")
                 continue
             try:
-                fd = os.open(tenant.name, _O_DIR, dir_fd=usage)
+                fd = os.open(tenant.name, O_DIR, dir_fd=usage)
             except OSError as exc:
                 yield UsageEntry(tenant.name, where, None, f"cannot be read: {exc.strerror}")
                 continue
@@ -248,7 +258,7 @@ def read_usage(root: str) -> Iterator[UsageEntry]:
 
 
 def _records_at(fd: int, tenant: str, where: str) -> Iterator[UsageEntry]:
-    for entry in _entries_at(fd):
+    for entry in entries(fd):
         if entry.name.startswith("."):
             continue
         path = os.path.join(where, entry.name)
@@ -269,10 +279,10 @@ def remove_usage(root: str, entry: UsageEntry) -> bool:
     layout = _layout(root)
     try:
         if os.path.dirname(entry.path) == layout.usage:  # the tenant's entry itself
-            with _dir(layout, "usage") as fd:
+            with layout.open_dir("usage") as fd:
                 os.unlink(entry.tenant, dir_fd=fd)  # (a directory it could not open stays: EISDIR)
         else:
-            with _dir(layout, "usage", entry.tenant) as fd:
+            with layout.open_dir("usage", entry.tenant) as fd:
                 _remove_at(fd, os.path.basename(entry.path))
     except OSError:
         return False
@@ -295,8 +305,8 @@ def _discard_leaf(layout: CacheLayout, info: LeafInfo) -> bool:
     build = f"build-{info.build_key}"
     trash = f"trash-{uuid.uuid4().hex}"
     try:
-        with _dir(layout, *shard) as shard_fd, _dir(layout, "tmp", make=True) as tmp:
-            build_fd = os.open(build, _O_DIR, dir_fd=shard_fd)
+        with layout.open_dir(*shard) as shard_fd, layout.open_dir("tmp", make=True) as tmp:
+            build_fd = os.open(build, O_DIR, dir_fd=shard_fd)
             try:
                 os.rename(f"deps-{info.deps_key}", trash, src_dir_fd=build_fd, dst_dir_fd=tmp)
             finally:
@@ -386,7 +396,7 @@ def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -
             return False
 
     for path, _ in damaged(root):
-        counts["damaged"] += _set_aside(layout, path)
+        counts["damaged"] += layout.set_aside(path)
     for kind, name in (("staging", "tmp"), ("quarantine", "quarantine")):
         for fd, entry in _each_in(layout, name):
             if old(fd, entry):
@@ -396,8 +406,8 @@ def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -
                     continue  # a writer is still busy in it: next time
                 counts[kind] += 1
     for fd, tenant in _each_in(layout, "usage"):
-        with contextlib.suppress(OSError), _fd(os.open(tenant.name, _O_DIR, dir_fd=fd)) as records:
-            for entry in _entries_at(records):
+        with contextlib.suppress(OSError), _fd(os.open(tenant.name, O_DIR, dir_fd=fd)) as records:
+            for entry in entries(records):
                 if old(records, entry) and entry.is_file(follow_symlinks=False):
                     with contextlib.suppress(OSError):
                         os.unlink(entry.name, dir_fd=records)
@@ -434,47 +444,6 @@ def _remove_idle_lock(locks: int, name: str) -> bool:
 
 
 # -- directories by descriptor ----------------------------------------------------
-def _set_aside(layout: CacheLayout, path: str) -> bool:
-    """Move the entry ``path`` (under ``<root>/v1``) into quarantine, renamed relative to
-    descriptors of its parent and of the quarantine; one of v1's own directories that
-    is not a directory is removed instead (it holds nothing of the cache)."""
-    rel = os.path.relpath(path, layout.base).split(os.sep)
-    if not layout.within(path) or ".." in rel:
-        return False
-    *parents, name = rel
-    try:
-        with _dir(layout, *parents) as src:
-            if not parents and name in RESERVED:
-                os.unlink(name, dir_fd=src)
-                return True
-            with _dir(layout, "quarantine", make=True) as quarantine:
-                stamp = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}"
-                os.rename(name, stamp, src_dir_fd=src, dst_dir_fd=quarantine)
-    except OSError:
-        return False
-    return True
-
-
-def _open_dirs(layout: CacheLayout, parts: tuple[str, ...], *, make: bool = False) -> int:
-    """A descriptor of ``<root>/v1/<parts…>``, each component opened without following a
-    symlink (``ELOOP``/``ENOTDIR`` when one is not a real directory); with ``make``, the
-    last one is made when absent."""
-    fd = os.open(layout.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        names = (VERSION, *parts)
-        for n, part in enumerate(names):
-            if make and n == len(names) - 1:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o755, dir_fd=fd)
-            nxt = os.open(part, _O_DIR, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 @contextlib.contextmanager
 def _fd(fd: int) -> Iterator[int]:
     try:
@@ -483,30 +452,16 @@ def _fd(fd: int) -> Iterator[int]:
         os.close(fd)
 
 
-@contextlib.contextmanager
-def _dir(layout: CacheLayout, *parts: str, make: bool = False) -> Iterator[int]:
-    with _fd(_open_dirs(layout, parts, make=make)) as fd:
-        yield fd
-
-
 def _each_in(layout: CacheLayout, name: str) -> Iterator[tuple[int, os.DirEntry[str]]]:
     """``(descriptor of <root>/v1/<name>, entry)`` for each entry; none when it is
     absent or not a real directory."""
     try:
-        fd = _open_dirs(layout, (name,))
+        fd = layout.open_dirs((name,))
     except OSError:
         return
     with _fd(fd):
-        for entry in _entries_at(fd):
+        for entry in entries(fd):
             yield fd, entry
-
-
-def _entries_at(fd: int) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(fd) as it:
-            return sorted(it, key=lambda e: e.name)
-    except OSError:
-        return []
 
 
 def _remove_at(fd: int, name: str) -> None:
