@@ -39,7 +39,10 @@ def module(state: StateDir | None, cc: str | None) -> ModuleType | None:
     there; later calls reuse it."""
     with _lock:
         if NAME not in _loaded:
-            _loaded[NAME] = _load(state, cc)
+            fast = _load(state, cc)
+            if fast is None and state is None:
+                return None  # nothing was tried: a caller with a state dir may still build it
+            _loaded[NAME] = fast
         return _loaded[NAME]
 
 
