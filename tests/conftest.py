@@ -70,6 +70,7 @@ def project(tmp_path: Path) -> Path:
     inc.mkdir(parents=True)
     (inc / "value.h").write_text('#include "inner.h"\n#define VALUE (INNER + 1)\n')
     (inc / "inner.h").write_text("#define INNER 41\n")
+    settle()  # a compile right away must not see the files as written during it
     return root
 
 
