@@ -13,6 +13,8 @@ from . import faults
 from ._version import __version__
 from .config import Config
 from .errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
     CacheError,
     CompileError,
     CompileTimeout,
@@ -34,6 +36,8 @@ from .runtime import Explanation, Runtime
 from .spec import Source
 
 __all__ = [
+    "ArgumentTypeError",
+    "ArgumentValueError",
     "Artifact",
     "CacheError",
     "CompileError",

@@ -19,6 +19,7 @@ from .base import CompileContext
 __all__ = [
     "ASM_DEPFILE",
     "ASM_DEP_FLAG",
+    "DEBUG_MAP",
     "LD_DEPFILE",
     "LD_DEP_FLAG",
     "PCH_GUARD",
@@ -107,6 +108,11 @@ PCH_GUARD: Final = "{GUARD}"
 PCH_GUARD_TEXT: Final = b"extern int __safejit_no_precompiled_headers;\n"
 
 
+#: The argv slot of ``-fdebug-prefix-map=<work dir>=.``: debug info names the staged
+#: source ``./src/<file>``, so the same inputs make the same bytes in any work dir.
+DEBUG_MAP: Final = "{DEBUG_MAP}"
+
+
 def _guard_path(workdir: str) -> str:
     return os.path.join(workdir, "src", ".no-pch.h")
 
@@ -149,6 +155,8 @@ def run_argv(ctx: CompileContext, *, ext: str) -> ArgvBuild:
     if PCH_GUARD in spec.argv:
         slots[PCH_GUARD] = _guard_path(workdir)
         _write_file(slots[PCH_GUARD], PCH_GUARD_TEXT)
+    if DEBUG_MAP in spec.argv:
+        slots[DEBUG_MAP] = f"-fdebug-prefix-map={workdir}=."
     argv = [slots.get(a) or ctx.expand(a) for a in spec.argv]
     for template, arg in zip(spec.argv, argv, strict=True):
         if template.startswith("-Wl,") and arg.count(",") != template.count(","):
