@@ -93,7 +93,7 @@ class Unit:
         self.abbrevs: dict[int, Abbrev] = {}
         #: Where its string offsets begin (``DW_AT_str_offsets_base``; set by the caller).
         self.str_base = 8 if version >= 5 else 0
-        self.plans: dict[tuple[int, Keep], _Plan] = {}
+        self.plans: dict[tuple[int, int], _Plan] = {}
 
 
 class Dwarf:
@@ -230,9 +230,9 @@ class Dwarf:
         if abbrev is None:
             raise DwarfError(f"abbreviation {code} is not in its unit's table")
         tag, children, specs = abbrev
-        plan = unit.plans.get((code, keep))
+        plan = unit.plans.get((code, id(keep)))  # (Keeps are module constants: their ids stand)
         if plan is None:
-            plan = unit.plans[code, keep] = self._plan(unit, specs, keep.of(tag))
+            plan = unit.plans[code, id(keep)] = self._plan(unit, specs, keep.of(tag))
         attrs: Attrs = {}
         data = self.info
         for layout, items in plan:

@@ -37,7 +37,7 @@ _TAG_PTR_TO_MEMBER, _TAG_BASE, _TAG_CONST, _TAG_VOLATILE, _TAG_RESTRICT = 0x1F, 
 _TAG_NAMESPACE, _TAG_UNSPECIFIED, _TAG_PARTIAL, _TAG_RVALUE_REF, _TAG_ATOMIC = 0x39, 0x3B, 0x3C, 0x42, 0x47
 _AT_NAME, _AT_BYTE_SIZE, _AT_LOW_PC, _AT_LANGUAGE, _AT_PROTOTYPED, _AT_ORIGIN = 0x03, 0x0B, 0x11, 0x13, 0x27, 0x31
 _AT_ENCODING, _AT_SPECIFICATION, _AT_TYPE, _AT_RANGES, _AT_LINKAGE, _AT_STR_OFFSETS = 0x3E, 0x47, 0x49, 0x55, 0x6E, 0x72
-_AT_MIPS_LINKAGE, _AT_GNU_VECTOR = 0x2007, 0x2107
+_AT_MIPS_LINKAGE, _AT_GNU_VECTOR, _AT_DECLARATION = 0x2007, 0x2107, 0x3C
 _ATE_BOOL, _ATE_FLOAT, _ATE_SIGNED, _ATE_SCHAR, _ATE_UNSIGNED, _ATE_UCHAR, _ATE_UTF = 2, 4, 5, 6, 7, 8, 0x10
 _STT_FUNC: Final = 2
 #: Languages where a definition may lack a prototype (C89, C, C99, C11, C17).
@@ -49,14 +49,17 @@ _MAX_DEPTH: Final = 64
 
 _ALL: Final = frozenset(
     {AT_SIBLING, _AT_NAME, _AT_BYTE_SIZE, _AT_LOW_PC, _AT_LANGUAGE, _AT_PROTOTYPED, _AT_ORIGIN, _AT_ENCODING,
-     _AT_SPECIFICATION, _AT_TYPE, _AT_RANGES, _AT_LINKAGE, _AT_STR_OFFSETS, _AT_MIPS_LINKAGE, _AT_GNU_VECTOR}
+     _AT_SPECIFICATION, _AT_TYPE, _AT_RANGES, _AT_LINKAGE, _AT_STR_OFFSETS, _AT_MIPS_LINKAGE, _AT_GNU_VECTOR,
+     _AT_DECLARATION}
 )  # fmt: skip
 #: A unit's own entry: read before its string offsets are known, so no string.
 _UNIT: Final = Keep(frozenset({_AT_LANGUAGE, _AT_STR_OFFSETS}))
 #: Entries read whole (types, parameters, the subprograms that match).
 _FULL: Final = Keep(_ALL)
 #: A scan's read: of a subprogram whether (and where) it defines code, of anything else its sibling.
-_SCAN: Final = Keep(frozenset({AT_SIBLING}), ((TAG_SUBPROGRAM, frozenset({AT_SIBLING, _AT_LOW_PC, _AT_RANGES})),))
+_SCAN: Final = Keep(
+    frozenset({AT_SIBLING}), ((TAG_SUBPROGRAM, frozenset({AT_SIBLING, _AT_LOW_PC, _AT_RANGES, _AT_DECLARATION})),)
+)
 
 Found = dict[str, tuple[Unit, Attrs, int]]
 
@@ -122,42 +125,52 @@ class _Reader:
             if attrs.get(_AT_LANGUAGE) in _C_LANGUAGES:
                 self.c_units.add(unit.start)
             tops.append((unit, pos))
-        for limit in (0, _MAX_DEPTH):  # the tops; then namespaces, for names still missing
+        # The tops; then namespaces; then, for names still missing, an entry without code
+        # of its own (gcc folds a function whose code is another's into it: its entry
+        # keeps the prototype, the other's the address).
+        for limit, loose in ((0, False), (_MAX_DEPTH, False), (_MAX_DEPTH, True)):
             for unit, pos in tops:
-                self._scan(unit, pos, (wanted, at, found), 0, limit)
+                self._scan(unit, pos, (wanted, at, found), 0, limit, loose)
             if len(found) == len(wanted):
                 break
         return found
 
     def _scan(
-        self, unit: Unit, pos: int, search: tuple[Collection[str], dict[int, list[str]], Found], depth: int, limit: int
+        self,
+        unit: Unit,
+        pos: int,
+        search: tuple[Collection[str], dict[int, list[str]], Found],
+        depth: int,
+        limit: int,
+        loose: bool,
     ) -> int:
         """Look for definitions among the entries from ``pos`` to their null entry (into
-        namespaces down to ``limit`` levels); the offset after it. A definition is matched
-        by its address, else (its code in ranges, or its address an index) by name."""
+        namespaces down to ``limit`` levels); the offset after it. A definition is one
+        with code (``DW_AT_low_pc``, ``DW_AT_ranges``), or (``loose``) any that is no
+        mere declaration; it matches by its linkage name or name, which an address that
+        is a wanted function's (the cheap test, before any name is read) must confirm:
+        another function's code may be at that address."""
         wanted, at, found = search
         while True:
             start = pos
             tag, children, attrs, pos = self.dwarf.entry(unit, pos, _SCAN)
             if tag == 0:
                 return pos
-            if tag == TAG_SUBPROGRAM and (_AT_LOW_PC in attrs or _AT_RANGES in attrs):
+            if tag == TAG_SUBPROGRAM:
                 low = attrs.get(_AT_LOW_PC)
-                full = None
-                if isinstance(low, int):
-                    names = at.get(low, [])  # (another address: a function not wanted, or static)
-                else:
+                coded = _AT_LOW_PC in attrs or _AT_RANGES in attrs
+                if (isinstance(low, int) and low in at) or (not isinstance(low, int) and coded) or (
+                    loose and not coded and not attrs.get(_AT_DECLARATION)
+                ):  # fmt: skip
                     full = self.dwarf.entry(unit, start, _FULL)[2]
                     name = self._export_name(full)
-                    names = [name] if name is not None and name in wanted else []
-                for name in names:
-                    if name not in found:
-                        full = full or self.dwarf.entry(unit, start, _FULL)[2]
+                    confirmed = not isinstance(low, int) or name in at[low]
+                    if name is not None and confirmed and name in wanted and name not in found:
                         found[name] = (unit, full, pos if children else -1)
             if not children:
                 continue
             if tag == _TAG_NAMESPACE and depth < limit:
-                pos = self._scan(unit, pos, search, depth + 1, limit)
+                pos = self._scan(unit, pos, search, depth + 1, limit, loose)
             else:
                 pos = self._past(unit, attrs, pos)
 
@@ -285,7 +298,10 @@ def _type(tag: int, attrs: Attrs, name: str, code: str, spelling: str, const: bo
         return code, name or spelling, const
     if tag in (_TAG_CONST, _TAG_VOLATILE, _TAG_RESTRICT):
         word = {_TAG_CONST: "const", _TAG_VOLATILE: "volatile", _TAG_RESTRICT: "restrict"}[tag]
-        spelled = f"{spelling} {word}" if code.startswith("p") else f"{word} {spelling}"
+        if code.startswith("p"):  # (of the pointer itself: after its star)
+            spelled = f"{spelling}{word}" if spelling.endswith("*") else f"{spelling} {word}"
+        else:
+            spelled = f"{word} {spelling}"
         return code, spelled, const or tag == _TAG_CONST
     if tag == _TAG_POINTER:
         star = f"{spelling}*" if spelling.endswith("*") else f"{spelling} *"

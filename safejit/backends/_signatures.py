@@ -25,7 +25,7 @@ from ..spec import Toolchain
 from ._argv import DEBUG_MAP
 from ._dwarf import DwarfError
 from ._elf import Elf, ElfError, dynsym_functions
-from ._prototypes import prototypes
+from ._prototypes import Prototype, prototypes
 from .base import Products
 
 __all__ = ["host_products", "signature_flags"]
@@ -46,8 +46,28 @@ _GCC: Final = (
 )
 _CLANG: Final = ("-g", "-gno-record-gcc-switches", "-fno-debug-types-section", DEBUG_MAP)
 
+#: What the manifest's schema bounds (``cache.leaf.HostSignature``): a kernel past them
+#: goes without a signature (its calls then need argtypes=) rather than fail its build.
+_MAX_PARAMS: Final = 4096
+_MAX_TEXT: Final = 1024
+_MAX_REASON: Final = 200
 _memo_lock = threading.Lock()
 _memo: tuple[bytes, Products] | None = None
+
+
+def _kept(p: Prototype) -> tuple[Any, ...]:
+    """A prototype as the manifest's schema takes it: text clipped, one line each (what
+    the debug info names is the kernel author's to choose)."""
+
+    def text(value: str, limit: int = _MAX_TEXT) -> str:
+        flat = "".join(c if c.isprintable() else "?" for c in value)
+        return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+    def code(value: str) -> str:
+        return text(value, _MAX_REASON) if value.startswith("!") else value
+
+    ret = (code(p.ret[0]), text(p.ret[1]))
+    return ret, tuple((text(n), code(c), text(t)) for n, c, t in p.params), p.varargs
 
 
 def signature_flags(toolchain: Toolchain) -> tuple[str, ...]:
@@ -76,8 +96,9 @@ def host_products(artifact: bytes) -> Products:
         logger.debug("the artifact's debug info cannot be read (%s): its kernels have no signatures", exc)
         found = {}
     meta: dict[str, Any] = {}
-    if found:
-        meta["signatures"] = {name: (p.ret, p.params, p.varargs) for name, p in sorted(found.items())}
+    signatures = {name: _kept(p) for name, p in sorted(found.items()) if len(p.params) <= _MAX_PARAMS}
+    if signatures:
+        meta["signatures"] = signatures
     products: Products = (kernels, meta)
     with _memo_lock:
         _memo = (artifact, products)
