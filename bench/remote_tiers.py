@@ -1,5 +1,5 @@
-"""Remote engine benchmarks (engine level: the data path's verified hit and fleet
-numbers are added where the tier is wired), each against a peer measured in the same run.
+"""Remote tier benchmarks — the engines, the verified hit in the data path, the fleet —
+each against a peer measured in the same run.
 
     python bench/remote_tiers.py --json remote-out.json [--quick] [--redis redis://host:port/0]
 
@@ -21,6 +21,13 @@ Keys written (targets in parentheses):
   bare_raise_us                   the peer: raising and catching a plain exception, same run
   cubin_wire_ratio                a real sm_90 cubin's size / its stored (zstd-1) size (>= 3)
   cubin_bytes, cubin_zstd_ms      its size, and the time to encode it
+  remote_hit_1mb_vs_raw_get       RemoteTier.lookup of a 1 MB leaf (index, strict decode, the closure of 40
+                                  headers checked against local files — stat-trusted after the first, as in a
+                                  long-running process — artifact GET, BLAKE3) / a raw GET of the same stored
+                                  bytes, same client, interleaved, p50 / p50 (<= 1.3)
+  remote_hit_1mb_us               the verified hit itself
+  fleet8_compiles                 compiles, summed over 8 processes (own disk roots, one server) cold at once (1)
+  upload_overhead_ratio           a cold host compile with uploads on / with the remote off, paired, p50 (<= 1.05)
 """
 
 from __future__ import annotations
@@ -287,6 +294,125 @@ def cubin_ratio(results: dict[str, Any]) -> None:
     print(f"cubin ({how}, sm_90): {len(cubin)} bytes -> {len(stored)} stored: {len(cubin) / len(stored):.2f}x")
 
 
+def tier_hit(results: dict[str, Any], url: str, quick: bool) -> None:
+    """A verified remote hit of a 1 MB leaf against a raw GET of the same stored bytes."""
+    import msgspec
+
+    from safejit.cache.leaf import ArtifactInfo, Manifest, encode_manifest
+    from safejit.cache.remote.tier import RemoteTier
+    from safejit.cache.statmemo import StatMemo
+    from safejit.closure.anchors import Anchors
+    from safejit.closure.hashing import digest_bytes, hash_file
+    from safejit.keys import deps_key
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "src"
+        src.mkdir()
+        deps = []
+        for i in range(40):
+            (src / f"h{i}.h").write_text(f"#define H{i} {i}\n" * 50)
+            deps.append(("s0", f"h{i}.h", hash_file(str(src / f"h{i}.h"))[0]))
+        time.sleep(2.1)  # past the racy window: the stat memo may vouch for them
+        artifact = os.urandom(1_000_000)
+        deps_t, negs = tuple(sorted(deps)), (("s0", "absent.h"),)
+        man = Manifest(
+            build_key=K,
+            deps_key=deps_key(deps_t, negs),
+            backend="cuda",
+            tenant="bench",
+            name="k",
+            deps=deps_t,
+            negatives=negs,
+            artifact=ArtifactInfo("artifact.cubin", len(artifact), digest_bytes(artifact)),
+            kernels=("k",),
+            argv=("nvrtc",),
+            toolchain={},
+            timings={},
+            created=time.time(),
+        )
+        store = open_store(RemoteSettings.from_url(url), tenant="bench", backend="cuda")
+        store.put_blob(man.artifact_digest, artifact)
+        store.publish_manifest(K, man.deps_key, encode_manifest(man))
+        memo_dir = Path(tmp) / "memo"
+        memo_dir.mkdir(mode=0o700)
+        tier = RemoteTier(
+            store, writable=False, verifier=None, memo=StatMemo(str(memo_dir)), max_artifact_bytes=1 << 30, attrs={}
+        )
+        anchors = Anchors({"s0": str(src.resolve())})
+        client = store.client(len(artifact) + 1)  # type: ignore[attr-defined]
+        raw_key = store.layout.redis_cas(man.artifact_digest)  # type: ignore[attr-defined]
+        assert not isinstance(tier.lookup(K, anchors), type(None))
+        ours, raw = [], []
+        for _ in range(40 if quick else 300):
+            for which in random.sample([0, 1], 2):
+                t0 = time.perf_counter()
+                got = tier.lookup(K, anchors) if which else client.get(raw_key)
+                dt = (time.perf_counter() - t0) * 1e6
+                assert got is not None and not hasattr(got, "reason"), got
+                (ours if which else raw).append(dt)
+        store.close()
+        _ = msgspec
+    results["remote_hit_1mb_us"] = round(statistics.median(ours), 1)
+    results["remote_hit_1mb_vs_raw_get"] = round(statistics.median(ours) / statistics.median(raw), 3)
+    print(f"verified remote hit 1 MB: {statistics.median(ours):.0f} us vs raw GET {statistics.median(raw):.0f} us")
+
+
+FLEET_CHILD = r"""
+import json, sys
+import safejit
+cache, root = sys.argv[1], sys.argv[2]
+rt = safejit.Runtime(config=safejit.Config.from_env(cache_dirs=(cache,), source_roots=(root,), backend="fake"))
+rt.compile(safejit.Source('#include "inner.h"\n', "k"), include_dirs=(root,))
+rt._init()[0].remote.flush()
+print(json.dumps(rt.stats()["compiles"]))
+"""
+
+
+def fleet(results: dict[str, Any], url: str, admin: Any) -> None:
+    admin.flushall()
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "inner.h").write_text("#define INNER 1\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SAFEJIT_")}
+        env.update(SAFEJIT_REMOTE=url, SAFEJIT_FAULTS="compiler.spawn=delay:0.5")
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", FLEET_CHILD, f"{tmp}/node-{i}", tmp], env=env, stdout=subprocess.PIPE, text=True
+            )
+            for i in range(8)
+        ]
+        total = sum(json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs)
+    results["fleet8_compiles"] = total
+    print(f"8 nodes cold at once: {total} compile(s)")
+
+
+def upload_overhead(results: dict[str, Any], url: str, quick: bool) -> None:
+    """Cold host compiles with uploads on and with the remote off, paired. Each pair's
+    uploads are flushed before the next pair (untimed): the upload is off the compile's
+    path, and on two cores a queued one would otherwise share the CPU with the next
+    timed compile of either runtime."""
+    import safejit
+
+    with tempfile.TemporaryDirectory() as tmp:
+        on = safejit.Runtime(config=safejit.Config(cache_dirs=(f"{tmp}/on",), remote=url))
+        off = safejit.Runtime(config=safejit.Config(cache_dirs=(f"{tmp}/off",)))
+        ratios = []
+        for i in range(8 if quick else 40):
+            pair = []
+            for rt in random.sample([on, off], 2):
+                src = safejit.Source(f"int k{i}(void) {{ return {i}; }}\n", f"k{i}")
+                t0 = time.perf_counter()
+                rt.compile(src)
+                pair.append((rt is on, time.perf_counter() - t0))
+            with_up = next(d for is_on, d in pair if is_on)
+            without = next(d for is_on, d in pair if not is_on)
+            ratios.append(with_up / without)
+            on._init()[0].remote.flush()
+        on.close()
+        off.close()
+    results["upload_overhead_ratio"] = round(statistics.median(ratios), 3)
+    print(f"cold compile with uploads / without: {statistics.median(ratios):.3f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", help="write the results here")
@@ -310,6 +436,9 @@ def main() -> int:
             down(results)
             open_cost(results)
             cubin_ratio(results)
+            tier_hit(results, url, args.quick)
+            fleet(results, url, admin)
+            upload_overhead(results, url, args.quick)
         finally:
             if server is not None:
                 server.stop()

@@ -6,6 +6,7 @@ bad value raises :class:`~safejit.errors.ConfigError` naming the variable.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 from .errors import ConfigError
 
 __all__ = [
+    "HELP",
     "OTHER_VARIABLES",
     "VARIABLES",
     "ascend_home_candidates",
@@ -23,7 +25,11 @@ __all__ = [
     "passthrough_values",
     "remote_credentials",
     "safejit_variables",
+    "table",
+    "warn_unknown",
 ]
+
+logger = logging.getLogger("safejit.config")
 
 
 def _float(text: str) -> float:
@@ -107,9 +113,72 @@ OTHER_VARIABLES: Mapping[str, str] = {
 }
 
 
-def config_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Config fields set by ``SAFEJIT_*`` variables, parsed and typed."""
+#: What each variable is for (the README's table is made from this: see :func:`table`).
+HELP: Mapping[str, str] = {
+    "SAFEJIT_BACKEND": "`host` (default), `cuda`, `ascend` or `fake`",
+    "SAFEJIT_CACHE_DIRS": "cache roots, `:`-separated; the first writable one takes new entries",
+    "SAFEJIT_SOURCE_ROOTS": "where the compiler may read user files, `:`-separated",
+    "SAFEJIT_ENV_PASSTHROUGH": "variables the compiler may see (their values enter the key), `,`-separated",
+    "SAFEJIT_DECLARED_EXTRAS": "names every compile must give in `extras`, `,`-separated",
+    "SAFEJIT_MAX_STALENESS_S": "seconds a memory entry is trusted before its files are checked again (1.0)",
+    "SAFEJIT_TENANT": "the namespace of this process's entries (`default`)",
+    "SAFEJIT_COMPILE_TIMEOUT_S": "seconds a compile may run (300)",
+    "SAFEJIT_LOCK_TIMEOUT_S": "seconds to wait for another process compiling the same key (60)",
+    "SAFEJIT_MEMORY_MAX_ENTRIES": "memory tier bound, entries (1024)",
+    "SAFEJIT_MEMORY_MAX_BYTES": "memory tier bound, bytes (1 GiB)",
+    "SAFEJIT_SANDBOX": "`auto` (default), `required` or `off`",
+    "SAFEJIT_ON_CACHE_ERROR": "`raise` (default) or `bypass`: compile privately when the cache cannot be used",
+    "SAFEJIT_TRACE_MEMORY_HITS": "a span for every memory hit too (`0`)",
+    "SAFEJIT_TRUST_STAT": "let an unchanged stat stand for an unchanged file (`1`; `0` on NFS with attribute caching)",
+    "SAFEJIT_SCRATCH": "where compilers write their temporaries: `memory` (default) or `cache`",
+    "SAFEJIT_INVENTORY": "a file to append each distinct compile request to (for `safejit warm`)",
+    "SAFEJIT_CUDA_COMPILER": "`nvrtc` (default) or `nvcc`",
+    "SAFEJIT_NVRTC_WORKER": "run NVRTC in a confined worker process (`1`)",
+    "SAFEJIT_CUDA_SPILLS": "register spills: `warn` (default), `error` or `ignore`",
+    "SAFEJIT_NVCC": "the nvcc to use (absolute path)",
+    "SAFEJIT_ASCEND_HOME": "the CANN toolkit",
+    "SAFEJIT_HOST_CC": "the host C compiler (absolute path)",
+    "SAFEJIT_HOST_CXX": "the host C++ compiler (absolute path)",
+    "SAFEJIT_REMOTE": "a remote cache: `redis://…`, `rediss://…`, `unix://…` or `s3://bucket/prefix?endpoint=…`",
+    "SAFEJIT_REMOTE_MODE": "`read-write` (default), `read-only` or `off`",
+    "SAFEJIT_REMOTE_CONNECT_TIMEOUT_S": "seconds to connect to the remote (0.1)",
+    "SAFEJIT_REMOTE_TIMEOUT_S": "the floor of a remote operation's deadline (0.05 Redis, 0.5 S3)",
+    "SAFEJIT_REMOTE_MAX_BYTES": "the largest artifact fetched or sent (512 MiB)",
+    "SAFEJIT_REMOTE_LEASE_TTL_S": "seconds a build lease lives without its holder's heartbeat (30)",
+    "SAFEJIT_VERIFY_KEYS": "Ed25519 public keys that may sign leaves: `id=key;id=key`",
+    **OTHER_VARIABLES,
+}
+
+
+def table() -> str:
+    """Every variable as a Markdown table (what the README shows)."""
+    rows = ["| variable | Config field | meaning |", "| --- | --- | --- |"]
+    for name in [*VARIABLES, *OTHER_VARIABLES]:
+        field = f"`{VARIABLES[name][0]}`" if name in VARIABLES else "—"
+        rows.append(f"| `{name}` | {field} | {HELP[name]} |")
+    return "\n".join(rows) + "\n"
+
+
+_warned: set[str] = set()
+
+
+def warn_unknown(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Log, once per process each, ``SAFEJIT_*`` names safejit does not know (a typo
+    would otherwise be silently ignored); returns them."""
     env = os.environ if environ is None else environ
+    unknown = sorted(n for n in env if n.startswith("SAFEJIT_") and n not in VARIABLES and n not in OTHER_VARIABLES)
+    for name in unknown:
+        if name not in _warned:
+            _warned.add(name)
+            logger.warning("%s is not a safejit variable; it is ignored (the variables: README, or safejit._env)", name)
+    return unknown
+
+
+def config_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Config fields set by ``SAFEJIT_*`` variables, parsed and typed. A bad value is a
+    ``ConfigError`` naming the variable; an unknown name is logged once."""
+    env = os.environ if environ is None else environ
+    warn_unknown(env)
     out: dict[str, Any] = {}
     for var, (field, parse) in VARIABLES.items():
         raw = env.get(var)

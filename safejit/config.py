@@ -91,8 +91,9 @@ class Config:
     inventory: str | None = None
     #: CUDA: "nvrtc" (in process, or in an isolated worker) or "nvcc" (sandboxed argv).
     cuda_compiler: Literal["nvrtc", "nvcc"] = "nvrtc"
-    #: CUDA: run NVRTC in a persistent worker with no filesystem access. In process (False) is
-    #: for trusted sources only: NVRTC itself may read a quoted include from the working directory.
+    #: CUDA: run NVRTC in a persistent worker that may read only the declared and toolchain roots
+    #: and records every path it looks up (one NVRTC run per compile). In process (False) is for
+    #: trusted sources only, and hands headers over in memory: one NVRTC run per header it asks for.
     nvrtc_worker: bool = True
     #: CUDA: what register spills / local memory do: "warn" (SpillWarning), "error", "ignore".
     cuda_spills: Literal["warn", "error", "ignore"] = "warn"
@@ -236,10 +237,19 @@ class Config:
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Config:
-        """A Config from ``SAFEJIT_*`` variables; keyword overrides win."""
-        values = _env.config_overrides()
-        values.update(overrides)
-        return cls(**values)
+        """A Config from ``SAFEJIT_*`` variables; keyword overrides win. A value the
+        Config refuses is a ConfigError naming the variable that set it."""
+        from_env = _env.config_overrides()
+        try:
+            return cls(**{**from_env, **overrides})
+        except ConfigError:
+            for var, (name, _) in _env.VARIABLES.items():
+                if name in from_env and name not in overrides:
+                    try:
+                        cls(**{name: from_env[name]})
+                    except ConfigError as exc:
+                        raise ConfigError(f"{var}: {exc}", variable=var) from None
+            raise
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)

@@ -118,12 +118,32 @@ def _set(rules: dict[str, list[_Rule]]) -> None:
 
 def reset() -> None:
     """Disable every fault (and forget ``SAFEJIT_FAULTS``)."""
+    global _pending
     with _lock:
+        _pending = None
         _set({})
 
 
+def _current() -> dict[str, list[_Rule]]:
+    """The rules, ``SAFEJIT_FAULTS`` parsed on first need: a bad value never breaks
+    ``import safejit``; it is an error, naming the variable, where faults are used."""
+    global _pending
+    if _pending is not None:
+        with _lock:
+            spec, _pending = _pending, None
+            if spec is not None:
+                try:
+                    parsed = _parse_spec(spec)
+                except ConfigError as exc:
+                    _pending = spec  # (every use says so, not only the first)
+                    raise ConfigError(f"SAFEJIT_FAULTS={spec!r}: {exc}", variable="SAFEJIT_FAULTS") from None
+                merged = {k: [*parsed.get(k, []), *_rules.get(k, [])] for k in {*parsed, *_rules}}
+                _set(merged)
+    return _rules
+
+
 def _matching(name: str, kinds: tuple[str, ...]) -> _Rule | None:
-    for rule in _rules.get(name, ()):
+    for rule in _current().get(name, ()):
         if rule.kind in kinds and (rule.probability >= 1.0 or random.random() < rule.probability):
             return rule
     return None
@@ -161,6 +181,7 @@ def inject(name: str, action: str) -> Iterator[None]:
     if name not in POINTS:
         raise ConfigError(f"unknown fault point {name!r}; expected one of {sorted(POINTS)}")
     rule = parse_action(action)
+    _current()
     with _lock:
         saved = {k: list(v) for k, v in _rules.items()}
         new = {k: list(v) for k, v in _rules.items()}
@@ -173,4 +194,6 @@ def inject(name: str, action: str) -> Iterator[None]:
             _set(saved)
 
 
-_set(_parse_spec(_env.faults_spec()))
+#: ``SAFEJIT_FAULTS`` as set at import, until it is first needed (see :func:`_current`).
+_pending: str | None = _env.faults_spec() or None
+_enabled = _pending is not None

@@ -58,6 +58,7 @@ class Parts:
             worker=config.nvrtc_worker,
             spills=config.cuda_spills,
             require_landlock=config.sandbox == "required",
+            tools_dir=self.tools_dir,
             ascend_homes=(config.ascend_home,) if config.ascend_home else _env.ascend_home_candidates(),
         )
         # A compiler process works in a scratch dir; one in this process (NVRTC) writes none.
@@ -82,12 +83,12 @@ class Parts:
     def _open_remote(self, config: Config) -> RemoteTier | None:
         """The remote tier, when one is configured (its engine's client library is
         imported now, not before; no connection is made until the first lookup)."""
-        from ..cache.remote import open_store
-        from ..cache.remote.tier import RemoteTier
-
         settings = config.remote_settings()
         if settings is None:
             return None
+        from ..cache.remote import open_store
+        from ..cache.remote.tier import RemoteTier
+
         settings = config.remote_settings(**_env.remote_credentials(settings.engine))
         attrs = {ATTR.BACKEND: config.backend, ATTR.TENANT: config.tenant}
         store = open_store(

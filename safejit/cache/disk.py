@@ -354,34 +354,9 @@ class DiskTier:
         leaf = os.path.join(bdir, f"deps-{manifest.deps_key}")
         prepared = workdir is not None and workdir.prepared
         stage = workdir.stage if workdir is not None and prepared else self._staging.new_stage(root)
-        # A stage made and fsynced ahead (a spare) has durable entries: filling its files
-        # changes none, and their own fsyncs suffice. Creating or removing one does.
-        entries_changed = not (prepared and workdir is not None and workdir.synced)
+        synced = prepared and workdir is not None and workdir.synced
         try:
-            # What was written early is used if it holds exactly these bytes, durably.
-            # The rest is written first, its writeback started, then fsynced: the disk
-            # works on all of it at once, and the later fsyncs find their data written.
-            done = early.use(files) if early is not None and prepared and early.stage == stage else frozenset()
-            if early is not None and early.dir_changed:
-                entries_changed = True
-            for n, data in files.items():
-                if n in done:
-                    continue
-                if n == MARKER:
-                    faults.point(BEFORE_COMMIT)
-                if not write_file(os.path.join(stage, n), data, prepared=prepared, sync=False):
-                    entries_changed = True
-            if prepared:  # a leaf holds its three files and nothing else
-                for extra in set(os.listdir(stage)) - set(files):
-                    os.unlink(os.path.join(stage, extra))
-                    entries_changed = True
-            for n in files:
-                if n not in done:
-                    fsync_file(os.path.join(stage, n))
-            if entries_changed:
-                fsync_dir(stage)
-            if not prepared:
-                os.chmod(stage, 0o755)
+            _fill_stage(stage, files, prepared=prepared, synced=synced, early=early)
             self._make_build_dir(root, bdir)
             published = dataclasses.replace(built, path=leaf, root=root, manifest=manifest)
             for attempt in (1, 2):
@@ -500,6 +475,39 @@ class DiskTier:
 
     def close(self) -> None:
         self._staging.close()
+
+
+def _fill_stage(stage: str, files: dict[str, bytes], *, prepared: bool, synced: bool, early: EarlyWrite | None) -> None:
+    """Make ``stage`` hold exactly ``files``, durably (the marker written last).
+
+    What was written early is used if it holds exactly these bytes, durably. The rest
+    is written first, its writeback started, then fsynced: the disk works on all of it
+    at once, and the later fsyncs find their data written. A stage made and fsynced
+    ahead (``synced``: a spare) has durable entries: filling its files changes none,
+    and their own fsyncs suffice; creating or removing one needs the directory's too.
+    """
+    entries_changed = not synced
+    done = early.use(files) if early is not None and prepared and early.stage == stage else frozenset()
+    if early is not None and early.dir_changed:
+        entries_changed = True
+    for n, data in files.items():
+        if n in done:
+            continue
+        if n == MARKER:
+            faults.point(BEFORE_COMMIT)
+        if not write_file(os.path.join(stage, n), data, prepared=prepared, sync=False):
+            entries_changed = True
+    if prepared:  # a leaf holds its three files and nothing else
+        for extra in set(os.listdir(stage)) - set(files):
+            os.unlink(os.path.join(stage, extra))
+            entries_changed = True
+    for n in files:
+        if n not in done:
+            fsync_file(os.path.join(stage, n))
+    if entries_changed:
+        fsync_dir(stage)
+    if not prepared:
+        os.chmod(stage, 0o755)
 
 
 def _fsync_quietly(path: str) -> None:

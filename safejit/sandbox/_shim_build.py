@@ -1,5 +1,6 @@
-"""Building the exec shim (``shim.c``): once per user and shim version, by the
-system C compiler, into a private directory (0700, owned by this user)."""
+"""Building the exec shim (``shim.c``) and the lookup recorder (``lookups.c``): once
+per user and version, by the system C compiler, into a private directory (0700,
+owned by this user)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from ..closure.hashing import digest_bytes
 from . import SYSTEM_PATH
 
-__all__ = ["ensure_shim"]
+__all__ = ["ensure_lookups", "ensure_shim"]
 
 logger = logging.getLogger("safejit.sandbox.runner")
 
@@ -47,8 +48,29 @@ def ensure_shim(tools_dir: str | None, cc: str | None) -> str | None:
     if cc is None:
         logger.warning("no C compiler to build the sandbox shim; compilers run without rlimits or Landlock")
         return None
-    source = resources.files("safejit.sandbox").joinpath("shim.c").read_bytes()
-    tag = digest_bytes(source + b"\0" + cc.encode() + b"\0static-first")[:16]
+    # Static where the C library allows it: no dynamic loading on each start (~0.3 ms).
+    return _ensure("shim.c", "shim", "sandbox shim", tools_dir, cc, (["-static"], []), "static-first")
+
+
+def ensure_lookups(tools_dir: str | None, cc: str | None) -> str | None:
+    """Build (once per user and version) and return the lookup recorder, a shared
+    object (see ``lookups.c``); None when it cannot be built here."""
+    if cc is None:
+        return None
+    return _ensure("lookups.c", "lookups", "lookup recorder", tools_dir, cc, (["-shared", "-fPIC"],), "shared")
+
+
+def _ensure(
+    source_name: str,
+    name: str,
+    what: str,
+    tools_dir: str | None,
+    cc: str,
+    variants: tuple[list[str], ...],
+    salt: str,
+) -> str | None:
+    source = resources.files("safejit.sandbox").joinpath(source_name).read_bytes()
+    tag = digest_bytes(source + b"\0" + cc.encode() + b"\0" + salt.encode())[:16]
     base = Path(tools_dir) if tools_dir else Path(tempfile.gettempdir())
     private = base / f"u{os.geteuid()}"
     try:
@@ -56,23 +78,22 @@ def ensure_shim(tools_dir: str | None, cc: str | None) -> str | None:
     except OSError:
         private = _temporary_private_dir()
     if not _private_dir(private):
-        logger.warning("%s is not a private directory; building the shim in a temporary one", private)
+        logger.warning("%s is not a private directory; building the %s in a temporary one", private, what)
         private = _temporary_private_dir()
-    target = private / f"shim-{tag}"
+    target = private / f"{name}-{tag}{'.so' if '-shared' in variants[0] else ''}"
     try:
         st = os.lstat(target)
         if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
             return str(target)
     except FileNotFoundError:
         pass
-    work = Path(tempfile.mkdtemp(prefix=".shim-", dir=private))
+    work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=private))
     try:
-        (work / "shim.c").write_bytes(source)
-        out = work / "shim"
-        # Static where the C library allows it: no dynamic loading on each start (~0.3 ms).
-        for link in (["-static"], []):
+        (work / source_name).write_bytes(source)
+        out = work / name
+        for link in variants:
             proc = subprocess.run(
-                [cc, "-O2", *link, "-o", str(out), str(work / "shim.c")],
+                [cc, "-O2", *link, "-o", str(out), str(work / source_name)],
                 cwd=work,
                 env={"PATH": SYSTEM_PATH, "TMPDIR": str(work), "LC_ALL": "C"},
                 stdin=subprocess.DEVNULL,
@@ -83,13 +104,13 @@ def ensure_shim(tools_dir: str | None, cc: str | None) -> str | None:
             if proc.returncode == 0:
                 break
         if proc.returncode != 0:
-            logger.warning("building the sandbox shim failed: %s", proc.stderr.decode(errors="replace")[-2000:])
+            logger.warning("building the %s failed: %s", what, proc.stderr.decode(errors="replace")[-2000:])
             return None
         os.chmod(out, 0o700)
         os.replace(out, target)
         return str(target)
     except (OSError, subprocess.SubprocessError) as exc:
-        logger.warning("building the sandbox shim failed: %s", exc)
+        logger.warning("building the %s failed: %s", what, exc)
         return None
     finally:
         for child in work.iterdir() if work.exists() else ():

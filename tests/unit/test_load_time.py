@@ -221,6 +221,10 @@ def test_what_no_flag_can_make_is_named_all_the_same(plain, baselines, patch, re
         (("-Wl,-f,libaux.so",), "DT_AUXILIARY"),
         (("-Wl,-init,kernel",), "_init"),
         (("-Wl,-fini,kernel",), "_fini"),
+        (("-Wl,-z,execstack",), "executable stack"),
+        (("-Wl,-rpath,/opt/x",), "DT_RUNPATH"),
+        (("-Wl,-rpath,/opt/x", "-Wl,--disable-new-dtags"), "DT_RPATH"),
+        (("-Wl,-soname,libm.so.6",), "DT_SONAME"),
     ],
 )
 def test_linker_options_the_flag_policy_refuses_are_named(tmp_path, baselines, flags, reason):
