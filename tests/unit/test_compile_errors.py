@@ -4,6 +4,9 @@ user knows it (its origin for a file, its file name otherwise), and never the wo
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
+
 import pytest
 
 import safejit
@@ -20,7 +23,7 @@ def _error(rt: safejit.Runtime, source: safejit.Source) -> safejit.CompileError:
 
 def _scratch(error: safejit.CompileError) -> str:
     """The work dir the compiler ran in (its argv, which is what ran, keeps it)."""
-    src = next(a for a in error.argv if a.endswith((".c", ".cpp")))
+    src = next(a for a in error.argv if a.endswith((".c", ".cpp", ".cu")))
     return src.rsplit("/src/", 1)[0]
 
 
@@ -45,6 +48,22 @@ def test_a_syntax_error_in_an_inline_source_names_its_file_name(make_runtime):
         error = _error(rt, source)
         assert error.log.startswith(f"{shown}: In function") and f"\n{shown}:2:11: error:" in error.log
         assert _scratch(error) not in error.log
+
+
+@pytest.mark.skipif(
+    shutil.which("nvcc", path="/usr/local/cuda/bin:/usr/bin") is None or importlib.util.find_spec("cuda") is None,
+    reason="no nvcc",
+)
+def test_an_nvcc_error_names_the_file(make_runtime, tmp_path):
+    """nvcc's argv runs through the same staging as the host's (and Ascend's)."""
+    root = tmp_path / "cuproj"
+    root.mkdir()
+    (root / "bad.cu").write_text('extern "C" __global__ void k(float* x) {\n  x[0] = 1\n}\n')
+    rt = make_runtime(backend="cuda", cuda_compiler="nvcc", source_roots=(str(root),))
+    with pytest.raises(safejit.CompileError) as info:
+        rt.compile(rt.source(root / "bad.cu"), arch="sm_90")
+    assert f"{root}/bad.cu(3): error" in info.value.log
+    assert _scratch(info.value) not in info.value.log and "/src/bad.cu" not in info.value.log
 
 
 def test_what_else_names_the_work_dir_loses_it():
