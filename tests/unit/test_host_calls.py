@@ -186,6 +186,8 @@ def test_a_struct_by_value_or_varargs_is_refused_unless_declared(make_runtime):
     with pytest.raises(ArgumentTypeError, match="a variable number of arguments"):
         mod.kernel("first")(1)
     assert mod.kernel("first", argtypes=(ctypes.c_int, ctypes.c_int))(4, 5) == 4
+    with pytest.raises(ArgumentTypeError, match=r"argtypes\[1\] is c_float, which ... passes as c_double"):
+        mod.kernel("first", argtypes=(ctypes.c_int, ctypes.c_float))
 
 
 def test_a_kernel_without_debug_info_needs_a_declaration(make_runtime):
