@@ -61,6 +61,7 @@ def record_closure(
     include names and probes."""
     if len(paths) > max_deps:
         raise LimitExceededError(f"{len(paths)} dependencies exceed the limit of {max_deps}", limit=max_deps)
+    _refuse_names_that_are_not_text([*paths, *(absent or ())])
     # (what the linker reads may lie where it finds libraries; what the source steers not)
     roots = [r for name, r in anchors.roots.items() if linker or not name.startswith(LINK_ANCHOR)]
 
@@ -193,6 +194,20 @@ def changed_since(snap: Snapshot, started_ns: int) -> bool:
     """Whether a file's stat says it changed after ``started_ns``, or within the coarse
     clock tick before it (a change then can carry a timestamp just before the start)."""
     return max(snap[3], snap[4]) > started_ns - COARSE_NS
+
+
+def _refuse_names_that_are_not_text(paths: Sequence[str]) -> None:
+    """A name that is not UTF-8 (decoded with surrogate escapes) cannot enter a key or a
+    manifest: the build is refused, naming it, rather than failing deep in the encoder."""
+    for path in paths:
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UndeclaredDependencyError(
+                f"the compiler read {path!r}, whose name is not UTF-8 text: it cannot be recorded in a "
+                "closure; rename it",
+                path=path,
+            ) from None
 
 
 def _outside(path: str, real: str) -> UndeclaredDependencyError:
