@@ -6,6 +6,7 @@ bad value raises :class:`~safejit.errors.ConfigError` naming the variable.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -25,6 +26,8 @@ __all__ = [
     "passthrough_values",
     "remote_credentials",
     "safejit_variables",
+    "sandbox_ids",
+    "state_dir_candidates",
     "table",
     "warn_unknown",
 ]
@@ -213,6 +216,41 @@ def default_cache_dir() -> Path:
     if xdg and os.path.isabs(xdg):
         return Path(xdg) / "safejit"
     return Path.home() / ".cache" / "safejit"
+
+
+def state_dir_candidates() -> tuple[str, ...]:
+    """Where this user's private state (the sandbox shim, the stat memo, the toolchain
+    probes) may live, in order: ``$XDG_STATE_HOME/safejit``, ``~/.local/state/safejit``,
+    ``$XDG_RUNTIME_DIR/safejit`` (else ``/run/user/<uid>/safejit``). Relative values
+    are ignored, as the XDG specification asks."""
+    found = []
+    xdg = os.environ.get("XDG_STATE_HOME")
+    if xdg and os.path.isabs(xdg):
+        found.append(os.path.join(xdg, "safejit"))
+    with contextlib.suppress(KeyError, RuntimeError):  # (no HOME and no passwd entry)
+        found.append(str(Path.home() / ".local" / "state" / "safejit"))
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if not (runtime and os.path.isabs(runtime)):
+        runtime = f"/run/user/{os.geteuid()}"
+    found.append(os.path.join(runtime, "safejit"))
+    return tuple(dict.fromkeys(p for p in found if os.path.isabs(p)))
+
+
+def sandbox_ids() -> tuple[int, int] | None:
+    """``SAFEJIT_SANDBOX_UID``: ``uid[:gid]``, the unprivileged ids a compiler runs as
+    when the caller is root (default: ``nobody``); None when unset. 0 is refused."""
+    raw = os.environ.get("SAFEJIT_SANDBOX_UID")
+    if raw is None:
+        return None
+    try:
+        uid_text, _, gid_text = raw.partition(":")
+        uid = int(uid_text, 10)
+        gid = int(gid_text, 10) if gid_text else uid
+        if uid <= 0 or gid <= 0 or uid >= 1 << 32 or gid >= 1 << 32:
+            raise ValueError("ids must be unprivileged: 1 .. 2**32-1")
+    except ValueError as exc:
+        raise ConfigError(f"SAFEJIT_SANDBOX_UID={raw!r}: {exc}", variable="SAFEJIT_SANDBOX_UID") from exc
+    return uid, gid
 
 
 def passthrough_values(names: Iterable[str]) -> tuple[tuple[str, str], ...]:

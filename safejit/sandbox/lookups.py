@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from ._shim_build import ensure_lookups
+from .statedir import StateDir
 
 __all__ = ["KINDS", "Lookup", "Recorder", "build", "parse", "supported"]
 
@@ -52,9 +53,10 @@ def supported() -> bool:
         return False
 
 
-def build(tools_dir: str | None, cc: str | None) -> str | None:
-    """The recorder's shared object, built if need be; None when it cannot be here."""
-    return ensure_lookups(tools_dir, cc) if supported() else None
+def build(state: StateDir | None, cc: str | None) -> str | None:
+    """The recorder's shared object in the private ``state`` dir, built if need be;
+    None when it cannot be here."""
+    return ensure_lookups(state, cc) if state is not None and supported() else None
 
 
 def parse(data: bytes) -> list[Lookup]:

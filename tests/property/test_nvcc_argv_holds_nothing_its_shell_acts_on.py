@@ -21,7 +21,13 @@ _NVCC = CudaBackend(compiler="nvcc")
 _TOOLCHAIN = Toolchain(
     compiler="/usr/local/cuda/bin/nvcc", version="nvcc 13.0\nhost: /usr/bin/g++ 12", digest="d", roots=()
 )
-_SLOTS = {"{SRC}": "/w/src/k.cu", "{OUT}": "/w/k.cubin", "{DEP}": "/w/k.d", "{DEFINES}": "/w/.defines.h"}
+_SLOTS = {
+    "{SRC}": "/w/src/k.cu",
+    "{OUT}": "/w/k.cubin",
+    "{DEP}": "/w/k.d",
+    "{DEPNAME}": "k.d",
+    "{DEFINES}": "/w/.defines.h",
+}
 
 
 def _anchor(path: str, what: str) -> str:

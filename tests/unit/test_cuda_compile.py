@@ -528,7 +528,7 @@ def test_nvrtc_without_a_lookup_recorder_hands_headers_over_in_memory(make_runti
     recorded = _rt(make_runtime, cuda_project, "nvrtc").build(
         safejit.Source(ANGLED, "k"), include_dirs=inc, arch="sm_90"
     )
-    monkeypatch.setattr(lookups, "build", lambda tools_dir, cc: None)  # (no C compiler, no seccomp)
+    monkeypatch.setattr(lookups, "build", lambda state, cc: None)  # (no C compiler, no seccomp)
     rt = _rt(make_runtime, cuda_project, "nvrtc")
     in_memory = rt.build(safejit.Source(ANGLED, "k"), include_dirs=inc, arch="sm_90")
     assert json.loads((Path(in_memory.path) / "manifest.json").read_text())["argv"][0] == NVRTC_IN_MEMORY

@@ -249,8 +249,8 @@ def test_a_toolchain_without_a_baseline_refuses_every_kernel(plain, baselines):
         refuse_load_time_code(spec, b"\x7fELF garbage")  # type: ignore[arg-type]
 
 
-def test_the_probe_keeps_the_baseline_in_the_toolchain_and_its_cache(make_runtime, cache_dir, baselines):
-    tools = cache_dir  # (the probe cache is the private state dir under the cache root)
+def test_the_probe_keeps_the_baseline_in_the_toolchain_and_its_cache(make_runtime, private_state, baselines):
+    tools = private_state  # (the probe cache is in the private state dir, outside the cache root)
     module = make_runtime().compile(safejit.Source("int one(void) { return 1; }\n", "one"))
     assert module.kernel("one")() == 1
     (probe,) = [json.loads(p.read_text()) for p in tools.rglob("probe-*.json")]
@@ -274,8 +274,8 @@ def test_the_probe_keeps_the_baseline_in_the_toolchain_and_its_cache(make_runtim
         {"init": True},
     ],
 )
-def test_a_probe_cache_entry_with_a_bad_baseline_is_probed_again(make_runtime, cache_dir, planted):
-    tools = cache_dir
+def test_a_probe_cache_entry_with_a_bad_baseline_is_probed_again(make_runtime, private_state, planted):
+    tools = private_state
     make_runtime().compile(safejit.Source("int one(void) { return 1; }\n", "one"))
     (path,) = tools.rglob("probe-*.json")
     data = json.loads(path.read_text())

@@ -17,6 +17,7 @@ import pytest
 
 from safejit.backends.cuda.recorded import sort_lookups
 from safejit.sandbox import lookups
+from safejit.sandbox.statedir import StateDir
 
 CC = shutil.which("cc", path="/usr/local/bin:/usr/bin:/bin")
 pytestmark = pytest.mark.skipif(CC is None or not lookups.supported(), reason="no C compiler or no seccomp")
@@ -24,7 +25,9 @@ pytestmark = pytest.mark.skipif(CC is None or not lookups.supported(), reason="n
 
 @pytest.fixture(scope="module")
 def library(tmp_path_factory: pytest.TempPathFactory) -> str:
-    built = lookups.build(str(tmp_path_factory.mktemp("tools")), CC)
+    private = tmp_path_factory.mktemp("state")
+    private.chmod(0o700)
+    built = lookups.build(StateDir(os.open(private, os.O_RDONLY | os.O_DIRECTORY), str(private)), CC)
     assert built is not None
     return built
 

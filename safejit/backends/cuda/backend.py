@@ -20,6 +20,7 @@ from typing import Any, Final
 from ...errors import CompileError, ConfigError, FlagPolicyError
 from ...sandbox import SYSTEM_PATH
 from ...sandbox import lookups as lookup_recorder
+from ...sandbox.statedir import StateDir
 from ...spec import BuildSpec, Source, Toolchain
 from .._argv import run_argv
 from .._toolchain import ProbeCache, compiler_search_dirs, dir_idents, file_ident, find_program, hash_tools, run_text
@@ -67,7 +68,7 @@ class CudaBackend:
         worker: bool = False,
         spills: str = "warn",
         require_landlock: bool = False,
-        tools_dir: str | None = None,
+        state: StateDir | None = None,
         **_: Any,
     ) -> None:
         if compiler not in ("nvrtc", "nvcc"):
@@ -79,7 +80,7 @@ class CudaBackend:
         self._worker: NvrtcWorker | None = None
         self._spills = spills
         self._require_landlock = require_landlock
-        self._tools_dir = tools_dir
+        self._state = state
         self._recorder: str | None = None
         self._recorder_known = False
         self._toolchains: dict[str, Toolchain] = {}
@@ -147,7 +148,7 @@ class CudaBackend:
             return False
         with self._lock:
             if not self._recorder_known:
-                self._recorder = lookup_recorder.build(self._tools_dir, shutil.which("cc", path=SYSTEM_PATH))
+                self._recorder = lookup_recorder.build(self._state, shutil.which("cc", path=SYSTEM_PATH))
                 self._recorder_known = True
                 if self._recorder is None:
                     logger.warning(
