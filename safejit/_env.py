@@ -23,6 +23,7 @@ __all__ = [
     "config_overrides",
     "default_cache_dir",
     "faults_spec",
+    "parse_size",
     "passthrough_values",
     "remote_credentials",
     "safejit_variables",
@@ -45,6 +46,21 @@ def _int(text: str) -> int:
 
 def _paths(text: str) -> tuple[str, ...]:
     return tuple(p for p in text.split(os.pathsep) if p)
+
+
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """A size in bytes: ``1024``, ``500M``, ``2G``, ``1.5T`` (``k``/``M``/``G``/``T``, powers
+    of 1024; a trailing ``B`` or ``iB`` is allowed). ``ValueError`` unless it is a finite,
+    non-negative number."""
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    unit = t[-1:] if t[-1:] in _SIZE_UNITS and not t[-1:].isdigit() else ""
+    number = float(t[: len(t) - len(unit)])  # (ValueError when it is not a number)
+    if not number >= 0 or number == float("inf"):
+        raise ValueError(f"not a size: {text!r} (a non-negative number of bytes, or with k, M, G or T)")
+    return int(number * _SIZE_UNITS[unit])
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -97,6 +113,7 @@ VARIABLES: Mapping[str, tuple[str, Callable[[str], Any]]] = {
     "SAFEJIT_ASCEND_HOME": ("ascend_home", str),
     "SAFEJIT_HOST_CC": ("host_cc", str),
     "SAFEJIT_HOST_CXX": ("host_cxx", str),
+    "SAFEJIT_CACHE_MAX_BYTES": ("cache_max_bytes", parse_size),
     "SAFEJIT_REMOTE": ("remote", str),
     "SAFEJIT_REMOTE_MODE": ("remote_mode", str),
     "SAFEJIT_REMOTE_CONNECT_TIMEOUT_S": ("remote_connect_timeout_s", _float),
@@ -142,6 +159,7 @@ HELP: Mapping[str, str] = {
     "SAFEJIT_ASCEND_HOME": "the CANN toolkit",
     "SAFEJIT_HOST_CC": "the host C compiler (absolute path)",
     "SAFEJIT_HOST_CXX": "the host C++ compiler (absolute path)",
+    "SAFEJIT_CACHE_MAX_BYTES": "an opt-in disk cache cap (`10G`): what `safejit prune` keeps under when given no limit",
     "SAFEJIT_REMOTE": "a remote cache: `redis://…`, `rediss://…`, `unix://…` or `s3://bucket/prefix?endpoint=…`",
     "SAFEJIT_REMOTE_MODE": "`read-write` (default), `read-only` or `off`",
     "SAFEJIT_REMOTE_CONNECT_TIMEOUT_S": "seconds to connect to the remote (0.1)",

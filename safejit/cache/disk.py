@@ -23,7 +23,6 @@ import logging
 import os
 import stat
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -402,7 +401,10 @@ class DiskTier:
         if attempt == 2:
             raise OSError(exc.errno, f"{exc.strerror}; existing leaf unusable: {detail}", leaf) from exc
         logger.warning("quarantining %s before publishing over it: %s", leaf, detail)
-        self.quarantine(leaf, root)
+        if not self.quarantine(leaf, root):
+            # (the quarantine dir is not a real directory, say: verify and gc report it)
+            logger.warning("%s cannot be set aside; this build is returned unpublished", leaf)
+            return dataclasses.replace(ours, path=""), Outcome.KEPT
         return None
 
     def _make_build_dir(self, root: str, bdir: str) -> None:
@@ -432,16 +434,15 @@ class DiskTier:
         with contextlib.suppress(OSError):
             self._make_build_dir(root, bdir)
 
-    def quarantine(self, path: str, root: str) -> None:
+    def quarantine(self, path: str, root: str) -> bool:
         """Move a damaged leaf (or whatever stands in its place) aside: a same-filesystem
-        rename of the entry itself, never followed; best effort."""
+        rename of the entry itself, through descriptors (nothing planted on the way is
+        followed); best effort: False when it stays."""
+        if not CacheLayout(root).set_aside(path):
+            logger.debug("could not quarantine %s", path)
+            return False
         instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: Outcome.QUARANTINED})
-        qdir = CacheLayout(root).quarantine
-        try:
-            makedirs_durable(qdir)
-            rename(path, os.path.join(qdir, f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}"))
-        except OSError as exc:
-            logger.debug("could not quarantine %s: %s", path, exc)
+        return True
 
     # -- work dirs and locks ---------------------------------------------------
     def workdir(self, root: str) -> Workdir:
