@@ -97,11 +97,14 @@ class HostSignature(msgspec.Struct, frozen=True, forbid_unknown_fields=True, arr
 class BackendMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What a backend keeps beside the bytes (CUDA: parameter layouts ``[(offset, size)]``
     per kernel, and the lowered names of name expressions; host: each kernel's
-    signature). A field added here has a default: a leaf written before it decodes."""
+    signature). A field added here has a default, and one that is not encoded when unset:
+    a leaf written before it decodes, and its signature still verifies."""
 
     params: dict[Text, tuple[tuple[Count, Count], ...]] = {}
     symbols: dict[Text, Text] = {}
-    signatures: dict[Text, HostSignature] = {}
+    #: UNSET (never encoded) when the backend gives none: a leaf written before the field
+    #: existed re-encodes to the very bytes it was signed over, and a CUDA leaf is unchanged.
+    signatures: dict[Text, HostSignature] | msgspec.UnsetType = msgspec.UNSET
 
 
 class Inputs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

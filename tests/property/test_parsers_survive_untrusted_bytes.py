@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,7 +23,7 @@ from safejit.backends._signatures import host_products
 from safejit.backends.ascend.backend import ascend_kernel_names
 from safejit.backends.cuda.cubin import cubin_frame_sizes, cubin_kernels
 from safejit.backends.host import elf_exported_functions
-from safejit.cache.leaf import BackendMeta, ManifestError, decode_manifest
+from safejit.cache.leaf import BackendMeta, ManifestError, decode_manifest, signed_bytes
 from safejit.closure.depfiles import _prerequisites, _split_words, parse_depfile, parse_single_rule
 from safejit.errors import LoadError
 from safejit.spec import LoadBaseline
@@ -266,11 +267,16 @@ def test_elf_with_an_absurd_section_header_offset_is_a_load_error():
     _elf_ok(crash)
 
 
-def test_a_leaf_written_before_host_signatures_decodes(real_inputs):
+def test_a_leaf_written_before_host_signatures_decodes_and_its_signature_stands(real_inputs):
+    """Without the field it decodes, and re-encodes to the bytes it was signed over."""
     data = json.loads(real_inputs["manifest"])
     assert data["meta"]["signatures"]["add"][1] == [["a", "i4", "int"], ["b", "i4", "int"]]
     del data["meta"]["signatures"]
-    assert decode_manifest(json.dumps(data).encode()).meta.signatures == {}
+    old = json.dumps(data, separators=(",", ":")).encode()
+    decoded = decode_manifest(old)
+    assert decoded.meta.signatures is msgspec.UNSET
+    # (the meta as every leaf before the field encoded it: what its signature covers)
+    assert b'"meta":{"params":{},"symbols":{}}' in signed_bytes(decoded)
 
 
 @pytest.mark.parametrize("key", ["signature", "meta", "negatives", "toolchain", "created", "deps", "artifact"])
