@@ -5,6 +5,13 @@
 Keys written (targets in parentheses):
   host_memory_hit_p50_us          safejit memory hit, p50 of batch means (<= 2 us)
   host_memory_hit_vs_lru_cache    ... divided by a functools.lru_cache hit on the same arguments
+  host_call_checked_us            a checked host call add(2, 3), p50 of batch means
+  host_call_raw_ctypes_us         the same function through plain ctypes (argtypes/restype set), same run
+  host_call_overhead_us           checked minus raw, paired by batch (<= 0.5 us)
+  host_call_vs_raw_ctypes         checked / raw, paired by batch
+  host_array_call_checked_us      a checked call total(x, 16) with a float64 array (dtype, layout checked)
+  host_array_call_vs_raw_ctypes   ... / plain ctypes passing x.ctypes.data (what a ctypes user writes; <= 1.0)
+  host_array_call_vs_ndpointer    ... / ctypes with numpy.ctypeslib.ndpointer argtypes (NumPy's checked call)
   host_disk_hit_ms                fresh process, compile call -> callable kernel, one header (<= 1 ms)
   host_disk_hit_1000_headers_ms   same with 1,000 generated headers, ~10 MB (<= 10 ms)
   *_first_ms                      the first such process, which rehashes every file (no stat memo yet)
@@ -114,6 +121,80 @@ def memory_hit(results: dict[str, Any], quick: bool) -> None:
     results["host_memory_hit_p50_us"] = round(ours, 3)
     results["host_memory_hit_vs_lru_cache"] = round(ours / theirs, 2)
     print(f"memory hit p50          {ours:8.3f} us   (lru_cache peer {theirs:.3f} us; ratio {ours / theirs:.1f})")
+
+
+CALLS_C = r"""
+#include <stddef.h>
+int add(int a, int b) { return a + b; }
+double total(const double *x, size_t n) { double s = 0; for (size_t i = 0; i < n; i++) s += x[i]; return s; }
+"""
+
+
+def host_calls(results: dict[str, Any], quick: bool) -> None:
+    """A checked host call against the same function through plain ctypes (argtypes and
+    restype set; for an array, the address a ctypes user passes, ``x.ctypes.data``, and
+    NumPy's own checked ``ndpointer``), batch by batch in the same run."""
+    import ctypes
+
+    with tempfile.TemporaryDirectory() as cache:
+        rt = safejit.Runtime(config=safejit.Config(cache_dirs=(cache,)))
+        art = rt.build(safejit.Source(CALLS_C, "calls"))
+        mod = rt.compile(safejit.Source(CALLS_C, "calls"))
+        lib = ctypes.CDLL(str(Path(art.path) / "artifact.so"))  # (the same bytes, loaded by ctypes itself)
+        raw_add = lib.add
+        raw_add.argtypes, raw_add.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        checked_add = mod.kernel("add")
+        batches, per = (30, 2000) if quick else (200, 5000)
+
+        def interleaved(**fns: tuple[Any, ...]) -> dict[str, list[float]]:
+            got: dict[str, list[float]] = {name: [] for name in fns}
+            for _ in range(batches):
+                for name, (fn, *args) in fns.items():
+                    t0 = time.perf_counter_ns()
+                    for _ in range(per // 10):
+                        fn(*args)
+                    got[name].append((time.perf_counter_ns() - t0) / (per // 10) / 1000)
+            return got
+
+        scalar = interleaved(checked=(checked_add, 2, 3), raw=(raw_add, 2, 3))
+        ours, peer = statistics.median(scalar["checked"]), statistics.median(scalar["raw"])
+        results["host_call_checked_us"] = round(ours, 3)
+        results["host_call_raw_ctypes_us"] = round(peer, 3)
+        extra = statistics.median(a - b for a, b in zip(scalar["checked"], scalar["raw"], strict=True))
+        results["host_call_overhead_us"] = round(extra, 3)
+        results["host_call_vs_raw_ctypes"] = round(paired_ratio(scalar["checked"], scalar["raw"]), 3)
+        print(
+            f"host call add(2, 3)     {ours:8.3f} us   (raw ctypes with argtypes {peer:.3f} us; "
+            f"+{results['host_call_overhead_us']:.3f} us, {results['host_call_vs_raw_ctypes']:.2f} x paired)"
+        )
+        try:
+            import numpy as np
+        except ImportError:
+            rt.close()
+            return
+        x = np.arange(16.0)
+        raw_total = lib.total
+        raw_total.argtypes, raw_total.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_double
+        nd_total = ctypes.CDLL(str(Path(art.path) / "artifact.so")).total
+        nd_total.argtypes = [np.ctypeslib.ndpointer(np.float64, flags="C_CONTIGUOUS"), ctypes.c_size_t]
+        nd_total.restype = ctypes.c_double
+        checked_total = mod.kernel("total")
+        array = interleaved(
+            checked=(checked_total, x, 16),
+            raw=(lambda a, n: raw_total(a.ctypes.data, n), x, 16),
+            ndpointer=(nd_total, x, 16),
+        )
+        ours = statistics.median(array["checked"])
+        results["host_array_call_checked_us"] = round(ours, 3)
+        results["host_array_call_vs_raw_ctypes"] = round(paired_ratio(array["checked"], array["raw"]), 3)
+        results["host_array_call_vs_ndpointer"] = round(paired_ratio(array["checked"], array["ndpointer"]), 3)
+        print(
+            f"host call total(x, 16)  {ours:8.3f} us   (raw ctypes with x.ctypes.data "
+            f"{statistics.median(array['raw']):.3f} us, {results['host_array_call_vs_raw_ctypes']:.2f} x; "
+            f"numpy ndpointer {statistics.median(array['ndpointer']):.3f} us, "
+            f"{results['host_array_call_vs_ndpointer']:.2f} x; paired)"
+        )
+        rt.close()
 
 
 def _make_root(base: Path, headers: int) -> tuple[Path, str]:
@@ -686,12 +767,13 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (CI smoke run)")
-    parser.add_argument("--only", nargs="*", help="run only these sections: memory disk cold procs16 telemetry "
+    parser.add_argument("--only", nargs="*", help="run only these sections: memory calls disk cold procs16 telemetry "
                         "verify prune cuda cute")  # fmt: skip
     args = parser.parse_args()
     results: dict[str, Any] = {}
     sections = {
         "memory": lambda: memory_hit(results, args.quick),
+        "calls": lambda: host_calls(results, args.quick),
         "disk": lambda: (
             disk_hit(results, "host_disk_hit_ms", 1, 5 if args.quick else 15),
             disk_hit(results, "host_disk_hit_1000_headers_ms", 1000, 3 if args.quick else 9),

@@ -22,7 +22,8 @@ import tempfile
 import atheris
 
 with atheris.instrument_imports():
-    from safejit.backends import _elf, _load_time
+    from safejit.backends import _elf, _load_time, _prototypes
+    from safejit.backends._dwarf import DwarfError
     from safejit.backends.ascend.backend import ascend_kernel_names
     from safejit.backends.cuda.cubin import cubin_frame_sizes, cubin_kernels
     from safejit.backends.host import elf_exported_functions
@@ -107,6 +108,13 @@ def _walk(data: bytes) -> None:
             pass
 
 
+def _host_prototypes(data: bytes) -> None:
+    try:
+        _prototypes.prototypes(data, {"add", "f", "g"})
+    except DwarfError:
+        pass
+
+
 def _load_time_code(data: bytes) -> None:
     try:
         reasons = _load_time.load_time_code(data, BASELINE)
@@ -134,9 +142,10 @@ TARGETS = (
     _load_time_code,
     _baseline,
     lambda data: list(_elf.eiattr_records(data)),
+    _host_prototypes,
 )
 #: The targets that read ELF files, which the seeds are for.
-ELF_TARGETS = (3, 4, 5, 6, 7, 8)
+ELF_TARGETS = (3, 4, 5, 6, 7, 8, 10)
 
 
 def one_input(data: bytes) -> None:
@@ -154,6 +163,7 @@ def _write_seeds(directory: str) -> None:
         for name, code, extra in (
             ("empty", "", []),
             ("add", "int add(int a, int b) { return a + b; }\n", ["-lm"]),
+            ("debug", "#include <stdint.h>\ndouble f(const double *x, int64_t n) { return x[n]; }\n", ["-g"]),
             ("ctor", "int x; __attribute__((constructor)) static void c(void) { x = 1; }\n", []),
             ("relr", "static int a, b;\nint* t[] = {&a, &b, &a, &b};\n", ["-Wl,-z,pack-relative-relocs"]),
             (
@@ -168,7 +178,8 @@ def _write_seeds(directory: str) -> None:
                 f.write(code)
             # (compact: no page alignment, no .symtab; the same tables the readers read)
             compact = ["-Wl,-z,noseparate-code", "-Wl,-z,max-page-size=0x10", "-Wl,-z,common-page-size=0x10"]
-            link = ["cc", "-shared", "-fPIC", "-O2", "-fno-lto", *compact, "-Wl,-s", "-o", out, src, *extra]
+            strip = [] if "-g" in extra else ["-Wl,-s"]  # (the DWARF reader's seed keeps its debug info)
+            link = ["cc", "-shared", "-fPIC", "-O2", "-fno-lto", *compact, *strip, "-o", out, src, *extra]
             subprocess.run(link, check=True)
             with open(out, "rb") as f:
                 seeds[name] = f.read()

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
     CacheError,
     CompileError,
     CompileTimeout,
@@ -68,6 +70,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "ArgumentTypeError",
+    "ArgumentValueError",
     "Artifact",
     "CacheError",
     "CompileError",

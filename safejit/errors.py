@@ -17,6 +17,8 @@ that matches its meaning, so callers may catch either::
     │   └── CompileTimeout           (TimeoutError) compiler killed at the time limit
     ├── LoadError                    (RuntimeError) artifact could not be loaded
     ├── KernelNotFoundError          (LookupError)  no such kernel in a module
+    ├── ArgumentTypeError            (TypeError)    a host kernel called with the wrong count or kind of arguments
+    ├── ArgumentValueError           (ValueError)   ... with a value it cannot pass (range, layout, read-only)
     └── CacheError                   (OSError)      the cache cannot be used (on_cache_error="raise")
 
 Errors carry structured attributes and pickle, so they cross process pools.
@@ -27,6 +29,8 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "ArgumentTypeError",
+    "ArgumentValueError",
     "CacheError",
     "CompileError",
     "CompileTimeout",
@@ -124,6 +128,24 @@ class LoadError(SafejitError, RuntimeError):
 
 class KernelNotFoundError(SafejitError, LookupError):
     """A module has no kernel of the requested name."""
+
+
+class ArgumentTypeError(SafejitError, TypeError):
+    """A host kernel was called with too few or too many arguments, or one of a kind
+    its parameter does not take (``.kernel``; ``.param``: the parameter, ``'x'`` or
+    ``#2``, None when no one parameter is at fault). Nothing was called."""
+
+    kernel: str
+    param: str | None
+
+
+class ArgumentValueError(SafejitError, ValueError):
+    """A host kernel's argument is of the right kind but cannot be passed: an integer
+    out of its C type's range, an array that is not C-contiguous, a read-only array
+    for a non-const pointer (``.kernel``, ``.param``). Nothing was called."""
+
+    kernel: str
+    param: str | None
 
 
 class CacheError(SafejitError, OSError):

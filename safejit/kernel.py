@@ -2,18 +2,24 @@
 
 A :class:`Module` owns a loaded library; it is released by :meth:`Module.close`
 or, once unreferenced, by ``weakref.finalize`` — both safe to call twice.
-Kernels keep their module alive.
+Kernels keep their module alive. A host kernel's calls are checked against the
+prototype its build recorded (``_hostcall.py`` says what each C type accepts)::
+
+    add = mod.kernel("add")
+    add.signature          # 'int add(int a, int b)'
+    add(2, 3)              # 5;  add(2) and add("a", "b") raise ArgumentTypeError
 """
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from . import _hostcall
+from ._hostcall import UNSET
 from .backends.base import LoadedLibrary
 from .errors import KernelNotFoundError, LoadError
 
@@ -85,10 +91,16 @@ class Module:
     def kernels(self) -> tuple[str, ...]:
         return self.artifact.kernels
 
-    def kernel(self, name: str, *, argtypes: Sequence[Any] | None = None, restype: Any = ctypes.c_int) -> Any:
+    def kernel(self, name: str, *, argtypes: Sequence[Any] | None = None, restype: Any = UNSET) -> Any:
         """The kernel called ``name``: a :class:`Kernel` (host, called directly) or a
-        backend kernel with ``launch(grid, block, args, ...)`` (CUDA)."""
-        plain = argtypes is None and restype is ctypes.c_int
+        backend kernel with ``launch(grid, block, args, ...)`` (CUDA).
+
+        Host: calls are checked against the prototype the build recorded. ``argtypes``
+        and ``restype`` (ctypes types; ``restype=None``: void) declare what it does not
+        describe — a parameter no call can check (a struct by value, a function
+        pointer), ``...``, or a kernel without debug info; given for what the build
+        describes, they must agree with it (else :class:`ArgumentTypeError`)."""
+        plain = argtypes is None and restype is UNSET
         if plain and not self._closed:
             found = self._kernels.get(name)
             if found is not None:
@@ -113,10 +125,11 @@ class Module:
             fn = self._library.function(name)
         except (AttributeError, KeyError) as exc:
             raise KernelNotFoundError(f"no kernel {name!r}", name=name) from exc
-        if argtypes is not None:
-            fn.argtypes = list(argtypes)
-        fn.restype = restype
-        return Kernel(name, fn, self)
+        signature = getattr(self._library, "signature", None)
+        prepared = _hostcall.prepare(name, fn, signature(name) if signature else None, self._state, argtypes, restype)
+        # Its own class, whose __call__ is the checked call itself: one Python frame per call.
+        own = type("Kernel", (Kernel,), {"__slots__": (), "__call__": prepared.call, "__module__": __name__})
+        return own(name, fn, self, prepared)
 
     def __getitem__(self, name: str) -> Any:
         return self.kernel(name)
@@ -135,25 +148,25 @@ class Module:
 
 
 class Kernel:
-    """A callable kernel. Host: ``k(*args)``; NumPy arrays pass as pointers."""
+    """A callable host kernel: ``k(*args)``, each argument checked against the C
+    prototype its build recorded (:attr:`signature`) and converted: Python numbers,
+    C-contiguous NumPy arrays of the pointee's dtype for pointers, ``None`` for NULL,
+    ctypes values. A wrong argument raises :class:`~safejit.ArgumentTypeError` or
+    :class:`~safejit.ArgumentValueError` naming the parameter; nothing is called."""
 
-    __slots__ = ("__weakref__", "_fn", "_module", "name")
+    __slots__ = ("__weakref__", "_call", "_fn", "_module", "name", "signature")
 
-    def __init__(self, name: str, fn: Any, module: Module) -> None:
+    def __init__(self, name: str, fn: Any, module: Module, prepared: _hostcall.Prepared) -> None:
         self.name = name
         self._fn = fn
         self._module = module
+        self._call = prepared.call
+        #: The C prototype the build recorded (``'int add(int a, int b)'``); None when
+        #: the build describes none (calls then take ``argtypes=``/``restype=``).
+        self.signature = prepared.text
 
     def __call__(self, *args: Any) -> Any:
-        if self._module._closed:
-            raise LoadError(f"kernel {self.name}: its module is closed")
-        try:
-            return self._fn(*args)
-        except ctypes.ArgumentError:
-            converted = tuple(_host_arg(a) for a in args)
-            if all(c is a for c, a in zip(converted, args, strict=True)):
-                raise
-            return self._fn(*converted)
+        return self._call(self, *args)  # (each kernel's own class calls it directly)
 
     def launch(self, grid: Any = None, block: Any = None, args: Sequence[Any] = (), **_: Any) -> Any:
         """Uniform launch entry point; on the host it is a plain call."""
@@ -164,12 +177,4 @@ class Kernel:
         return self._module
 
     def __repr__(self) -> str:
-        return f"<safejit.Kernel {self.name} of {self._module!r}>"
-
-
-def _host_arg(value: Any) -> Any:
-    """NumPy arrays (and other ``__array_interface__`` objects) as data pointers."""
-    iface = getattr(value, "__array_interface__", None)
-    if isinstance(iface, dict) and isinstance(iface.get("data"), tuple):
-        return ctypes.c_void_p(iface["data"][0])
-    return value
+        return f"<safejit.Kernel {self.signature or self.name} of {self._module!r}>"

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import _env
+from ._arguments import argument_error, check_arguments
 from ._pipeline.parts import Parts
 from ._pipeline.pipeline import Pipeline
 from ._pipeline.records import Counters, Explanation, artifact_of, name_of
@@ -96,28 +97,38 @@ class Runtime:
         extras: Mapping[str, Any] | None = None,
         arch: str | None = None,
         name_expressions: Sequence[str] = (),
+        **unknown: Any,
     ) -> Module:
         """Compile (or find) ``source`` and return its loaded :class:`Module`. Thread-safe.
 
         ``name_expressions`` (CUDA, NVRTC) name template instantiations to compile
-        and look up by name, e.g. ``("scale<float>",)``.
+        and look up by name, e.g. ``("scale<float>",)``. A wrong argument (a bare str
+        for a sequence, a non-mapping ``defines``, an unknown keyword) is a ConfigError.
         """
         now = time.monotonic()
-        req = (
-            source,
-            tuple(include_dirs),
-            tuple((k, v.__class__, v) for k, v in defines.items()) if defines else (),
-            tuple(flags),
-            tuple((k, v.__class__, v) for k, v in extras.items()) if extras else (),
-            arch,
-            tuple(name_expressions),
-        )
         try:
+            req = (
+                source,
+                tuple(include_dirs),
+                tuple((k, v.__class__, v) for k, v in defines.items()) if defines else (),
+                tuple(flags),
+                tuple((k, v.__class__, v) for k, v in extras.items()) if extras else (),
+                arch,
+                tuple(name_expressions),
+            )
             found = self._memory.get(req, now)
-        except TypeError:
-            raise ConfigError("defines and extras values must be str, int, float or bool") from None
-        if found is not None:
+        except (AttributeError, TypeError):  # (a request that cannot even be built or hashed)
+            raise argument_error(
+                "compile", include_dirs=include_dirs, defines=defines, flags=flags, extras=extras, arch=arch,
+                name_expressions=name_expressions, unknown=unknown,
+            ) from None  # fmt: skip
+        if found is not None and not unknown:
             return found
+        # The slow path: an invalid request is never stored, so it never hits.
+        check_arguments(
+            "compile", include_dirs=include_dirs, defines=defines, flags=flags, extras=extras, arch=arch,
+            name_expressions=name_expressions, unknown=unknown,
+        )  # fmt: skip
         return self._compile_slow(req, now)
 
     def build(
@@ -130,8 +141,13 @@ class Runtime:
         extras: Mapping[str, Any] | None = None,
         arch: str | None = None,
         name_expressions: Sequence[str] = (),
+        **unknown: Any,
     ) -> Artifact:
         """Compile and cache ``source`` without loading it."""
+        check_arguments(
+            "build", include_dirs=include_dirs, defines=defines, flags=flags, extras=extras, arch=arch,
+            name_expressions=name_expressions, unknown=unknown,
+        )  # fmt: skip
         req = _request(source, include_dirs, defines, flags, extras, arch, name_expressions)
         with span(SPAN.COMPILE, {**self._attrs, ATTR.KERNEL: name_of(source)}):
             _, resolver, pipeline = self._init()
@@ -190,8 +206,13 @@ class Runtime:
         extras: Mapping[str, Any] | None = None,
         arch: str | None = None,
         name_expressions: Sequence[str] = (),
+        **unknown: Any,
     ) -> Explanation:
         """Say whether a compile would hit the disk tier and, if not, why."""
+        check_arguments(
+            "explain", include_dirs=include_dirs, defines=defines, flags=flags, extras=extras, arch=arch,
+            name_expressions=name_expressions, unknown=unknown,
+        )  # fmt: skip
         req = _request(source, include_dirs, defines, flags, extras, arch, name_expressions)
         parts, resolver, _ = self._init()
         resolved = resolver.resolve(req)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from ..closure.anchors import Anchors
 from ..closure.depfiles import make_unescaped, parse_depfile, parse_listing, parse_single_rule
 from ..closure.hashing import read_output
 from ..errors import CompileError, FlagPolicyError
@@ -19,6 +20,7 @@ from .base import CompileContext
 __all__ = [
     "ASM_DEPFILE",
     "ASM_DEP_FLAG",
+    "DEBUG_MAP",
     "DEFINES_HEADER",
     "DEFINES_SLOT",
     "LD_DEPFILE",
@@ -26,8 +28,10 @@ __all__ = [
     "PCH_GUARD",
     "READ_LISTS",
     "ArgvBuild",
+    "display_paths",
     "run_argv",
     "tool_reads",
+    "user_paths",
 ]
 
 #: Where the assembler lists what it read (relative to the work dir: ``-Wa,`` splits
@@ -122,6 +126,11 @@ PCH_GUARD: Final = "{GUARD}"
 PCH_GUARD_TEXT: Final = b"extern int __safejit_no_precompiled_headers;\n"
 
 
+#: The argv slot of ``-fdebug-prefix-map=<work dir>=.``: debug info names the staged
+#: source ``./src/<file>``, so the same inputs make the same bytes in any work dir.
+DEBUG_MAP: Final = "{DEBUG_MAP}"
+
+
 def _guard_path(workdir: str) -> str:
     return os.path.join(workdir, "src", ".no-pch.h")
 
@@ -175,6 +184,7 @@ def run_argv(
     slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep, "{OBJ}": obj, "{DEPNAME}": os.path.basename(dep)}
     slots[DEFINES_SLOT] = header
     slots[PCH_GUARD] = _guard_path(workdir)
+    slots[DEBUG_MAP] = f"-fdebug-prefix-map={workdir}=."
     argv = [slots.get(a) or ctx.expand(a) for a in spec.argv]
     for template, arg in zip(spec.argv, argv, strict=True):
         if template.startswith("-Wl,") and arg.count(",") != template.count(","):
@@ -194,6 +204,7 @@ def run_argv(
             raise CompileError(f"{spec.name}: cannot write {DEFINES_HEADER}: {exc}", argv=argv) from exc
     logs, seconds, start = [], 0.0, 0
     files: Mapping[str, bytes] = {}
+    shown = display_paths(ctx)
     watcher = _Closes(ctx, dep, out)
     for end in [i for i, a in enumerate(argv) if a == "--"] + [len(argv)]:
         step = argv[start:end]
@@ -204,14 +215,18 @@ def run_argv(
         named = dep in step or slots["{DEPNAME}"] in step
         watch = [p for p in (dep, out) if p in step or (p == dep and named)] + step_lists
         watcher.lists = dict.fromkeys(step_lists)
-        result = ctx.run(step, cwd=workdir, timeout=ctx.timeout, watch=watch, on_closed=watcher)
+        try:
+            result = ctx.run(step, cwd=workdir, timeout=ctx.timeout, watch=watch, on_closed=watcher)
+        except CompileError as exc:  # (a timeout: what the compiler said by then, in the user's names)
+            raise _in_user_terms(exc, shown) from exc
         files = result.files  # (only the last step's: a later step may rewrite a file)
         logs.append(result.log)
         seconds += result.seconds
         if result.returncode != 0:
+            said = user_paths(result.log, shown)
             raise CompileError(
-                f"{spec.name}: {os.path.basename(step[0])} exited with {result.returncode}\n{result.log}",
-                log=result.log,
+                f"{spec.name}: {os.path.basename(step[0])} exited with {result.returncode}\n{said}",
+                log=said,
                 argv=step,
                 returncode=result.returncode,
             )
@@ -234,6 +249,41 @@ def run_argv(
     except ValueError as exc:
         raise CompileError(f"{spec.name}: {exc}; refusing the build", log=log, argv=argv) from None
     return ArgvBuild(artifact, deps, complete, reads, log, tuple(argv), seconds)
+
+
+def display_paths(ctx: CompileContext) -> tuple[tuple[str, str], ...]:
+    """How a compiler's messages name the scratch copy of the source and the work dir,
+    and what to say instead: the source as the user knows it (its origin, for a file
+    read through ``Runtime.source``/``Source.from_file``; else its file name), and
+    nothing of the work dir (``<work dir>/x.so`` says ``x.so``)."""
+    spec, workdir = ctx.spec, ctx.workdir.rstrip("/")
+    shown = spec.filename
+    if spec.quote_dir is not None:
+        origin_dir = ctx.expand(Anchors.token(*spec.quote_dir))
+        if origin_dir and "\0" not in origin_dir:
+            shown = os.path.join(origin_dir, spec.filename)
+    return (
+        (_source_path(workdir, spec), shown),
+        (f"./src/{spec.filename}", shown),  # (as -fdebug-prefix-map has debug info name it)
+        (workdir + "/", ""),
+        (workdir, "."),
+    )
+
+
+def user_paths(text: str, shown: Sequence[tuple[str, str]]) -> str:
+    """``text`` (a compiler's log) with the scratch paths of :func:`display_paths` replaced."""
+    if not shown or (shown[-1][0] not in text and shown[1][0] not in text):
+        return text
+    for scratch, user in shown:
+        text = text.replace(scratch, user)
+    return text
+
+
+def _in_user_terms(exc: CompileError, shown: Sequence[tuple[str, str]]) -> CompileError:
+    attrs = dict(exc._attrs)
+    if isinstance(attrs.get("log"), str):
+        attrs["log"] = user_paths(attrs["log"], shown)
+    return type(exc)(user_paths(exc.message, shown), **attrs)
 
 
 class _Closes:

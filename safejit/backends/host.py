@@ -33,6 +33,7 @@ from ._argv import ASM_DEP_FLAG, LD_DEP_FLAG, PCH_GUARD, run_argv
 from ._elf import ElfError, dynsym_functions
 from ._load_time import baseline_of, load_time_code
 from ._native import resolve_native
+from ._signatures import host_products, signature_flags
 from ._toolchain import (
     ProbeCache,
     compiler_search_dirs,
@@ -56,7 +57,7 @@ _PROBE_SCHEMA: Final = 7
 class HostBackend:
     name = "host"
     artifact_ext = "so"
-    abi = 1
+    abi = 2  # 2: artifacts carry their kernels' prototypes (DWARF), the manifest their signatures
     flag_family = "gcc"
     needs_workdir = True
 
@@ -215,6 +216,7 @@ class HostBackend:
             "-include",
             PCH_GUARD,  # (first: no precompiled header can stand in for a header unrecorded)
             *(f for f in flags if not f.startswith("-l")),
+            *signature_flags(toolchain),  # (after the user's: what each kernel takes, in DWARF)
             "-fno-lto",
         ]
         argv += macro_flags(defines)
@@ -256,11 +258,14 @@ class HostBackend:
 
     # -- artifacts -----------------------------------------------------------
     def products(self, artifact: bytes) -> Products:
-        return elf_exported_functions(artifact), {}
+        """The exported functions and ``{"signatures": ...}``: their prototypes, from
+        the artifact's debug info (``_signatures.py``)."""
+        return host_products(artifact)
 
     def load(self, artifact: bytes, *, name: str, options: Mapping[str, Any] | None = None) -> HostLibrary:
         faults.point("load")
-        return HostLibrary(artifact, name)
+        signatures = (options or {}).get("signatures") or {}
+        return HostLibrary(artifact, name, signatures)
 
 
 def _baseline(compiler: str, path: str) -> LoadBaseline | None:
@@ -355,7 +360,9 @@ class HostLibrary:
     memfd. The mapped bytes are the memfd's: exactly the verified bytes.
     """
 
-    def __init__(self, artifact: bytes, name: str) -> None:
+    def __init__(self, artifact: bytes, name: str, signatures: Mapping[str, Any] | None = None) -> None:
+        #: Each kernel's prototype as the manifest keeps it (``.ret``, ``.params``, ``.varargs``).
+        self.signatures: Mapping[str, Any] = signatures or {}
         started = time.perf_counter()
         fd = os.memfd_create(f"safejit-{name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         link = os.path.join(_loader_dir(), f"{uuid.uuid4().hex}.so")
@@ -378,6 +385,10 @@ class HostLibrary:
         if self._lib is None:
             raise LoadError("library is closed")
         return self._lib[name]
+
+    def signature(self, name: str) -> Any:
+        """The prototype the build recorded for ``name`` (None: none was recorded)."""
+        return self.signatures.get(name)
 
     def close(self) -> None:
         lib, self._lib = self._lib, None

@@ -31,6 +31,7 @@ __all__ = [
     "ArtifactInfo",
     "BackendMeta",
     "ClosureMemo",
+    "HostSignature",
     "Inputs",
     "Manifest",
     "ManifestError",
@@ -74,12 +75,36 @@ class Signature(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     value: Annotated[str, msgspec.Meta(max_length=512)]
 
 
+#: A C type as a host call checks it (``backends/_prototypes.py`` says what each code means).
+TypeCode = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^(v|b|[iu][1248]|c[iu]1|f(2|4|8|12|16)|pc?:(v|b|p|[iu][1248]|c[iu]1|f(2|4|8|12|16)|s\d{1,12})|!.{1,200})$"
+    ),
+]
+
+
+class HostSignature(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
+    """A host kernel's C prototype, as the build's debug info describes it: the return
+    type's ``(code, spelling)``, each parameter's ``(name, code, spelling)`` (name ""
+    when not recorded), and whether it takes ``...``."""
+
+    ret: tuple[TypeCode, Text]
+    params: Annotated[tuple[tuple[Text, TypeCode, Text], ...], msgspec.Meta(max_length=4096)]
+    varargs: bool = False
+
+
 class BackendMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What a backend keeps beside the bytes (CUDA: parameter layouts ``[(offset, size)]``
-    per kernel, and the lowered names of name expressions)."""
+    per kernel, and the lowered names of name expressions; host: each kernel's
+    signature). A field added here has a default, and one that is not encoded when unset:
+    a leaf written before it decodes, and its signature still verifies."""
 
     params: dict[Text, tuple[tuple[Count, Count], ...]] = {}
     symbols: dict[Text, Text] = {}
+    #: UNSET (never encoded) when the backend gives none: a leaf written before the field
+    #: existed re-encodes to the very bytes it was signed over, and a CUDA leaf is unchanged.
+    signatures: dict[Text, HostSignature] | msgspec.UnsetType = msgspec.UNSET
 
 
 class Inputs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

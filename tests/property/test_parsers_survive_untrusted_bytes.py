@@ -1,6 +1,7 @@
 """Every parser of untrusted bytes (manifest, depfile, the ELF reader's every entry
 point: symbol tables, sections, program headers, the dynamic table, relocations,
-cubin info, Ascend meta sections, the load-time analysis) either parses or raises
+cubin info, Ascend meta sections, the load-time analysis, the DWARF reader of host
+prototypes) either parses or raises
 its typed error — never anything else, never a hang. Random bytes, and mutations
 of real inputs (a shared object, a cubin, small ELF files of each class and byte
 order)."""
@@ -10,16 +11,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import safejit
-from safejit.backends import _elf, _load_time
+from safejit.backends import _elf, _load_time, _prototypes
+from safejit.backends._dwarf import DwarfError
+from safejit.backends._signatures import host_products
 from safejit.backends.ascend.backend import ascend_kernel_names
 from safejit.backends.cuda.cubin import cubin_frame_sizes, cubin_kernels
 from safejit.backends.host import elf_exported_functions
-from safejit.cache.leaf import BackendMeta, ManifestError, decode_manifest
+from safejit.cache.leaf import BackendMeta, ManifestError, decode_manifest, signed_bytes
 from safejit.closure.depfiles import _prerequisites, _split_words, parse_depfile, parse_single_rule
 from safejit.errors import LoadError
 from safejit.spec import LoadBaseline
@@ -93,17 +97,34 @@ def _manifest_ok(raw: bytes) -> None:
 
 
 def _elf_ok(raw: bytes) -> None:
-    for fn in (elf_exported_functions, cubin_kernels, ascend_kernel_names):
+    for fn in (elf_exported_functions, cubin_kernels, ascend_kernel_names, host_products):
         try:
             fn(raw)
         except LoadError:
             pass
     assert isinstance(cubin_frame_sizes(raw), dict)
-    for reading in (_elf.dynsym_functions, _elf.section_names, _load_time.baseline_of, _load_time_ok, _walk):
+    for reading in (
+        _elf.dynsym_functions, _elf.section_names, _load_time.baseline_of, _load_time_ok, _walk, _prototypes_ok
+    ):  # fmt: skip
         try:
             reading(raw)
         except _elf.ElfError:
             pass
+
+
+def _prototypes_ok(raw: bytes) -> None:
+    """The DWARF reader: prototypes or DwarfError, for the names the file exports and a few more."""
+    try:
+        names = set(_elf.dynsym_functions(raw)) | {"add", "f", "g"}
+    except _elf.ElfError:
+        names = {"add", "f", "g"}
+    try:
+        found = _prototypes.prototypes(raw, names)
+    except DwarfError:
+        return
+    assert set(found) <= names
+    for p in found.values():
+        assert all(isinstance(code, str) and code for _, code, _ in p.params)
 
 
 def _load_time_ok(raw: bytes) -> None:
@@ -224,10 +245,38 @@ def test_elf_readers_on_files_with_mutated_headers(real_inputs, flips, which):
     _elf_ok(bytes(buf))
 
 
+@FUZZ
+@given(
+    st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), min_size=1, max_size=12),
+    st.sampled_from([".debug_info", ".debug_abbrev", ".debug_str", ".debug_line_str"]),
+)
+def test_dwarf_reader_on_mutated_debug_sections(real_inputs, flips, section):
+    """Flips inside one debug section of a real artifact (whose DWARF describes ``add``):
+    units, abbreviations, forms, references, strings."""
+    buf = bytearray(real_inputs["elf"])
+    found = _elf.Elf(bytes(buf)).section(section)
+    assert found is not None and found.size
+    for where, value in flips:
+        buf[found.offset + int(where * (found.size - 1))] = value
+    _prototypes_ok(bytes(buf))
+
+
 def test_elf_with_an_absurd_section_header_offset_is_a_load_error():
     """Found by fuzz/fuzz_parsers.py: an e_shoff beyond ssize_t overflowed struct.unpack_from."""
     crash = bytes.fromhex("7f454c46020101") + bytes(33) + b"\xff" * 8 + bytes(10) + b"\x40\x00\x05\x00\x01\x00"
     _elf_ok(crash)
+
+
+def test_a_leaf_written_before_host_signatures_decodes_and_its_signature_stands(real_inputs):
+    """Without the field it decodes, and re-encodes to the bytes it was signed over."""
+    data = json.loads(real_inputs["manifest"])
+    assert data["meta"]["signatures"]["add"][1] == [["a", "i4", "int"], ["b", "i4", "int"]]
+    del data["meta"]["signatures"]
+    old = json.dumps(data, separators=(",", ":")).encode()
+    decoded = decode_manifest(old)
+    assert decoded.meta.signatures is msgspec.UNSET
+    # (the meta as every leaf before the field encoded it: what its signature covers)
+    assert b'"meta":{"params":{},"symbols":{}}' in signed_bytes(decoded)
 
 
 @pytest.mark.parametrize("key", ["signature", "meta", "negatives", "toolchain", "created", "deps", "artifact"])
@@ -237,7 +286,7 @@ def test_a_manifest_without_a_field_is_a_manifest_error(real_inputs, key):
     del data[key]
     if key in ("meta", "signature"):  # optional: an unsigned leaf; one with no backend metadata
         decoded = decode_manifest(json.dumps(data).encode())
-        assert decoded.signature is None and decoded.meta == BackendMeta()
+        assert decoded.signature is None if key == "signature" else decoded.meta == BackendMeta()
         return
     with pytest.raises(ManifestError):
         decode_manifest(json.dumps(data).encode())
@@ -256,6 +305,9 @@ def test_a_manifest_without_a_field_is_a_manifest_error(real_inputs, key):
         ("artifact", {"file": "artifact.so", "size": -1, "digest": "0" * 64}),
         ("unknown", 1),
         ("meta", {"params": {"k": [[1, 2, 3]]}}),
+        ("meta", {"signatures": {"add": [["i4; x", "int"], [], False]}}),
+        ("meta", {"signatures": {"add": [["i4", "int"], [["a", "?", "int"]], False]}}),
+        ("meta", {"signatures": {"add": [["i4", "int"], [["a", "i4", "int", "extra"]], False]}}),
         ("signature", "0" * 64),
     ],
 )

@@ -13,6 +13,8 @@ from safejit import _env, errors
 def test_all_is_pinned():
     assert sorted(safejit.__all__) == sorted(
         [
+            "ArgumentTypeError",
+            "ArgumentValueError",
             "Artifact",
             "CacheError",
             "CompileError",
@@ -56,6 +58,8 @@ def test_all_is_pinned():
         (errors.LoadTimeCodeError, PermissionError),
         (errors.CacheError, OSError),
         (errors.KernelNotFoundError, LookupError),
+        (errors.ArgumentTypeError, TypeError),
+        (errors.ArgumentValueError, ValueError),
     ],
 )
 def test_errors_inherit_root_and_builtin_and_pickle(error, builtin):

@@ -1,0 +1,70 @@
+"""``compile``/``build``/``explain`` check their arguments as ``Config`` does: a bare
+string for a sequence, a non-mapping ``defines``/``extras``, an unknown keyword — each a
+ConfigError naming the argument, before anything is resolved or compiled; and a valid
+request that is in the memory tier pays nothing for the checks (an invalid one is
+never stored there)."""
+
+from __future__ import annotations
+
+import pytest
+
+import safejit
+from safejit import _arguments
+
+ADD = safejit.Source("int add(int a, int b) { return a + b; }", "add")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument", "says"),
+    [
+        ({"flags": "-O3"}, "flags", "not the single str '-O3'; pass ('-O3',)"),
+        ({"include_dirs": "/opt/mylib/include"}, "include_dirs", "not the single str '/opt/mylib/include'"),
+        ({"name_expressions": "scale<float>"}, "name_expressions", "not the single str"),
+        ({"flags": 3}, "flags", "must be a tuple or list of strings, got int"),
+        ({"defines": [("N", "4")]}, "defines", "must be a mapping"),
+        ({"defines": "N=4"}, "defines", "must be a mapping"),
+        ({"defines": {"N": [4]}}, "defines", "['N'] must be str, int, float, bool or None, got list"),
+        ({"extras": ("sm", 80)}, "extras", "must be a mapping"),
+        ({"extras": {"sm": None}}, "extras", "must be str, int, float, bool, got NoneType"),
+        ({"arch": 90}, "arch", "must be a str or None, got int"),
+        ({"flag": ("-O3",)}, "flag", "unknown argument 'flag'; did you mean 'flags'?"),
+        ({"optimize": True}, "optimize", "it takes include_dirs, defines, flags"),
+    ],
+)
+@pytest.mark.parametrize("call", ["compile", "build", "explain"])
+def test_a_wrong_argument_is_a_config_error_naming_it(make_runtime, cache_dir, call, kwargs, argument, says):
+    rt = make_runtime()
+    with pytest.raises(safejit.ConfigError) as info:
+        getattr(rt, call)(ADD, **kwargs)
+    assert says in str(info.value) and info.value.argument == argument
+    assert str(info.value).startswith(f"{call}(")
+    assert rt.stats()["compiles"] == 0 and not any(cache_dir.iterdir())  # nothing resolved, nothing made
+
+
+def test_a_memory_hit_with_an_unknown_keyword_still_raises(make_runtime):
+    rt = make_runtime()
+    rt.compile(ADD, flags=("-O2",))
+    with pytest.raises(safejit.ConfigError, match="did you mean 'flags'"):
+        rt.compile(ADD, flags=("-O2",), flag=("-O3",))
+
+
+def test_a_bare_string_never_reaches_the_memory_tier(make_runtime):
+    """``tuple("-O2")`` is a request of its own, never stored: it is checked each time."""
+    rt = make_runtime()
+    for _ in range(2):
+        with pytest.raises(safejit.ConfigError, match="flags"):
+            rt.compile(ADD, flags="-O2")
+    assert rt.stats()["memory_entries"] == 0
+
+
+def test_lists_and_mappings_are_fine(make_runtime):
+    rt = make_runtime()
+    mod = rt.compile(ADD, flags=["-O2"], defines={"N": 4, "FAST": None}, include_dirs=[])
+    assert mod.kernel("add")(1, 2) == 3
+    assert rt.compile(ADD, flags=("-O2",), defines={"N": 4, "FAST": None}) is not None
+    assert rt.stats()["compiles"] == 1
+
+
+def test_the_checks_name_what_they_take():
+    assert _arguments.ARGUMENTS == ("include_dirs", "defines", "flags", "extras", "arch", "name_expressions")
+    _arguments.check_arguments("compile")  # the defaults are valid

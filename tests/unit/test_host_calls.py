@@ -1,0 +1,256 @@
+"""Host kernel calls are checked against the prototype the build recorded: each wrong
+argument raises, naming the parameter, and nothing is called; right ones pass, from C
+and C++; the return value is the C type's; a fresh process's disk hit checks the same
+(its signatures come from the manifest)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import safejit
+from safejit import ArgumentTypeError, ArgumentValueError
+
+np = pytest.importorskip("numpy")
+
+KERNELS_C = r"""
+#include <stddef.h>
+#include <stdint.h>
+int add(int a, int b) { return a + b; }
+double sum(const double *x, size_t n) { double s = 0; for (size_t i = 0; i < n; i++) s += x[i]; return s; }
+void scale(double *x, long n, double f) { for (long i = 0; i < n; i++) x[i] *= f; }
+int32_t narrow(char c, int32_t v) { return c + v; }
+float half(float x) { return x / 2; }
+void nothing(void) {}
+_Bool odd(uint64_t v) { return v & 1; }
+unsigned char first(const uint8_t *bytes) { return bytes[0]; }
+long count(void *any, size_t n) { return any ? (long)n : -1; }
+char grade(int v) { return (char)('A' + v); }
+"""
+
+KERNELS_CXX = r"""
+#include <vector>
+#include <numeric>
+extern "C" double total(const double *x, int n) {
+  std::vector<double> v(x, x + n); return std::accumulate(v.begin(), v.end(), 0.0); }
+extern "C" void axpy(int n, float a, const float *x, float *y) { for (int i = 0; i < n; ++i) y[i] += a * x[i]; }
+int mangled(int a, double b) { return a + (int)b; }
+"""
+
+
+@pytest.fixture(scope="module")
+def mod(tmp_path_factory):
+    rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(tmp_path_factory.mktemp("calls")),)))
+    yield rt.compile(safejit.Source(KERNELS_C, "kernels"))
+    rt.close()
+
+
+@pytest.fixture(scope="module")
+def cxx(tmp_path_factory):
+    rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(tmp_path_factory.mktemp("calls-cxx")),)))
+    yield rt.compile(safejit.Source(KERNELS_CXX, "kernels", filename="kernels.cpp"))
+    rt.close()
+
+
+# -- the wrong-argument matrix ------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kernel", "args", "error", "param", "says"),
+    [
+        ("add", (2,), ArgumentTypeError, "'b'", "missing argument 'b'"),
+        ("add", (), ArgumentTypeError, "'a'", "missing argument 'a'"),
+        ("add", (1, 2, 3), ArgumentTypeError, None, "takes 2 arguments, got 3"),
+        ("add", ("a", "b"), ArgumentTypeError, "'a'", "expected an int, got str"),
+        ("add", (1, 2.5), ArgumentTypeError, "'b'", "expected an int, got float"),
+        ("add", (1, None), ArgumentTypeError, "'b'", "expected an int, got NoneType"),
+        ("add", (2**31, 1), ArgumentValueError, "'a'", "2147483648 does not fit"),
+        ("narrow", (128, 0), ArgumentValueError, "'c'", "char holds -128 to 127"),
+        ("narrow", (1, -(2**31) - 1), ArgumentValueError, "'v'", "int32_t holds"),
+        ("odd", (-1,), ArgumentValueError, "'v'", "uint64_t holds 0 to"),
+        ("half", ("1.0",), ArgumentTypeError, "'x'", "expected a real number, got str"),
+        ("half", (1e39,), ArgumentValueError, "'x'", "beyond the range of float"),
+        ("sum", (np.arange(4, dtype=np.float32), 4), ArgumentTypeError, "'x'", "got an array of dtype float32"),
+        ("sum", (np.arange(4, dtype=np.int64), 4), ArgumentTypeError, "'x'", "got an array of dtype int64"),
+        ("sum", (np.arange(8.0)[::2], 4), ArgumentValueError, "'x'", "not C-contiguous"),
+        ("sum", ([1.0, 2.0], 2), ArgumentTypeError, "'x'", "got list"),
+        ("sum", (12345, 2), ArgumentTypeError, "'x'", "ctypes.c_void_p(address)"),
+        ("sum", ((ctypes.c_float * 2)(), 2), ArgumentTypeError, "'x'", "got ctypes c_float"),
+        ("scale", (b"\0" * 8, 1, 2.0), ArgumentTypeError, "'x'", "got bytes"),
+    ],
+)
+def test_a_wrong_argument_raises_naming_the_parameter(mod, kernel, args, error, param, says):
+    with pytest.raises(error) as info:
+        mod.kernel(kernel)(*args)
+    assert says in str(info.value)
+    assert info.value.kernel == kernel and info.value.param == param
+    assert str(info.value).startswith(mod.kernel(kernel).signature)
+
+
+def test_a_read_only_array_for_a_non_const_pointer_is_refused(mod):
+    x = np.ones(4)
+    x.setflags(write=False)
+    with pytest.raises(ArgumentValueError, match="read-only, and double \\* is not const") as info:
+        mod.kernel("scale")(x, 4, 2.0)
+    assert info.value.param == "'x'" and (x == 1).all()
+    assert mod.kernel("sum")(x, 4) == 4.0  # const double *: read-only is fine
+
+
+def test_bytes_are_read_only_and_bytearrays_are_not(mod):
+    assert mod.kernel("first")(b"\x07rest") == 7
+    assert mod.kernel("first")(bytearray(b"\x09")) == 9
+    assert mod.kernel("grade")(1) == b"B"  # a plain char returns as a character, as ctypes and cffi give it
+    assert mod.kernel("count")(np.zeros(3, dtype=np.int16), 3) == 3  # void *: any dtype
+    assert mod.kernel("count")(None, 3) == -1  # None is NULL
+
+
+def test_nothing_is_called_when_an_argument_is_wrong(mod):
+    x = np.ones(4)
+    with pytest.raises(ArgumentTypeError):
+        mod.kernel("scale")(x, 4, "2")
+    with pytest.raises(ArgumentValueError):
+        mod.kernel("scale")(x, 2**63, 2.0)
+    assert (x == 1).all()
+
+
+# -- right arguments -------------------------------------------------------------------------
+def test_right_arguments_pass_and_the_return_type_is_the_builds(mod):
+    assert mod.kernel("add")(2, 3) == 5 and mod.kernel("add")(True, np.int64(4)) == 5
+    assert mod.kernel("add")(ctypes.c_int(2), 3) == 5
+    assert mod.kernel("sum")(np.arange(10.0), 10) == 45.0
+    assert isinstance(mod.kernel("half")(3), float) and mod.kernel("half")(3) == 1.5
+    assert mod.kernel("nothing")() is None
+    assert mod.kernel("odd")(3) is True and mod.kernel("odd")(np.uint64(2**64 - 2)) is False
+    assert mod.kernel("narrow")(b"a", 1) == 98 and mod.kernel("narrow")(-128, 0) == -128
+    x = np.arange(4.0)
+    mod.kernel("scale")(x, 4, 2)
+    assert x.tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert mod.kernel("sum")((ctypes.c_double * 3)(1, 2, 3), 3) == 6.0
+    assert mod.kernel("sum")(ctypes.byref(ctypes.c_double(7)), 1) == 7.0
+    assert mod.kernel("sum")(np.zeros(0), 0) == 0.0 and mod.kernel("sum")(None, 0) == 0.0
+    assert mod.kernel("sum")(np.ones((2, 3)), 6) == 6.0  # C-contiguous, any shape
+
+
+def test_signatures_read_as_c(mod, cxx):
+    assert mod.kernel("add").signature == "int add(int a, int b)"
+    assert mod.kernel("sum").signature == "double sum(const double *x, size_t n)"
+    assert mod.kernel("nothing").signature == "void nothing(void)"
+    assert cxx.kernel("axpy").signature == "void axpy(int n, float a, const float *x, float *y)"
+    assert cxx.kernel("_Z7mangledid").signature == "int _Z7mangledid(int a, double b)"
+
+
+def test_cxx_kernels_are_checked_too(cxx):
+    x, y = np.ones(3, dtype=np.float32), np.zeros(3, dtype=np.float32)
+    cxx.kernel("axpy")(3, 2.0, x, y)
+    assert y.tolist() == [2.0, 2.0, 2.0]
+    assert cxx.kernel("total")(np.arange(4.0), 4) == 6.0
+    assert cxx.kernel("_Z7mangledid")(1, 2.5) == 3
+    with pytest.raises(ArgumentTypeError, match="argument 'y' \\(float \\*\\)"):
+        cxx.kernel("axpy")(3, 2.0, x, np.zeros(3))
+
+
+# -- declarations ----------------------------------------------------------------------------
+def test_argtypes_that_agree_with_the_build_are_taken(mod):
+    k = mod.kernel("sum", argtypes=(ctypes.c_void_p, ctypes.c_size_t), restype=ctypes.c_double)
+    assert k(np.arange(3.0), 3) == 3.0
+    with pytest.raises(ArgumentTypeError, match="got an array of dtype float32"):
+        k(np.arange(3, dtype=np.float32), 3)  # still checked against the build
+
+
+def test_argtypes_or_restype_that_disagree_are_refused(mod):
+    with pytest.raises(ArgumentTypeError, match=r"argtypes\[1\] is c_float, but 'b' is int"):
+        mod.kernel("add", argtypes=(ctypes.c_int, ctypes.c_float))
+    with pytest.raises(ArgumentTypeError, match="argtypes names 1 parameters, the build 2"):
+        mod.kernel("add", argtypes=(ctypes.c_int,))
+    with pytest.raises(ArgumentTypeError, match="restype is c_int, but the kernel returns double"):
+        mod.kernel("sum", restype=ctypes.c_int)
+
+
+def test_a_struct_by_value_or_varargs_is_refused_unless_declared(make_runtime):
+    code = (
+        "struct pair { int a; int b; };\n"
+        "int both(struct pair p) { return p.a + p.b; }\n"
+        "int first(int n, ...) { return n; }\n"
+    )
+    mod = make_runtime().compile(safejit.Source(code, "decl"))
+    with pytest.raises(ArgumentTypeError, match="'p' is struct pair \\(a struct, union or class passed by value\\)"):
+        mod.kernel("both")(1)
+
+    class Pair(ctypes.Structure):
+        _fields_ = (("a", ctypes.c_int), ("b", ctypes.c_int))
+
+    assert mod.kernel("both", argtypes=(Pair,))(Pair(2, 3)) == 5
+    with pytest.raises(ArgumentTypeError, match="a variable number of arguments"):
+        mod.kernel("first")(1)
+    assert mod.kernel("first", argtypes=(ctypes.c_int, ctypes.c_int))(4, 5) == 4
+    with pytest.raises(ArgumentTypeError, match=r"argtypes\[1\] is c_float, which ... passes as c_double"):
+        mod.kernel("first", argtypes=(ctypes.c_int, ctypes.c_float))
+
+
+def test_a_kernel_without_debug_info_needs_a_declaration(make_runtime):
+    # (-g0 after safejit's own -g cannot be given; an asm-defined function has no DWARF)
+    code = '__asm__(".globl seven\\n.type seven,@function\\nseven:\\n movl $7, %eax\\n ret\\n");\n'
+    mod = make_runtime().compile(safejit.Source(code, "asm"))
+    k = mod.kernel("seven")
+    assert k.signature is None
+    with pytest.raises(ArgumentTypeError, match=r"recorded no prototype for 'seven'.*argtypes= and restype="):
+        k()
+    declared = mod.kernel("seven", argtypes=(), restype=ctypes.c_int)
+    assert declared() == 7
+    with pytest.raises(ArgumentTypeError, match="takes 0 arguments, got 1"):
+        declared(1)
+
+
+# -- a fresh process -----------------------------------------------------------------------
+CHILD = r"""
+import json, sys
+import numpy as np
+import safejit
+from safejit.backends import _signatures
+
+def no_dwarf(*args, **kwargs):
+    raise AssertionError("a disk hit read the artifact's DWARF")
+
+_signatures.prototypes = no_dwarf
+rt = safejit.Runtime(config=safejit.Config(cache_dirs=(sys.argv[1],)))
+mod = rt.compile(safejit.Source(sys.argv[2], "kernels"))
+out = {"tier": mod.artifact.tier, "compiles": rt.stats()["compiles"], "sum": mod.kernel("sum")(np.arange(4.0), 4)}
+try:
+    mod.kernel("sum")(np.arange(4, dtype=np.float32), 4)
+except safejit.ArgumentTypeError as exc:
+    out["error"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_a_fresh_process_disk_hit_checks_from_the_manifest(tmp_path):
+    """Its signatures are the manifest's: the child never reads the artifact's DWARF."""
+    cache = tmp_path / "cache"
+    rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(cache),)))
+    art = rt.build(safejit.Source(KERNELS_C, "kernels"))
+    rt.close()
+    manifest = json.loads((Path(art.path) / "manifest.json").read_text())
+    assert manifest["meta"]["signatures"]["add"] == [["i4", "int"], [["a", "i4", "int"], ["b", "i4", "int"]], False]
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(cache), KERNELS_C], capture_output=True, text=True, check=True
+    )
+    report = json.loads(out.stdout)
+    assert report["tier"] == "disk" and report["compiles"] == 0 and report["sum"] == 6.0
+    assert "got an array of dtype float32" in report["error"]
+
+
+def test_the_published_bytes_give_the_manifests_signatures(make_runtime):
+    """``products(artifact)`` (what the early-staging path reads) agrees with the manifest."""
+    from safejit._pipeline.records import backend_meta
+    from safejit.backends import _signatures
+    from safejit.cache.leaf import decode_manifest
+
+    art = make_runtime().build(safejit.Source(KERNELS_C, "kernels"))
+    data = (Path(art.path) / "artifact.so").read_bytes()
+    manifest = decode_manifest((Path(art.path) / "manifest.json").read_bytes())
+    kernels, meta = _signatures.host_products(data)
+    assert kernels == art.kernels and set(meta["signatures"]) == set(kernels)
+    assert backend_meta(meta) == manifest.meta
