@@ -15,10 +15,30 @@ from ..closure.anchors import LINK_ANCHOR, Anchors, is_under, real_path
 from ..closure.scan import COARSE_NS, Closure, Dep, DepState, has_include_names, negative_lookups, scan_file
 from ..errors import LimitExceededError, UndeclaredDependencyError
 
-__all__ = ["record_closure"]
+__all__ = ["changed_since", "record_closure"]
 
 #: Paths that mean something else in the compiler than in this process.
 _PER_PROCESS = ("/proc/", "/dev/")
+
+
+def changed_since(ctime_ns: int, started_ns: int) -> bool:
+    """Whether a file whose ctime is ``ctime_ns`` may have changed after ``started_ns``
+    (within a coarse clock tick of it, or later: see ``scan.COARSE_NS``).
+
+    The ctime alone says when a file last changed: the kernel sets it on every write,
+    rename, ``utime`` or ``chmod``, and no user can set it. The mtime is whatever the
+    last writer or ``utime`` made it (an archive unpacked with its recorded times, a
+    clock running ahead): one in the future would make every build "too new" and
+    nothing would ever be cached; one in the past says nothing either. A real change
+    leaves ``ctime >= mtime``, so the ctime misses none that the mtime would catch.
+
+    A ctime ahead of this host's clock (a file server whose clock runs ahead) cannot
+    be ordered against the start: it counts as changed, and the build is not vouched
+    for until the clocks agree. One behind it (the server's clock lags this host's
+    by more than a tick) can hide a change made during the compile: shared source
+    trees need synchronised clocks, as ``make`` and ccache do.
+    """
+    return ctime_ns > started_ns - COARSE_NS
 
 
 def record_closure(
@@ -99,7 +119,7 @@ def record_closure(
             for name in file_quoted:  # "x.h" is looked for next to its includer first
                 if not os.path.isabs(name) and ".." not in name.split("/"):
                     quoted.append(os.path.join(os.path.dirname(lexical), name))
-        if max(snap[3], snap[4]) > started_ns - COARSE_NS:
+        if changed_since(snap[4], started_ns):
             too_new.append(lexical)
         deps.append(Dep(anchored[0], anchored[1], digest))
         states.append((lexical, snap, digest))
@@ -114,7 +134,7 @@ def record_closure(
     for cand in present:
         with contextlib.suppress(OSError):
             st = os.lstat(cand)
-            if max(st.st_mtime_ns, st.st_ctime_ns) > started_ns - COARSE_NS:
+            if changed_since(st.st_ctime_ns, started_ns):
                 too_new.append(cand)
     negative_paths = []
     negatives = []
