@@ -143,3 +143,31 @@ def test_a_cache_root_that_became_a_symlink_is_never_written_through(fake, cache
     assert list(elsewhere.iterdir()) == []
     cache_dir.unlink()
     cache_dir.mkdir()  # (for the fixture's teardown)
+
+
+def test_close_after_the_cache_root_became_a_symlink_deletes_nothing_through_it(fake, cache_dir, tmp_path):
+    """The spare work dirs a process made live under ``<root>/v1/tmp``; the root is then
+    swapped for a symlink to a directory laid out the same way, holding someone's files
+    at those very paths. ``close()`` (which deletes the spares) must not follow it."""
+    rt = fake()
+    rt.compile(SRC)
+    settle()
+    spares = sorted(p.name for p in (cache_dir / "v1" / "tmp").iterdir())
+    assert spares, "no spare work dirs were made (the test would prove nothing)"
+    victim = tmp_path / "victim"
+    shutil.copytree(cache_dir, victim, symlinks=True)
+    for name in spares:
+        (victim / "v1" / "tmp" / name / "precious").write_text("keep me")
+    moved = tmp_path / "the-real-cache"
+    os.rename(cache_dir, moved)
+    cache_dir.symlink_to(victim, target_is_directory=True)
+    try:
+        rt.close()
+        settle()
+        assert sorted(p.name for p in (victim / "v1" / "tmp").iterdir()) == spares
+        for name in spares:
+            assert (victim / "v1" / "tmp" / name / "precious").read_text() == "keep me"
+    finally:
+        cache_dir.unlink()
+        os.rename(moved, cache_dir)
+    assert_cache_sound(cache_dir)
