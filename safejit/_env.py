@@ -6,6 +6,7 @@ bad value raises :class:`~safejit.errors.ConfigError` naming the variable.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -14,14 +15,21 @@ from typing import Any
 from .errors import ConfigError
 
 __all__ = [
+    "HELP",
+    "OTHER_VARIABLES",
     "VARIABLES",
     "ascend_home_candidates",
     "config_overrides",
     "default_cache_dir",
     "faults_spec",
     "passthrough_values",
+    "remote_credentials",
     "safejit_variables",
+    "table",
+    "warn_unknown",
 ]
+
+logger = logging.getLogger("safejit.config")
 
 
 def _float(text: str) -> float:
@@ -47,6 +55,17 @@ def _bool(text: str) -> bool:
     if low in ("0", "false", "no", "off", ""):
         return False
     raise ValueError(f"not a boolean: {text!r}")
+
+
+def _key_list(text: str) -> tuple[tuple[str, str], ...]:
+    """``id=key;id=key``: Ed25519 public keys (hex, base64 or an ssh-ed25519 line) by key id."""
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(";"))):
+        key_id, sep, key = item.partition("=")
+        if not sep or not key_id.strip() or not key.strip():
+            raise ValueError(f"expected id=key, got {item!r}")
+        out.append((key_id.strip(), key.strip()))
+    return tuple(out)
 
 
 # variable -> (Config field, parser)
@@ -75,12 +94,91 @@ VARIABLES: Mapping[str, tuple[str, Callable[[str], Any]]] = {
     "SAFEJIT_ASCEND_HOME": ("ascend_home", str),
     "SAFEJIT_HOST_CC": ("host_cc", str),
     "SAFEJIT_HOST_CXX": ("host_cxx", str),
+    "SAFEJIT_REMOTE": ("remote", str),
+    "SAFEJIT_REMOTE_MODE": ("remote_mode", str),
+    "SAFEJIT_REMOTE_CONNECT_TIMEOUT_S": ("remote_connect_timeout_s", _float),
+    "SAFEJIT_REMOTE_TIMEOUT_S": ("remote_timeout_s", _float),
+    "SAFEJIT_REMOTE_MAX_BYTES": ("remote_max_bytes", _int),
+    "SAFEJIT_REMOTE_LEASE_TTL_S": ("remote_lease_ttl_s", _float),
+    "SAFEJIT_VERIFY_KEYS": ("verify_keys", _key_list),
+}
+
+#: Variables that are no Config field: read where they are used, never kept in a Config
+#: (credentials), or read once at import (fault injection).
+OTHER_VARIABLES: Mapping[str, str] = {
+    "SAFEJIT_FAULTS": "fault points to enable: point=action[@probability][;...] (safejit.faults)",
+    "SAFEJIT_REMOTE_USERNAME": "the remote's user (S3: access key id) when the URL holds none",
+    "SAFEJIT_REMOTE_PASSWORD": "the remote's password (S3: secret access key) when the URL holds none",
+    "SAFEJIT_REMOTE_SESSION_TOKEN": "S3: a session token for temporary credentials",
 }
 
 
-def config_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Config fields set by ``SAFEJIT_*`` variables, parsed and typed."""
+#: What each variable is for (the README's table is made from this: see :func:`table`).
+HELP: Mapping[str, str] = {
+    "SAFEJIT_BACKEND": "`host` (default), `cuda`, `ascend` or `fake`",
+    "SAFEJIT_CACHE_DIRS": "cache roots, `:`-separated; the first writable one takes new entries",
+    "SAFEJIT_SOURCE_ROOTS": "where the compiler may read user files, `:`-separated",
+    "SAFEJIT_ENV_PASSTHROUGH": "variables the compiler may see (their values enter the key), `,`-separated",
+    "SAFEJIT_DECLARED_EXTRAS": "names every compile must give in `extras`, `,`-separated",
+    "SAFEJIT_MAX_STALENESS_S": "seconds a memory entry is trusted before its files are checked again (1.0)",
+    "SAFEJIT_TENANT": "the namespace of this process's entries (`default`)",
+    "SAFEJIT_COMPILE_TIMEOUT_S": "seconds a compile may run (300)",
+    "SAFEJIT_LOCK_TIMEOUT_S": "seconds to wait for another process compiling the same key (60)",
+    "SAFEJIT_MEMORY_MAX_ENTRIES": "memory tier bound, entries (1024)",
+    "SAFEJIT_MEMORY_MAX_BYTES": "memory tier bound, bytes (1 GiB)",
+    "SAFEJIT_SANDBOX": "`auto` (default), `required` or `off`",
+    "SAFEJIT_ON_CACHE_ERROR": "`raise` (default) or `bypass`: compile privately when the cache cannot be used",
+    "SAFEJIT_TRACE_MEMORY_HITS": "a span for every memory hit too (`0`)",
+    "SAFEJIT_TRUST_STAT": "let an unchanged stat stand for an unchanged file (`1`; `0` on NFS with attribute caching)",
+    "SAFEJIT_SCRATCH": "where compilers write their temporaries: `memory` (default) or `cache`",
+    "SAFEJIT_INVENTORY": "a file to append each distinct compile request to (for `safejit warm`)",
+    "SAFEJIT_CUDA_COMPILER": "`nvrtc` (default) or `nvcc`",
+    "SAFEJIT_NVRTC_WORKER": "run NVRTC in a confined worker process (`1`)",
+    "SAFEJIT_CUDA_SPILLS": "register spills: `warn` (default), `error` or `ignore`",
+    "SAFEJIT_NVCC": "the nvcc to use (absolute path)",
+    "SAFEJIT_ASCEND_HOME": "the CANN toolkit",
+    "SAFEJIT_HOST_CC": "the host C compiler (absolute path)",
+    "SAFEJIT_HOST_CXX": "the host C++ compiler (absolute path)",
+    "SAFEJIT_REMOTE": "a remote cache: `redis://…`, `rediss://…`, `unix://…` or `s3://bucket/prefix?endpoint=…`",
+    "SAFEJIT_REMOTE_MODE": "`read-write` (default), `read-only` or `off`",
+    "SAFEJIT_REMOTE_CONNECT_TIMEOUT_S": "seconds to connect to the remote (0.1)",
+    "SAFEJIT_REMOTE_TIMEOUT_S": "the floor of a remote operation's deadline (0.05 Redis, 0.5 S3)",
+    "SAFEJIT_REMOTE_MAX_BYTES": "the largest artifact fetched or sent (512 MiB)",
+    "SAFEJIT_REMOTE_LEASE_TTL_S": "seconds a build lease lives without its holder's heartbeat (30)",
+    "SAFEJIT_VERIFY_KEYS": "Ed25519 public keys that may sign leaves: `id=key;id=key`",
+    **OTHER_VARIABLES,
+}
+
+
+def table() -> str:
+    """Every variable as a Markdown table (what the README shows)."""
+    rows = ["| variable | Config field | meaning |", "| --- | --- | --- |"]
+    for name in [*VARIABLES, *OTHER_VARIABLES]:
+        field = f"`{VARIABLES[name][0]}`" if name in VARIABLES else "—"
+        rows.append(f"| `{name}` | {field} | {HELP[name]} |")
+    return "\n".join(rows) + "\n"
+
+
+_warned: set[str] = set()
+
+
+def warn_unknown(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Log, once per process each, ``SAFEJIT_*`` names safejit does not know (a typo
+    would otherwise be silently ignored); returns them."""
     env = os.environ if environ is None else environ
+    unknown = sorted(n for n in env if n.startswith("SAFEJIT_") and n not in VARIABLES and n not in OTHER_VARIABLES)
+    for name in unknown:
+        if name not in _warned:
+            _warned.add(name)
+            logger.warning("%s is not a safejit variable; it is ignored (the variables: README, or safejit._env)", name)
+    return unknown
+
+
+def config_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Config fields set by ``SAFEJIT_*`` variables, parsed and typed. A bad value is a
+    ``ConfigError`` naming the variable; an unknown name is logged once."""
+    env = os.environ if environ is None else environ
+    warn_unknown(env)
     out: dict[str, Any] = {}
     for var, (field, parse) in VARIABLES.items():
         raw = env.get(var)
@@ -91,6 +189,22 @@ def config_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]
         except ValueError as exc:
             raise ConfigError(f"{var}={raw!r}: {exc}", variable=var) from exc
     return out
+
+
+def remote_credentials(engine: str) -> dict[str, str]:
+    """The remote's credentials from the environment (only those set): SAFEJIT_REMOTE_*,
+    and for S3 the AWS_* variables its SDKs read."""
+    env = os.environ
+    found = {
+        "username": env.get("SAFEJIT_REMOTE_USERNAME"),
+        "password": env.get("SAFEJIT_REMOTE_PASSWORD"),
+        "session_token": env.get("SAFEJIT_REMOTE_SESSION_TOKEN"),
+    }
+    if engine == "s3":
+        found["username"] = found["username"] or env.get("AWS_ACCESS_KEY_ID")
+        found["password"] = found["password"] or env.get("AWS_SECRET_ACCESS_KEY")
+        found["session_token"] = found["session_token"] or env.get("AWS_SESSION_TOKEN")
+    return {k: v for k, v in found.items() if v}
 
 
 def default_cache_dir() -> Path:

@@ -106,10 +106,29 @@ class Config:
     #: Host compilers (absolute paths); None: ``cc``/``c++`` from a fixed system PATH.
     host_cc: str | None = None
     host_cxx: str | None = None
-    #: Optional HMAC key (at least 16 bytes): leaves this process publishes are signed
-    #: with it, and a signed leaf is used only if its signature verifies.
-    signing_key: bytes | None = field(default=None, repr=False)
-    #: Whether an unsigned leaf is a miss. None (the default): yes when a key is set.
+    #: Optional signing key: HMAC (bytes, at least 16) or an Ed25519 private key (PKCS#8
+    #: PEM). Leaves this process publishes are signed with it; a signed leaf is used only
+    #: if its signature verifies.
+    signing_key: bytes | str | None = field(default=None, repr=False)
+    #: Ed25519 public keys by key id (raw, hex, base64, PEM or ssh-ed25519): readers can
+    #: check leaves signed by a builder without being able to sign any.
+    verify_keys: tuple[tuple[str, bytes | str], ...] = ()
+    #: A remote cache a fleet shares (DESIGN.md §11): ``redis://``, ``rediss://``,
+    #: ``unix://`` (Redis/Valkey) or ``s3://bucket/prefix?endpoint=...`` (S3-compatible).
+    #: Credentials in the URL's userinfo, or SAFEJIT_REMOTE_USERNAME / _PASSWORD.
+    remote: str | None = field(default=None, repr=False)
+    #: ``read-write`` (look up, publish, take leases), ``read-only`` (look up only; pair it
+    #: with a read-only server user) or ``off``.
+    remote_mode: Literal["read-write", "read-only", "off"] = "read-write"
+    remote_connect_timeout_s: float = 0.1
+    #: The floor of each remote operation's deadline (None: 50 ms Redis, 500 ms S3); a
+    #: transfer's grows with its size (200 MB/s), up to 2 s.
+    remote_timeout_s: float | None = None
+    #: The largest artifact fetched from or sent to the remote.
+    remote_max_bytes: int = 512 * _MiB
+    #: How long a build lease lives without its holder's heartbeat (a dead node's expires).
+    remote_lease_ttl_s: float = 30.0
+    #: Whether an unsigned leaf is a miss. None (the default): yes when any key is set.
     #: ``False`` with a key reads signed and unsigned leaves but writes signed ones
     #: (moving a cache to signatures).
     require_signed: bool | None = None
@@ -147,18 +166,56 @@ class Config:
             raise ConfigError(f"Config.on_cache_error must be raise|bypass, got {self.on_cache_error!r}")
         if self.cuda_compiler not in ("nvrtc", "nvcc"):
             raise ConfigError(f"Config.cuda_compiler must be nvrtc|nvcc, got {self.cuda_compiler!r}")
+        self._check_remote()
         if self.cuda_spills not in ("warn", "error", "ignore"):
             raise ConfigError(f"Config.cuda_spills must be warn|error|ignore, got {self.cuda_spills!r}")
         if self.signing_key is not None:
-            from .policy.trust import check_hmac_key
+            from .policy.trust import signer_of
 
-            check_hmac_key(self.signing_key)
+            signer_of(self.signing_key)  # (a bad key is refused here, not at the first compile)
+        self._check_verify_keys()
         if self.require_signed is None:
-            object.__setattr__(self, "require_signed", self.signing_key is not None)
+            object.__setattr__(self, "require_signed", self.signing_key is not None or bool(self.verify_keys))
         elif not isinstance(self.require_signed, bool):
             raise ConfigError(f"Config.require_signed must be a bool or None, got {self.require_signed!r}")
-        if self.require_signed and not self.signing_key:
-            raise ConfigError("Config.require_signed needs Config.signing_key")
+        if self.require_signed and not self.signing_key and not self.verify_keys:
+            raise ConfigError("Config.require_signed needs Config.signing_key or Config.verify_keys")
+
+    def _check_remote(self) -> None:
+        if self.remote_mode not in ("read-write", "read-only", "off"):
+            raise ConfigError(f"Config.remote_mode must be read-write|read-only|off, got {self.remote_mode!r}")
+        if self.remote is not None:
+            self.remote_settings()  # (the URL and numbers parse; no I/O)
+
+    def remote_settings(self, **credentials: str | None) -> Any:
+        """The remote's settings (``safejit.cache.remote.RemoteSettings``), or None when
+        no remote is configured or it is off."""
+        if self.remote is None or self.remote_mode == "off":
+            return None
+        from .cache.remote.settings import RemoteSettings
+
+        if not isinstance(self.remote, str):
+            raise ConfigError("Config.remote must be a URL string")
+        return RemoteSettings.from_url(
+            self.remote,
+            **credentials,
+            connect_timeout_s=self.remote_connect_timeout_s,
+            timeout_s=self.remote_timeout_s,
+            max_bytes=self.remote_max_bytes,
+            lease_ttl_s=self.remote_lease_ttl_s,
+        )
+
+    def _check_verify_keys(self) -> None:
+        keys = self.verify_keys
+        if isinstance(keys, dict):
+            keys = tuple(keys.items())
+            object.__setattr__(self, "verify_keys", keys)
+        if not isinstance(keys, tuple) or not all(isinstance(k, tuple) and len(k) == 2 for k in keys):
+            raise ConfigError("Config.verify_keys must map key ids to Ed25519 public keys")
+        if keys:
+            from .policy.trust import Verifier
+
+            Verifier(dict(keys))  # (each key parses, each id is well formed)
 
     def _check_numbers(self) -> None:
         positive = (
@@ -179,10 +236,19 @@ class Config:
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Config:
-        """A Config from ``SAFEJIT_*`` variables; keyword overrides win."""
-        values = _env.config_overrides()
-        values.update(overrides)
-        return cls(**values)
+        """A Config from ``SAFEJIT_*`` variables; keyword overrides win. A value the
+        Config refuses is a ConfigError naming the variable that set it."""
+        from_env = _env.config_overrides()
+        try:
+            return cls(**{**from_env, **overrides})
+        except ConfigError:
+            for var, (name, _) in _env.VARIABLES.items():
+                if name in from_env and name not in overrides:
+                    try:
+                        cls(**{name: from_env[name]})
+                    except ConfigError as exc:
+                        raise ConfigError(f"{var}: {exc}", variable=var) from None
+            raise
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)

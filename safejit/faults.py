@@ -5,8 +5,9 @@ Enable with ``SAFEJIT_FAULTS="point=action[@probability][;...]"`` or::
     with safejit.faults.inject("disk.rename", "raise:EROFS"):
         rt.compile(src)
 
-Actions: ``raise:ENOSPC`` / ``raise:EIO`` / ``raise:EROFS`` (an ``OSError``
-with that errno), ``crash`` (the process dies at once, as under SIGKILL),
+Actions: ``raise:ENOSPC`` / ``raise:EIO`` / ``raise:EROFS`` / ``raise:ETIMEDOUT`` /
+``raise:ECONNREFUSED`` (an ``OSError`` with that errno; the last two are for the
+``remote.*`` points), ``crash`` (the process dies at once, as under SIGKILL),
 ``delay:SECONDS``, ``corrupt`` (bytes written at the point are damaged).
 When nothing is enabled a point costs one flag check.
 """
@@ -41,10 +42,29 @@ POINTS: Final = frozenset(
         "compiler.spawn",
         "lock.acquire",
         "load",
+        "remote.connect",
+        "remote.get",
+        "remote.put",
+        "remote.lease",
     }
 )
-ACTIONS: Final = ("raise:ENOSPC", "raise:EIO", "raise:EROFS", "crash", "delay:SECONDS", "corrupt")
-_ERRNOS: Final = {"ENOSPC": errno.ENOSPC, "EIO": errno.EIO, "EROFS": errno.EROFS}
+ACTIONS: Final = (
+    "raise:ENOSPC",
+    "raise:EIO",
+    "raise:EROFS",
+    "raise:ETIMEDOUT",
+    "raise:ECONNREFUSED",
+    "crash",
+    "delay:SECONDS",
+    "corrupt",
+)
+_ERRNOS: Final = {
+    "ENOSPC": errno.ENOSPC,
+    "EIO": errno.EIO,
+    "EROFS": errno.EROFS,
+    "ETIMEDOUT": errno.ETIMEDOUT,
+    "ECONNREFUSED": errno.ECONNREFUSED,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,12 +118,32 @@ def _set(rules: dict[str, list[_Rule]]) -> None:
 
 def reset() -> None:
     """Disable every fault (and forget ``SAFEJIT_FAULTS``)."""
+    global _pending
     with _lock:
+        _pending = None
         _set({})
 
 
+def _current() -> dict[str, list[_Rule]]:
+    """The rules, ``SAFEJIT_FAULTS`` parsed on first need: a bad value never breaks
+    ``import safejit``; it is an error, naming the variable, where faults are used."""
+    global _pending
+    if _pending is not None:
+        with _lock:
+            spec, _pending = _pending, None
+            if spec is not None:
+                try:
+                    parsed = _parse_spec(spec)
+                except ConfigError as exc:
+                    _pending = spec  # (every use says so, not only the first)
+                    raise ConfigError(f"SAFEJIT_FAULTS={spec!r}: {exc}", variable="SAFEJIT_FAULTS") from None
+                merged = {k: [*parsed.get(k, []), *_rules.get(k, [])] for k in {*parsed, *_rules}}
+                _set(merged)
+    return _rules
+
+
 def _matching(name: str, kinds: tuple[str, ...]) -> _Rule | None:
-    for rule in _rules.get(name, ()):
+    for rule in _current().get(name, ()):
         if rule.kind in kinds and (rule.probability >= 1.0 or random.random() < rule.probability):
             return rule
     return None
@@ -141,6 +181,7 @@ def inject(name: str, action: str) -> Iterator[None]:
     if name not in POINTS:
         raise ConfigError(f"unknown fault point {name!r}; expected one of {sorted(POINTS)}")
     rule = parse_action(action)
+    _current()
     with _lock:
         saved = {k: list(v) for k, v in _rules.items()}
         new = {k: list(v) for k, v in _rules.items()}
@@ -153,4 +194,6 @@ def inject(name: str, action: str) -> Iterator[None]:
             _set(saved)
 
 
-_set(_parse_spec(_env.faults_spec()))
+#: ``SAFEJIT_FAULTS`` as set at import, until it is first needed (see :func:`_current`).
+_pending: str | None = _env.faults_spec() or None
+_enabled = _pending is not None

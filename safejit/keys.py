@@ -9,6 +9,7 @@ reach a hash.
 from __future__ import annotations
 
 import dataclasses
+import os
 import struct
 from collections.abc import Iterable
 from typing import Any, Final
@@ -55,22 +56,51 @@ def _encode_dataclass(value: Any) -> bytes:
 
 
 def build_key(spec: BuildSpec) -> str:
-    """Hash of every BuildSpec field not in ``NOT_IN_KEY``."""
-    fields = [(f.name, getattr(spec, f.name)) for f in dataclasses.fields(spec) if f.name not in NOT_IN_KEY]
+    """Hash of every BuildSpec field not in ``NOT_IN_KEY``. Portable: the toolchain's
+    install prefix enters it as a token (:func:`portable`), in the toolchain and argv."""
+    prefix = install_prefix(spec.toolchain)
+    fields = [
+        (f.name, portable(getattr(spec, f.name), prefix) if f.name == "argv" else getattr(spec, f.name))
+        for f in dataclasses.fields(spec)
+        if f.name not in NOT_IN_KEY
+    ]
     return digest_bytes(encode(("safejit.build_key", KEY_SCHEMA, fields)))
+
+
+_PREFIX_MARK: Final = "{toolchain-prefix}"
+
+
+def install_prefix(tc: Toolchain) -> str:
+    """Where ``tc`` is installed: its declared prefix, else its compiler's ``../..``."""
+    return tc.prefix or os.path.dirname(os.path.dirname(tc.compiler)) or "/"
+
+
+def portable(value: Any, prefix: str) -> Any:
+    """``value`` (a path, or a tuple of them) with a leading ``prefix`` as a token."""
+    if isinstance(value, tuple):
+        return tuple(portable(v, prefix) for v in value)
+    if isinstance(value, str) and prefix not in ("", "/") and (value == prefix or value.startswith(prefix + "/")):
+        return _PREFIX_MARK + value[len(prefix) :]
+    return value
 
 
 _ENCODED: dict[Any, bytes] = {}
 
 
-def _encode_toolchain(value: Any) -> bytes:
+def _encode_toolchain(value: Toolchain) -> bytes:
     """A toolchain's encoding, computed once per (frozen, hashable) Toolchain: it is the
-    same for every compile, and its version text and roots are the bulk of a key."""
+    same for every compile, and its version text and roots are the bulk of a key. Paths
+    under its install prefix are encoded relative to it; the prefix itself is not
+    encoded (its binaries' digests and version text say which toolchain it is)."""
     found = _ENCODED.get(value)
     if found is None:
         if len(_ENCODED) >= 256:
             _ENCODED.clear()
-        found = _ENCODED[value] = _encode_dataclass(value)
+        prefix = install_prefix(value)
+        items = [
+            (f.name, portable(getattr(value, f.name), prefix)) for f in dataclasses.fields(value) if f.name != "prefix"
+        ]
+        found = _ENCODED[value] = _frame(b"D", encode((type(value).__name__, items)))
     return found
 
 

@@ -37,6 +37,8 @@ class Miss(StrEnum):
     MISMATCH = "mismatch"
     ARTIFACT = "artifact"
     SIGNATURE = "signature"
+    UNSIGNED = "unsigned"
+    UNKNOWN_KEY = "unknown_key"
     ANCHOR = "anchor"
     CONFINEMENT = "confinement"
     DEP_CHANGED = "dep_changed"
@@ -44,6 +46,12 @@ class Miss(StrEnum):
     DEP_SHADOWED = "dep_shadowed"
     DAMAGED = "damaged"
     IO = "io"
+    OVERSIZE = "oversize"
+    REMOTE_TIMEOUT = "timeout"
+    REMOTE_REFUSED = "refused"
+    REMOTE_DENIED = "denied"
+    REMOTE_ERROR = "error"
+    CIRCUIT_OPEN = "circuit_open"
 
     @property
     def text(self) -> str:
@@ -63,7 +71,9 @@ _TEXT: Final = {
     Miss.MANIFEST: "the manifest is damaged",
     Miss.MISMATCH: "the manifest names another leaf",
     Miss.ARTIFACT: "the artifact is missing or damaged",
-    Miss.SIGNATURE: "the leaf is not validly signed",
+    Miss.SIGNATURE: "the leaf's signature does not verify",
+    Miss.UNSIGNED: "the leaf is not signed, and signatures are required",
+    Miss.UNKNOWN_KEY: "the leaf is signed with a key this process does not know",
     Miss.ANCHOR: "a dependency root is not declared here",
     Miss.CONFINEMENT: "a dependency escapes its root",
     Miss.DEP_CHANGED: "a dependency changed",
@@ -71,6 +81,12 @@ _TEXT: Final = {
     Miss.DEP_SHADOWED: "a new header shadows a dependency",
     Miss.DAMAGED: "the leaf is not a directory of regular files (a file or a symlink stands in its place)",
     Miss.IO: "the leaf cannot be read now (an I/O or permission error)",
+    Miss.OVERSIZE: "the leaf's artifact is larger than the limit",
+    Miss.REMOTE_TIMEOUT: "the remote did not answer in time",
+    Miss.REMOTE_REFUSED: "nothing answers at the remote's address",
+    Miss.REMOTE_DENIED: "the remote refused this user the key or the command",
+    Miss.REMOTE_ERROR: "the remote failed the request",
+    Miss.CIRCUIT_OPEN: "the remote is failing: it was not asked (circuit breaker open)",
 }
 
 #: Misses that mean the leaf itself is damaged: it is quarantined, then rebuilt.
@@ -89,3 +105,9 @@ class Outcome(StrEnum):
     SKIPPED = "skipped"
     #: An existing leaf of that name could not be read: it is kept, this build not published.
     KEPT = "kept"
+    #: Remote uploads (``safejit.remote.uploads``): copied; not copied (the build key's
+    #: index is full); failed (the remote's error); dropped (the upload queue was full).
+    UPLOADED = "uploaded"
+    UPLOAD_SKIPPED = "upload_skipped"
+    UPLOAD_FAILED = "upload_failed"
+    UPLOAD_DROPPED = "upload_dropped"

@@ -17,13 +17,22 @@ from typing import Final
 from .closure.hashing import open_regular
 from .errors import ConfigError, LimitExceededError
 
-__all__ = ["NOT_IN_KEY", "AnchoredPath", "BuildSpec", "LoadBaseline", "Source", "Toolchain"]
+__all__ = ["NOT_IN_KEY", "TOOLCHAIN_NOT_IN_KEY", "AnchoredPath", "BuildSpec", "LoadBaseline", "Source", "Toolchain"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 _FILENAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}\Z")
 _CXX_SUFFIXES = (".cpp", ".cc", ".cxx", ".c++", ".C")
 
 AnchoredPath = tuple[str, str]
+
+
+def _encodable(text: str) -> bool:
+    """Whether ``text`` is valid Unicode a file or an argument can hold (no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +63,10 @@ class Source:
             raise ConfigError(f"Source.code must be str, got {type(self.code).__name__}")
         if "\0" in self.code:
             raise ConfigError("Source.code contains a NUL byte")
+        for what in ("code", "filename", "origin"):
+            value = getattr(self, what)
+            if isinstance(value, str) and not _encodable(value):
+                raise ConfigError(f"Source.{what} is not valid text (it holds a lone surrogate)")
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise ConfigError(f"Source.name {self.name!r} must match [A-Za-z_][A-Za-z0-9_]{{0,127}}")
         if self.filename is not None and not _FILENAME.match(Path(self.filename).name):
@@ -151,6 +164,10 @@ class Toolchain:
     #: What the toolchain's own empty shared object runs at load (host): anything a
     #: kernel runs beyond it is refused. None: no baseline (other backends).
     load_baseline: LoadBaseline | None = None
+    #: Where the toolchain is installed. Paths under it enter keys relative to it, so the
+    #: same toolchain (the same binaries: ``digest``) installed elsewhere on another node
+    #: shares entries (DESIGN.md §4). "" : the compiler's ``<prefix>/bin/..`` parent.
+    prefix: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +196,11 @@ class BuildSpec:
     #: Kernel names asked for by the caller (C++ name expressions on CUDA).
     name_expressions: tuple[str, ...] = ()
 
+
+#: Toolchain fields that do not enter ``build_key`` as themselves, each with the reason.
+TOOLCHAIN_NOT_IN_KEY: Final[dict[str, str]] = {
+    "prefix": "paths under it enter the key relative to it; its binaries' digests say which toolchain it is",
+}
 
 #: BuildSpec fields that do not enter ``build_key``, each with the reason.
 NOT_IN_KEY: Final[dict[str, str]] = {

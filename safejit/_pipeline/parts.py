@@ -9,6 +9,7 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from .. import _env
 from ..backends import Backend, get_backend
@@ -20,10 +21,14 @@ from ..cache.statmemo import StatMemo
 from ..closure.anchors import Anchors
 from ..config import Config
 from ..policy import roots as root_policy
-from ..policy.trust import HmacSigner
+from ..policy.trust import HmacSigner, SignaturePolicy, Verifier, signer_of
 from ..sandbox import SYSTEM_PATH
 from ..sandbox.runner import Sandbox
 from ..spec import Toolchain
+from ..telemetry import ATTR, instruments
+
+if TYPE_CHECKING:
+    from ..cache.remote.tier import RemoteTier
 
 __all__ = ["Parts"]
 
@@ -58,20 +63,48 @@ class Parts:
         # A compiler process works in a scratch dir; one in this process (NVRTC) writes none.
         scratch = self.backend.needs_workdir
         in_memory = scratch and config.scratch == "memory" and memory_scratch() is not None
-        signer = HmacSigner(config.signing_key) if config.signing_key else None
+        signer = signer_of(config.signing_key) if config.signing_key else None
         self.disk = DiskTier(
             dirs,
             tenant=config.tenant,
             backend=config.backend,
             signer=signer,
-            verifier=signer.verifier(require=bool(config.require_signed)) if signer is not None else None,
+            verifier=_signature_policy(config, signer),
             max_artifact_bytes=config.max_artifact_bytes,
             memo=StatMemo(private) if private is not None and config.trust_stat else None,
             staging=Staging(f"artifact.{self.backend.artifact_ext}", scratch=scratch, memory=in_memory),
         )
+        self.remote = self._open_remote(config)
         self._probe_dir: str | None = None
         self._probe_cleanup: weakref.finalize[[str, int], Parts] | None = None
         self._anchors: dict[tuple[Toolchain, tuple[str, ...]], Anchors] = {}
+
+    def _open_remote(self, config: Config) -> RemoteTier | None:
+        """The remote tier, when one is configured (its engine's client library is
+        imported now, not before; no connection is made until the first lookup)."""
+        from ..cache.remote import open_store
+        from ..cache.remote.tier import RemoteTier
+
+        settings = config.remote_settings()
+        if settings is None:
+            return None
+        settings = config.remote_settings(**_env.remote_credentials(settings.engine))
+        attrs = {ATTR.BACKEND: config.backend, ATTR.TENANT: config.tenant}
+        store = open_store(
+            settings,
+            tenant=config.tenant,
+            backend=config.backend,
+            on_transition=lambda old, new: instruments.breaker_transitions.add(1, {**attrs, ATTR.TO: str(new)}),
+            observer=_RemoteObserver(attrs),
+        )
+        return RemoteTier(
+            store,
+            writable=config.remote_mode == "read-write",
+            verifier=self.disk.verifier,
+            memo=self.disk.memo,
+            max_artifact_bytes=config.max_artifact_bytes,
+            attrs=attrs,
+        )
 
     def _private_state_dir(self) -> str | None:
         path = os.path.join(self.tools_dir, f"u{os.geteuid()}")
@@ -142,12 +175,41 @@ class Parts:
         return run
 
     def close(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
         self.sandbox.close()  # (a shim that background work starts after this is ended at once)
         settle()
         self.backend.close()
         self.disk.close()
         if self._probe_cleanup is not None:
             self._probe_cleanup()
+
+
+class _RemoteObserver:
+    """Remote operations into ``safejit.remote.duration{op}`` and ``.bytes{direction}``."""
+
+    def __init__(self, attrs: dict[str, str]) -> None:
+        self._attrs = attrs
+
+    def __call__(self, op: str, seconds: float, reason: str | None, sent: int, received: int) -> None:
+        instruments.remote_duration.record(seconds, {**self._attrs, ATTR.OP: op})
+        if sent:
+            instruments.remote_bytes.add(sent, {**self._attrs, ATTR.DIRECTION: "sent"})
+        if received:
+            instruments.remote_bytes.add(received, {**self._attrs, ATTR.DIRECTION: "received"})
+
+
+def _signature_policy(config: Config, signer: object) -> SignaturePolicy | None:
+    """What a leaf's signature is checked against: the HMAC key, this writer's own
+    Ed25519 public key, and ``Config.verify_keys`` (public keys by key id)."""
+    publics = dict(config.verify_keys)
+    hmacs = [signer] if isinstance(signer, HmacSigner) else []
+    own = getattr(signer, "public_key", None)
+    if isinstance(own, bytes):
+        publics.setdefault(getattr(signer, "key_id", ""), own)
+    if not publics and not hmacs:
+        return None
+    return SignaturePolicy(Verifier(publics, hmac=hmacs), require=bool(config.require_signed))
 
 
 def _remove_probe_dir(path: str, owner: int) -> None:

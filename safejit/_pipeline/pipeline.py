@@ -23,7 +23,7 @@ from typing import Any
 from ..cache.disk import BEFORE_COMMIT
 from ..cache.layout import CacheLayout
 from ..cache.leaf import Manifest, VerifiedLeaf
-from ..cache.staging import EarlyWrite, Workdir
+from ..cache.staging import EarlyWrite, Workdir, background
 from ..config import Config
 from ..errors import CacheError, CompileError, SafejitError
 from ..outcomes import Miss, Outcome, Tier
@@ -100,22 +100,78 @@ class Pipeline:
             error = disk.last_error
             raise CacheError(f"no writable cache root: {error}", errno=getattr(error, "errno", None))
         workdir = disk.workdir(root)
+        lock = None
         try:
             lock, published = self._wait_for_lock(resolved, root, workdir)
-            try:
-                if published is None and lock is not None:
-                    # Look again under the lock: another process may have just published it.
-                    again = disk.lookup(resolved.key, resolved.anchors)
-                    published = again if isinstance(again, VerifiedLeaf) else None
-                if published is not None:
-                    self.counters.add("disk_hits")
-                    return Obtained(published, Tier.DISK, _load(load, published))
+            if published is None and lock is not None:
+                # Look again under the lock: another process may have just published it.
+                again = disk.lookup(resolved.key, resolved.anchors)
+                published = again if isinstance(again, VerifiedLeaf) else None
+            if published is not None:
+                self.counters.add("disk_hits")
+                return Obtained(published, Tier.DISK, _load(load, published))
+            if self.parts.remote is None:
                 return self._build_and_publish(resolved, root, workdir, load)
-            finally:
-                if lock is not None:
-                    lock.release()
+            obtained, lock = self._through_remote(resolved, root, workdir, load, lock)
+            return obtained
         finally:
+            if lock is not None:
+                lock.release()
             disk.release_workdir_later(workdir, root)
+
+    def _through_remote(
+        self, resolved: Resolved, root: str, workdir: Workdir, load: Load | None, lock: Any
+    ) -> tuple[Obtained, Any]:
+        """Below the disk, under this node's build lock (one process per node asks the
+        remote): a leaf another node published, verified here; else this node compiles —
+        holding the fleet's lease on the key if it can get it, or after watching another
+        node's lease until it publishes (or its holder dies: then exactly one waiter takes
+        over). Returns what to return, and the local lock if it is still this caller's
+        to release (a remote hit hands it to the backfill, which releases it once the
+        disk has the leaf: the node's other processes then find it there)."""
+        remote = self.parts.remote
+        assert remote is not None
+        key = resolved.key
+        got: VerifiedLeaf | Any = remote.lookup(key, resolved.anchors)
+        lease = None
+        if not isinstance(got, VerifiedLeaf):
+            lease = remote.take_lease(key)
+            if lease is None and remote.leased_elsewhere(key):
+                deadline = time.monotonic() + self.config.compile_timeout_s + self.config.remote_lease_ttl_s
+                got = remote.wait(key, resolved.anchors, deadline=deadline, take=lambda: remote.take_lease(key))
+                if not isinstance(got, VerifiedLeaf):
+                    lease = got
+        if isinstance(got, VerifiedLeaf):
+            self.counters.add("remote_hits")
+            background().submit(self._backfill, root, key, got, lock)
+            return Obtained(got, Tier.REMOTE, _load(load, got)), None
+        keeper = remote.keep(lease) if lease is not None else None
+        try:
+            obtained = self._build_and_publish(resolved, root, workdir, load)
+        except BaseException:
+            if keeper is not None:
+                keeper.stop()  # (releases the lease: another node may compile it)
+            raise
+        if keeper is not None:
+            keeper.stop(release=False)
+        if obtained.leaf.path and obtained.tier is not Tier.BYPASS:
+            remote.offer(key, obtained.leaf, None if keeper is None or keeper.lost else lease)
+        elif lease is not None:
+            remote.release(lease)
+        return obtained, lock
+
+    def _backfill(self, root: str, key: str, leaf: VerifiedLeaf, lock: Any) -> None:
+        """Publish a remote hit to the disk tier (off the hit path), then let the local
+        build lock go."""
+        try:
+            with span(SPAN.PUBLISH, {ATTR.DEPS_KEY: leaf.manifest.deps_key, ATTR.TIER: Tier.REMOTE}):
+                _, outcome = self.parts.disk.publish(root, key, leaf)
+            instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: outcome})
+        except (OSError, SafejitError) as exc:
+            logger.warning("could not keep the remote's leaf on disk: %s", exc)
+        finally:
+            if lock is not None:
+                lock.release()
 
     def _wait_for_lock(self, resolved: Resolved, root: str, workdir: Workdir) -> tuple[Any, VerifiedLeaf | None]:
         """The build lock, or the leaf another process published while this one waited

@@ -149,6 +149,7 @@ def artifact_of(leaf: VerifiedLeaf, tier: Tier) -> Artifact:
 COUNTERS: Final = (
     "compiles",
     "disk_hits",
+    "remote_hits",
     "misses",
     Miss.STALE.value,
     Tier.BYPASS.value,

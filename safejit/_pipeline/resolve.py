@@ -77,6 +77,11 @@ class Resolver:
             raise ConfigError(f"source must be a safejit.Source, got {type(source).__name__}")
         if any(not isinstance(d, (str, os.PathLike)) for d in include_dirs):
             raise ConfigError("include_dirs must be a sequence of paths")
+        _check_text("include_dirs", [os.fspath(d) for d in include_dirs])
+        _check_text("flags", flags)
+        _check_text("defines", [k for k, _ in defines] + [v for _, v in defines if isinstance(v, str)])
+        _check_text("extras", [v for _, v in extras if isinstance(v, str)])
+        _check_text("name_expressions", name_expressions)
         code = source.code.encode("utf-8")
         if len(code) > cfg.max_source_bytes:
             raise LimitExceededError(
@@ -144,3 +149,14 @@ class Resolver:
             name_expressions=tuple(name_expressions),
         )
         return spec, anchors
+
+
+def _check_text(what: str, values: Any) -> None:
+    """Every string in ``values`` is valid text: a lone surrogate can name no file and be
+    no argument (it would fail deep inside as a UnicodeEncodeError)."""
+    for value in values:
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ConfigError(f"{what} holds {value!r}, which is not valid text (a lone surrogate)") from None

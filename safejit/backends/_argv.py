@@ -21,6 +21,7 @@ __all__ = [
     "ASM_DEP_FLAG",
     "LD_DEPFILE",
     "LD_DEP_FLAG",
+    "PCH_GUARD",
     "READ_LISTS",
     "ArgvBuild",
     "run_argv",
@@ -67,6 +68,14 @@ class ArgvBuild:
 _SOURCE_BLANK = ".source"
 
 
+def _write_file(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
 def _write_source(path: str, code: bytes) -> None:
     blank = os.path.join(os.path.dirname(path), _SOURCE_BLANK)
     flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -88,6 +97,20 @@ def _source_path(workdir: str, spec: BuildSpec) -> str:
     return os.path.join(workdir, "src", spec.filename)
 
 
+#: The argv slot of :data:`PCH_GUARD_TEXT`'s file, which gcc-family argv force-include first.
+PCH_GUARD: Final = "{GUARD}"
+#: A C token before anything else in the translation unit: gcc uses a precompiled
+#: header (``x.h.gch`` beside ``x.h``) only before the first token, and its depfile then
+#: names neither the header nor the ``.gch`` — what the compiler read would go
+#: unrecorded. After this, no ``.gch`` is even looked for. (An identifier reserved to
+#: the implementation: no kernel can clash with it.)
+PCH_GUARD_TEXT: Final = b"extern int __safejit_no_precompiled_headers;\n"
+
+
+def _guard_path(workdir: str) -> str:
+    return os.path.join(workdir, "src", ".no-pch.h")
+
+
 def depfile_path(workdir: str, spec: BuildSpec) -> str:
     """Where ``run_argv`` has the compiler write ``spec``'s depfile."""
     return os.path.join(workdir, f"{spec.name}.d")
@@ -104,11 +127,12 @@ def depfile_deps(dep: str, spec: BuildSpec, data: bytes | None = None) -> tuple[
     (else the closure is unknown). Raises ``OSError`` when it cannot be read."""
     workdir = os.path.dirname(dep)
     src = _source_path(workdir, spec)
+    guard = _guard_path(workdir)
     if data is None:
         data = read_output(dep)
     reported = parse_depfile(data.decode("utf-8", "surrogateescape"))
     absolute = [p if os.path.isabs(p) else os.path.join(workdir, p) for p in reported]
-    return tuple(p for p in absolute if p != src), src in absolute
+    return tuple(p for p in absolute if p not in (src, guard)), src in absolute
 
 
 def run_argv(ctx: CompileContext, *, ext: str) -> ArgvBuild:
@@ -122,6 +146,9 @@ def run_argv(ctx: CompileContext, *, ext: str) -> ArgvBuild:
     out, obj = artifact_path(workdir, spec, ext), artifact_path(workdir, spec, "rel.o")
     dep = depfile_path(workdir, spec)
     slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep, "{OBJ}": obj}
+    if PCH_GUARD in spec.argv:
+        slots[PCH_GUARD] = _guard_path(workdir)
+        _write_file(slots[PCH_GUARD], PCH_GUARD_TEXT)
     argv = [slots.get(a) or ctx.expand(a) for a in spec.argv]
     for template, arg in zip(spec.argv, argv, strict=True):
         if template.startswith("-Wl,") and arg.count(",") != template.count(","):

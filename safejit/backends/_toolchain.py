@@ -173,6 +173,7 @@ class ProbeCache:
                 link_deps=data["link_deps"] is True,
                 link_inputs=tuple(str(p) for p in data["link_inputs"]),
                 link_roots=tuple(str(p) for p in data["link_roots"]),
+                prefix=str(data.get("prefix", "")),
                 load_baseline=_baseline_from(data.get("load_baseline")),
             )
         except (OSError, ValueError, KeyError, TypeError, IndexError, ConfigError):
@@ -199,6 +200,7 @@ class ProbeCache:
             "link_deps": tc.link_deps,
             "link_inputs": list(tc.link_inputs),
             "link_roots": list(tc.link_roots),
+            "prefix": tc.prefix,
             "load_baseline": None if tc.load_baseline is None else dataclasses.asdict(tc.load_baseline),
             "tools": [[name, real, *snap] for name, real, snap in tools],
             "dirs": [list(d) for d in dirs],

@@ -20,6 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from .. import faults
 from ..closure.hashing import digest_bytes, read_file
 from ..errors import CompileError, LimitExceededError, LoadError
 from ..spec import Source, Toolchain
@@ -68,6 +69,7 @@ class FakeBackend:
         return ("fake", *flags, *macro_flags(defines), *(f"-I{d}" for d in include_dirs), *quote)
 
     def compile(self, ctx: CompileContext) -> CompileOutput:
+        faults.point("compiler.spawn")  # (a delay here stands for a slow compiler)
         ctx.started()
         spec = ctx.spec
         macros: dict[str, str] = {}

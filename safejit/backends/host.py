@@ -29,7 +29,7 @@ from ..closure.hashing import hash_file, read_output
 from ..errors import ConfigError, LoadError, LoadTimeCodeError
 from ..sandbox import SYSTEM_PATH
 from ..spec import BuildSpec, LoadBaseline, Source, Toolchain
-from ._argv import ASM_DEP_FLAG, LD_DEP_FLAG, run_argv
+from ._argv import ASM_DEP_FLAG, LD_DEP_FLAG, PCH_GUARD, run_argv
 from ._elf import ElfError, dynsym_functions
 from ._load_time import baseline_of, load_time_code
 from ._toolchain import (
@@ -208,6 +208,8 @@ class HostBackend:
             "-shared",
             "-fPIC",
             "-O2",
+            "-include",
+            PCH_GUARD,  # (first: no precompiled header can stand in for a header unrecorded)
             *(f for f in flags if not f.startswith("-l")),
             "-fno-lto",
         ]

@@ -97,6 +97,14 @@ class DiskTier:
         #: Why the last search for a writable root found none.
         self.last_error: OSError | None = None
 
+    @property
+    def verifier(self) -> Verifier | None:
+        return self._verifier
+
+    @property
+    def memo(self) -> ClosureMemo | None:
+        return self._memo
+
     # -- roots -----------------------------------------------------------------
     def layout(self, root: str) -> CacheLayout:
         return CacheLayout(root)

@@ -163,19 +163,24 @@ def signed_bytes(man: Manifest) -> bytes:
 
 
 class Signer(Protocol):
-    """Signs the leaves this process publishes."""
+    """Signs the leaves this process publishes (``policy.trust``)."""
 
-    def sign(self, message: bytes) -> Signature: ...
+    @property
+    def alg(self) -> str: ...
+    @property
+    def key_id(self) -> str: ...
+    def sign(self, message: bytes) -> str: ...
 
 
 class Verifier(Protocol):
-    """Checks signatures of leaves others published. ``require`` makes an unsigned
-    leaf a miss; a signed leaf must verify either way."""
+    """Checks signatures of leaves others published (``policy.trust.SignaturePolicy``).
+    ``require`` makes an unsigned leaf a miss; a signed leaf must verify either way.
+    ``check`` answers ``ok``, ``bad_signature``, ``unknown_key_id`` or ``unknown_alg``."""
 
     @property
     def require(self) -> bool: ...
 
-    def verify(self, message: bytes, signature: Signature) -> bool: ...
+    def check(self, message: bytes, alg: str, key_id: str, value: str) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +278,8 @@ def leaf_files(man: Manifest, artifact: bytes, signer: Signer | None) -> tuple[M
     """The manifest as published (signed when there is a signer) and the leaf's files,
     ``{name: bytes}`` in write order: the marker, which holds the manifest's digest, last."""
     if signer is not None:
-        man = msgspec.structs.replace(man, signature=signer.sign(signed_bytes(man)))
+        value = signer.sign(signed_bytes(man))
+        man = msgspec.structs.replace(man, signature=Signature(alg=signer.alg, key_id=signer.key_id, value=value))
     raw = encode_manifest(man)
     return man, {man.artifact.file: artifact, MANIFEST: raw, MARKER: digest_bytes(raw).encode() + b"\n"}
 
@@ -281,11 +287,14 @@ def leaf_files(man: Manifest, artifact: bytes, signer: Signer | None) -> tuple[M
 def check_signature(man: Manifest, verifier: Verifier | None) -> Rejection | None:
     if verifier is None:
         return None
-    if man.signature is None:
-        return Rejection(Miss.SIGNATURE, "unsigned") if verifier.require else None
-    if not verifier.verify(signed_bytes(man), man.signature):
-        return Rejection(Miss.SIGNATURE, f"bad signature ({man.signature.alg}, key {man.signature.key_id!r})")
-    return None
+    sig = man.signature
+    if sig is None:
+        return Rejection(Miss.UNSIGNED, "the leaf is not signed") if verifier.require else None
+    verdict = verifier.check(signed_bytes(man), sig.alg, sig.key_id, sig.value)
+    if verdict == "ok":
+        return None
+    reason = Miss.UNKNOWN_KEY if verdict in ("unknown_key_id", "unknown_alg") else Miss.SIGNATURE
+    return Rejection(reason, f"{verdict.replace('_', ' ')} ({sig.alg}, key {sig.key_id!r})")
 
 
 class ClosureMemo(Protocol):

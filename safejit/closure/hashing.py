@@ -25,7 +25,9 @@ __all__ = [
     "hash_opened",
     "is_racy",
     "new_hasher",
+    "open_beneath",
     "open_regular",
+    "read_beneath",
     "read_file",
     "read_output",
     "snapshot_of",
@@ -45,7 +47,9 @@ def new_hasher() -> blake3.blake3:
 
 
 def digest_bytes(data: bytes | bytearray | memoryview) -> str:
-    """256-bit BLAKE3 of ``data``, as hex."""
+    """256-bit BLAKE3 of ``data``, as hex (on every core from 1 MiB: BLAKE3's tree mode)."""
+    if len(data) >= _PARALLEL_BYTES:
+        return blake3.blake3(data, max_threads=_threads()).hexdigest()
     return blake3.blake3(data).hexdigest()
 
 
@@ -131,12 +135,12 @@ def _chunks(fd: int, st: os.stat_result) -> Iterator[bytes]:
         raise OSError(errno.EAGAIN, "holds more than its size says (changing, or no ordinary file)")
 
 
-def hash_opened(path: str, allowed: Callable[[str], bool]) -> tuple[str, Snapshot] | None:
-    """:func:`hash_file` following symlinks, of a file whose resolved path is
-    ``allowed``; None when it is not, before it is opened for reading (a terminal, a
-    FIFO's writer are never touched). The path is that of the very file then read:
-    found through an ``O_PATH`` descriptor, which is then opened again (a symlinked dir
-    swapped meanwhile cannot make it another)."""
+def open_beneath(path: str, allowed: Callable[[str], bool]) -> tuple[int, os.stat_result, str] | None:
+    """An fd for reading the regular file ``path`` (symlinks followed), its stat and its
+    real path — if that real path is ``allowed``; None when it is not, before the file
+    is opened for reading (a terminal, a FIFO's writer are never touched). The real path
+    is that of the very file opened: found through an ``O_PATH`` descriptor, which is
+    then opened again (a symlinked dir swapped meanwhile cannot make it another)."""
     pathfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     try:
         try:
@@ -149,8 +153,30 @@ def hash_opened(path: str, allowed: Callable[[str], bool]) -> tuple[str, Snapsho
         fd, st = open_regular(target)
     finally:
         os.close(pathfd)
+    return fd, st, real
+
+
+def hash_opened(path: str, allowed: Callable[[str], bool]) -> tuple[str, Snapshot] | None:
+    """:func:`hash_file` of the file :func:`open_beneath` opens; None when it is not allowed."""
+    opened = open_beneath(path, allowed)
+    if opened is None:
+        return None
+    fd, st, _ = opened
     try:
         return _hash_fd(fd, st), snapshot_of(st)
+    finally:
+        os.close(fd)
+
+
+def read_beneath(path: str, allowed: Callable[[str], bool]) -> tuple[bytes, os.stat_result, str] | None:
+    """The bytes, stat (taken before reading) and real path of the file :func:`open_beneath`
+    opens; None when it is not allowed."""
+    opened = open_beneath(path, allowed)
+    if opened is None:
+        return None
+    fd, st, real = opened
+    try:
+        return _read_all(fd, st), st, real
     finally:
         os.close(fd)
 

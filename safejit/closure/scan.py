@@ -9,19 +9,23 @@ import contextlib
 import os
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from .anchors import BAD_REL
-from .hashing import Snapshot, digest_bytes, is_racy, read_file, snapshot_of
+from .hashing import Snapshot, digest_bytes, is_racy, read_beneath, snapshot_of
 
 __all__ = [
     "COARSE_NS",
+    "PCH_SUFFIX",
     "Absence",
     "Closure",
     "Dep",
     "DepState",
+    "Scanned",
     "has_include_names",
+    "has_include_probes",
     "merged",
     "negative_lookups",
     "quoted_includes",
@@ -52,28 +56,50 @@ def _coarse_ns() -> int:
 
 COARSE_NS = _coarse_ns()
 
-#: path -> (snapshot, digest, __has_include names, quoted include names). A warm process
-#: compiling many kernels re-reads the same system headers: an unchanged, non-racy stat
-#: stands for the content (the memory tier's rule, DESIGN.md §6). Process-local.
-_SCANS: dict[str, tuple[Snapshot, str, list[str], list[str]]] = {}
+
+@dataclass(frozen=True, slots=True)
+class Scanned:
+    """A file as a closure scan read it: its stat (taken before reading), digest, link
+    count, the ``__has_include`` probes in it (``(kind, name)``, kind ``"`` or ``<``) and
+    its quoted include names (looked for next to it first), and its real path."""
+
+    snap: Snapshot
+    digest: str
+    nlink: int
+    probes: list[tuple[str, str]]
+    quoted: list[str]
+    real: str
+
+
+#: path -> Scanned. A warm process compiling many kernels re-reads the same system
+#: headers: an unchanged, non-racy stat stands for the content (the memory tier's rule,
+#: DESIGN.md §6). Process-local.
+_SCANS: dict[str, Scanned] = {}
 _SCANS_MAX = 16_384
 
 
-def scan_file(path: str, trust_stat: bool) -> tuple[Snapshot, str, list[str], list[str]]:
+def scan_file(path: str, allowed: Callable[[str], bool], trust_stat: bool) -> Scanned | None:
+    """Read ``path`` — the very file whose real path is ``allowed`` (None: it is not),
+    so a path swapped for a symlink between a check and the read cannot make it read
+    another — and what it holds. Raises ``OSError`` when it cannot be read."""
     if trust_stat:
         known = _SCANS.get(path)
         if known is not None:
             with contextlib.suppress(OSError):
                 snap = snapshot_of(os.stat(path))
-                if snap == known[0] and not is_racy(snap):
+                if snap == known.snap and not is_racy(snap) and allowed(known.real):
                     return known
-    data, snap = read_file(path)
-    found = (snap, digest_bytes(data), has_include_names(data), quoted_includes(data))
+    found = read_beneath(path, allowed)
+    if found is None:
+        return None
+    data, st, real = found
+    snap = snapshot_of(st)
+    scanned = Scanned(snap, digest_bytes(data), st.st_nlink, has_include_probes(data), quoted_includes(data), real)
     if trust_stat and not is_racy(snap):
         if len(_SCANS) >= _SCANS_MAX:
             _SCANS.clear()
-        _SCANS[path] = found
-    return found
+        _SCANS[path] = scanned
+    return scanned
 
 
 DepState = tuple[str, tuple[int, int, int, int, int], str]
@@ -90,7 +116,7 @@ class Closure:
     negative_paths: list[str]
 
 
-_HAS_INCLUDE = re.compile(rb'__has_include(?:_next)?\s*\(\s*[<"]([^>"\n]+)[>"]\s*\)')
+_HAS_INCLUDE = re.compile(rb'__has_include(?:_next)?\s*\(\s*([<"])([^>"\n]+)[>"]\s*\)')
 _QUOTED_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.M)
 
 
@@ -101,11 +127,17 @@ def quoted_includes(data: bytes) -> list[str]:
     return [m.group(1).decode("utf-8", "replace") for m in _QUOTED_INCLUDE.finditer(data)]
 
 
-def has_include_names(data: bytes) -> list[str]:
-    """Header names probed with ``__has_include`` (literal arguments only)."""
+def has_include_probes(data: bytes) -> list[tuple[str, str]]:
+    """``(kind, name)`` of the headers probed with ``__has_include`` (literal arguments
+    only), kind ``"`` (looked for next to the file first) or ``<``."""
     if b"__has_include" not in data:
         return []
-    return [m.group(1).decode("utf-8", "replace").strip() for m in _HAS_INCLUDE.finditer(data)]
+    return [(m.group(1).decode(), m.group(2).decode("utf-8", "replace").strip()) for m in _HAS_INCLUDE.finditer(data)]
+
+
+def has_include_names(data: bytes) -> list[str]:
+    """Header names probed with ``__has_include`` (literal arguments only)."""
+    return [name for _, name in has_include_probes(data)]
 
 
 class Absence:
@@ -135,6 +167,9 @@ def negative_lookups(
       ``dir_i/rel`` for any earlier search directory ``i < N``.
     * ``__has_include`` names that resolved nowhere must not appear in any
       search directory (nor next to the file that probed them).
+    * Precompiled headers: a compiler that looks for ``x.h`` in a directory looks
+      for ``x.h.gch`` there first (gcc: a file, or a directory of them) and uses it
+      when valid; so every such path beside a header read or looked for is a lookup too.
 
     Over-approximates where the include name is ambiguous (nested search
     dirs): a spurious entry can only cause a rebuild, never a stale hit.
@@ -144,15 +179,22 @@ def negative_lookups(
     present: set[str] = set()
     found: set[str] = set(deps)
     absent = Absence()
+
+    def looked_for(cand: str) -> None:
+        for path in (cand, cand + PCH_SUFFIX):
+            if path not in found:
+                (out if absent(path) else present).add(path)
+
     for path in deps:
+        looked_for_pch = path + PCH_SUFFIX
+        if looked_for_pch not in found:
+            (out if absent(looked_for_pch) else present).add(looked_for_pch)
         for n, d in enumerate(dirs):
             if not path.startswith(d + "/"):
                 continue
             rel = path[len(d) + 1 :]
             for earlier in dirs[:n]:
-                cand = f"{earlier}/{rel}"
-                if cand not in found:
-                    (out if absent(cand) else present).add(cand)
+                looked_for(f"{earlier}/{rel}")
     for name in probes:
         if not name or name.startswith("/") or BAD_REL.search(name):
             continue
@@ -160,8 +202,12 @@ def negative_lookups(
         if any(c in found for c in cands):
             continue  # resolved: shadowing is covered above
         for c in cands:
-            (out if absent(c) else present).add(c)
+            looked_for(c)
     return sorted(out), sorted(present)
+
+
+#: What gcc looks for beside a header before the header itself (a precompiled one).
+PCH_SUFFIX: Final = ".gch"
 
 
 def merged(first: Closure, second: Closure) -> Closure:

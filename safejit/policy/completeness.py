@@ -9,36 +9,27 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..closure.anchors import LINK_ANCHOR, Anchors, is_under, real_path
-from ..closure.scan import COARSE_NS, Closure, Dep, DepState, has_include_names, negative_lookups, scan_file
+from ..closure.hashing import Snapshot, snapshot_of
+from ..closure.scan import (
+    COARSE_NS,
+    PCH_SUFFIX,
+    Closure,
+    Dep,
+    DepState,
+    Scanned,
+    has_include_probes,
+    negative_lookups,
+    scan_file,
+)
 from ..errors import LimitExceededError, UndeclaredDependencyError
 
-__all__ = ["changed_since", "record_closure"]
+__all__ = ["record_closure"]
 
 #: Paths that mean something else in the compiler than in this process.
 _PER_PROCESS = ("/proc/", "/dev/")
-
-
-def changed_since(ctime_ns: int, started_ns: int) -> bool:
-    """Whether a file whose ctime is ``ctime_ns`` may have changed after ``started_ns``
-    (within a coarse clock tick of it, or later: see ``scan.COARSE_NS``).
-
-    The ctime alone says when a file last changed: the kernel sets it on every write,
-    rename, ``utime`` or ``chmod``, and no user can set it. The mtime is whatever the
-    last writer or ``utime`` made it (an archive unpacked with its recorded times, a
-    clock running ahead): one in the future would make every build "too new" and
-    nothing would ever be cached; one in the past says nothing either. A real change
-    leaves ``ctime >= mtime``, so the ctime misses none that the mtime would catch.
-
-    A ctime ahead of this host's clock (a file server whose clock runs ahead) cannot
-    be ordered against the start: it counts as changed, and the build is not vouched
-    for until the clocks agree. One behind it (the server's clock lags this host's
-    by more than a tick) can hide a change made during the compile: shared source
-    trees need synchronised clocks, as ``make`` and ccache do.
-    """
-    return ctime_ns > started_ns - COARSE_NS
 
 
 def record_closure(
@@ -55,19 +46,27 @@ def record_closure(
 ) -> Closure:
     """Confine, anchor and hash the closure the compiler reported, and derive
     its negative lookups. Raises :class:`UndeclaredDependencyError` for a file
-    outside every root and :class:`LimitExceededError` for too many files.
-    Not ``includes``: files other tools read (objects, libraries), whose bytes
+    outside every root (or one with other names that may lie outside: a hard link
+    under a source root), for a ``__has_include`` probe outside every root, and
+    :class:`LimitExceededError` for too many files. Each file is read through the
+    descriptor whose real path was confined (a path swapped meanwhile reads nothing
+    else). Not ``includes``: files other tools read (objects, libraries), whose bytes
     hold no ``#include`` to follow; one that is gone or no regular file (after it is
-    confined) makes the build one that is not vouched for (``too_new``). ``linker``: what the linker read, which
-    may also lie under the linker's roots (and is anchored there first)."""
+    confined) makes the build one that is not vouched for (``too_new``). ``linker``:
+    what the linker read, which may also lie under the linker's roots (and is
+    anchored there first)."""
     if len(paths) > max_deps:
         raise LimitExceededError(f"{len(paths)} dependencies exceed the limit of {max_deps}", limit=max_deps)
     # (what the linker reads may lie where it finds libraries; what the source steers not)
     roots = [r for name, r in anchors.roots.items() if linker or not name.startswith(LINK_ANCHOR)]
+
+    def allowed(real: str) -> bool:
+        return any(is_under(real, r) for r in roots)
+
     deps: list[Dep] = []
     states: list[DepState] = []
     too_new: list[str] = []
-    probes = has_include_names(source)
+    probes: list[tuple[str, str, str]] = [(kind, name, "") for kind, name in has_include_probes(source)]
     dirs: dict[str, str] = {}
     lexicals: list[str] = []
     quoted: list[str] = []
@@ -86,12 +85,8 @@ def record_closure(
         real = os.path.join(real_dir, tail)
         if os.path.islink(real):
             real = os.path.realpath(real)
-        if not any(is_under(real, r) for r in roots):
-            raise UndeclaredDependencyError(
-                f"the compiler read {path!r} ({real}), outside every declared root; declare it in Config.source_roots",
-                path=path,
-                resolved=real,
-            )
+        if not allowed(real):
+            raise _outside(path, real)
         # A ".." after a symlinked directory does not mean what normpath thinks:
         # such a path is recorded by its resolved form, the file actually read.
         dotdot = "/../" in path or path.endswith("/..")
@@ -106,7 +101,7 @@ def record_closure(
             raise UndeclaredDependencyError(f"{path!r} cannot be anchored", path=path)
         lexical = anchors.expand(*anchored) or real
         try:
-            snap, digest, file_probes, file_quoted = scan_file(lexical, trust_stat)
+            scanned = scan_file(lexical, allowed, trust_stat)
         except OSError:
             if includes:
                 raise
@@ -114,27 +109,54 @@ def record_closure(
             # read and someone swapped since): what it held is unknown. Built, not vouched for.
             too_new.append(lexical)
             continue
+        if scanned is None:  # swapped for a way out after the check above
+            raise _outside(path, "(outside)")
+        if scanned.nlink > 1 and anchored[0].startswith("s"):
+            # The same bytes under another name, which may lie outside every root (a
+            # hard link an unpacked archive made, say): not what the roots declare.
+            raise UndeclaredDependencyError(
+                f"the compiler read {path!r}, a file with {scanned.nlink} names (hard links) that may lie "
+                "outside the declared roots; copy it instead of linking it",
+                path=path,
+            )
         if includes:
-            probes += file_probes
-            for name in file_quoted:  # "x.h" is looked for next to its includer first
+            here = os.path.dirname(lexical)
+            probes += [(kind, name, here) for kind, name in scanned.probes]
+            for name in scanned.quoted:  # "x.h" is looked for next to its includer first
                 if not os.path.isabs(name) and ".." not in name.split("/"):
-                    quoted.append(os.path.join(os.path.dirname(lexical), name))
-        if changed_since(snap[4], started_ns):
+                    quoted.append(os.path.join(here, name))
+        if changed_since(scanned.snap, started_ns):
             too_new.append(lexical)
-        deps.append(Dep(anchored[0], anchored[1], digest))
-        states.append((lexical, snap, digest))
+        deps.append(Dep(anchored[0], anchored[1], scanned.digest))
+        states.append((lexical, scanned.snap, scanned.digest))
         lexicals.append(lexical)
     read = set(lexicals)
-    absent, present = negative_lookups(lexicals, search_dirs, probes)
+    absent, present = negative_lookups(lexicals, search_dirs, [name for _, name, _ in probes])
     for q in quoted:
-        if q not in read:
-            (present if os.path.lexists(q) else absent).append(q)
+        for cand in (q, q + PCH_SUFFIX):
+            if cand not in read:
+                (present if os.path.lexists(cand) else absent).append(cand)
+    for cand in _probes_by_path(probes, search_dirs, anchors, allowed):
+        if cand not in read:
+            (present if os.path.lexists(cand) else absent).append(cand)
+    # A precompiled header there may have been used in place of its header, and the
+    # depfile then names the header alone: it is part of the closure, by its bytes.
+    for cand in [c for c in present if c.endswith(PCH_SUFFIX)]:
+        anchored = anchors.anchor(cand)
+        scanned = _scan_pch(cand, allowed, trust_stat)
+        if anchored is None or scanned is None:
+            raise _outside(cand, "(outside)")
+        deps.append(Dep(anchored[0], anchored[1], scanned.digest))
+        states.append((cand, scanned.snap, scanned.digest))
+        if changed_since(scanned.snap, started_ns):
+            too_new.append(cand)
     # A header where the compiler would have looked first, there now yet not read, may
-    # have appeared during the compile: then what the compiler saw is unknown.
-    for cand in present:
+    # have appeared during the compile: then what the compiler saw is unknown. So may a
+    # directory on the way to a file read have been swapped (a symlink put in and taken
+    # out again): its entries changed during the compile.
+    for cand in [*present, *_directories(lexicals, anchors)]:
         with contextlib.suppress(OSError):
-            st = os.lstat(cand)
-            if changed_since(st.st_ctime_ns, started_ns):
+            if changed_since(snapshot_of(os.lstat(cand)), started_ns):
                 too_new.append(cand)
     negative_paths = []
     negatives = []
@@ -144,3 +166,95 @@ def record_closure(
             negatives.append(anchored_cand)
             negative_paths.append(cand)
     return Closure(deps, states, too_new, negatives, negative_paths)
+
+
+def _scan_pch(path: str, allowed: Callable[[str], bool], trust_stat: bool) -> Scanned | None:
+    if os.path.isdir(path):
+        raise UndeclaredDependencyError(
+            f"{path!r} is a directory of precompiled headers, which the key cannot follow; remove it",
+            path=path,
+        )
+    return scan_file(path, allowed, trust_stat)
+
+
+def changed_since(snap: Snapshot, started_ns: int) -> bool:
+    """Whether a file (or directory) whose stat is ``snap`` may have changed after
+    ``started_ns``, or within the coarse clock tick before it (a change then can carry
+    a timestamp just before the start: see ``scan.COARSE_NS``).
+
+    The ctime alone says when a file last changed: the kernel sets it on every write,
+    rename, ``utime`` or ``chmod``, and no user can set it. The mtime is whatever the
+    last writer or ``utime`` made it (an archive unpacked with its recorded times, a
+    clock running ahead): one in the future would make every build "too new" and
+    nothing would ever be cached; one in the past says nothing either. A real change
+    leaves ``ctime >= mtime``, so the ctime misses none that the mtime would catch.
+
+    A ctime ahead of this host's clock (a file server whose clock runs ahead) cannot
+    be ordered against the start: it counts as changed, and the build is not vouched
+    for until the clocks agree. One behind it (the server's clock lags this host's
+    by more than a tick) can hide a change made during the compile: shared source
+    trees need synchronised clocks, as ``make`` and ccache do.
+    """
+    return snap[4] > started_ns - COARSE_NS
+
+
+def _outside(path: str, real: str) -> UndeclaredDependencyError:
+    return UndeclaredDependencyError(
+        f"the compiler read {path!r} ({real}), outside every declared root; declare it in Config.source_roots",
+        path=path,
+        resolved=real,
+    )
+
+
+def _probes_by_path(
+    probes: Sequence[tuple[str, str, str]],
+    search_dirs: Sequence[str],
+    anchors: Anchors,
+    allowed: Callable[[str], bool],
+) -> list[str]:
+    """Where ``__has_include`` probes that name a path — absolute, or with ``..`` —
+    looked. Every such place must lie under a root (its answer is then recorded like
+    any negative lookup); one outside every root is refused, since whether a file
+    exists there is not a declared input of the build. (A ``..`` probe that walks out
+    of one of the toolchain's own include dirs is the one exception: it is not
+    recorded — as a header added to the system would not be.)"""
+    out: list[str] = []
+    for kind, name, here in probes:
+        if not name or not (name.startswith("/") or ".." in name.split("/")):
+            continue
+        if name.startswith("/"):
+            places = [(name, False)]
+        else:
+            first = [here] if kind == '"' and here else []
+            places = [(os.path.join(d, name), _toolchain_dir(d, anchors)) for d in (*first, *search_dirs)]
+        for place, system in places:
+            for cand in (place, place + PCH_SUFFIX):
+                real = os.path.realpath(cand)
+                if allowed(real):
+                    out.append(real)
+                elif not system:
+                    raise UndeclaredDependencyError(
+                        f"__has_include({name!r}) probes {cand!r}, outside every declared root",
+                        path=name,
+                    )
+    return out
+
+
+def _toolchain_dir(path: str, anchors: Anchors) -> bool:
+    found = anchors.anchor(path)
+    return found is not None and found[0].startswith("t")
+
+
+def _directories(files: Sequence[str], anchors: Anchors) -> list[str]:
+    """Every directory from each file up to the root it lies under."""
+    roots = sorted(anchors.roots.values(), key=len, reverse=True)
+    seen: set[str] = set()
+    for path in files:
+        top = next((r for r in roots if is_under(path, r)), None)
+        here = os.path.dirname(path)
+        while top is not None and here not in seen and is_under(here, top):
+            seen.add(here)
+            if here == top:
+                break
+            here = os.path.dirname(here)
+    return sorted(seen)

@@ -45,6 +45,10 @@ class SPAN:
     POLICY_CHECK: Final = "safejit.policy.check"
     PUBLISH: Final = "safejit.publish"
     LOAD: Final = "safejit.load"
+    REMOTE_LOOKUP: Final = "safejit.cache.remote.lookup"
+    REMOTE_FETCH: Final = "safejit.cache.remote.fetch"
+    REMOTE_PUBLISH: Final = "safejit.cache.remote.publish"
+    REMOTE_LEASE_WAIT: Final = "safejit.remote.lease.wait"
 
 
 class METRIC:
@@ -60,6 +64,10 @@ class METRIC:
     MEMORY_BYTES: Final = "safejit.cache.memory.bytes"
     MEMORY_HITS: Final = "safejit.cache.memory.hits"
     CACHE_BYPASS: Final = "safejit.cache.bypass"
+    REMOTE_DURATION: Final = "safejit.remote.duration"
+    REMOTE_BYTES: Final = "safejit.remote.bytes"
+    REMOTE_BREAKER: Final = "safejit.remote.breaker.transitions"
+    REMOTE_UPLOADS: Final = "safejit.remote.uploads"
 
 
 class ATTR:
@@ -77,6 +85,9 @@ class ATTR:
     KIND: Final = "safejit.kind"
     OUTCOME: Final = "safejit.outcome"
     TENANT: Final = "safejit.tenant"
+    OP: Final = "safejit.remote.op"
+    DIRECTION: Final = "safejit.direction"
+    TO: Final = "safejit.to"
     ERROR_TYPE: Final = "error.type"
 
 
@@ -126,6 +137,16 @@ class _Instruments:
         )
         self.bypass = meter.create_counter(
             METRIC.CACHE_BYPASS, unit="{compile}", description="Compiles that bypassed an unusable disk cache"
+        )
+        self.remote_duration = self._histogram(METRIC.REMOTE_DURATION, "Remote operation time, by operation")
+        self.remote_bytes = meter.create_counter(
+            METRIC.REMOTE_BYTES, unit="By", description="Bytes sent to and received from the remote"
+        )
+        self.breaker_transitions = meter.create_counter(
+            METRIC.REMOTE_BREAKER, unit="{transition}", description="Remote circuit breaker state changes"
+        )
+        self.remote_uploads = meter.create_counter(
+            METRIC.REMOTE_UPLOADS, unit="{leaf}", description="Remote uploads by outcome"
         )
         self._sources: list[Callable[[], Iterable[tuple[int, int, int, dict[str, str]]]]] = []
         meter.create_observable_counter(

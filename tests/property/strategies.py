@@ -61,6 +61,7 @@ TOOLCHAIN_FIELD_STRATEGIES: dict[str, st.SearchStrategy[Any]] = {
     "link_deps": st.booleans(),
     "link_inputs": _tool_dirs,
     "link_roots": _tool_dirs,
+    "prefix": st.sampled_from(["", "/usr", "/opt/cuda"]),
     "load_baseline": st.none()
     | st.builds(
         LoadBaseline,

@@ -9,14 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from safejit.keys import build_key, digest_bytes
-from safejit.spec import NOT_IN_KEY, BuildSpec, Toolchain
+from safejit.spec import NOT_IN_KEY, TOOLCHAIN_NOT_IN_KEY, BuildSpec, Toolchain
 
 from .strategies import FIELD_STRATEGIES, TOOLCHAIN_FIELD_STRATEGIES, build_specs, different_value
 
 ALL_FIELDS = tuple(f.name for f in dataclasses.fields(BuildSpec))
 KEYED_FIELDS = tuple(name for name in ALL_FIELDS if name not in NOT_IN_KEY)
 UNKEYED_FIELDS = tuple(name for name in ALL_FIELDS if name in NOT_IN_KEY)
-TOOLCHAIN_FIELDS = tuple(f.name for f in dataclasses.fields(Toolchain))
+TOOLCHAIN_FIELDS = tuple(f.name for f in dataclasses.fields(Toolchain) if f.name not in TOOLCHAIN_NOT_IN_KEY)
 #: The exclusions this suite has reviewed. Excluding a field from the key is a
 #: cache-correctness decision: a new entry must come with a test of its reason.
 REVIEWED_EXCLUSIONS = {"code"}
@@ -28,7 +28,10 @@ def test_every_field_is_either_keyed_or_excluded_with_a_strategy() -> None:
     assert set(KEYED_FIELDS) | set(UNKEYED_FIELDS) == set(ALL_FIELDS)
     assert not set(KEYED_FIELDS) & set(UNKEYED_FIELDS)
     assert set(FIELD_STRATEGIES) == set(ALL_FIELDS), "a BuildSpec field has no strategy in strategies.py"
-    assert set(TOOLCHAIN_FIELD_STRATEGIES) == set(TOOLCHAIN_FIELDS), "a Toolchain field has no strategy"
+    assert set(TOOLCHAIN_FIELD_STRATEGIES) == {f.name for f in dataclasses.fields(Toolchain)}, (
+        "a Toolchain field has no strategy"
+    )
+    assert set(TOOLCHAIN_NOT_IN_KEY) == {"prefix"}, "TOOLCHAIN_NOT_IN_KEY changed: review it and test its reason"
     assert KEYED_FIELDS, "build_key would hash nothing"
 
 
@@ -91,3 +94,28 @@ def test_key_is_a_256_bit_hex_digest_of_the_value(spec: BuildSpec) -> None:
     assert len(key) == 64
     assert set(key) <= set("0123456789abcdef")
     assert build_key(dataclasses.replace(spec)) == key
+
+
+@given(spec=build_specs(), prefix=st.sampled_from(["/opt/a", "/opt/b/c", "/srv/toolchains/x"]))
+def test_the_same_toolchain_installed_elsewhere_keys_the_same(spec: BuildSpec, prefix: str) -> None:
+    """TOOLCHAIN_NOT_IN_KEY's reason: a toolchain moved (with every path under its install
+    prefix) to another prefix keys the same — nodes share entries (DESIGN.md §4) — while
+    the binaries' digests still tell toolchains apart."""
+    home = "/usr/local/tc"
+
+    def moved(to: str) -> BuildSpec:
+        def at(path: str) -> str:
+            return to + path[len(home) :] if path.startswith(home) else path
+
+        tc = dataclasses.replace(
+            spec.toolchain,
+            compiler=at(f"{home}/bin/cc"),
+            prefix=to,
+            roots=tuple(at(f"{home}{r}") for r in spec.toolchain.roots),
+            search_dirs=tuple(at(f"{home}{r}") for r in spec.toolchain.search_dirs),
+        )
+        return dataclasses.replace(spec, toolchain=tc, argv=(at(f"{home}/bin/cc"), *spec.argv[1:]))
+
+    assert build_key(moved(home)) == build_key(moved(prefix))
+    other = dataclasses.replace(moved(prefix), toolchain=dataclasses.replace(moved(prefix).toolchain, digest="0" * 64))
+    assert build_key(other) != build_key(moved(home))

@@ -182,6 +182,8 @@ class CudaBackend:
             digest=":".join(digests),
             roots=tuple(includes),
             search_dirs=tuple(includes),
+            # (the wheels' common directory: another environment holding them shares keys)
+            prefix=os.path.commonpath([os.path.dirname(lib), *includes]),
         )
         self._probes.put(ident, tc, tools, dirs)
         return tc

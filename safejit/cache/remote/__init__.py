@@ -1,0 +1,73 @@
+"""The remote tier's engine layer: everything that talks to a Redis-protocol server or
+to S3-compatible object storage, behind one small protocol (:class:`RemoteStore`).
+
+What it owns: parsing the remote URL (credentials redacted wherever they could be
+printed), the frozen :class:`RemoteSettings`, the key layout, the stored form of an
+artifact (1-byte codec header, zstd above 64 KiB, capped decompression), the circuit
+breaker, and the two engines. Every failure is a :class:`RemoteError` with a reason
+from :data:`REASONS`. What it does not do: decide whether a leaf may be used (the
+remote tier verifies manifests and artifacts against local files), or read the
+environment (credentials are passed in).
+
+Nothing here imports redis-py, obstore or zstandard until a store is opened or a
+compressed value is coded.
+
+>>> settings = RemoteSettings.from_url("redis://127.0.0.1:6379/0")
+>>> store = open_store(settings, tenant="team-a", backend="cuda")   # doctest: +SKIP
+>>> store.index(build_key)                                          # doctest: +SKIP
+{'<deps key>': b'{...manifest...}'}
+>>> store.get_blob(digest, size=manifest_size)                      # doctest: +SKIP
+b'...artifact...'
+"""
+
+from __future__ import annotations
+
+from .breaker import Breaker, BreakerPolicy, Transition
+from .layout import Layout
+from .lease import LeaseKeeper
+from .settings import RemoteSettings
+from .store import REASONS, Lease, OpObserver, Put, Reason, RemoteError, RemoteStore
+from .url import RemoteURL, Secret, parse_url
+
+__all__ = [
+    "REASONS",
+    "Breaker",
+    "BreakerPolicy",
+    "Layout",
+    "Lease",
+    "LeaseKeeper",
+    "OpObserver",
+    "Put",
+    "Reason",
+    "RemoteError",
+    "RemoteSettings",
+    "RemoteStore",
+    "RemoteURL",
+    "Secret",
+    "open_store",
+    "parse_url",
+]
+
+
+def open_store(
+    settings: RemoteSettings,
+    *,
+    tenant: str,
+    backend: str,
+    breaker: Breaker | None = None,
+    on_transition: Transition | None = None,
+    observer: OpObserver | None = None,
+) -> RemoteStore:
+    """The engine for ``settings.url`` (no I/O: connections open on first use). A missing
+    client library is a ``ConfigError`` naming the extra to install."""
+    if settings.engine == "s3":
+        from .s3 import S3Store
+
+        return S3Store(
+            settings, tenant=tenant, backend=backend, breaker=breaker, on_transition=on_transition, observer=observer
+        )
+    from .redis import RedisStore
+
+    return RedisStore(
+        settings, tenant=tenant, backend=backend, breaker=breaker, on_transition=on_transition, observer=observer
+    )

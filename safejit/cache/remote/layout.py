@@ -1,0 +1,91 @@
+"""Every remote key name, for both engines (one home for the shapes), and the checks
+that keep a tenant, backend or hash from reaching into another namespace.
+
+Redis keys::
+
+    sj:v1:<tenant>:cas:<blake3>
+    sj:v1:<tenant>:<backend>:idx:<K>        (hash; field <D>)
+    sj:v1:<tenant>:<backend>:lease:<K>
+
+S3 object keys (under the URL's prefix)::
+
+    v1/<tenant>/cas/<b3[:2]>/<b3>
+    v1/<tenant>/<backend>/idx/<K>/<D>.json
+    v1/<tenant>/<backend>/lease/<K>
+
+A tenant name cannot hold ``:``, ``/`` or a glob character, so the ACL pattern
+``sj:v1:<tenant>:*`` (or the S3 prefix ``v1/<tenant>/``) covers that tenant only.
+
+>>> layout = Layout("team-a", "cuda")
+>>> layout.redis_idx("ab" * 32)[:40]
+'sj:v1:team-a:cuda:idx:ababababababababab'
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["SCHEMA", "Layout", "check_hex"]
+
+SCHEMA: Final = "v1"
+#: The same shape as ``Config.tenant``.
+_TENANT = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}\Z")
+_BACKEND = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")
+_HEX = re.compile(r"[0-9a-f]{64}\Z")
+
+
+def check_hex(value: str, what: str) -> str:
+    """``value`` if it is a 256-bit lowercase hex digest, else ``ValueError``."""
+    if not isinstance(value, str) or not _HEX.match(value):
+        raise ValueError(f"remote {what} must be 64 lowercase hex digits, got {value!r:.80}")
+    return value
+
+
+def is_hex(value: str) -> bool:
+    return bool(_HEX.match(value))
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    tenant: str
+    backend: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tenant, str) or not _TENANT.match(self.tenant):
+            raise ValueError(f"remote tenant {self.tenant!r:.80} must match {_TENANT.pattern}")
+        if not isinstance(self.backend, str) or not _BACKEND.match(self.backend):
+            raise ValueError(f"remote backend {self.backend!r:.80} must match {_BACKEND.pattern}")
+
+    # Redis
+    @property
+    def redis_tenant_prefix(self) -> str:
+        return f"sj:{SCHEMA}:{self.tenant}:"
+
+    def redis_cas(self, digest: str) -> str:
+        return f"sj:{SCHEMA}:{self.tenant}:cas:{check_hex(digest, 'digest')}"
+
+    def redis_idx(self, build_key: str) -> str:
+        return f"sj:{SCHEMA}:{self.tenant}:{self.backend}:idx:{check_hex(build_key, 'build key')}"
+
+    def redis_lease(self, build_key: str) -> str:
+        return f"sj:{SCHEMA}:{self.tenant}:{self.backend}:lease:{check_hex(build_key, 'build key')}"
+
+    # S3
+    @property
+    def s3_tenant_prefix(self) -> str:
+        return f"{SCHEMA}/{self.tenant}/"
+
+    def s3_cas(self, digest: str) -> str:
+        check_hex(digest, "digest")
+        return f"{SCHEMA}/{self.tenant}/cas/{digest[:2]}/{digest}"
+
+    def s3_idx_dir(self, build_key: str) -> str:
+        return f"{SCHEMA}/{self.tenant}/{self.backend}/idx/{check_hex(build_key, 'build key')}/"
+
+    def s3_idx(self, build_key: str, deps_key: str) -> str:
+        return f"{self.s3_idx_dir(build_key)}{check_hex(deps_key, 'deps key')}.json"
+
+    def s3_lease(self, build_key: str) -> str:
+        return f"{SCHEMA}/{self.tenant}/{self.backend}/lease/{check_hex(build_key, 'build key')}"

@@ -1,0 +1,326 @@
+"""The Redis-protocol engine (Redis >= 7, Valkey >= 8, and compatible servers) through
+redis-py (+ hiredis): explicit connect and socket timeouts, no automatic retries, no
+handshake beyond AUTH, and every operation a single-key command or script.
+
+Deadlines: redis-py bounds each socket wait by the connection's ``socket_timeout``, so
+connections are pooled per deadline class (the floor, doubling up to the cap): a
+transfer that needs 300 ms runs on a pool whose sockets wait at most 400 ms, a lookup
+on one that waits at most the floor. Blob reads use ``GETRANGE key 0 cap`` so a value
+over the cap is never read whole.
+
+redis-py is imported when a store is made, never by ``import safejit``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from ... import faults
+from ...errors import ConfigError
+from . import codec
+from ._guard import Guard, os_reason
+from .breaker import Breaker, Transition
+from .layout import Layout, is_hex
+from .settings import RemoteSettings
+from .store import Lease, OpObserver, Put, Reason, RemoteError, check_ttl, new_token
+
+if TYPE_CHECKING:
+    import redis as _redis
+
+__all__ = ["RedisStore"]
+
+#: Write-once manifest, capped per build key: 1 created, 0 exists, -1 full.
+_PUBLISH: Final = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
+if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return -1 end
+return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+"""
+#: Extend a lease only while it holds our token.
+_RENEW: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+#: Compare-and-delete: release a lease only while it holds our token.
+_RELEASE: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class _Script:
+    """A Lua script run by EVALSHA, falling back to EVAL (which also caches it) once."""
+
+    def __init__(self, text: str) -> None:
+        import hashlib
+
+        self.text = text
+        self.sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
+
+    def __call__(self, client: _redis.Redis, key: str, *args: Any) -> Any:
+        import redis
+
+        try:
+            return client.evalsha(self.sha, 1, key, *args)
+        except redis.exceptions.NoScriptError:
+            return client.eval(self.text, 1, key, *args)
+
+
+_SCRIPTS: Final = {
+    name: _Script(text) for name, text in (("publish", _PUBLISH), ("renew", _RENEW), ("release", _RELEASE))
+}
+
+
+def classify(exc: BaseException) -> Reason:
+    """The reason for a redis-py (or socket) exception."""
+    import redis
+
+    errors = redis.exceptions
+    if isinstance(exc, errors.TimeoutError):
+        return "timeout"
+    if isinstance(exc, errors.AuthenticationError | errors.NoPermissionError):
+        return "denied"
+    if isinstance(exc, errors.ResponseError) and str(exc).startswith(("NOPERM", "WRONGPASS", "NOAUTH")):
+        return "denied"
+    found = os_reason(exc)
+    if found is not None:
+        return found
+    if isinstance(exc, errors.ConnectionError) and "connecting to" in str(exc):
+        return "refused" if "refused" in str(exc).lower() or "No such file" in str(exc) else "error"
+    return "error"
+
+
+class RedisStore:
+    """A :class:`~safejit.cache.remote.store.RemoteStore` on a Redis-protocol server."""
+
+    engine: Final = "redis"
+
+    def __init__(
+        self,
+        settings: RemoteSettings,
+        *,
+        tenant: str,
+        backend: str,
+        breaker: Breaker | None = None,
+        on_transition: Transition | None = None,
+        observer: OpObserver | None = None,
+    ) -> None:
+        if settings.engine != "redis":
+            raise ConfigError(f"RedisStore needs a redis://, rediss:// or unix:// URL, got {settings.url}")
+        try:
+            import redis
+        except ImportError:
+            raise ConfigError(f"the remote {settings.url} needs redis-py: pip install 'safejit[redis]'") from None
+        self._redis = redis
+        self.settings = settings
+        self.layout = Layout(tenant, backend)
+        self.tenant = tenant
+        self.backend = backend
+        self.breaker = breaker or Breaker(settings.breaker, on_transition=on_transition)
+        self._guard = Guard("redis", settings, self.breaker, classify, observer)
+        self._lock = threading.Lock()
+        self._clients: dict[float, _redis.Redis] = {}
+        self._connection_class = _connection_class(redis, settings)
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self.settings.url}, tenant={self.tenant!r}, backend={self.backend!r})"
+
+    # -- connections ---------------------------------------------------------
+
+    def client(self, nbytes: int = 0) -> _redis.Redis:
+        """The client whose sockets wait at most the deadline of an ``nbytes`` transfer
+        (also what the benchmark uses for its raw GETs)."""
+        bucket = self.settings.deadline_class(nbytes)
+        found = self._clients.get(bucket)
+        if found is not None:
+            return found
+        with self._lock:
+            found = self._clients.get(bucket)
+            if found is None:
+                found = self._clients[bucket] = self._make_client(bucket)
+        return found
+
+    def _make_client(self, timeout: float) -> _redis.Redis:
+        redis = self._redis
+        url = self.settings.url
+        kwargs: dict[str, Any] = {
+            "connection_class": self._connection_class,
+            "db": url.db,
+            "username": url.username,
+            "password": url.password.reveal() if url.password else None,
+            "socket_timeout": timeout,
+            "socket_connect_timeout": self.settings.connect_timeout_s,
+            "retry": redis.retry.Retry(redis.backoff.NoBackoff(), 0),
+            "health_check_interval": 0,
+            "protocol": 2,
+        }
+        if url.scheme == "unix":
+            kwargs["path"] = url.path
+        else:
+            kwargs["host"] = url.host
+            kwargs["port"] = url.port
+        if url.scheme == "rediss":
+            kwargs["ssl_cert_reqs"] = "required"
+            kwargs["ssl_check_hostname"] = True
+            if url.ca_certs:
+                kwargs["ssl_ca_certs"] = url.ca_certs
+        kwargs.update(_no_client_info(self._connection_class))
+        pool = redis.ConnectionPool(**kwargs)
+        # The client's own retry policy is the one redis-py applies to commands.
+        return cast(
+            "_redis.Redis", redis.Redis(connection_pool=pool, retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0))
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
+            client.connection_pool.disconnect()
+
+    # -- index ---------------------------------------------------------------
+
+    def index(self, build_key: str) -> Mapping[str, bytes]:
+        self._guard.admit("index")
+        key = self.layout.redis_idx(build_key)
+        client = self.client()
+        raw = self._guard.run(
+            "index",
+            "remote.get",
+            lambda: cast("dict[bytes, bytes]", client.hgetall(key)),
+            received=lambda r: sum(len(v) for v in r.values()),
+        )
+        limit = self.settings.max_manifest_bytes
+        out: dict[str, bytes] = {}
+        for field, value in raw.items():
+            name = field.decode("ascii", "replace")
+            if is_hex(name) and len(value) <= limit:
+                out[name] = value
+        return out
+
+    def publish_manifest(self, build_key: str, deps_key: str, manifest: bytes) -> Put:
+        key = self.layout.redis_idx(build_key)
+        if not is_hex(deps_key):
+            raise ValueError(f"remote deps key must be 64 lowercase hex digits, got {deps_key!r:.80}")
+        if len(manifest) > self.settings.max_manifest_bytes:
+            raise RemoteError("oversize", "publish", f"manifest of {len(manifest)} bytes", engine=self.engine)
+        self._guard.admit("publish")
+        client = self.client(len(manifest))
+        cap = self.settings.index_cap
+        got = self._guard.run(
+            "publish",
+            "remote.put",
+            lambda: _SCRIPTS["publish"](client, key, deps_key, manifest, cap),
+            sent=len(manifest),
+        )
+        return {1: Put.CREATED, 0: Put.EXISTS}.get(int(got), Put.FULL)
+
+    # -- blobs ---------------------------------------------------------------
+
+    def has_blob(self, digest: str) -> bool:
+        self._guard.admit("has_blob")
+        key = self.layout.redis_cas(digest)
+        return self._exists(key)
+
+    def _exists(self, key: str) -> bool:
+        client = self.client()
+        return bool(self._guard.run("has_blob", "remote.get", lambda: client.exists(key)))
+
+    def get_blob(self, digest: str, *, size: int | None = None) -> memoryview | None:
+        self._guard.admit("get_blob")
+        key = self.layout.redis_cas(digest)
+        cap = self.settings.max_bytes if size is None else size
+        if cap > self.settings.max_bytes or cap < 0:
+            raise RemoteError("oversize", "get_blob", f"{cap} bytes > {self.settings.max_bytes}", engine=self.engine)
+        wire_cap = cap + 1  # the codec byte
+        client = self.client(wire_cap)
+        # GETRANGE's end is inclusive: at most wire_cap + 1 bytes, one more than allowed.
+        blob = self._guard.run(
+            "get_blob", "remote.get", lambda: cast("bytes", client.getrange(key, 0, wire_cap)), received=len
+        )
+        if not blob:
+            return None  # absent (a stored value always has its codec byte)
+        if len(blob) > wire_cap:
+            raise RemoteError("oversize", "get_blob", f"stored value over {wire_cap} bytes", engine=self.engine)
+        return codec.decode(faults.mangle("remote.get", blob), max_bytes=cap)
+
+    def put_blob(self, digest: str, data: bytes) -> Put:
+        key = self.layout.redis_cas(digest)
+        settings = self.settings
+        if len(data) > settings.max_bytes:
+            raise RemoteError("oversize", "put_blob", f"{len(data)} bytes > {settings.max_bytes}", engine=self.engine)
+        self._guard.admit("put_blob")
+        if len(data) >= settings.compress_min_bytes and self._exists(key):
+            return Put.EXISTS  # SET NX would ship the whole value only to be refused
+        blob = codec.encode(data, min_bytes=settings.compress_min_bytes, level=settings.compress_level)
+        client = self.client(len(blob))
+        done = self._guard.run("put_blob", "remote.put", lambda: client.set(key, blob, nx=True), sent=len(blob))
+        return Put.CREATED if done else Put.EXISTS
+
+    # -- leases --------------------------------------------------------------
+
+    def acquire_lease(self, build_key: str, holder: str = "", ttl_s: float | None = None) -> Lease | None:
+        key = self.layout.redis_lease(build_key)
+        ttl = check_ttl(self.settings.lease_ttl_s if ttl_s is None else ttl_s)
+        token = new_token(holder)
+        self._guard.admit("lease")
+        client = self.client()
+        ms = max(1, round(ttl * 1000))
+        got = self._guard.run("lease", "remote.lease", lambda: client.set(key, token, nx=True, px=ms))
+        return Lease(build_key, token, ttl) if got else None
+
+    def renew_lease(self, lease: Lease) -> bool:
+        key = self.layout.redis_lease(lease.build_key)
+        self._guard.admit("lease")
+        client = self.client()
+        ms = max(1, round(lease.ttl_s * 1000))
+        got = self._guard.run("lease", "remote.lease", lambda: _SCRIPTS["renew"](client, key, lease.token, ms))
+        return bool(got)
+
+    def release_lease(self, lease: Lease) -> bool:
+        key = self.layout.redis_lease(lease.build_key)
+        self._guard.admit("lease")
+        client = self.client()
+        got = self._guard.run("lease", "remote.lease", lambda: _SCRIPTS["release"](client, key, lease.token))
+        return bool(got)
+
+    def lease_holder(self, build_key: str) -> str | None:
+        self._guard.admit("lease_holder")
+        key = self.layout.redis_lease(build_key)
+        client = self.client()
+        got = self._guard.run("lease_holder", "remote.get", lambda: cast("bytes | None", client.get(key)))
+        return got.decode("utf-8", "replace") if got is not None else None
+
+
+def _no_client_info(connection_class: type) -> dict[str, Any]:
+    """Keyword arguments that stop redis-py sending CLIENT SETINFO on connect (a round trip,
+    and a command a least-privilege ACL user should not need): ``driver_info=None`` on
+    redis-py >= 7.1, ``lib_name=None`` before it (now deprecated)."""
+    params = inspect.signature(connection_class).parameters
+    if "driver_info" in params:
+        return {"driver_info": None}
+    if "lib_name" in params:
+        return {"lib_name": None, "lib_version": None}
+    return {}
+
+
+def _connection_class(redis: Any, settings: RemoteSettings) -> type:
+    """redis-py's connection class for the URL's scheme, with the ``remote.connect`` fault
+    point at every connect."""
+    scheme = settings.url.scheme
+    base = {
+        "redis": redis.Connection,
+        "rediss": redis.SSLConnection,
+        "unix": redis.UnixDomainSocketConnection,
+    }[scheme]
+
+    class _Connection(base):  # type: ignore[misc, valid-type]
+        def connect(self, *args: Any, **kwargs: Any) -> None:
+            if self._sock is None:
+                faults.point("remote.connect")
+            super().connect(*args, **kwargs)
+
+    _Connection.__name__ = _Connection.__qualname__ = f"Safejit{base.__name__}"
+    return _Connection

@@ -1,0 +1,395 @@
+"""The S3-compatible engine, through obstore (the Rust ``object_store`` client): no
+retries, explicit connect and request timeouts, write-once puts as
+``PUT If-None-Match: *`` (``mode="create"``), and range reads capped at the limit.
+
+The layout mirrors Redis (see ``layout``): a manifest is one object under
+``idx/<K>/``, so an index lookup is one LIST (a miss costs that one round trip; a hit
+adds one GET per leaf). S3 has no TTL, so a lease is an object holding its token and
+an expiry time; it is taken over, renewed and released by conditional puts on its
+ETag (``If-Match``), never deleted. Lease expiry compares wall clocks across nodes: a
+skewed clock costs at most a duplicate compile (leases are for efficiency only).
+
+Credentials: the URL's userinfo (access key id and secret) or the caller's; with
+none, obstore's default chain applies (its own ``AWS_*`` variables, instance or pod
+identity). obstore is imported when a store is made, never by ``import safejit``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from ... import faults
+from ...errors import ConfigError
+from . import codec
+from ._guard import Guard, os_reason
+from .breaker import Breaker, Transition
+from .layout import Layout, is_hex
+from .settings import RemoteSettings
+from .store import Lease, OpObserver, Put, Reason, RemoteError, check_ttl, new_token
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, RetryConfig, S3Config
+
+__all__ = ["S3Store"]
+
+T = TypeVar("T")
+_LEASE_BODY_LIMIT: Final = 4096
+#: A concurrent conditional write to the same key (409 ConditionalRequestConflict) is retried once.
+_CONFLICT_RETRIES: Final = 1
+
+
+#: obstore runs requests on a tokio runtime, whose threads a forked child does not have:
+#: in a child forked after the parent made a request, every request would hang. Such a
+#: child fails fast instead (each S3 operation is the reason ``error``); start workers
+#: with ``spawn`` or ``forkserver``, or open the remote in each worker.
+_used = False
+_forked_after_use = False
+_FORK_MESSAGE: Final = "obstore cannot run in a process forked after it was used; use spawn or forkserver"
+
+
+def _on_fork_in_child() -> None:
+    global _forked_after_use
+    _forked_after_use = _forked_after_use or _used
+
+
+os.register_at_fork(after_in_child=_on_fork_in_child)
+
+
+def classify(exc: BaseException) -> Reason:
+    """The reason for an obstore (or socket) exception. obstore reports transport
+    failures as ``GenericError`` whose text names reqwest's error kind."""
+    from obstore import exceptions as errors
+
+    if isinstance(exc, errors.PermissionDeniedError | errors.UnauthenticatedError | PermissionError):
+        return "denied"
+    text = str(exc)
+    if "TimedOut" in text or "kind: Timeout" in text or "timed out" in text:
+        return "timeout"
+    if "ConnectionRefused" in text or "Connection refused" in text:
+        return "refused"
+    if "403 Forbidden" in text or "401 Unauthorized" in text or "AccessDenied" in text:
+        return "denied"
+    return os_reason(exc) or "error"
+
+
+class S3Store:
+    """A :class:`~safejit.cache.remote.store.RemoteStore` on S3-compatible object storage."""
+
+    engine: Final = "s3"
+
+    def __init__(
+        self,
+        settings: RemoteSettings,
+        *,
+        tenant: str,
+        backend: str,
+        breaker: Breaker | None = None,
+        on_transition: Transition | None = None,
+        observer: OpObserver | None = None,
+    ) -> None:
+        if settings.engine != "s3":
+            raise ConfigError(f"S3Store needs an s3:// URL, got {settings.url}")
+        try:
+            import obstore
+        except ImportError:
+            raise ConfigError(f"the remote {settings.url} needs obstore: pip install 'safejit[s3]'") from None
+        self._obstore = obstore
+        self.settings = settings
+        self.layout = Layout(tenant, backend)
+        self.tenant = tenant
+        self.backend = backend
+        self.breaker = breaker or Breaker(settings.breaker, on_transition=on_transition)
+        self._guard = Guard("s3", settings, self.breaker, classify, observer)
+        self._lock = threading.Lock()
+        self._stores: dict[float, Any] = {}
+        self._connected = False
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.settings.url}, tenant={self.tenant!r}, backend={self.backend!r})"
+
+    # -- plumbing ------------------------------------------------------------
+
+    def _store(self, nbytes: int = 0) -> Any:
+        """The obstore store whose requests time out at the deadline of an ``nbytes``
+        transfer (one HTTP client per deadline class: obstore fixes it per store)."""
+        bucket = self.settings.deadline_class(nbytes)
+        found = self._stores.get(bucket)
+        if found is not None:
+            return found
+        with self._lock:
+            found = self._stores.get(bucket)
+            if found is None:
+                found = self._stores[bucket] = self._make_store(bucket)
+        return found
+
+    def _make_store(self, timeout: float) -> Any:
+        from obstore.store import S3Store as _ObStore
+
+        url = self.settings.url
+        config: S3Config = {}
+        if url.endpoint:
+            config["endpoint"] = url.endpoint
+        if url.region:
+            config["region"] = url.region
+        if url.username is not None and url.password is not None:
+            config["access_key_id"] = url.username
+            config["secret_access_key"] = url.password.reveal()
+            if url.session_token is not None:
+                config["session_token"] = url.session_token.reveal()
+        client: ClientConfig = {
+            "timeout": timedelta(seconds=timeout),
+            "connect_timeout": timedelta(seconds=self.settings.connect_timeout_s),
+            "allow_http": bool(url.endpoint and url.endpoint.startswith("http://")),
+        }
+        retry: RetryConfig = {"max_retries": 0, "retry_timeout": timedelta(seconds=timeout)}
+        try:
+            return _ObStore(url.host, prefix=url.path or None, config=config, client_options=client, retry_config=retry)
+        except Exception as exc:
+            raise ConfigError(f"the remote {url} cannot be configured: {self.settings.redact(str(exc))}") from None
+
+    def _run(
+        self, op: str, point: str, fn: Callable[[], T], *, sent: int = 0, received: Callable[[T], int] | None = None
+    ) -> T:
+        global _used
+        if _forked_after_use:
+            raise RemoteError("error", op, _FORK_MESSAGE, engine=self.engine)
+        _used = True
+
+        def call() -> T:
+            if not self._connected:
+                faults.point("remote.connect")
+            try:
+                result = fn()
+            except Exception:
+                self._connected = False
+                raise
+            self._connected = True
+            return result
+
+        return self._guard.run(op, point, call, sent=sent, received=received)
+
+    def _get(self, store: Any, path: str, limit: int) -> tuple[bytes, int, str] | None:
+        """``(at most limit + 1 bytes, full size, etag)`` of ``path``, or ``None`` if absent."""
+        from obstore import exceptions as errors
+
+        try:
+            result = self._obstore.get(store, path, options={"range": (0, limit + 1)})
+        except FileNotFoundError:
+            return None
+        except errors.GenericError as exc:
+            if "416 Range Not Satisfiable" in str(exc):
+                return (b"", 0, "")  # an empty object: no range of it exists
+            raise
+        meta = result.meta
+        return bytes(result.bytes()), int(meta["size"]), str(meta.get("e_tag") or "")
+
+    def _create(self, store: Any, path: str, data: bytes) -> Put:
+        """``PUT If-None-Match: *``: CREATED or EXISTS."""
+        from obstore import exceptions as errors
+
+        for attempt in range(_CONFLICT_RETRIES + 1):
+            try:
+                self._obstore.put(store, path, data, mode="create", use_multipart=False)
+            except errors.AlreadyExistsError:
+                return Put.EXISTS
+            except errors.GenericError as exc:
+                if "409 Conflict" not in str(exc) or attempt == _CONFLICT_RETRIES:
+                    raise
+                continue
+            return Put.CREATED
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        with self._lock:
+            self._stores = {}
+
+    # -- index ---------------------------------------------------------------
+
+    def index(self, build_key: str) -> Mapping[str, bytes]:
+        self._guard.admit("index")
+        prefix = self.layout.s3_idx_dir(build_key)
+        store = self._store()
+        limit = self.settings.max_manifest_bytes
+        manifest_store = self._store(limit)
+
+        def fetch() -> dict[str, bytes]:
+            # One LIST (all a miss costs), then one GET per leaf listed, at most index_cap.
+            out: dict[str, bytes] = {}
+            for meta in self._obstore.list(store, prefix).collect()[: self.settings.index_cap]:
+                path = str(meta["path"])
+                name = path[len(prefix) :].removesuffix(".json")
+                if not (path.startswith(prefix) and path.endswith(".json") and is_hex(name)):
+                    continue
+                if int(meta["size"]) > limit:
+                    continue
+                got = self._get(manifest_store, path, limit)
+                if got is not None and len(got[0]) <= limit and got[1] <= limit:
+                    out[name] = got[0]
+            return out
+
+        return self._run("index", "remote.get", fetch, received=lambda r: sum(len(v) for v in r.values()))
+
+    def publish_manifest(self, build_key: str, deps_key: str, manifest: bytes) -> Put:
+        path = self.layout.s3_idx(build_key, deps_key)
+        if len(manifest) > self.settings.max_manifest_bytes:
+            raise RemoteError("oversize", "publish", f"manifest of {len(manifest)} bytes", engine=self.engine)
+        prefix = self.layout.s3_idx_dir(build_key)
+        self._guard.admit("publish")
+        store = self._store(len(manifest))
+
+        def publish() -> Put:
+            # The cap is checked, then the put is conditional: concurrent writers may overshoot
+            # the cap by their number, never overwrite.
+            listing = self._obstore.list(store, prefix).collect()
+            names = {str(m["path"]) for m in listing}
+            if path in names:
+                return Put.EXISTS
+            if len(names) >= self.settings.index_cap:
+                return Put.FULL
+            return self._create(store, path, manifest)
+
+        return self._run("publish", "remote.put", publish, sent=len(manifest))
+
+    # -- blobs ---------------------------------------------------------------
+
+    def has_blob(self, digest: str) -> bool:
+        self._guard.admit("has_blob")
+        path = self.layout.s3_cas(digest)
+        return self._exists(path)
+
+    def _exists(self, path: str) -> bool:
+        store = self._store()
+
+        def head() -> bool:
+            try:
+                self._obstore.head(store, path)
+            except FileNotFoundError:
+                return False
+            return True
+
+        return self._run("has_blob", "remote.get", head)
+
+    def get_blob(self, digest: str, *, size: int | None = None) -> memoryview | None:
+        self._guard.admit("get_blob")
+        path = self.layout.s3_cas(digest)
+        cap = self.settings.max_bytes if size is None else size
+        if cap > self.settings.max_bytes or cap < 0:
+            raise RemoteError("oversize", "get_blob", f"{cap} bytes > {self.settings.max_bytes}", engine=self.engine)
+        wire_cap = cap + 1
+        store = self._store(wire_cap)
+        got = self._run(
+            "get_blob", "remote.get", lambda: self._get(store, path, wire_cap), received=lambda r: len(r[0]) if r else 0
+        )
+        if got is None:
+            return None
+        blob, full, _ = got
+        if full > wire_cap or len(blob) > wire_cap:
+            raise RemoteError("oversize", "get_blob", f"stored value of {full} bytes > {wire_cap}", engine=self.engine)
+        return codec.decode(faults.mangle("remote.get", blob), max_bytes=cap)
+
+    def put_blob(self, digest: str, data: bytes) -> Put:
+        path = self.layout.s3_cas(digest)
+        settings = self.settings
+        if len(data) > settings.max_bytes:
+            raise RemoteError("oversize", "put_blob", f"{len(data)} bytes > {settings.max_bytes}", engine=self.engine)
+        self._guard.admit("put_blob")
+        if len(data) >= settings.compress_min_bytes and self._exists(path):
+            return Put.EXISTS
+        blob = codec.encode(data, min_bytes=settings.compress_min_bytes, level=settings.compress_level)
+        store = self._store(len(blob))
+        return self._run("put_blob", "remote.put", lambda: self._create(store, path, blob), sent=len(blob))
+
+    # -- leases --------------------------------------------------------------
+
+    def acquire_lease(self, build_key: str, holder: str = "", ttl_s: float | None = None) -> Lease | None:
+        path = self.layout.s3_lease(build_key)
+        ttl = check_ttl(self.settings.lease_ttl_s if ttl_s is None else ttl_s)
+        token = new_token(holder)
+        self._guard.admit("lease")
+        store = self._store()
+
+        def acquire() -> bool:
+            if self._create(store, path, _lease_body(token, time.time() + ttl)) is Put.CREATED:
+                return True
+            current = self._read_lease(store, path)
+            if current is None:
+                return False  # deleted under us (by an operator): try again next time
+            _, expires, etag = current
+            if expires > time.time():
+                return False
+            return self._swap(store, path, etag, _lease_body(token, time.time() + ttl))
+
+        return Lease(build_key, token, ttl) if self._run("lease", "remote.lease", acquire) else None
+
+    def renew_lease(self, lease: Lease) -> bool:
+        return self._update_lease(lease, time.time() + lease.ttl_s, lease.token)
+
+    def release_lease(self, lease: Lease) -> bool:
+        return self._update_lease(lease, 0.0, "")
+
+    def lease_holder(self, build_key: str) -> str | None:
+        self._guard.admit("lease_holder")
+        path = self.layout.s3_lease(build_key)
+        store = self._store()
+        current = self._run("lease_holder", "remote.get", lambda: self._read_lease(store, path))
+        if current is None or current[1] <= time.time() or not current[0]:
+            return None
+        return current[0]
+
+    def _update_lease(self, lease: Lease, expires: float, token: str) -> bool:
+        """Write ``(token, expires)`` over the lease only while it holds ``lease.token``."""
+        path = self.layout.s3_lease(lease.build_key)
+        self._guard.admit("lease")
+        store = self._store()
+
+        def update() -> bool:
+            # As on Redis, where an expired lease is gone: only a live lease with our token.
+            current = self._read_lease(store, path)
+            if current is None or current[0] != lease.token or current[1] <= time.time():
+                return False
+            return self._swap(store, path, current[2], _lease_body(token, expires))
+
+        return self._run("lease", "remote.lease", update)
+
+    def _read_lease(self, store: Any, path: str) -> tuple[str, float, str] | None:
+        got = self._get(store, path, _LEASE_BODY_LIMIT)
+        if got is None:
+            return None
+        body, size, etag = got
+        try:
+            if size > _LEASE_BODY_LIMIT:
+                raise ValueError("oversize")
+            data = json.loads(body)
+            token, expires = str(data["token"]), float(data["expires"])
+            if not math.isfinite(expires):
+                raise ValueError("expiry")
+        except (ValueError, KeyError, TypeError):
+            return ("", 0.0, etag)  # unreadable: treat as expired, so it can be taken over
+        return (token, expires, etag)
+
+    def _swap(self, store: Any, path: str, etag: str, body: bytes) -> bool:
+        """``PUT If-Match: <etag>``: whether we replaced exactly that version."""
+        from obstore import exceptions as errors
+
+        if not etag:
+            return False
+        try:
+            self._obstore.put(store, path, body, mode={"e_tag": etag}, use_multipart=False)
+        except (errors.PreconditionError, errors.AlreadyExistsError, FileNotFoundError):
+            return False
+        except errors.GenericError as exc:
+            if "409 Conflict" in str(exc):  # a concurrent conditional write won
+                return False
+            raise
+        return True
+
+
+def _lease_body(token: str, expires: float) -> bytes:
+    return json.dumps({"token": token, "expires": expires}, separators=(",", ":")).encode()

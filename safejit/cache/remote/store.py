@@ -1,0 +1,175 @@
+"""The contract every remote engine meets: the :class:`RemoteStore` protocol, its
+results (:class:`Put`, :class:`Lease`) and its one error, :class:`RemoteError`, whose
+``reason`` comes from a fixed vocabulary (:data:`REASONS`).
+
+Every operation is one single-key command (or one single-key script), so a store
+works on Redis/Valkey Cluster unchanged. A failure of any kind leaves an operation as
+a :class:`RemoteError` with a reason; nothing else escapes an engine (a caller
+bug such as a malformed key is a ``ValueError``).
+
+``RemoteError`` never leaves the remote tier: the tier turns it into a miss with its
+reason (``safejit.cache.lookups{reason}``), so it is a plain exception, not part of the
+public error tree.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal, Protocol, get_args
+
+from .settings import RemoteSettings
+
+__all__ = ["REASONS", "Lease", "OpObserver", "Put", "Reason", "RemoteError", "RemoteStore", "check_ttl", "new_token"]
+
+#: Why a remote operation failed:
+#: ``timeout``      the server did not answer within the deadline (or connect timeout);
+#: ``refused``      nothing listens there (connection refused, no such socket);
+#: ``denied``       the server refused the credentials or the command/key (Redis NOPERM,
+#:                  WRONGPASS; S3 401/403);
+#: ``oversize``     a value over its cap (artifact, manifest, decompressed size);
+#: ``corrupt``      the stored bytes do not decode (unknown codec, bad zstd frame);
+#: ``error``        anything else (connection reset mid-transfer, a server error reply);
+#: ``circuit_open`` the breaker is open: the remote was not asked.
+Reason = Literal["timeout", "refused", "denied", "oversize", "corrupt", "error", "circuit_open"]
+REASONS: Final[frozenset[str]] = frozenset(get_args(Reason))
+
+
+class RemoteError(Exception):
+    """A remote operation failed; ``reason`` says why (one of :data:`REASONS`)."""
+
+    # The message is built when shown, not when raised: with the breaker open, raising this
+    # is most of what a skipped lookup costs.
+    detail: str = ""
+    engine: str = ""
+
+    def __init__(self, reason: Reason, op: str, detail: str = "", *, engine: str = "") -> None:
+        if reason not in REASONS:
+            raise ValueError(f"unknown remote failure reason {reason!r}")
+        self.reason: Reason = reason
+        self.op = op
+        if detail:
+            self.detail = detail
+        if engine:
+            self.engine = engine
+
+    def __str__(self) -> str:
+        where = f"{self.engine} {self.op}" if self.engine else self.op
+        return f"remote {where}: {self.reason}" + (f" ({self.detail})" if self.detail else "")
+
+    def __repr__(self) -> str:
+        return f"RemoteError({self.reason!r}, {self.op!r}, {self.detail!r}, engine={self.engine!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (self.reason, self.op, self.detail, self.engine))
+
+
+def _rebuild(reason: Reason, op: str, detail: str, engine: str) -> RemoteError:
+    return RemoteError(reason, op, detail, engine=engine)
+
+
+class Put(enum.Enum):
+    """The outcome of a write-once put."""
+
+    CREATED = "created"
+    #: The key was already there (first writer wins; the caller adopts what is there).
+    EXISTS = "exists"
+    #: The build key's index holds ``index_cap`` leaves already.
+    FULL = "full"
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A held lease on a build key. ``token`` is unique to this holding; renew and release
+    act only while the lease still holds this token."""
+
+    build_key: str
+    token: str
+    ttl_s: float
+
+
+def new_token(holder: str = "") -> str:
+    """A lease token, ``<holder>:<uuid4 hex>``: who holds it (for people reading the
+    server) and a part unique to this holding."""
+    if not isinstance(holder, str) or len(holder) > 200 or any(c in holder for c in "\r\n\0"):
+        raise ValueError("a lease holder name must be a short string on one line")
+    return f"{holder}:{uuid.uuid4().hex}" if holder else uuid.uuid4().hex
+
+
+def check_ttl(ttl_s: float) -> float:
+    """``ttl_s`` if it is a usable lease lifetime (1 ms to a day), else ``ValueError``."""
+    if not isinstance(ttl_s, int | float) or isinstance(ttl_s, bool) or not 0.001 <= ttl_s <= 86400:
+        raise ValueError(f"a lease TTL must be between 0.001 and 86400 seconds, got {ttl_s!r}")
+    return float(ttl_s)
+
+
+class OpObserver(Protocol):
+    """Told of every operation that reached the remote (for ``safejit.remote.duration{op}``
+    and ``safejit.remote.bytes{direction}``): ``reason`` is ``None`` on success; ``sent`` and
+    ``received`` count payload bytes. Exceptions it raises are logged and dropped."""
+
+    def __call__(self, op: str, seconds: float, reason: str | None, sent: int, received: int) -> None: ...
+
+
+class RemoteStore(Protocol):
+    """One remote namespace: a tenant's CAS and one backend's index and leases.
+
+    Key layout (Redis; S3 mirrors it with object keys, see ``layout``)::
+
+        sj:v1:<tenant>:cas:<blake3>                      [1-byte codec][bytes]   write-once
+        sj:v1:<tenant>:<backend>:idx:<K>   field <D>     manifest bytes          write-once per (K, D)
+        sj:v1:<tenant>:<backend>:lease:<K>               lease token             SET NX PX
+    """
+
+    @property
+    def engine(self) -> str: ...
+    @property
+    def settings(self) -> RemoteSettings: ...
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def backend(self) -> str: ...
+
+    def index(self, build_key: str) -> Mapping[str, bytes]:
+        """Every leaf published under ``build_key``: ``{deps_key: manifest bytes}``, unverified.
+        One round trip when the key is absent (Redis: always one). Entries over
+        ``max_manifest_bytes`` or with a malformed ``deps_key`` are left out."""
+        ...
+
+    def publish_manifest(self, build_key: str, deps_key: str, manifest: bytes) -> Put:
+        """Write-once: ``CREATED``, ``EXISTS`` (never overwritten) or ``FULL`` (index at cap)."""
+        ...
+
+    def has_blob(self, digest: str) -> bool: ...
+
+    def get_blob(self, digest: str, *, size: int | None = None) -> memoryview | None:
+        """The decoded artifact stored under ``digest`` (a read-only view of the bytes
+        received, not copied; ``bytes(view)`` copies), or ``None`` if absent. ``size``
+        (the manifest's artifact size) caps what is read and scales the deadline; a stored
+        value, compressed or not, over the cap is ``oversize`` and is never read whole.
+        The bytes are not checked against ``digest``: that is the caller's job."""
+        ...
+
+    def put_blob(self, digest: str, data: bytes) -> Put:
+        """Write-once (``CREATED`` or ``EXISTS``); a large blob is not sent when it exists."""
+        ...
+
+    def acquire_lease(self, build_key: str, holder: str = "", ttl_s: float | None = None) -> Lease | None:
+        """The lease on ``build_key`` if nobody holds it (or its holder let it expire)."""
+        ...
+
+    def renew_lease(self, lease: Lease) -> bool:
+        """Extend the lease by its TTL, only if still held by ``lease.token``."""
+        ...
+
+    def release_lease(self, lease: Lease) -> bool:
+        """Give the lease up, only if still held by ``lease.token``."""
+        ...
+
+    def lease_holder(self, build_key: str) -> str | None:
+        """The token of the live lease on ``build_key``, if any."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,286 @@
+"""The remote tier: leaves other nodes published, used only once they verify against
+THIS node's files (DESIGN.md §11).
+
+A remote leaf is used only after: a strict decode of its manifest; tenant, backend,
+build key and deps key matching; its signature (when keys are configured); its
+closure rehashed against the local files (``leaf.verify_closure``) and its negatives
+absent here; its size within the limit — and only then is its artifact fetched, its
+BLAKE3 checked, and loaded from those bytes. Every failure is a miss with a reason
+(:class:`~safejit.outcomes.Miss`); nothing from the remote ever raises out of a tier
+call. Uploads happen after a clean local publish, on a bounded queue worked by one
+thread; what does not fit is dropped and counted. Leases make one node of a fleet
+compile a key while the others watch its index; they save work and decide nothing
+(write-once keys, content addressing and local verification decide).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from ...closure.anchors import Anchors
+from ...closure.hashing import digest_bytes
+from ...keys import deps_key as compute_deps_key
+from ...outcomes import Miss, Outcome, Tier
+from ...telemetry import ATTR, SPAN, instruments, span
+from ..leaf import (
+    ClosureMemo,
+    ManifestError,
+    Rejection,
+    VerifiedLeaf,
+    Verifier,
+    check_signature,
+    decode_manifest,
+    encode_manifest,
+    verify_closure,
+)
+from .lease import LeaseKeeper
+from .store import Lease, Put, RemoteError, RemoteStore
+
+__all__ = ["MISS_OF", "RemoteTier", "Upload"]
+
+logger = logging.getLogger(__name__)
+
+#: What a remote failure's reason is as a miss.
+MISS_OF: Final[Mapping[str, Miss]] = {
+    "timeout": Miss.REMOTE_TIMEOUT,
+    "refused": Miss.REMOTE_REFUSED,
+    "denied": Miss.REMOTE_DENIED,
+    "oversize": Miss.OVERSIZE,
+    "corrupt": Miss.ARTIFACT,
+    "error": Miss.REMOTE_ERROR,
+    "circuit_open": Miss.CIRCUIT_OPEN,
+}
+#: Leaves waiting to be uploaded, at most (a burst of compiles beyond it drops uploads).
+UPLOAD_QUEUE: Final = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    """A clean, locally published leaf to copy to the remote, and the lease to let go
+    once it is there (the fleet's waiters then find the index entry)."""
+
+    build_key: str
+    leaf: VerifiedLeaf
+    lease: Lease | None
+
+
+class RemoteTier:
+    """One remote namespace (a tenant's and backend's) as a cache tier. ``writable``:
+    this node may publish and take leases (``remote_mode="read-write"``)."""
+
+    tier: Final = Tier.REMOTE
+
+    def __init__(
+        self,
+        store: RemoteStore,
+        *,
+        writable: bool,
+        verifier: Verifier | None,
+        memo: ClosureMemo | None,
+        max_artifact_bytes: int,
+        attrs: Mapping[str, str],
+    ) -> None:
+        self.store = store
+        self.writable = writable
+        self._verifier = verifier
+        self._memo = memo
+        self._max_bytes = min(max_artifact_bytes, store.settings.max_bytes)
+        self._attrs = {**attrs, "safejit.remote.engine": store.engine}
+        self._node = f"{socket.gethostname()}:{os.getpid()}"
+        self._uploads: queue.Queue[Upload | None] = queue.Queue(maxsize=UPLOAD_QUEUE)
+        self._worker: threading.Thread | None = None
+        self._worker_lock = threading.Lock()
+        self.dropped = 0
+        self.uploaded = 0
+
+    # -- lookup ------------------------------------------------------------------
+    def lookup(self, build_key: str, anchors: Anchors) -> VerifiedLeaf | Rejection:
+        """The newest leaf of ``build_key`` on the remote that verifies here, else the
+        first reason one did not (``absent``: none there). One round trip on a miss."""
+        with span(SPAN.REMOTE_LOOKUP, {ATTR.TIER: Tier.REMOTE, ATTR.BUILD_KEY: build_key, **self._attrs}) as s:
+            found = self._lookup(build_key, anchors)
+            if isinstance(found, VerifiedLeaf):
+                s.set_attributes({ATTR.RESULT: "hit", ATTR.BYTES: len(found.artifact)})
+                instruments.lookup(Tier.REMOTE, "hit", "verified", self._attrs)
+            else:
+                s.set_attributes({ATTR.RESULT: "miss", ATTR.REASON: found.reason})
+                instruments.lookup(Tier.REMOTE, "miss", found.reason, self._attrs)
+        return found
+
+    def _lookup(self, build_key: str, anchors: Anchors) -> VerifiedLeaf | Rejection:
+        try:
+            index = self.store.index(build_key)
+        except RemoteError as exc:
+            return Rejection(MISS_OF[exc.reason], str(exc), root="remote")
+        first: Rejection | None = None
+        entries = []
+        for deps_key, raw in index.items():
+            try:
+                man = decode_manifest(raw)
+            except ManifestError as exc:
+                first = first or Rejection(Miss.MANIFEST, str(exc), deps_key, "remote")
+                continue
+            entries.append((man.created, deps_key, man))
+        for _, deps_key, man in sorted(entries, key=lambda e: e[0], reverse=True):
+            result = self._verify(build_key, deps_key, man, anchors)
+            if isinstance(result, VerifiedLeaf):
+                return result
+            first = first or result
+        return first or Rejection(Miss.ABSENT, root="remote")
+
+    def _verify(self, build_key: str, deps_key: str, man, anchors: Anchors) -> VerifiedLeaf | Rejection:  # type: ignore[no-untyped-def]
+        leaf = f"remote:{build_key}/deps-{deps_key}"
+        checked = time.monotonic()
+        if (
+            man.build_key != build_key
+            or man.deps_key != deps_key
+            or man.tenant != self.store.tenant
+            or man.backend != self.store.backend
+        ):
+            return Rejection(Miss.MISMATCH, "the manifest names another leaf", leaf, "remote")
+        if compute_deps_key(man.deps, man.negatives) != man.deps_key:
+            return Rejection(Miss.MISMATCH, "the listed dependencies do not reproduce the leaf name", leaf, "remote")
+        bad = check_signature(man, self._verifier)
+        if bad is not None:
+            return Rejection(bad.reason, bad.detail, leaf, "remote")
+        if man.artifact_size > self._max_bytes:
+            return Rejection(Miss.OVERSIZE, f"{man.artifact_size} bytes", leaf, "remote")
+        closure = verify_closure(man, anchors, leaf, self._memo)
+        if isinstance(closure, Rejection):
+            return Rejection(closure.reason, closure.detail, leaf, "remote")
+        with span(SPAN.REMOTE_FETCH, {ATTR.BYTES: man.artifact_size, **self._attrs}):
+            try:
+                view = self.store.get_blob(man.artifact_digest, size=man.artifact_size)
+            except RemoteError as exc:
+                return Rejection(MISS_OF[exc.reason], str(exc), leaf, "remote")
+        if view is None:
+            return Rejection(Miss.ARTIFACT, "the artifact is not on the remote", leaf, "remote")
+        if len(view) != man.artifact_size or digest_bytes(view) != man.artifact_digest:
+            return Rejection(Miss.ARTIFACT, "the artifact's bytes do not match the manifest", leaf, "remote")
+        states, negatives = closure
+        return VerifiedLeaf("", "remote", man, bytes(view), states, negatives, checked=checked)
+
+    # -- leases ------------------------------------------------------------------
+    def take_lease(self, build_key: str) -> Lease | None:
+        """The build key's lease for this node, if nobody holds it (and this node may
+        publish); None otherwise, and when the remote cannot be asked."""
+        if not self.writable:
+            return None
+        try:
+            return self.store.acquire_lease(build_key, holder=self._node)
+        except RemoteError as exc:
+            logger.debug("lease on %s not taken: %s", build_key[:16], exc)
+            return None
+
+    def leased_elsewhere(self, build_key: str) -> bool:
+        try:
+            return self.store.lease_holder(build_key) is not None
+        except RemoteError:
+            return False
+
+    def keep(self, lease: Lease) -> LeaseKeeper:
+        """A heartbeat that keeps ``lease`` while this node compiles (started)."""
+        return LeaseKeeper(self.store, lease).start()
+
+    def release(self, lease: Lease) -> None:
+        with contextlib.suppress(RemoteError):
+            self.store.release_lease(lease)
+
+    def wait(
+        self, build_key: str, anchors: Anchors, *, deadline: float, take: Callable[[], Lease | None]
+    ) -> VerifiedLeaf | Lease | None:
+        """While another node holds the build key's lease, watch its index: the leaf it
+        publishes (verified), or the lease once its holder let it go or died (``take``
+        tries for it: exactly one waiter gets it); None at ``deadline`` or when the
+        lease went away with nothing published and another waiter took it."""
+        pause = 0.005
+        with span(SPAN.REMOTE_LEASE_WAIT, {ATTR.BUILD_KEY: build_key, **self._attrs}) as s:
+            while time.monotonic() < deadline:
+                found = self._lookup(build_key, anchors)
+                if isinstance(found, VerifiedLeaf):
+                    s.set_attribute(ATTR.RESULT, "published")
+                    return found
+                if not self.leased_elsewhere(build_key):
+                    lease = take()
+                    if lease is not None:
+                        s.set_attribute(ATTR.RESULT, "taken over")
+                        return lease
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
+            s.set_attribute(ATTR.RESULT, "timeout")
+        return None
+
+    # -- uploads -----------------------------------------------------------------
+    def offer(self, build_key: str, leaf: VerifiedLeaf, lease: Lease | None) -> None:
+        """Upload a clean, locally published ``leaf`` in the background (the lease, if
+        any, is let go once it is there). A full queue drops it: counted, and the lease
+        let go now."""
+        if not self.writable:
+            return
+        try:
+            self._uploads.put_nowait(Upload(build_key, leaf, lease))
+        except queue.Full:
+            self.dropped += 1
+            instruments.remote_uploads.add(1, {**self._attrs, ATTR.OUTCOME: Outcome.UPLOAD_DROPPED})
+            if lease is not None:
+                self.release(lease)
+            return
+        self._ensure_worker()
+
+    def _ensure_worker(self) -> None:
+        with self._worker_lock:
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._work, name="safejit-upload", daemon=True)
+                self._worker.start()
+
+    def _work(self) -> None:
+        while True:
+            item = self._uploads.get()
+            try:
+                if item is None:
+                    return
+                self._upload(item)
+            finally:
+                self._uploads.task_done()
+
+    def _upload(self, item: Upload) -> None:
+        man = item.leaf.manifest
+        outcome = Outcome.UPLOADED
+        with span(SPAN.REMOTE_PUBLISH, {ATTR.BUILD_KEY: item.build_key, ATTR.BYTES: man.artifact_size, **self._attrs}):
+            try:
+                # The artifact first: an index entry is never there before what it names.
+                self.store.put_blob(man.artifact_digest, item.leaf.artifact)
+                put = self.store.publish_manifest(item.build_key, man.deps_key, encode_manifest(man))
+                if put is Put.FULL:
+                    outcome = Outcome.UPLOAD_SKIPPED
+            except RemoteError as exc:
+                logger.info("uploading %s failed: %s", man.name, exc)
+                outcome = Outcome.UPLOAD_FAILED
+            finally:
+                if item.lease is not None:
+                    self.release(item.lease)
+        if outcome is Outcome.UPLOADED:
+            self.uploaded += 1
+        instruments.remote_uploads.add(1, {**self._attrs, ATTR.OUTCOME: outcome})
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait (at most ``timeout`` seconds) for the queued uploads; whether all are done."""
+        deadline = time.monotonic() + timeout
+        while self._uploads.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return not self._uploads.unfinished_tasks
+
+    def close(self) -> None:
+        self.flush(timeout=5.0)
+        with contextlib.suppress(queue.Full):
+            self._uploads.put_nowait(None)
+        self.store.close()

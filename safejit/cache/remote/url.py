@@ -1,0 +1,256 @@
+"""The remote's address: ``redis://``, ``rediss://``, ``unix://`` and ``s3://`` URLs,
+parsed strictly, with every credential held in a :class:`Secret` that prints as ``***``.
+
+Credentials come only from the URL's userinfo or from the caller (who reads the
+environment in ``safejit/_env.py``); nothing here reads the environment. A
+password in a query string is refused: query strings end up in logs.
+
+>>> url = parse_url("redis://writer:hunter2@cache.internal:6379/0")
+>>> str(url)
+'redis://writer:***@cache.internal:6379/0'
+>>> url.password.reveal()
+'hunter2'
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from dataclasses import dataclass, field, replace
+from typing import Final, Literal
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
+
+from ...errors import ConfigError
+
+__all__ = ["ENGINES", "SCHEMES", "RemoteURL", "Secret", "parse_url"]
+
+Scheme = Literal["redis", "rediss", "unix", "s3"]
+SCHEMES: Final[tuple[Scheme, ...]] = ("redis", "rediss", "unix", "s3")
+#: The engine behind each scheme.
+ENGINES: Final = {"redis": "redis", "rediss": "redis", "unix": "redis", "s3": "s3"}
+_REDIS_PORT: Final = 6379
+#: Query parameters each scheme accepts; anything else is a ConfigError (a typo must not
+#: silently fall back to a default such as an unverified TLS connection).
+_QUERY: Final = {
+    "redis": frozenset({"db"}),
+    "rediss": frozenset({"db", "ca_certs"}),
+    "unix": frozenset({"db"}),
+    "s3": frozenset({"endpoint", "region"}),
+}
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
+_PREFIX = re.compile(r"[A-Za-z0-9!_.*'()/-]*\Z")
+_MASK: Final = "***"
+
+
+class Secret:
+    """A credential: ``repr``, ``str`` and formatting show ``***``; :meth:`reveal` gives the value."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        if not isinstance(value, str):
+            raise ConfigError("a remote credential must be a string")
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"Secret({_MASK!r})"
+
+    def __str__(self) -> str:
+        return _MASK
+
+    def __format__(self, spec: str) -> str:
+        return _MASK
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Secret):
+            return NotImplemented
+        return hmac.compare_digest(self._value.encode(), other._value.encode())
+
+    def __hash__(self) -> int:
+        return hash((Secret, len(self._value)))
+
+    def __reduce__(self) -> tuple[type[Secret], tuple[str]]:
+        return (Secret, (self._value,))
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteURL:
+    """A parsed remote address. ``host`` is the Redis host or the S3 bucket; ``path`` the
+    Unix socket path or the S3 key prefix (no leading or trailing slash)."""
+
+    scheme: Scheme
+    host: str = ""
+    port: int | None = None
+    path: str = ""
+    db: int = 0
+    username: str | None = None
+    password: Secret | None = field(default=None, compare=False)
+    #: S3 only: the session token of temporary credentials (never in a URL).
+    session_token: Secret | None = field(default=None, compare=False)
+    endpoint: str | None = None
+    region: str | None = None
+    ca_certs: str | None = None
+
+    @property
+    def engine(self) -> str:
+        return ENGINES[self.scheme]
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme == "rediss" or (self.scheme == "s3" and not (self.endpoint or "").startswith("http://"))
+
+    def secrets(self) -> tuple[str, ...]:
+        """The revealed credentials, longest first (what :meth:`redact` masks)."""
+        values = (s.reveal() for s in (self.password, self.session_token) if s)
+        return tuple(sorted((v for v in values if v), key=len, reverse=True))
+
+    def redact(self, text: str) -> str:
+        """``text`` with every credential of this URL, and any ``//user:pass@`` userinfo, masked."""
+        for value in self.secrets():
+            text = text.replace(value, _MASK)
+            text = text.replace(quote(value, safe=""), _MASK)
+        return _USERINFO.sub(r"\1" + _MASK + "@", text)
+
+    def __str__(self) -> str:
+        auth = ""
+        if self.username is not None or self.password is not None:
+            auth = quote(self.username or "", safe="")
+            auth += f":{_MASK}@" if self.password is not None else "@"
+        if self.scheme == "unix":
+            return f"unix://{auth}{self.path}" + (f"?db={self.db}" if self.db else "")
+        if self.scheme == "s3":
+            query = "&".join(
+                f"{k}={quote(v, safe=':/')}" for k, v in (("endpoint", self.endpoint), ("region", self.region)) if v
+            )
+            return f"s3://{auth}{self.host}/{self.path}" + (f"?{query}" if query else "")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        tail = f"?ca_certs={quote(self.ca_certs, safe='/')}" if self.ca_certs else ""
+        return f"{self.scheme}://{auth}{host}:{self.port}/{self.db}{tail}"
+
+    def __repr__(self) -> str:
+        return f"RemoteURL({str(self)!r})"
+
+
+_USERINFO = re.compile(r"(//[^/@:\s]*:)[^@\s]*@")
+
+
+def parse_url(
+    url: str,
+    *,
+    username: str | None = None,
+    password: str | Secret | None = None,
+    session_token: str | Secret | None = None,
+) -> RemoteURL:
+    """Parse ``url``; ``username``/``password``/``session_token`` are credentials the caller
+    read elsewhere (environment). A credential given both ways is a ConfigError, as is
+    anything this parser does not understand. Messages never contain a credential."""
+    if not isinstance(url, str) or not url:
+        raise ConfigError("the remote URL must be a non-empty string")
+    try:
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"remote URL {_scrub(url)!r} does not parse: {exc}") from None
+    if scheme not in SCHEMES:
+        raise ConfigError(f"remote URL {_scrub(url)!r}: scheme must be one of {', '.join(SCHEMES)}")
+    if parts.fragment:
+        raise ConfigError(f"remote URL {_scrub(url)!r} must not have a #fragment")
+    query = _query(url, scheme, parts.query)
+    url_user = unquote(parts.username) if parts.username else None
+    url_pass = Secret(unquote(parts.password)) if parts.password is not None else None
+    if password is not None and url_pass is not None:
+        raise ConfigError(f"remote URL {_scrub(url)!r}: a password is given both in the URL and by the caller")
+    if username is not None and url_user is not None and username != url_user:
+        raise ConfigError(f"remote URL {_scrub(url)!r}: the username is given both in the URL and by the caller")
+    base = RemoteURL(
+        scheme=scheme,  # checked against SCHEMES above
+        username=url_user if url_user is not None else username,
+        password=url_pass if url_pass is not None else _secret(password),
+        session_token=_secret(session_token),
+    )
+    if base.session_token is not None and scheme != "s3":
+        raise ConfigError("a session token applies to s3:// remotes only")
+    if scheme == "s3":
+        # urlsplit lowercases the host; a bucket name is taken as written (and must be lowercase).
+        return _s3(url, base, parts.netloc.rpartition("@")[2], parts.path, port, query)
+    return _redis(url, base, parts.hostname or "", parts.path, port, query)
+
+
+def _secret(value: str | Secret | None) -> Secret | None:
+    if value is None or isinstance(value, Secret):
+        return value
+    return Secret(value)
+
+
+def _scrub(url: str) -> str:
+    return _USERINFO.sub(r"\1" + _MASK + "@", url)
+
+
+def _query(url: str, scheme: str, text: str) -> dict[str, str]:
+    try:
+        pairs = parse_qsl(text, keep_blank_values=True, strict_parsing=bool(text))
+    except ValueError:
+        raise ConfigError(f"remote URL {_scrub(url)!r}: the query string does not parse") from None
+    query: dict[str, str] = {}
+    for name, value in pairs:
+        if name.lower() in ("password", "pass", "secret", "secret_access_key", "token"):
+            raise ConfigError(f"remote URL {_scrub(url)!r}: put credentials in the URL's userinfo, not the query")
+        if name not in _QUERY[scheme]:
+            raise ConfigError(
+                f"remote URL {_scrub(url)!r}: unknown parameter {name!r} (accepted: {sorted(_QUERY[scheme])})"
+            )
+        if name in query:
+            raise ConfigError(f"remote URL {_scrub(url)!r}: parameter {name!r} given twice")
+        query[name] = value
+    return query
+
+
+def _db(url: str, text: str) -> int:
+    if not text.isdigit() or len(text) > 5:
+        raise ConfigError(f"remote URL {_scrub(url)!r}: the database must be a small number, got {text!r}")
+    return int(text)
+
+
+def _redis(url: str, base: RemoteURL, host: str, path: str, port: int | None, query: dict[str, str]) -> RemoteURL:
+    db = _db(url, query["db"]) if "db" in query else 0
+    if base.scheme == "unix":
+        if host or port is not None:
+            raise ConfigError(f"remote URL {_scrub(url)!r}: write unix:///absolute/path.sock (no host)")
+        if not path.startswith("/") or path.endswith("/"):
+            raise ConfigError(f"remote URL {_scrub(url)!r}: the socket path must be absolute")
+        return replace(base, path=unquote(path), db=db)
+    if not host:
+        raise ConfigError(f"remote URL {_scrub(url)!r} has no host")
+    stripped = path.strip("/")
+    if stripped:
+        if "db" in query:
+            raise ConfigError(f"remote URL {_scrub(url)!r}: the database is given twice")
+        db = _db(url, stripped)
+    ca = query.get("ca_certs")
+    if ca is not None and not ca.startswith("/"):
+        raise ConfigError(f"remote URL {_scrub(url)!r}: ca_certs must be an absolute path")
+    return replace(base, host=host, port=port if port is not None else _REDIS_PORT, db=db, ca_certs=ca)
+
+
+def _s3(url: str, base: RemoteURL, bucket: str, path: str, port: int | None, query: dict[str, str]) -> RemoteURL:
+    if port is not None or not _BUCKET.match(bucket) or ".." in bucket:
+        raise ConfigError(f"remote URL {_scrub(url)!r}: {bucket!r} is not a valid bucket name")
+    prefix = unquote(path).strip("/")
+    if not _PREFIX.match(prefix) or "//" in prefix or any(p in (".", "..") for p in prefix.split("/") if prefix):
+        raise ConfigError(f"remote URL {_scrub(url)!r}: the key prefix {prefix!r} is not a plain S3 key prefix")
+    endpoint = query.get("endpoint")
+    if endpoint is not None:
+        ep = urlsplit(endpoint)
+        if ep.scheme not in ("http", "https") or not ep.hostname or ep.username or ep.password or ep.query:
+            raise ConfigError(f"remote URL {_scrub(url)!r}: endpoint must be http(s)://host[:port] without credentials")
+        endpoint = endpoint.rstrip("/")
+    if (base.username is None) != (base.password is None):
+        raise ConfigError(f"remote URL {_scrub(url)!r}: give both the access key id and the secret, or neither")
+    return replace(base, host=bucket, path=prefix, endpoint=endpoint, region=query.get("region") or None)

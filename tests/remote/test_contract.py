@@ -1,0 +1,379 @@
+"""The RemoteStore contract, run against both engines on real servers: write-once
+(the second writer sees EXISTS), the index round trip and its cap, size caps that
+are enforced without reading the whole value, and lease ownership."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from safejit.cache.remote import Lease, Put, RemoteError
+from safejit.cache.remote.codec import RAW, ZSTD
+
+from .conftest import hexkey
+
+K = hexkey("build")
+D1, D2, D3, D4 = (hexkey(f"deps{i}") for i in range(4))
+
+
+def _calls(ops: list[tuple]):
+    def observer(op, seconds, reason, sent, received):
+        ops.append((op, reason, sent, received))
+
+    return observer
+
+
+def test_index_of_an_unknown_build_key_is_empty(engine_url, make_store):
+    assert dict(make_store(engine_url).index(K)) == {}
+
+
+def test_manifest_round_trip_and_second_writer_sees_exists(engine_url, make_store):
+    store = make_store(engine_url)
+    assert store.publish_manifest(K, D1, b'{"first": 1}') is Put.CREATED
+    assert store.publish_manifest(K, D1, b'{"second": 2}') is Put.EXISTS
+    assert store.publish_manifest(K, D2, b'{"other": 3}') is Put.CREATED
+    assert dict(store.index(K)) == {D1: b'{"first": 1}', D2: b'{"other": 3}'}
+
+
+def test_index_is_capped_per_build_key(engine_url, make_store):
+    store = make_store(engine_url, index_cap=2)
+    assert store.publish_manifest(K, D1, b"1") is Put.CREATED
+    assert store.publish_manifest(K, D2, b"2") is Put.CREATED
+    assert store.publish_manifest(K, D3, b"3") is Put.FULL
+    assert store.publish_manifest(K, D1, b"again") is Put.EXISTS
+    assert set(store.index(K)) == {D1, D2}
+
+
+def test_oversize_manifest_is_refused_before_sending(engine_url, make_store):
+    ops: list[tuple] = []
+    store = make_store(engine_url, max_manifest_bytes=100, observer=_calls(ops))
+    with pytest.raises(RemoteError) as info:
+        store.publish_manifest(K, D1, b"x" * 101)
+    assert info.value.reason == "oversize"
+    assert ops == []
+    assert dict(store.index(K)) == {}
+
+
+def test_index_leaves_out_entries_over_the_manifest_limit(engine_url, make_store):
+    make_store(engine_url).publish_manifest(K, D1, b"y" * 200)
+    make_store(engine_url).publish_manifest(K, D2, b"small")
+    assert dict(make_store(engine_url, max_manifest_bytes=100).index(K)) == {D2: b"small"}
+
+
+def test_index_is_per_tenant_and_backend(engine_url, make_store):
+    make_store(engine_url).publish_manifest(K, D1, b"m")
+    assert dict(make_store(engine_url, tenant="t2").index(K)) == {}
+    assert dict(make_store(engine_url, backend="host").index(K)) == {}
+
+
+@pytest.mark.parametrize("size", [0, 1, 1000, 200_000])
+def test_blob_round_trip(engine_url, make_store, size):
+    store = make_store(engine_url)
+    data = (b"cubin-like " * (size // 11 + 1))[:size]
+    digest = hexkey(f"blob{size}")
+    assert store.has_blob(digest) is False
+    assert store.get_blob(digest) is None
+    assert store.put_blob(digest, data) is Put.CREATED
+    assert store.has_blob(digest) is True
+    got = store.get_blob(digest)
+    assert isinstance(got, memoryview) and got.readonly
+    assert bytes(got) == data
+    assert store.get_blob(digest, size=size) == data
+
+
+def test_blob_is_write_once(engine_url, make_store):
+    store = make_store(engine_url)
+    digest = hexkey("once")
+    assert store.put_blob(digest, b"first") is Put.CREATED
+    assert store.put_blob(digest, b"second") is Put.EXISTS
+    assert store.get_blob(digest) == b"first"
+
+
+def test_concurrent_blob_writers_exactly_one_creates(engine_url, make_store):
+    store = make_store(engine_url)
+    digest = hexkey("race")
+    results: list[Put] = []
+    barrier = threading.Barrier(6)
+
+    def put(i: int) -> None:
+        barrier.wait()
+        results.append(store.put_blob(digest, f"writer {i}".encode()))
+
+    threads = [threading.Thread(target=put, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r.value for r in results) == ["created"] + ["exists"] * 5
+    assert store.get_blob(digest) in {f"writer {i}".encode() for i in range(6)}
+
+
+def test_large_blob_that_exists_is_not_sent_again(engine_url, make_store):
+    ops: list[tuple] = []
+    store = make_store(engine_url, observer=_calls(ops))
+    digest = hexkey("large")
+    data = os.urandom(300_000)
+    assert store.put_blob(digest, data) is Put.CREATED
+    ops.clear()
+    assert store.put_blob(digest, data) is Put.EXISTS
+    assert [op for op, *_ in ops] == ["has_blob"]
+    assert sum(sent for *_, sent, _ in ops) == 0
+
+
+def test_compressible_blob_is_stored_zstd_and_small_one_raw(engine_url, make_store):
+    ops: list[tuple] = []
+    store = make_store(engine_url, observer=_calls(ops))
+    big = b"\x00\x01\x02\x03" * 50_000
+    assert store.put_blob(hexkey("big"), big) is Put.CREATED
+    assert store.put_blob(hexkey("small"), b"\x00\x01" * 1000) is Put.CREATED
+    sent = [s for op, _, s, _ in ops if op == "put_blob"]
+    assert sent[0] < len(big) // 10
+    assert sent[1] == 2001
+    assert store.get_blob(hexkey("big")) == big
+
+
+def test_blob_over_the_callers_size_is_oversize(engine_url, make_store):
+    store = make_store(engine_url)
+    digest = hexkey("sized")
+    store.put_blob(digest, b"z" * 1000)
+    assert store.get_blob(digest, size=1000) == b"z" * 1000
+    with pytest.raises(RemoteError) as info:
+        store.get_blob(digest, size=999)
+    assert info.value.reason == "oversize"
+
+
+def test_blob_over_max_bytes_is_never_read_whole(engine_url, make_store):
+    ops: list[tuple] = []
+    make_store(engine_url).put_blob(hexkey("huge"), os.urandom(1 << 20))
+    store = make_store(engine_url, max_bytes=4096, observer=_calls(ops))
+    with pytest.raises(RemoteError) as info:
+        store.get_blob(hexkey("huge"))
+    assert info.value.reason == "oversize"
+    assert [(op, received) for op, _, _, received in ops] == [("get_blob", 4096 + 2)]
+
+
+def test_size_over_max_bytes_is_refused_without_a_request(engine_url, make_store):
+    ops: list[tuple] = []
+    store = make_store(engine_url, max_bytes=4096, observer=_calls(ops))
+    with pytest.raises(RemoteError) as info:
+        store.get_blob(hexkey("x"), size=4097)
+    assert info.value.reason == "oversize"
+    with pytest.raises(RemoteError) as info:
+        store.put_blob(hexkey("x"), b"x" * 4097)
+    assert info.value.reason == "oversize"
+    assert ops == []
+
+
+def test_compressed_blob_decompressing_past_the_size_is_oversize(engine_url, make_store):
+    store = make_store(engine_url)
+    digest = hexkey("zeros")
+    zeros = bytes(1 << 20)
+    store.put_blob(digest, zeros)
+    with pytest.raises(RemoteError) as info:
+        store.get_blob(digest, size=(1 << 20) - 1)
+    assert info.value.reason == "oversize"
+    assert store.get_blob(digest, size=1 << 20) == zeros
+
+
+def test_malformed_keys_are_refused(engine_url, make_store):
+    store = make_store(engine_url)
+    for bad in ("", "ABC", "g" * 64, "a" * 63, "a" * 64 + "*", "a" * 32 + ":" + "a" * 31):
+        with pytest.raises(ValueError):
+            store.index(bad)
+        with pytest.raises(ValueError):
+            store.get_blob(bad)
+    with pytest.raises(ValueError):
+        store.publish_manifest(K, "../" + "a" * 61, b"m")
+
+
+# -- leases -------------------------------------------------------------------
+
+
+def test_lease_has_one_owner(engine_url, make_store):
+    a, b = make_store(engine_url), make_store(engine_url)
+    lease = a.acquire_lease(K, holder="node-a")
+    assert isinstance(lease, Lease)
+    assert lease.token.startswith("node-a:")
+    assert b.acquire_lease(K, holder="node-b") is None
+    assert a.acquire_lease(K, holder="node-a") is None  # a second holding by the same node is refused too
+    assert b.lease_holder(K) == lease.token
+
+
+def test_lease_renew_and_release_only_by_the_owner(engine_url, make_store):
+    store = make_store(engine_url)
+    lease = store.acquire_lease(K, ttl_s=30)
+    assert lease is not None
+    thief = Lease(K, "node-b:" + "0" * 32, 30)
+    assert store.renew_lease(thief) is False
+    assert store.release_lease(thief) is False
+    assert store.lease_holder(K) == lease.token
+    assert store.renew_lease(lease) is True
+    assert store.release_lease(lease) is True
+    assert store.lease_holder(K) is None
+    assert store.release_lease(lease) is False
+    again = store.acquire_lease(K)
+    assert again is not None and again.token != lease.token
+
+
+def test_expired_lease_is_taken_over_by_exactly_one(engine_url, make_store):
+    stores = [make_store(engine_url) for _ in range(6)]
+    first = stores[0].acquire_lease(K, holder="dead", ttl_s=0.3)
+    assert first is not None
+    time.sleep(0.5)
+    assert stores[0].lease_holder(K) is None
+    won: list[Lease] = []
+    barrier = threading.Barrier(len(stores))
+
+    def take(store) -> None:
+        barrier.wait()
+        got = store.acquire_lease(K, holder="taker", ttl_s=30)
+        if got is not None:
+            won.append(got)
+
+    threads = [threading.Thread(target=take, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1
+    assert stores[0].lease_holder(K) == won[0].token
+    assert stores[0].renew_lease(first) is False  # the dead holder lost it
+    assert stores[0].release_lease(first) is False
+    assert stores[0].lease_holder(K) == won[0].token
+
+
+def test_renewed_lease_outlives_its_first_ttl(engine_url, make_store):
+    store = make_store(engine_url)
+    lease = store.acquire_lease(K, ttl_s=0.6)
+    assert lease is not None
+    for _ in range(3):
+        time.sleep(0.25)
+        assert store.renew_lease(lease) is True
+    assert store.lease_holder(K) == lease.token  # 0.75 s after acquiring, past the first TTL
+
+
+def test_stored_values_carry_the_codec_byte(redis_server, make_store):
+    store = make_store(redis_server.url)
+    store.put_blob(hexkey("raw"), b"abc")
+    store.put_blob(hexkey("zstd"), b"a" * 100_000)
+    admin = redis_server.admin()
+    assert admin.get(f"sj:v1:t1:cas:{hexkey('raw')}") == bytes([RAW]) + b"abc"
+    assert admin.get(f"sj:v1:t1:cas:{hexkey('zstd')}")[0] == ZSTD
+    assert sorted(k.decode() for k in admin.keys("*")) == sorted(
+        [f"sj:v1:t1:cas:{hexkey('raw')}", f"sj:v1:t1:cas:{hexkey('zstd')}"]
+    )
+
+
+def test_s3_object_keys_mirror_the_redis_layout(s3_url, s3_client, make_store):
+    store = make_store(s3_url)
+    store.put_blob(hexkey("b"), b"abc")
+    store.publish_manifest(K, D1, b"m")
+    store.acquire_lease(K)
+    prefix = s3_url.split("/")[3].split("?")[0]
+    listed = s3_client.list_objects_v2(Bucket="sj-remote-tests", Prefix=prefix + "/")
+    keys = sorted(o["Key"][len(prefix) + 1 :] for o in listed["Contents"])
+    assert keys == sorted(
+        [
+            f"v1/t1/cas/{hexkey('b')[:2]}/{hexkey('b')}",
+            f"v1/t1/cuda/idx/{K}/{D1}.json",
+            f"v1/t1/cuda/lease/{K}",
+        ]
+    )
+
+
+def _in_forked_child(fn) -> str:
+    """Run ``fn()`` in a forked child; what it returned or the reason it raised."""
+    import warnings
+
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads running
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read)
+        signal.alarm(10)  # a hang ends the child, and the test fails on its status
+        try:
+            out = repr(fn())
+        except RemoteError as exc:
+            out = f"RemoteError:{exc.reason}"
+        except BaseException as exc:
+            out = f"{type(exc).__name__}:{exc}"
+        os.write(write, out.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        out = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, (status, out)
+    return out
+
+
+def test_redis_store_used_before_fork_works_in_the_child(redis_server, make_store):
+    store = make_store(redis_server.url)
+    store.publish_manifest(K, D1, b"m")
+    assert _in_forked_child(lambda: dict(store.index(K))) == repr({D1: b"m"})
+
+
+def test_s3_store_used_before_fork_fails_fast_in_the_child(s3_url, make_store):
+    store = make_store(s3_url)
+    store.publish_manifest(K, D1, b"m")
+    fresh = make_store(s3_url)
+    start = time.monotonic()
+    assert _in_forked_child(lambda: dict(fresh.index(K))) == "RemoteError:error"
+    assert time.monotonic() - start < 5  # not the hang of obstore's runtime in a forked child
+
+
+def test_planted_empty_or_garbage_blob_is_corrupt_not_an_outage(engine_url, make_store, request):
+    store = make_store(engine_url)
+    empty, garbage = hexkey("empty"), hexkey("garbage")
+    if engine_url.startswith("redis"):
+        admin = request.getfixturevalue("redis_server").admin()
+        admin.set(f"sj:v1:t1:cas:{garbage}", b"\x09garbage")
+        admin.set(f"sj:v1:t1:cas:{empty}", b"")  # GETRANGE cannot tell it from absent: a miss
+        assert store.get_blob(empty) is None
+    else:
+        client = request.getfixturevalue("s3_client")
+        prefix = engine_url.split("/")[3].split("?")[0]
+        client.put_object(Bucket="sj-remote-tests", Key=f"{prefix}/v1/t1/cas/{empty[:2]}/{empty}", Body=b"")
+        client.put_object(Bucket="sj-remote-tests", Key=f"{prefix}/v1/t1/cas/{garbage[:2]}/{garbage}", Body=b"\x09g")
+        with pytest.raises(RemoteError) as info:
+            store.get_blob(empty)
+        assert info.value.reason == "corrupt"
+    with pytest.raises(RemoteError) as info:
+        store.get_blob(garbage)
+    assert info.value.reason == "corrupt"
+    assert store.breaker.state == "closed"  # type: ignore[attr-defined]
+
+
+def test_s3_conditional_write_conflict_is_retried_once(s3_url, make_store):
+    import types
+
+    import obstore
+    from obstore.exceptions import GenericError
+
+    store = make_store(s3_url)
+    calls: list[str] = []
+
+    def put(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 1:
+            raise GenericError("Server returned non-2xx status code: 409 Conflict: ConditionalRequestConflict")
+        return obstore.put(*args, **kwargs)
+
+    store._obstore = types.SimpleNamespace(**{n: getattr(obstore, n) for n in ("get", "head", "list")}, put=put)
+    assert store.put_blob(hexkey("c"), b"data") is Put.CREATED
+    assert len(calls) == 2
+    calls.clear()
+
+    def always_conflict(*args, **kwargs):
+        calls.append(args[1])
+        raise GenericError("Server returned non-2xx status code: 409 Conflict: ConditionalRequestConflict")
+
+    store._obstore.put = always_conflict
+    with pytest.raises(RemoteError) as info:
+        store.put_blob(hexkey("d"), b"data")
+    assert info.value.reason == "error" and len(calls) == 2

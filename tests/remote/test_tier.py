@@ -1,0 +1,313 @@
+"""The remote tier in the data path, on a real Valkey (and S3 where it matters): a leaf
+another node published is used only once it verifies against THIS node's files; every
+tampering is a miss with a named reason and nothing is loaded; a read-only node cannot
+publish; the remote never raises out of compile()."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+import safejit
+from safejit.cache.leaf import decode_manifest, encode_manifest
+from safejit.cache.remote import RemoteError
+from safejit.cache.remote.codec import encode as encode_blob
+from safejit.closure.hashing import digest_bytes
+from safejit.policy.trust import Ed25519Signer
+
+from .test_acl import create_users
+
+SRC = safejit.Source('#include "inner.h"\n#define VALUE 7\n', "k")
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    (root / "include").mkdir(parents=True)
+    (root / "include" / "inner.h").write_text("#define INNER 41\n")
+    return root
+
+
+@pytest.fixture
+def node(tmp_path: Path, project: Path, redis_server):
+    """``node(name, **config)``: a Runtime standing for one node (its own disk root) on
+    the session's Valkey; closed at the end."""
+    made: list[safejit.Runtime] = []
+
+    def factory(name: str, **cfg: object) -> safejit.Runtime:
+        cfg.setdefault("remote", redis_server.url)
+        cfg.setdefault("backend", "fake")
+        cfg.setdefault("source_roots", (str(project),))
+        rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(tmp_path / f"disk-{name}"),), **cfg))
+        made.append(rt)
+        return rt
+
+    yield factory
+    for rt in made:
+        rt.close()
+
+
+def _inc(project: Path) -> tuple[str, ...]:
+    return (str(project / "include"),)
+
+
+def _published(rt: safejit.Runtime, project: Path) -> safejit.Module:
+    mod = rt.compile(SRC, include_dirs=_inc(project))
+    rt._init()[0].remote.flush()  # the upload is asynchronous
+    return mod
+
+
+def test_a_leaf_published_by_one_node_is_a_verified_hit_on_another(node, project, tmp_path, engine_url):
+    a = node("a", remote=engine_url)
+    assert _published(a, project).kernel("INNER")() == 41
+    b = node("b", remote=engine_url)
+    mod = b.compile(SRC, include_dirs=_inc(project))
+    assert mod.artifact.tier == "remote" and mod.kernel("INNER")() == 41
+    assert b.stats()["compiles"] == 0 and b.stats()["remote_hits"] == 1
+    safejit.faults.reset()
+    from safejit.cache.staging import settle
+
+    settle()  # the disk backfill happens off the hit path
+    again = node("b", remote=engine_url)
+    assert again.compile(SRC, include_dirs=_inc(project)).artifact.tier == "disk"
+
+
+def test_the_host_backend_round_trips_a_real_shared_object(node, project):
+    src = safejit.Source("int add(int a, int b) { return a + b; }\n", "add")
+    a = node("a", backend="host")
+    a.compile(src)
+    a._init()[0].remote.flush()
+    mod = node("b", backend="host").compile(src)
+    assert mod.artifact.tier == "remote" and mod.kernel("add")(2, 3) == 5
+
+
+def test_a_remote_leaf_is_checked_against_this_nodes_files(node, project, tmp_path):
+    """The closure is rehashed here: a node whose header differs compiles its own."""
+    _published(node("a"), project)
+    (project / "include" / "inner.h").write_text("#define INNER 9\n")
+    b = node("b")
+    explained = b.compile(SRC, include_dirs=_inc(project))
+    assert explained.kernel("INNER")() == 9 and explained.artifact.tier == "compiled"
+
+
+# -- the tamper matrix -----------------------------------------------------------------
+def _entry(redis_server, tenant: str = "default", backend: str = "fake") -> tuple[str, str, bytes]:
+    admin = redis_server.admin()
+    (index,) = admin.keys(f"sj:v1:{tenant}:{backend}:idx:*")
+    ((deps, raw),) = admin.hgetall(index).items()
+    return index.decode(), deps.decode(), raw
+
+
+def _set_manifest(redis_server, index: str, deps: str, raw: bytes) -> None:
+    admin = redis_server.admin()
+    admin.delete(index)
+    admin.hset(index, deps, raw)
+
+
+def _rewrite(redis_server, change) -> None:
+    index, deps, raw = _entry(redis_server)
+    data = json.loads(raw)
+    change(data)
+    _set_manifest(redis_server, index, deps, json.dumps(data).encode())
+
+
+def _blob_key(man_raw: bytes) -> str:
+    return f"sj:v1:default:cas:{decode_manifest(man_raw).artifact_digest}"
+
+
+def flip_blob(redis_server) -> None:
+    admin = redis_server.admin()
+    _, _, raw = _entry(redis_server)
+    key = _blob_key(raw)
+    blob = bytearray(admin.get(key))
+    blob[-1] ^= 0xFF
+    admin.set(key, bytes(blob))
+
+
+def swap_blob(redis_server) -> None:
+    admin = redis_server.admin()
+    _, _, raw = _entry(redis_server)
+    admin.set(_blob_key(raw), encode_blob(b'safejit-fake-1\n{"INNER": "666"}', min_bytes=1 << 30))
+
+
+def move_to_other_build_key(redis_server) -> None:
+    index, deps, raw = _entry(redis_server)
+    admin = redis_server.admin()
+    admin.delete(index)
+    admin.hset(index.rsplit(":", 1)[0] + ":" + "0" * 64, deps, raw)
+    # and a manifest naming another build key under this one
+    data = json.loads(raw)
+    data["build_key"] = "1" * 64
+    admin.hset(index, deps, json.dumps(data).encode())
+
+
+def move_to_other_deps_key(redis_server) -> None:
+    index, _, raw = _entry(redis_server)
+    _set_manifest(redis_server, index, "2" * 64, raw)
+
+
+def move_to_other_tenant(redis_server) -> None:
+    _rewrite(redis_server, lambda d: d.update(tenant="other"))
+
+
+def closure_digest_differs(redis_server) -> None:
+    _rewrite(redis_server, lambda d: d["deps"][0].__setitem__(2, "3" * 64))
+
+
+def oversize(redis_server) -> None:
+    _rewrite(redis_server, lambda d: d["artifact"].update(size=2**40))
+
+
+def compression_bomb(redis_server) -> None:
+    import zstandard
+
+    admin = redis_server.admin()
+    index, deps, raw = _entry(redis_server)
+    man = decode_manifest(raw)
+    bomb = b"\x01" + zstandard.ZstdCompressor(level=19).compress(b"\0" * (64 << 20))
+    digest = digest_bytes(b"\0" * (64 << 20))
+    admin.set(f"sj:v1:default:cas:{digest}", bomb)
+    forged = msgspec.structs.replace(man, artifact=msgspec.structs.replace(man.artifact, digest=digest, size=1000))
+    _set_manifest(redis_server, index, deps, encode_manifest(forged))
+
+
+def not_json(redis_server) -> None:
+    index, deps, _ = _entry(redis_server)
+    _set_manifest(redis_server, index, deps, b"{" * 50_000)
+
+
+TAMPERS = {
+    "flipped byte in the blob": (flip_blob, {"artifact"}),
+    "blob swapped for another": (swap_blob, {"artifact"}),
+    "manifest under another build key": (move_to_other_build_key, {"mismatch", "absent"}),
+    "manifest under another deps key": (move_to_other_deps_key, {"mismatch"}),
+    "manifest of another tenant": (move_to_other_tenant, {"mismatch"}),
+    "closure digest that differs from the local file": (closure_digest_differs, {"mismatch", "dep_changed"}),
+    "oversize artifact": (oversize, {"oversize"}),
+    "compression bomb": (compression_bomb, {"oversize", "artifact"}),
+    "manifest that is not JSON": (not_json, {"manifest"}),
+}
+
+
+@pytest.mark.parametrize("tamper", list(TAMPERS))
+def test_a_tampered_remote_leaf_is_a_named_miss_and_nothing_is_loaded(node, project, redis_server, tamper, otel_sdk):
+    damage, reasons = TAMPERS[tamper]
+    _published(node("a"), project)
+    damage(redis_server)
+    spans, _ = otel_sdk
+    spans.clear()
+    b = node("b", max_artifact_bytes=1 << 20)
+    mod = b.compile(SRC, include_dirs=_inc(project))
+    assert mod.artifact.tier == "compiled" and mod.kernel("INNER")() == 41  # its own build, not the remote's
+    lookups = [s for s in spans.get_finished_spans() if s.name == "safejit.cache.remote.lookup"]
+    assert lookups and lookups[0].attributes["safejit.result"] == "miss"
+    assert lookups[0].attributes["safejit.reason"] in reasons, lookups[0].attributes
+
+
+def test_an_unsigned_or_foreign_signed_leaf_is_a_miss_under_verify_keys(node, project, redis_server, tmp_path):
+    builder = Ed25519Signer.generate()  # (key ids: derived from the public key, as a PEM carries none)
+    other = Ed25519Signer.generate()
+    # A leaf signed by a key the reader does not trust:
+    _published(node("a", signing_key=other.private_pem()), project)
+    reader = node("b", verify_keys=((builder.key_id, builder.public_key),))
+    assert reader.explain(SRC, include_dirs=_inc(project)).result == "miss"  # (disk: nothing there)
+    mod = reader.compile(SRC, include_dirs=_inc(project))
+    assert mod.artifact.tier == "compiled"
+    reader._init()[0].remote.flush()  # (its own upload: done before the keyspace is emptied)
+    # The builder's own leaf is trusted (readers hold the public key only):
+    redis_server.admin().flushall()
+    _published(node("c", signing_key=builder.private_pem()), project)
+    fresh = node("d", verify_keys=((builder.key_id, builder.public_key),))
+    assert fresh.compile(SRC, include_dirs=_inc(project)).artifact.tier == "remote"
+
+
+def test_a_negative_header_present_locally_makes_the_remote_leaf_a_miss(node, project, tmp_path):
+    first, second = project / "include", project / "second"
+    second.mkdir()
+    (first / "inner.h").unlink()
+    (second / "inner.h").write_text("#define INNER 2\n")
+    dirs = (str(first), str(second))
+    a = node("a")
+    a.compile(SRC, include_dirs=dirs)
+    a._init()[0].remote.flush()
+    (first / "inner.h").write_text("#define INNER 1\n")  # shadows the one in `second`, here
+    mod = node("b").compile(SRC, include_dirs=dirs)
+    assert mod.artifact.tier == "compiled" and mod.kernel("INNER")() == 1
+
+
+# -- ACLs --------------------------------------------------------------------------------
+def test_a_read_only_user_cannot_publish_and_a_tenant_cannot_read_another(node, project, redis_server):
+    from safejit.cache.remote import RemoteSettings, open_store
+
+    admin = redis_server.admin()
+    create_users(admin, "t1")
+    create_users(admin, "t2")
+
+    def url(tenant: str, role: str) -> str:
+        return f"redis://sj-{tenant}-{role}:{tenant}-{role}-pw@127.0.0.1:{redis_server.port}/0"
+
+    reader = node("r", tenant="t1", remote=url("t1", "reader"))
+    assert reader.compile(SRC, include_dirs=_inc(project)).kernel("INNER")() == 41  # works; its upload is denied
+    reader._init()[0].remote.flush()
+    assert admin.keys("sj:v1:t1:*:idx:*") == []
+    writer = node("w", tenant="t1", remote=url("t1", "writer"))
+    _published(writer, project)
+    assert admin.keys("sj:v1:t1:*:idx:*") != []
+    assert node("r2", tenant="t1", remote=url("t1", "reader")).compile(
+        SRC, include_dirs=_inc(project)
+    ).artifact.tier == ("remote")
+    # t2's credentials aimed at t1's keys: NOPERM is the reason "denied", never another error.
+    (index,) = admin.keys("sj:v1:t1:*:idx:*")
+    build_key = index.decode().rsplit(":", 1)[1]
+    spy = open_store(RemoteSettings.from_url(url("t2", "writer")), tenant="t1", backend="fake")
+    try:
+        with pytest.raises(RemoteError) as exc:
+            spy.index(build_key)
+        assert exc.value.reason == "denied"
+    finally:
+        spy.close()
+
+
+# -- the remote never hurts --------------------------------------------------------------
+def test_a_remote_that_never_answers_costs_a_bounded_delay_and_no_error(node, project):
+    import socket
+
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(16)  # accepts, never answers
+    try:
+        rt = node("a", remote=f"redis://127.0.0.1:{hole.getsockname()[1]}/0")
+        started = time.monotonic()
+        mod = rt.compile(SRC, include_dirs=_inc(project))
+        assert mod.kernel("INNER")() == 41
+        assert time.monotonic() - started < 10  # (generous: each remote call is bounded by 100 ms-2 s)
+        for i in range(12):  # the breaker opens: later compiles do not wait for the remote
+            rt.compile(safejit.Source(f"#define V{i} {i}\n", "v"))
+        assert rt._init()[0].remote.store.breaker.state == "open"
+        started = time.monotonic()
+        rt.compile(safejit.Source("#define LAST 1\n", "v"))
+        assert time.monotonic() - started < 2  # no remote call waited for
+    finally:
+        hole.close()
+
+
+def test_a_remote_that_is_down_never_raises_out_of_compile(node, project):
+    rt = node("a", remote="redis://127.0.0.1:1/0")  # nothing listens on port 1
+    for i in range(5):
+        assert rt.compile(safejit.Source(f"#define V {i}\n", "v")).kernel("V")() == i
+    assert rt.stats()["compiles"] == 5
+
+
+def test_credentials_are_redacted_in_the_config_and_in_errors(node, project, redis_server):
+    cfg = safejit.Config(remote=f"redis://user:hunter2-secret@127.0.0.1:{redis_server.port}/0")
+    assert "hunter2-secret" not in repr(cfg) and "hunter2-secret" not in str(cfg)
+    rt = node("a", remote=cfg.remote)
+    rt.compile(SRC, include_dirs=_inc(project))  # auth fails: a miss, not an error
+    settings = rt._init()[0].remote.store.settings
+    assert "hunter2-secret" not in repr(settings) and "hunter2-secret" not in str(settings)
+    assert os.environ.get("SAFEJIT_REMOTE_PASSWORD") is None

@@ -1,0 +1,78 @@
+"""Class 9: bad input is a typed SafejitError, never a UnicodeEncodeError escaping from
+deep inside; errors about paths outside the roots say only that (not whether the path
+exists, nor the working directory a relative one was resolved in)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import safejit
+
+OK = "int k(void) { return 1; }\n"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(lambda rt: rt.compile(safejit.Source(OK + "/* \udc80 */", "k")), id="source"),
+        pytest.param(lambda rt: rt.compile(safejit.Source(OK, "k"), include_dirs=("/tmp/\udc80",)), id="include-dir"),
+        pytest.param(lambda rt: rt.compile(safejit.Source(OK, "k"), defines={"X": "\udc80"}), id="define-value"),
+        pytest.param(lambda rt: rt.compile(safejit.Source(OK, "k"), defines={"\udc80": 1}), id="define-name"),
+        pytest.param(lambda rt: rt.compile(safejit.Source(OK, "k"), flags=("-DX=\udc80",)), id="flag"),
+        pytest.param(lambda rt: rt.compile(safejit.Source(OK, "k", filename="k\udc80.c")), id="filename"),
+        pytest.param(lambda rt: rt.source("/tmp/\udc80.c"), id="source-path"),
+    ],
+)
+def test_a_lone_surrogate_anywhere_is_a_safejit_error(make_runtime, cache_dir, call):
+    rt = make_runtime()
+    with pytest.raises(safejit.SafejitError):
+        call(rt)
+    assert rt.stats()["compiles"] == 0 and list(cache_dir.glob("v1/*/*/*/build-*")) == []
+
+
+@pytest.mark.parametrize("exists", [True, False])
+@pytest.mark.parametrize("where", ["readable", "unreadable"])
+def test_an_error_about_an_outside_path_does_not_say_whether_it_exists(make_runtime, tmp_path, exists, where):
+    """EACCES vs ENOENT, or "does not exist" vs "outside": either would let a tenant
+    probe the host's filesystem through error messages."""
+    root = tmp_path / "root"
+    root.mkdir()
+    base = tmp_path / ("private" if where == "unreadable" else "public")
+    base.mkdir()
+    if exists:
+        (base / "thing").mkdir()
+    if where == "unreadable":
+        base.chmod(0o000)
+    try:
+        rt = make_runtime(source_roots=(str(root),))
+        with pytest.raises(safejit.PathConfinementError) as exc:
+            rt.compile(safejit.Source(OK, "k"), include_dirs=(str(base / "thing"),))
+        assert str(exc.value) == (
+            f"include dir {str(base / 'thing')!r} is outside the declared roots; declare its directory in "
+            "Config.source_roots (or SAFEJIT_SOURCE_ROOTS)"
+        )
+    finally:
+        base.chmod(0o755)
+
+
+def test_a_relative_outside_path_error_does_not_show_the_working_directory(make_runtime, tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    root.mkdir()
+    work = tmp_path / "very-private-working-dir"
+    (work / "inc").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    rt = make_runtime(source_roots=(str(root),))
+    with pytest.raises(safejit.PathConfinementError) as exc:
+        rt.compile(safejit.Source(OK, "k"), include_dirs=("inc",))
+    assert "very-private-working-dir" not in str(exc.value) and os.getcwd() not in str(exc.value)
+    assert not hasattr(exc.value, "resolved")
+
+
+def test_a_missing_path_under_a_root_says_so(make_runtime, tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    rt = make_runtime(source_roots=(str(root),))
+    with pytest.raises(safejit.PathConfinementError, match="does not exist"):
+        rt.compile(safejit.Source(OK, "k"), include_dirs=(str(root / "nope"),))

@@ -1,0 +1,100 @@
+"""Class 4: every lookup the compiler made that could change the build is part of the
+key — ``__has_include`` probes by path (``..``, absolute) and precompiled headers
+beside a header — or the build is refused. Each attack: the typed error and nothing
+published, or a rebuild instead of a stale hit."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import safejit
+from tests.conftest import settle
+from tests.security._support import assert_no_secret, assert_nothing_published
+
+PROBE = """
+#if __has_include({name})
+#define WHICH 2
+#else
+#define WHICH 1
+#endif
+int which(void) {{ return WHICH; }}
+"""
+
+
+def _project(tmp_path: Path) -> tuple[Path, Path]:
+    root = tmp_path / "root"
+    inc = root / "a" / "inc"
+    inc.mkdir(parents=True)
+    return root, inc
+
+
+@pytest.mark.parametrize("name", ['"../x.h"', '"../../x.h"', "<../x.h>"])
+def test_a_has_include_probe_by_dotdot_under_the_roots_is_a_negative(make_runtime, tmp_path, name):
+    root, inc = _project(tmp_path)
+    src = safejit.Source(PROBE.format(name=name), "which")
+    rt = make_runtime(source_roots=(str(root),), max_staleness_s=0)
+    assert rt.compile(src, include_dirs=(str(inc),)).kernel("which")() == 1
+    target = (inc / name.strip('"<>')).resolve()
+    target.write_text("/* now it exists */\n")
+    settle()
+    fresh = make_runtime(source_roots=(str(root),))
+    explained = fresh.explain(src, include_dirs=(str(inc),))
+    assert explained.miss == "dep_shadowed" and explained.path == str(target)
+    assert fresh.compile(src, include_dirs=(str(inc),)).kernel("which")() == 2  # the disk leaf was stale
+    assert fresh.stats()["compiles"] == 1
+    assert rt.compile(src, include_dirs=(str(inc),)).kernel("which")() == 2  # so was the memory entry
+
+
+@pytest.mark.parametrize("where", ["dotdot", "absolute"])
+def test_a_has_include_probe_outside_the_roots_is_refused(make_runtime, tmp_path, outside, cache_dir, where):
+    root, inc = _project(tmp_path)
+    name = f'"{outside}/secret.h"' if where == "absolute" else '"../../../outside/secret.h"'
+    assert (inc / "../../../outside/secret.h").resolve() == (outside / "secret.h").resolve()
+    rt = make_runtime(source_roots=(str(root),), sandbox="off")
+    with pytest.raises(safejit.UndeclaredDependencyError) as exc:
+        rt.compile(safejit.Source(PROBE.format(name=name), "which"), include_dirs=(str(inc),))
+    assert "__has_include" in str(exc.value)
+    assert_no_secret(exc.value)
+    assert_nothing_published(cache_dir)
+
+
+def test_a_has_include_probe_outside_the_roots_in_a_header_is_refused(make_runtime, tmp_path, outside, cache_dir):
+    root, inc = _project(tmp_path)
+    (inc / "probe.h").write_text(PROBE.format(name=f"<{outside}/secret.h>").replace("int which", "static int w"))
+    rt = make_runtime(source_roots=(str(root),), sandbox="off")
+    with pytest.raises(safejit.UndeclaredDependencyError):
+        rt.compile(safejit.Source('#include "probe.h"\nint k(void){return WHICH;}\n', "k"), include_dirs=(str(inc),))
+    assert_nothing_published(cache_dir)
+
+
+def test_a_precompiled_header_appearing_beside_a_header_is_never_used_nor_served_stale(make_runtime, tmp_path):
+    """gcc looks for ``x.h.gch`` before ``x.h`` and uses it when valid, and its depfile
+    then names neither: so a C token is force-included first (after it, gcc uses no
+    precompiled header), and a ``.gch`` appearing where one would be looked for is a
+    negative lookup all the same (it could stand for the implicit stdc-predef.h)."""
+    root, inc = _project(tmp_path)
+    (inc / "cfg.h").write_text("#define CFG 1\n")
+    src = safejit.Source('#include "cfg.h"\nint cfg(void){return CFG;}\n', "cfg")
+    rt = make_runtime(source_roots=(str(root),))
+    assert rt.compile(src, include_dirs=(str(inc),)).kernel("cfg")() == 1
+    # A real precompiled header for cfg.h, made from other text (the same options as a build).
+    other = tmp_path / "other.h"
+    other.write_text("#define CFG 7\n")
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-O2", "-fno-lto", "-x", "c-header", str(other), "-o", str(inc / "cfg.h.gch")],
+        check=True,
+    )
+    settle()
+    fresh = make_runtime(source_roots=(str(root),))
+    explained = fresh.explain(src, include_dirs=(str(inc),))
+    assert explained.result == "miss" and explained.path == str(inc / "cfg.h.gch")
+    mod = fresh.compile(src, include_dirs=(str(inc),))
+    assert mod.artifact.tier == "compiled"
+    assert mod.kernel("cfg")() == 1  # the header's value: the precompiled one was not used
+    (inc / "cfg.h.gch").unlink()
+    settle()
+    again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=(str(inc),))
+    assert again.artifact.tier == "disk" and again.kernel("cfg")() == 1

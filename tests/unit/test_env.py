@@ -1,0 +1,66 @@
+"""The environment: one reader (safejit._env), bad values never break the import, unknown
+names are said once, and the README's table is the code's."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import safejit
+from safejit import _env
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_the_readme_lists_every_variable_as_the_code_does():
+    text = README.read_text()
+    found = re.search(r"<!-- variables:[^\n]*-->\n(.*?)<!-- /variables -->", text, re.S)
+    assert found is not None, "the README's table of variables is missing its markers"
+    assert found.group(1) == _env.table(), "README out of date: regenerate it from safejit._env.table()"
+
+
+def test_every_variable_has_its_help_and_every_config_field_named_exists():
+    names = {*_env.VARIABLES, *_env.OTHER_VARIABLES}
+    assert set(_env.HELP) == names
+    fields = {f for f, _ in _env.VARIABLES.values()}
+    assert fields <= set(safejit.Config.__dataclass_fields__)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("SAFEJIT_FAULTS", "nonsense"),
+        ("SAFEJIT_MAX_STALENESS_S", "soon"),
+        ("SAFEJIT_SANDBOX", "maybe"),
+        ("SAFEJIT_REMOTE", "ftp://nowhere"),
+        ("SAFEJIT_TRUST_STAT", "perhaps"),
+    ],
+)
+def test_a_bad_variable_never_breaks_import_and_is_named_when_used(name, value):
+    code = (
+        "import safejit\n"
+        "try:\n"
+        "    safejit.Runtime().compile(safejit.Source('int k(void){return 1;}', 'k'))\n"
+        "except safejit.ConfigError as exc:\n"
+        "    print('ConfigError', exc)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAFEJIT_")}
+    env[name] = value
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ConfigError") and name in out.stdout
+
+
+def test_an_unknown_variable_is_logged_once(caplog, monkeypatch):
+    monkeypatch.setenv("SAFEJIT_CACHE_DIR", "/tmp/typo")  # (the real one is SAFEJIT_CACHE_DIRS)
+    caplog.set_level(logging.WARNING, logger="safejit.config")
+    safejit.Config.from_env()
+    safejit.Config.from_env()
+    said = [r.getMessage() for r in caplog.records if "SAFEJIT_CACHE_DIR " in r.getMessage()]
+    assert len(said) == 1
