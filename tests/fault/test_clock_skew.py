@@ -114,6 +114,6 @@ def test_closure_with_a_ctime_ahead_of_the_compile_start_is_not_vouched_for(proj
     anchors = build_anchors((str(project),), ())
     common = {"max_deps": 100, "search_dirs": (str(project / "include"),)}
     skewed = completeness.record_closure([str(inner)], anchors, started_ns=ctime_ns - HOUR_NS, **common)
-    assert skewed.too_new == [str(inner)]
+    assert str(inner) in skewed.too_new
     in_order = completeness.record_closure([str(inner)], anchors, started_ns=ctime_ns + 10**9, **common)
     assert in_order.too_new == []
