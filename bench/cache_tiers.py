@@ -1,6 +1,6 @@
 """Cache-tier benchmarks, each printed against a peer measured in the same run.
 
-    python bench/cache_tiers.py --json bench-out.json [--quick]
+    python bench/cache_tiers.py --json bench-out.json [--quick] [--only cute ...]
 
 Keys written (targets in parentheses):
   host_memory_hit_p50_us          safejit memory hit, p50 of batch means (<= 2 us)
@@ -20,6 +20,15 @@ Keys written (targets in parentheses):
   cuda_cold_vs_peer               cold NVRTC compile through safejit / cuda.core Program.compile into its
                                   persistent FileStreamProgramCache (<= 1.10), paired
   cuda_cold_vs_memory_only_peer   ... / the same compile into InMemoryProgramCache (kept nothing on disk)
+  cute_nvrtc_cold_vs_bare         a CuTe SGEMM (tests/data/cute_sgemm.cu, nvidia-cutlass headers), cold, through
+                                  safejit's NVRTC (its worker up) / bare NVRTC in this process with the same
+                                  options and search path (<= 1.10), paired
+  cute_nvcc_cold_vs_bare          ... through safejit's nvcc / bare `nvcc -cubin -arch=sm_90 -I...` (<= 1.10), paired
+  cute_*_cold_cpu_vs_bare         the same pairs in CPU seconds (all processes'): steadier on a loaded machine
+  cute_closure_files              files in the NVRTC leaf's closure (and cute_negatives: paths that must stay absent)
+  cute_disk_hit_ms                fresh process, verified NVRTC disk hit of the CuTe SGEMM
+  cute_disk_hit_vs_cuda_core      ... / cuda.core FileStreamProgramCache hit of the same cubin (<= 2.0; its key
+                                  covers no header: a constant extra_digest, as a cuda.core user would write)
 
 The cold ratios are paired: each compile through safejit is divided by the peer's
 compile that follows it, and the median of those ratios is the result. Compile
@@ -30,10 +39,12 @@ conditions. The ratio of the two medians is printed beside it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -45,7 +56,7 @@ from typing import Any
 
 import safejit
 import safejit.backends.host
-from safejit.cache import spares
+from safejit.cache import staging as spares
 
 ONE_HEADER_C = '#include "one.h"\nint add(int a, int b) { return a + b + ONE; }\n'
 
@@ -236,7 +247,7 @@ def procs16(results: dict[str, Any]) -> None:
 TELEMETRY_CHILD = r"""
 import json, statistics, sys, tempfile, time
 import safejit, safejit.backends.host
-from safejit.cache import spares
+from safejit.cache import staging as spares
 if sys.argv[1] == "sdk":
     from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider
@@ -492,21 +503,210 @@ def cuda_tiers(results: dict[str, Any], quick: bool) -> None:
         )
 
 
+CUTE_SOURCE = Path(__file__).resolve().parent.parent / "tests" / "data" / "cute_sgemm.cu"
+
+CUTE_DISK_CHILD = r"""
+import json, sys, time
+mode, cache, inc, code = sys.argv[1:5]
+if mode == "safejit":
+    import safejit, safejit.backends.cuda.backend  # (imported before timing, as cuda.core is)
+    rt = safejit.Runtime(config=safejit.Config(backend="cuda", cache_dirs=(cache,), source_roots=(inc,)))
+    t0 = time.perf_counter()
+    rt.compile(safejit.Source(code, "cute_sgemm"), include_dirs=(inc,), arch="sm_90", flags=("-std=c++17",))
+    t1 = time.perf_counter()
+    assert rt.stats()["disk_hits"] == 1 and rt.stats()["compiles"] == 0, rt.stats()
+else:
+    from cuda.core import ProgramOptions
+    from cuda.core.utils import FileStreamProgramCache, make_program_cache_key
+    peer = FileStreamProgramCache(cache)
+    t0 = time.perf_counter()
+    opts = ProgramOptions(arch="sm_90", std="c++17", include_path=[inc])
+    key = make_program_cache_key(code=code, code_type="c++", options=opts, target_type="cubin", extra_digest=b"cute")
+    hit = peer.get(key)
+    t1 = time.perf_counter()
+    assert hit is not None
+print(json.dumps({"seconds": t1 - t0}))
+"""
+
+
+def _cutlass_include() -> str | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is None or spec.origin is None:
+        return None
+    found = Path(spec.origin).parent / "source" / "include"
+    return str(found.resolve()) if (found / "cute" / "tensor.hpp").is_file() else None
+
+
+def _cpu_of(pids: list[int]) -> float:
+    """CPU seconds so far of this process (all threads), its reaped children, and ``pids``."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _workers() -> list[int]:
+    """This process's NVRTC workers (persistent children, never reaped while they serve)."""
+    me, found = str(os.getpid()), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1] == me and (
+                    b"safejit.backends.cuda.worker" in Path(f"/proc/{entry}/cmdline").read_bytes()
+                ):
+                    found.append(int(entry))
+    return found
+
+
+def cute(results: dict[str, Any], quick: bool) -> None:
+    """A header-heavy kernel: the CuTe SGEMM, cold through NVRTC and nvcc against the bare
+    compilers, its closure, and a fresh process's verified hit against cuda.core's."""
+    inc = _cutlass_include()
+    nvcc = shutil.which("nvcc", path=f"/usr/local/cuda/bin:{os.environ.get('PATH', '')}")
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError:
+        nvrtc = None
+    if inc is None or nvrtc is None:
+        print("cute                    skipped (needs nvidia-cutlass and cuda-bindings)")
+        return
+    from safejit.backends.cuda.backend import CudaBackend
+
+    kernel = CUTE_SOURCE.read_text()
+    rounds = 2 if quick else 7
+    salt = random.SystemRandom().randrange(1 << 30)
+    search = [inc, *CudaBackend()._include_dir()]
+    bare_opts = [o.encode() for o in ("--gpu-architecture=sm_90", "-default-device", "--ptxas-options=-v")]
+    bare_opts += [b"-std=c++17", *(f"-I{d}".encode() for d in search)]
+
+    def bare_nvrtc(code: str) -> None:
+        _, prog = nvrtc.nvrtcCreateProgram(code.encode(), b"cute_sgemm.cu", 0, [], [])
+        try:
+            (err,) = nvrtc.nvrtcCompileProgram(prog, len(bare_opts), bare_opts)
+            assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
+            _, size = nvrtc.nvrtcGetCUBINSize(prog)
+            cubin = b" " * size
+            nvrtc.nvrtcGetCUBIN(prog, cubin)
+        finally:
+            nvrtc.nvrtcDestroyProgram(prog)
+
+    quiesce()
+    with tempfile.TemporaryDirectory() as base:
+        sections = [("nvrtc", "nvrtc")] + ([("nvcc", "nvcc")] if nvcc else [])
+        for label, compiler in sections:
+            cfg = safejit.Config(
+                backend="cuda", cuda_compiler=compiler, cache_dirs=(f"{base}/{label}",), source_roots=(inc,)
+            )
+            rt = safejit.Runtime(config=cfg)
+            rt.build(safejit.Source('extern "C" __global__ void k() {}', "k"), arch="sm_90")  # worker, probe, shim
+            if compiler == "nvrtc":
+                bare_nvrtc('extern "C" __global__ void k() {}')  # NVRTC loaded here too
+            wall: dict[str, list[float]] = {"ours": [], "bare": []}
+            cpu: dict[str, list[float]] = {"ours": [], "bare": []}
+            for i in range(rounds):
+                code = f"{kernel}\n// {salt} {i}\n"  # a new source each round: a cold compile
+                for who in ("ours", "bare") if i % 2 == 0 else ("bare", "ours"):
+                    spares.settle()  # (one side's background work must not slow the other)
+                    pids = _workers()
+                    c0, t0 = _cpu_of(pids), time.perf_counter()
+                    if who == "ours":
+                        art = rt.build(safejit.Source(code, "cute_sgemm"), include_dirs=(inc,), arch="sm_90",
+                                       flags=("-std=c++17",))  # fmt: skip
+                        assert art.source == "compiled", art
+                    elif compiler == "nvrtc":
+                        bare_nvrtc(code)
+                    else:
+                        work = Path(base) / "bare"
+                        work.mkdir(exist_ok=True)
+                        (work / "k.cu").write_text(code)
+                        subprocess.run([nvcc, "-cubin", "-arch=sm_90", f"-I{inc}", "-o", str(work / "k.cubin"),
+                                        str(work / "k.cu")], check=True, cwd=work)  # fmt: skip
+                    wall[who].append(time.perf_counter() - t0)
+                    cpu[who].append(_cpu_of(pids) - c0)
+            if compiler == "nvrtc":
+                manifest = json.loads((Path(art.path) / "manifest.json").read_text())
+                results["cute_closure_files"] = len(manifest["deps"])
+                results["cute_negatives"] = len(manifest["negatives"])
+            rt.close()
+            ratio, cpu_ratio = paired_ratio(wall["ours"], wall["bare"]), paired_ratio(cpu["ours"], cpu["bare"])
+            results[f"cute_{label}_cold_vs_bare"] = round(ratio, 3)
+            results[f"cute_{label}_cold_cpu_vs_bare"] = round(cpu_ratio, 3)
+            print(
+                f"cute {label:5s} cold        {ratio:8.3f} x    ({statistics.median(wall['ours']):.2f} s vs bare "
+                f"{statistics.median(wall['bare']):.2f} s, paired; CPU {cpu_ratio:.3f} x: "
+                f"{statistics.median(cpu['ours']):.2f} vs {statistics.median(cpu['bare']):.2f} s)"
+            )
+        print(
+            f"cute closure            {results['cute_closure_files']:8d} files, {results['cute_negatives']} paths "
+            "that must stay absent"
+        )
+        cute_disk_hit(results, base, inc, kernel, 3 if quick else 9)
+
+
+def cute_disk_hit(results: dict[str, Any], base: str, inc: str, kernel: str, runs: int) -> None:
+    """A fresh process's verified hit of the CuTe SGEMM against cuda.core's unverified one."""
+    try:
+        from cuda.core import ProgramOptions
+        from cuda.core.utils import FileStreamProgramCache, make_program_cache_key
+    except ImportError:
+        print("cute disk hit           skipped (cuda-core not installed)")
+        return
+    ours = f"{base}/hit"
+    rt = safejit.Runtime(config=safejit.Config(backend="cuda", cache_dirs=(ours,), source_roots=(inc,)))
+    art = rt.build(safejit.Source(kernel, "cute_sgemm"), include_dirs=(inc,), arch="sm_90", flags=("-std=c++17",))
+    rt.close()
+    opts = ProgramOptions(arch="sm_90", std="c++17", include_path=[inc])
+    key = make_program_cache_key(code=kernel, code_type="c++", options=opts, target_type="cubin", extra_digest=b"cute")
+    FileStreamProgramCache(f"{base}/peer-hit")[key] = (Path(art.path) / "artifact.cubin").read_bytes()
+    times: dict[str, list[float]] = {"safejit": [], "peer": []}
+    for _ in range(runs):
+        for mode, cache in (("safejit", ours), ("peer", f"{base}/peer-hit")):
+            out = subprocess.run(
+                [sys.executable, "-c", CUTE_DISK_CHILD, mode, cache, inc, kernel],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            times[mode].append(json.loads(out.stdout)["seconds"])
+    ms, peer_ms = statistics.median(times["safejit"]) * 1e3, statistics.median(times["peer"]) * 1e3
+    results["cute_disk_hit_ms"] = round(ms, 3)
+    results["cute_disk_hit_vs_cuda_core"] = round(ms / peer_ms, 3)
+    print(
+        f"cute disk hit (fresh)   {ms / peer_ms:8.3f} x    ({ms:.2f} ms verified vs FileStreamProgramCache "
+        f"{peer_ms:.2f} ms; median of {runs} processes each)"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (CI smoke run)")
+    parser.add_argument("--only", nargs="*", help="run only these sections: memory disk cold procs16 telemetry "
+                        "verify prune cuda cute")  # fmt: skip
     args = parser.parse_args()
     results: dict[str, Any] = {}
-    memory_hit(results, args.quick)
-    disk_hit(results, "host_disk_hit_ms", 1, 5 if args.quick else 15)
-    disk_hit(results, "host_disk_hit_1000_headers_ms", 1000, 3 if args.quick else 9)
-    cold_overhead(results, 5 if args.quick else 41)
-    procs16(results)
-    telemetry(results, 2 if args.quick else 6, args.quick)
-    verify_throughput(results, args.quick)
-    prune_throughput(results, args.quick)
-    cuda_tiers(results, args.quick)
+    sections = {
+        "memory": lambda: memory_hit(results, args.quick),
+        "disk": lambda: (
+            disk_hit(results, "host_disk_hit_ms", 1, 5 if args.quick else 15),
+            disk_hit(results, "host_disk_hit_1000_headers_ms", 1000, 3 if args.quick else 9),
+        ),
+        "cold": lambda: cold_overhead(results, 5 if args.quick else 41),
+        "procs16": lambda: procs16(results),
+        "telemetry": lambda: telemetry(results, 2 if args.quick else 6, args.quick),
+        "verify": lambda: verify_throughput(results, args.quick),
+        "prune": lambda: prune_throughput(results, args.quick),
+        "cuda": lambda: cuda_tiers(results, args.quick),
+        "cute": lambda: cute(results, args.quick),
+    }
+    for name, section in sections.items():
+        if not args.only or name in args.only:
+            section()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     return 0

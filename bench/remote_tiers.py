@@ -386,7 +386,10 @@ def fleet(results: dict[str, Any], url: str, admin: Any) -> None:
 
 
 def upload_overhead(results: dict[str, Any], url: str, quick: bool) -> None:
-    """Cold host compiles with uploads on and with the remote off, paired."""
+    """Cold host compiles with uploads on and with the remote off, paired. Each pair's
+    uploads are flushed before the next pair (untimed): the upload is off the compile's
+    path, and on two cores a queued one would otherwise share the CPU with the next
+    timed compile of either runtime."""
     import safejit
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -403,7 +406,7 @@ def upload_overhead(results: dict[str, Any], url: str, quick: bool) -> None:
             with_up = next(d for is_on, d in pair if is_on)
             without = next(d for is_on, d in pair if not is_on)
             ratios.append(with_up / without)
-        on._init()[0].remote.flush()
+            on._init()[0].remote.flush()
         on.close()
         off.close()
     results["upload_overhead_ratio"] = round(statistics.median(ratios), 3)

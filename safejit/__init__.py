@@ -9,9 +9,10 @@
 
 from __future__ import annotations
 
-from . import faults
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
-from .config import Config
 from .errors import (
     CacheError,
     CompileError,
@@ -29,9 +30,42 @@ from .errors import (
     SandboxUnavailableError,
     UndeclaredDependencyError,
 )
-from .kernel import Artifact, Kernel, Module
-from .runtime import Explanation, Runtime
-from .spec import Source
+
+if TYPE_CHECKING:
+    from . import faults
+    from .config import Config
+    from .kernel import Artifact, Kernel, Module
+    from .runtime import Explanation, Runtime
+    from .spec import Source
+
+# The data path (and what it imports: msgspec, OpenTelemetry's API, BLAKE3, ctypes)
+# is imported on first use of a name below, not by ``import safejit``.
+_LAZY = {
+    "Artifact": "kernel",
+    "Config": "config",
+    "Explanation": "runtime",
+    "Kernel": "kernel",
+    "Module": "kernel",
+    "Runtime": "runtime",
+    "Source": "spec",
+    "faults": "",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'safejit' has no attribute {name!r}")
+    value = importlib.import_module(f".{module or name}", __name__)
+    if module:
+        value = getattr(value, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "Artifact",

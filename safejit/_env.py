@@ -6,6 +6,7 @@ bad value raises :class:`~safejit.errors.ConfigError` naming the variable.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -22,9 +23,12 @@ __all__ = [
     "config_overrides",
     "default_cache_dir",
     "faults_spec",
+    "parse_size",
     "passthrough_values",
     "remote_credentials",
     "safejit_variables",
+    "sandbox_ids",
+    "state_dir_candidates",
     "table",
     "warn_unknown",
 ]
@@ -42,6 +46,21 @@ def _int(text: str) -> int:
 
 def _paths(text: str) -> tuple[str, ...]:
     return tuple(p for p in text.split(os.pathsep) if p)
+
+
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """A size in bytes: ``1024``, ``500M``, ``2G``, ``1.5T`` (``k``/``M``/``G``/``T``, powers
+    of 1024; a trailing ``B`` or ``iB`` is allowed). ``ValueError`` unless it is a finite,
+    non-negative number."""
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    unit = t[-1:] if t[-1:] in _SIZE_UNITS and not t[-1:].isdigit() else ""
+    number = float(t[: len(t) - len(unit)])  # (ValueError when it is not a number)
+    if not number >= 0 or number == float("inf"):
+        raise ValueError(f"not a size: {text!r} (a non-negative number of bytes, or with k, M, G or T)")
+    return int(number * _SIZE_UNITS[unit])
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -94,6 +113,7 @@ VARIABLES: Mapping[str, tuple[str, Callable[[str], Any]]] = {
     "SAFEJIT_ASCEND_HOME": ("ascend_home", str),
     "SAFEJIT_HOST_CC": ("host_cc", str),
     "SAFEJIT_HOST_CXX": ("host_cxx", str),
+    "SAFEJIT_CACHE_MAX_BYTES": ("cache_max_bytes", parse_size),
     "SAFEJIT_REMOTE": ("remote", str),
     "SAFEJIT_REMOTE_MODE": ("remote_mode", str),
     "SAFEJIT_REMOTE_CONNECT_TIMEOUT_S": ("remote_connect_timeout_s", _float),
@@ -139,6 +159,7 @@ HELP: Mapping[str, str] = {
     "SAFEJIT_ASCEND_HOME": "the CANN toolkit",
     "SAFEJIT_HOST_CC": "the host C compiler (absolute path)",
     "SAFEJIT_HOST_CXX": "the host C++ compiler (absolute path)",
+    "SAFEJIT_CACHE_MAX_BYTES": "an opt-in disk cache cap (`10G`): what `safejit prune` keeps under when given no limit",
     "SAFEJIT_REMOTE": "a remote cache: `redis://…`, `rediss://…`, `unix://…` or `s3://bucket/prefix?endpoint=…`",
     "SAFEJIT_REMOTE_MODE": "`read-write` (default), `read-only` or `off`",
     "SAFEJIT_REMOTE_CONNECT_TIMEOUT_S": "seconds to connect to the remote (0.1)",
@@ -213,6 +234,41 @@ def default_cache_dir() -> Path:
     if xdg and os.path.isabs(xdg):
         return Path(xdg) / "safejit"
     return Path.home() / ".cache" / "safejit"
+
+
+def state_dir_candidates() -> tuple[str, ...]:
+    """Where this user's private state (the sandbox shim, the stat memo, the toolchain
+    probes) may live, in order: ``$XDG_STATE_HOME/safejit``, ``~/.local/state/safejit``,
+    ``$XDG_RUNTIME_DIR/safejit`` (else ``/run/user/<uid>/safejit``). Relative values
+    are ignored, as the XDG specification asks."""
+    found = []
+    xdg = os.environ.get("XDG_STATE_HOME")
+    if xdg and os.path.isabs(xdg):
+        found.append(os.path.join(xdg, "safejit"))
+    with contextlib.suppress(KeyError, RuntimeError):  # (no HOME and no passwd entry)
+        found.append(str(Path.home() / ".local" / "state" / "safejit"))
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if not (runtime and os.path.isabs(runtime)):
+        runtime = f"/run/user/{os.geteuid()}"
+    found.append(os.path.join(runtime, "safejit"))
+    return tuple(dict.fromkeys(p for p in found if os.path.isabs(p)))
+
+
+def sandbox_ids() -> tuple[int, int] | None:
+    """``SAFEJIT_SANDBOX_UID``: ``uid[:gid]``, the unprivileged ids a compiler runs as
+    when the caller is root (default: ``nobody``); None when unset. 0 is refused."""
+    raw = os.environ.get("SAFEJIT_SANDBOX_UID")
+    if raw is None:
+        return None
+    try:
+        uid_text, _, gid_text = raw.partition(":")
+        uid = int(uid_text, 10)
+        gid = int(gid_text, 10) if gid_text else uid
+        if uid <= 0 or gid <= 0 or uid >= 1 << 32 or gid >= 1 << 32:
+            raise ValueError("ids must be unprivileged: 1 .. 2**32-1")
+    except ValueError as exc:
+        raise ConfigError(f"SAFEJIT_SANDBOX_UID={raw!r}: {exc}", variable="SAFEJIT_SANDBOX_UID") from exc
+    return uid, gid
 
 
 def passthrough_values(names: Iterable[str]) -> tuple[tuple[str, str], ...]:

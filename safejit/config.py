@@ -91,8 +91,9 @@ class Config:
     inventory: str | None = None
     #: CUDA: "nvrtc" (in process, or in an isolated worker) or "nvcc" (sandboxed argv).
     cuda_compiler: Literal["nvrtc", "nvcc"] = "nvrtc"
-    #: CUDA: run NVRTC in a persistent worker with no filesystem access. In process (False) is
-    #: for trusted sources only: NVRTC itself may read a quoted include from the working directory.
+    #: CUDA: run NVRTC in a persistent worker that may read only the declared and toolchain roots
+    #: and records every path it looks up (one NVRTC run per compile). In process (False) is for
+    #: trusted sources only, and hands headers over in memory: one NVRTC run per header it asks for.
     nvrtc_worker: bool = True
     #: CUDA: what register spills / local memory do: "warn" (SpillWarning), "error", "ignore".
     cuda_spills: Literal["warn", "error", "ignore"] = "warn"
@@ -103,6 +104,10 @@ class Config:
     max_source_bytes: int = 4 * _MiB
     max_artifact_bytes: int = 512 * _MiB
     max_deps: int = 20_000
+    #: An opt-in cap on the disk cache's size, in bytes: what ``safejit prune`` keeps
+    #: the first cache root under when it is given no limit (least recently used
+    #: leaves go first). None: no cap. The library itself never prunes.
+    cache_max_bytes: int | None = None
     #: Host compilers (absolute paths); None: ``cc``/``c++`` from a fixed system PATH.
     host_cc: str | None = None
     host_cxx: str | None = None
@@ -158,6 +163,12 @@ class Config:
                     name=name,
                 )
         self._check_numbers()
+        if self.cache_max_bytes is not None and (
+            isinstance(self.cache_max_bytes, bool)
+            or not isinstance(self.cache_max_bytes, int)
+            or self.cache_max_bytes <= 0
+        ):
+            raise ConfigError(f"Config.cache_max_bytes must be a positive int or None, got {self.cache_max_bytes!r}")
         if self.sandbox not in ("auto", "required", "off"):
             raise ConfigError(f"Config.sandbox must be auto|required|off, got {self.sandbox!r}")
         if self.scratch not in ("memory", "cache"):

@@ -91,7 +91,8 @@ class FlagPolicyError(PolicyError):
 
 
 class UndeclaredDependencyError(PolicyError):
-    """The compiler read a file outside every declared root."""
+    """The compiler read a file that the closure cannot declare: outside every declared
+    root, or with a name that is not UTF-8 text."""
 
 
 class LoadTimeCodeError(PolicyError):

@@ -3,7 +3,8 @@
 The encoding is versioned and length-framed: every value is a one-byte type
 tag, an 8-byte big-endian length and the payload, so no two different values
 encode alike. Sets and dicts are refused: their iteration order must never
-reach a hash.
+reach a hash. A closure's rows (thousands, hashed on every disk lookup) are
+encoded as MessagePack instead, in one C call: as typed and length-prefixed.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import struct
 from collections.abc import Iterable
 from typing import Any, Final
 
+import msgspec
+
 from .closure.hashing import digest_bytes
 from .spec import NOT_IN_KEY, BuildSpec, Toolchain
 
-__all__ = ["KEY_SCHEMA", "build_key", "deps_key", "encode"]
+__all__ = ["KEY_SCHEMA", "build_key", "deps_encoding", "deps_key", "encode"]
 
-KEY_SCHEMA: Final = 1
+KEY_SCHEMA: Final = 2  # 2: the closure is encoded as MessagePack
 _LEN = struct.Struct(">Q")
 
 
@@ -104,38 +107,20 @@ def _encode_toolchain(value: Toolchain) -> bytes:
     return found
 
 
-def _encode_rows(rows: Iterable[tuple[str, ...]]) -> bytes:
-    """``encode(list(rows))`` for rows of strings, without the generic recursion
-    (a closure has thousands of rows and is encoded on every disk lookup)."""
-    pack = _LEN.pack
-    out = []
-    for row in rows:
-        inner = b"".join(b"S" + pack(len(b)) + b for b in (s.encode("utf-8", "surrogatepass") for s in row))
-        out.append(b"T" + pack(len(inner)) + inner)
-    body = b"".join(out)
-    return b"T" + pack(len(body)) + body
+_ROWS = msgspec.msgpack.Encoder()
 
 
-_DEPS_KEYS: dict[tuple[tuple[tuple[str, ...], ...], tuple[tuple[str, ...], ...]], str] = {}
-_deps_rows = 0
+def deps_encoding(deps: Iterable[tuple[str, str, str]], negatives: Iterable[tuple[str, str]] = ()) -> bytes:
+    """The bytes :func:`deps_key` hashes: the sorted rows as MessagePack (typed and
+    length-prefixed, so it decodes back to exactly these rows: no two closures encode
+    alike). One C call for thousands of rows, where a Python loop cost ~3 µs a row."""
+    return _ROWS.encode(("safejit.deps_key", KEY_SCHEMA, sorted(map(tuple, deps)), sorted(map(tuple, negatives))))
 
 
 def deps_key(deps: Iterable[tuple[str, str, str]], negatives: Iterable[tuple[str, str]] = ()) -> str:
     """Hash of the sorted ``(anchor, relpath, digest)`` closure and negative lookups.
 
-    Remembered per process: kernels that include the same headers share a closure, and
-    encoding a closure of thousands of rows costs milliseconds.
+    A path that is not valid UTF-8 text cannot be in a closure (nor in a manifest):
+    it is a :class:`UnicodeEncodeError` here.
     """
-    rows = (tuple(sorted(map(tuple, deps))), tuple(sorted(map(tuple, negatives))))
-    found = _DEPS_KEYS.get(rows)
-    if found is None:
-        head = encode("safejit.deps_key") + encode(KEY_SCHEMA)
-        body = head + _encode_rows(rows[0]) + _encode_rows(rows[1])
-        found = digest_bytes(b"T" + _LEN.pack(len(body)) + body)
-        global _deps_rows
-        _deps_rows += len(rows[0]) + len(rows[1])
-        if _deps_rows > 262_144:  # bounded memory: about 30 MB of rows
-            _DEPS_KEYS.clear()
-            _deps_rows = len(rows[0]) + len(rows[1])
-        _DEPS_KEYS[rows] = found
-    return found
+    return digest_bytes(deps_encoding(deps, negatives))

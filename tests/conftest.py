@@ -23,6 +23,28 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 ADD_C = "int add(int a, int b) { return a + b; }\n"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The session's own private state dir (the sandbox shim, stat memo, probes): the
+    user's own is never touched, and one shim build serves the whole session."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+        yield
+
+
+@pytest.fixture
+def private_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh private state dir for this test alone (``sandbox.statedir``): where its
+    Runtimes keep the shim, the stat memo and the toolchain probes."""
+    from safejit.sandbox import statedir
+
+    home = tmp_path / "state-home"
+    home.mkdir()
+    monkeypatch.setenv("XDG_STATE_HOME", str(home))
+    monkeypatch.setattr(statedir, "_opened", {})
+    return home / "safejit"
+
+
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in list(os.environ):

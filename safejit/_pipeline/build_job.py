@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from ..backends.base import CompileContext, CompileOutput, Products
 from ..cache.leaf import Manifest, Negatives, VerifiedLeaf, negative_dirs
 from ..closure import scan
-from ..closure.anchors import Anchors
+from ..closure.anchors import LINK_ANCHOR, Anchors
 from ..closure.scan import Closure
 from ..config import Config
 from ..errors import CompileError, LimitExceededError, PolicyError, SafejitError
@@ -148,7 +148,7 @@ class BuildJob:
             time.sleep(scan.COARSE_NS / 1e9)
             self._started_ns = time.time_ns()
             out = self._compile(workdir, events=False)
-            closure = scan.merged(self._closure(out.deps), self._tools_closure(out.tool_reads))
+            closure = scan.merged(self._closure(out.deps, absent=out.absent), self._tools_closure(out.tool_reads))
             manifest = None
         checked = time.monotonic()  # (no later than the scan that vouches for the closure)
         if manifest is None:
@@ -187,7 +187,7 @@ class BuildJob:
             return held.closure, manifest
         closure = early[1] if early is not None and early[0] == out.deps and scan.unchanged(early[1]) else None
         if closure is None:
-            closure = self._closure(out.deps)
+            closure = self._closure(out.deps, absent=out.absent)
         return scan.merged(closure, self._tools_closure(out.tool_reads)), None
 
     def _elapsed(self) -> float:
@@ -213,6 +213,7 @@ class BuildJob:
                 confine=lambda path: root_policy.confine(path, anchors, what="header"),
                 max_deps=self.config.max_deps,
                 events=self if events else None,
+                read_roots=[r for name, r in anchors.roots.items() if not name.startswith(LINK_ANCHOR)],
             )
             try:
                 out = self.parts.backend.compile(ctx)
@@ -249,12 +250,19 @@ class BuildJob:
         return closure
 
     def _closure(
-        self, deps: Sequence[str], *, early: bool = False, tools: bool = False, linker: bool = False
+        self,
+        deps: Sequence[str],
+        *,
+        early: bool = False,
+        tools: bool = False,
+        linker: bool = False,
+        absent: Sequence[str] | None = None,
     ) -> Closure:
         """The closure of ``deps``, confined and hashed. ``early``: a scan while the
         compiler still runs, which a later one may repeat (its violations are not
         counted). ``tools``: files the assembler or linker read (no includes, no
-        negatives); ``linker``: the linker's (which may also lie under its roots)."""
+        negatives); ``linker``: the linker's (which may also lie under its roots);
+        ``absent``: the compiler's recorded failed lookups (``CompileOutput.absent``)."""
         with span(SPAN.POLICY_CHECK, {ATTR.KIND: "completeness"}) as s:
             try:
                 return completeness.record_closure(
@@ -267,6 +275,7 @@ class BuildJob:
                     trust_stat=self.config.trust_stat,
                     includes=not tools,
                     linker=linker,
+                    absent=absent,
                 )
             except (PolicyError, LimitExceededError) as exc:
                 kind = type(exc).__name__

@@ -15,7 +15,6 @@ from .. import _env
 from ..backends import Backend, get_backend
 from ..backends.base import Runner, RunOutcome
 from ..cache.disk import DiskTier
-from ..cache.layout import CacheLayout
 from ..cache.staging import Staging, memory_scratch, settle
 from ..cache.statmemo import StatMemo
 from ..closure.anchors import Anchors
@@ -24,6 +23,7 @@ from ..policy import roots as root_policy
 from ..policy.trust import HmacSigner, SignaturePolicy, Verifier, signer_of
 from ..sandbox import SYSTEM_PATH
 from ..sandbox.runner import Sandbox
+from ..sandbox.statedir import state_dir
 from ..spec import Toolchain
 from ..telemetry import ATTR, instruments
 
@@ -40,14 +40,15 @@ class Parts:
         self.config = config
         self._env = tuple(env)
         dirs = config.resolved_cache_dirs()
-        first = os.path.realpath(os.path.expanduser(dirs[0]))
-        self.tools_dir = os.path.join(CacheLayout(first).base, "tools")
+        # Executables and private state (the shim, the stat memo, the probes) live in this
+        # user's private directory outside every cache root: a cache is data, never code.
+        self.state = state_dir(avoid=dirs)
+        private = self.state.path
         # The shim is built by the system compiler, never by a configured one: a
         # configured compiler is what the sandbox is there to contain.
         cc = shutil.which("cc", path=SYSTEM_PATH)
-        self.sandbox = Sandbox(config.sandbox, tools_dir=self.tools_dir, cc=cc)
+        self.sandbox = Sandbox(config.sandbox, state=self.state, cc=cc)
         self.sandbox.check_available()
-        private = self._private_state_dir()
         self.backend: Backend = get_backend(
             config.backend,
             cc=config.host_cc,
@@ -58,6 +59,7 @@ class Parts:
             worker=config.nvrtc_worker,
             spills=config.cuda_spills,
             require_landlock=config.sandbox == "required",
+            state=self.state,
             ascend_homes=(config.ascend_home,) if config.ascend_home else _env.ascend_home_candidates(),
         )
         # A compiler process works in a scratch dir; one in this process (NVRTC) writes none.
@@ -71,7 +73,7 @@ class Parts:
             signer=signer,
             verifier=_signature_policy(config, signer),
             max_artifact_bytes=config.max_artifact_bytes,
-            memo=StatMemo(private) if private is not None and config.trust_stat else None,
+            memo=StatMemo(private) if config.trust_stat else None,
             staging=Staging(f"artifact.{self.backend.artifact_ext}", scratch=scratch, memory=in_memory),
         )
         self.remote = self._open_remote(config)
@@ -82,12 +84,12 @@ class Parts:
     def _open_remote(self, config: Config) -> RemoteTier | None:
         """The remote tier, when one is configured (its engine's client library is
         imported now, not before; no connection is made until the first lookup)."""
-        from ..cache.remote import open_store
-        from ..cache.remote.tier import RemoteTier
-
         settings = config.remote_settings()
         if settings is None:
             return None
+        from ..cache.remote import open_store
+        from ..cache.remote.tier import RemoteTier
+
         settings = config.remote_settings(**_env.remote_credentials(settings.engine))
         attrs = {ATTR.BACKEND: config.backend, ATTR.TENANT: config.tenant}
         store = open_store(
@@ -105,15 +107,6 @@ class Parts:
             max_artifact_bytes=config.max_artifact_bytes,
             attrs=attrs,
         )
-
-    def _private_state_dir(self) -> str | None:
-        path = os.path.join(self.tools_dir, f"u{os.geteuid()}")
-        try:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            st = os.lstat(path)
-        except OSError:
-            return None
-        return path if st.st_uid == os.geteuid() and not st.st_mode & 0o022 else None
 
     @property
     def probe_dir(self) -> str:
@@ -159,7 +152,7 @@ class Parts:
         ) -> RunOutcome:
             where = cwd or self.probe_dir
             tmp = os.path.join(where, ".tmp")
-            os.makedirs(tmp, exist_ok=True)
+            os.makedirs(tmp, mode=0o700, exist_ok=True)  # (private: see the shim's hand_over)
             return self.sandbox.run(
                 argv,
                 cwd=where,

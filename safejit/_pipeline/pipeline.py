@@ -91,6 +91,7 @@ class Pipeline:
         found = disk.lookup(resolved.key, resolved.anchors)
         if isinstance(found, VerifiedLeaf):
             self.counters.add("disk_hits")
+            logger.debug("disk hit for %s: %s", resolved.spec.name, found.path)
             return Obtained(found, Tier.DISK, _load(load, found))
         self.counters.add("misses")
         if found.reason is not Miss.ABSENT:
@@ -255,9 +256,14 @@ class Pipeline:
         """Run ``job`` in ``workdir`` (in the cache root ``root``, or a private dir when
         ``root`` is empty). A compiler that failed because the cache's filesystem is full
         or broken (its scratch there: ``scratch="cache"``) is the cache's failure."""
+        name = job.spec.name
+        logger.info("compiling %s (%s, build key %s)", name, self.config.backend, job.key[:16])
+        started = time.perf_counter()
         try:
-            return job.run(workdir)
+            built = job.run(workdir)
         except CompileError as exc:
+            first = (str(exc).splitlines() or [""])[0]  # (the compiler's log follows: CompileError.log)
+            logger.info("compiling %s failed after %.3fs: %s", name, time.perf_counter() - started, first)
             if root and os.path.commonpath([workdir, root]) == root and _storage_failed(root, exc.log):
                 raise CacheError(
                     f"the compiler could not write its scratch files in the cache root: {exc.log[-500:]}",
@@ -265,6 +271,8 @@ class Pipeline:
                     path=root,
                 ) from exc
             raise
+        logger.info("compiled %s in %.3fs", name, time.perf_counter() - started)
+        return built
 
     def _job(
         self,

@@ -96,7 +96,9 @@ class Resolver:
             )
         extra_values = tuple(sorted((k, extra_text(k, v)) for k, v in extras))
         backend = self.parts.backend
-        toolchain = backend.toolchain(source, self.parts.runner(self.config))
+        run = self.parts.runner(self.config)
+        toolchain = backend.toolchain(source, run)
+        language = backend.language(source)
         anchors = self.parts.anchors(toolchain)
 
         def anchored(path: Any, what: str) -> tuple[str, str]:
@@ -113,12 +115,15 @@ class Resolver:
         if source.origin is not None:
             origin = anchored(source.origin, "source file")
             quote = anchored(os.path.dirname(anchors.expand(*origin) or ""), "source directory")
-        checked_flags = flag_policy.check_flags(flags, token, extra_allowed=backend.extra_flags)
+
+        def machine(given: tuple[str, ...]) -> tuple[str, ...]:  # (-march=native: what it means here)
+            return backend.resolve_machine_flags(given, toolchain=toolchain, language=language, run=run)
+
+        checked_flags = flag_policy.check_flags(flags, token, family=backend.flag_family, machine=machine)
         arch = backend.resolve_arch(arch)
         if any(not isinstance(e, str) or not e or "\0" in e for e in name_expressions):
             raise ConfigError("name_expressions must be non-empty strings")
         checked_defines = flag_policy.check_defines(dict(defines))
-        language = backend.language(source)
         argv = backend.argv(
             toolchain=toolchain,
             language=language,

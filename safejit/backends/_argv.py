@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -19,6 +19,8 @@ from .base import CompileContext
 __all__ = [
     "ASM_DEPFILE",
     "ASM_DEP_FLAG",
+    "DEFINES_HEADER",
+    "DEFINES_SLOT",
     "LD_DEPFILE",
     "LD_DEP_FLAG",
     "PCH_GUARD",
@@ -38,6 +40,12 @@ ASM_DEP_FLAG = f"-Wa,--MD,{ASM_DEPFILE}"
 LD_DEPFILE = ".ld.d"
 #: GNU ld, lld: list every input file in :data:`LD_DEPFILE`.
 LD_DEP_FLAG = f"-Wl,--dependency-file={LD_DEPFILE}"
+#: A header of macro definitions that a backend writes into the work dir (nvcc: the
+#: definitions its shell must never see), named in argv by :data:`DEFINES_SLOT`. Its
+#: bytes are a function of the spec (its flags and defines), so the key covers them;
+#: it is the compiler's input like the staged source, never part of the closure.
+DEFINES_HEADER = ".defines.h"
+DEFINES_SLOT = "{DEFINES}"
 #: The lists of files that tools other than the compiler read (an argv with the flag
 #: has the file written), and how each is parsed: gas writes Make syntax and copies the
 #: names that ``.file`` directives give verbatim (so its list must hold one rule), and
@@ -68,14 +76,6 @@ class ArgvBuild:
 _SOURCE_BLANK = ".source"
 
 
-def _write_file(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-
-
 def _write_source(path: str, code: bytes) -> None:
     blank = os.path.join(os.path.dirname(path), _SOURCE_BLANK)
     flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -87,6 +87,21 @@ def _write_source(path: str, code: bytes) -> None:
     fd = os.open(path, flags | os.O_TRUNC, 0o600)
     try:
         view = memoryview(code)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: str, data: bytes) -> None:
+    """A regular file of the work dir (a symlink or a FIFO a compile left there is an
+    error: ``OSError``), holding ``data``."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
     finally:
@@ -132,28 +147,51 @@ def depfile_deps(dep: str, spec: BuildSpec, data: bytes | None = None) -> tuple[
         data = read_output(dep)
     reported = parse_depfile(data.decode("utf-8", "surrogateescape"))
     absolute = [p if os.path.isabs(p) else os.path.join(workdir, p) for p in reported]
-    return tuple(p for p in absolute if p not in (src, guard)), src in absolute
+    own = (src, guard, os.path.join(workdir, DEFINES_HEADER))
+    return tuple(p for p in absolute if p not in own), src in absolute
 
 
-def run_argv(ctx: CompileContext, *, ext: str) -> ArgvBuild:
+def run_argv(
+    ctx: CompileContext,
+    *,
+    ext: str,
+    defines_header: bytes | None = None,
+    check: Callable[[Sequence[str], Sequence[str]], None] | None = None,
+) -> ArgvBuild:
     """Run ``ctx.spec``'s argv in ``ctx.workdir``: stage the source, fill the slots, run
     each step (steps are separated by ``--``), then read the artifact, the depfile and
     the other tools' lists. While the last step runs, its closes are reported to
-    ``ctx.events`` (``listed`` at the depfile's, ``closed_artifact`` at the artifact's)."""
+    ``ctx.events`` (``listed`` at the depfile's, ``closed_artifact`` at the artifact's).
+    ``defines_header``: the bytes of :data:`DEFINES_HEADER`, which ``spec.argv`` names
+    as :data:`DEFINES_SLOT`; ``check(templates, argv)``: the backend's last word on the
+    argv once the roots are put in (it raises to refuse it), before anything runs."""
     spec, workdir = ctx.spec, ctx.workdir
     src = _source_path(workdir, spec)
-    _write_source(src, spec.code)
     out, obj = artifact_path(workdir, spec, ext), artifact_path(workdir, spec, "rel.o")
     dep = depfile_path(workdir, spec)
-    slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep, "{OBJ}": obj}
-    if PCH_GUARD in spec.argv:
-        slots[PCH_GUARD] = _guard_path(workdir)
-        _write_file(slots[PCH_GUARD], PCH_GUARD_TEXT)
+    header = os.path.join(workdir, DEFINES_HEADER)
+    # {DEPNAME}: the depfile by its name in the work dir (the compiler's cwd), for an option
+    # that a driver splits at commas (-Xcompiler), which the work dir's path may hold.
+    slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep, "{OBJ}": obj, "{DEPNAME}": os.path.basename(dep)}
+    slots[DEFINES_SLOT] = header
+    slots[PCH_GUARD] = _guard_path(workdir)
     argv = [slots.get(a) or ctx.expand(a) for a in spec.argv]
     for template, arg in zip(spec.argv, argv, strict=True):
         if template.startswith("-Wl,") and arg.count(",") != template.count(","):
             # A root with a comma in its path would split a linker argument in two.
             raise FlagPolicyError(f"{arg!r}: a root's path holds a comma", flag=template, reason="linker")
+    if check is not None:
+        check(spec.argv, argv)
+    if (DEFINES_SLOT in spec.argv) != (defines_header is not None):
+        raise CompileError(f"{spec.name}: the argv and the defines header disagree", argv=argv)
+    _write_source(src, spec.code)
+    if PCH_GUARD in spec.argv:
+        _write_file(slots[PCH_GUARD], PCH_GUARD_TEXT)
+    if defines_header is not None:
+        try:
+            _write_file(header, defines_header)
+        except OSError as exc:
+            raise CompileError(f"{spec.name}: cannot write {DEFINES_HEADER}: {exc}", argv=argv) from exc
     logs, seconds, start = [], 0.0, 0
     files: Mapping[str, bytes] = {}
     watcher = _Closes(ctx, dep, out)
@@ -163,7 +201,8 @@ def run_argv(ctx: CompileContext, *, ext: str) -> ArgvBuild:
         # The runner reads the depfile and the artifact as the compiler closes them:
         # off the caller's time, and what stands is their content when the step ended.
         step_lists = read_lists(workdir, step)
-        watch = [p for p in (dep, out) if p in step] + step_lists
+        named = dep in step or slots["{DEPNAME}"] in step
+        watch = [p for p in (dep, out) if p in step or (p == dep and named)] + step_lists
         watcher.lists = dict.fromkeys(step_lists)
         result = ctx.run(step, cwd=workdir, timeout=ctx.timeout, watch=watch, on_closed=watcher)
         files = result.files  # (only the last step's: a later step may rewrite a file)

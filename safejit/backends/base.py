@@ -95,6 +95,9 @@ class CompileContext:
     confine: Callable[[str], str]
     max_deps: int
     events: CompileEvents | None = None
+    #: The resolved roots the compiler may read (declared and the toolchain's), for a
+    #: compiler that does not run through ``run`` (NVRTC's worker).
+    read_roots: Sequence[str] = ()
 
     def started(self) -> None:
         if self.events is not None:
@@ -117,6 +120,10 @@ class CompileOutput:
     #: What tools other than the compiler read beyond ``deps`` (``{"assembler": paths,
     #: "linker": paths}``; the toolchain's own link inputs aside): part of the closure.
     tool_reads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Paths the compiler looked up and did not find, when its lookups were recorded
+    #: (NVRTC in its worker): the negative dependencies, exactly. None: not recorded (a
+    #: depfile names only what was found); they are then derived from the search path.
+    absent: tuple[str, ...] | None = None
 
 
 class LoadedLibrary(Protocol):
@@ -129,8 +136,12 @@ class Backend(Protocol):
     artifact_ext: str
     #: Bumped when the backend changes how it builds argv or artifacts.
     abi: int
-    #: Flag families this backend allows on top of the common allow-list.
-    extra_flags: tuple[str, ...]
+
+    @property
+    def flag_family(self) -> str:
+        """The table of compiler flags tenants may pass (``safejit.policy.flag_tables``):
+        "gcc", "nvcc", "nvrtc" or "bisheng"."""
+        ...
 
     @property
     def needs_workdir(self) -> bool:
@@ -139,6 +150,13 @@ class Backend(Protocol):
 
     def resolve_arch(self, arch: str | None) -> str | None:
         """The target architecture to key and compile for (None where there is none)."""
+        ...
+
+    def resolve_machine_flags(
+        self, flags: tuple[str, ...], *, toolchain: Toolchain, language: str, run: Runner
+    ) -> tuple[str, ...]:
+        """What machine-dependent ``flags`` (``-march=native``) mean on this machine, as
+        flags of the backend's family that say so explicitly (DESIGN.md §4)."""
         ...
 
     def close(self) -> None: ...

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from .. import faults
 from ..closure.hashing import digest_bytes, read_file
-from ..errors import CompileError, LimitExceededError, LoadError
+from ..errors import CompileError, FlagPolicyError, LimitExceededError, LoadError
 from ..spec import Source, Toolchain
 from .base import CompileContext, CompileOutput, Products, Runner, macro_flags
 
@@ -39,7 +39,8 @@ class FakeBackend:
     name = "fake"
     artifact_ext = "fake"
     abi = 1
-    extra_flags: tuple[str, ...] = ()
+    #: It takes what the host compilers take (and ignores it): tests see the same policy.
+    flag_family = "gcc"
     needs_workdir = False
 
     def __init__(self, **_: Any) -> None:
@@ -50,6 +51,11 @@ class FakeBackend:
 
     def resolve_arch(self, arch: str | None) -> str | None:
         return arch
+
+    def resolve_machine_flags(
+        self, flags: tuple[str, ...], *, toolchain: Toolchain, language: str, run: Runner
+    ) -> tuple[str, ...]:
+        raise FlagPolicyError(f"{flags[0]!r}: the fake backend has no machine to resolve it on", flag=flags[0])
 
     def toolchain(self, source: Source, run: Runner) -> Toolchain:
         return Toolchain(compiler="fake", version="safejit fake backend 1", digest=digest_bytes(_MAGIC), roots=())

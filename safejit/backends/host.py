@@ -32,6 +32,7 @@ from ..spec import BuildSpec, LoadBaseline, Source, Toolchain
 from ._argv import ASM_DEP_FLAG, LD_DEP_FLAG, PCH_GUARD, run_argv
 from ._elf import ElfError, dynsym_functions
 from ._load_time import baseline_of, load_time_code
+from ._native import resolve_native
 from ._toolchain import (
     ProbeCache,
     compiler_search_dirs,
@@ -56,7 +57,7 @@ class HostBackend:
     name = "host"
     artifact_ext = "so"
     abi = 1
-    extra_flags: tuple[str, ...] = ()
+    flag_family = "gcc"
     needs_workdir = True
 
     def __init__(
@@ -66,6 +67,9 @@ class HostBackend:
         self._probes = ProbeCache(state_dir)
         self._probed: dict[str, Toolchain] = {}
         self._lock = threading.Lock()
+        #: What machine-dependent flags mean here, per (compiler, language, flags): once
+        #: per process, never on disk (a per-user state dir may be shared between nodes).
+        self._native: dict[tuple[str, str, tuple[str, ...]], tuple[str, ...]] = {}
 
     # -- toolchain -----------------------------------------------------------
     def language(self, source: Source) -> str:
@@ -228,6 +232,16 @@ class HostBackend:
         if arch is not None:
             raise ConfigError("the host backend takes no arch; pass -march=... in flags")
         return None
+
+    def resolve_machine_flags(
+        self, flags: tuple[str, ...], *, toolchain: Toolchain, language: str, run: Runner
+    ) -> tuple[str, ...]:
+        key = (toolchain.compiler, language, flags)
+        found = self._native.get(key)
+        if found is None:
+            where = (os.path.dirname(toolchain.compiler),)
+            found = self._native[key] = resolve_native(run, toolchain.compiler, language, flags, where)
+        return found
 
     def close(self) -> None:
         pass

@@ -23,7 +23,6 @@ import logging
 import os
 import stat
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -354,34 +353,9 @@ class DiskTier:
         leaf = os.path.join(bdir, f"deps-{manifest.deps_key}")
         prepared = workdir is not None and workdir.prepared
         stage = workdir.stage if workdir is not None and prepared else self._staging.new_stage(root)
-        # A stage made and fsynced ahead (a spare) has durable entries: filling its files
-        # changes none, and their own fsyncs suffice. Creating or removing one does.
-        entries_changed = not (prepared and workdir is not None and workdir.synced)
+        synced = prepared and workdir is not None and workdir.synced
         try:
-            # What was written early is used if it holds exactly these bytes, durably.
-            # The rest is written first, its writeback started, then fsynced: the disk
-            # works on all of it at once, and the later fsyncs find their data written.
-            done = early.use(files) if early is not None and prepared and early.stage == stage else frozenset()
-            if early is not None and early.dir_changed:
-                entries_changed = True
-            for n, data in files.items():
-                if n in done:
-                    continue
-                if n == MARKER:
-                    faults.point(BEFORE_COMMIT)
-                if not write_file(os.path.join(stage, n), data, prepared=prepared, sync=False):
-                    entries_changed = True
-            if prepared:  # a leaf holds its three files and nothing else
-                for extra in set(os.listdir(stage)) - set(files):
-                    os.unlink(os.path.join(stage, extra))
-                    entries_changed = True
-            for n in files:
-                if n not in done:
-                    fsync_file(os.path.join(stage, n))
-            if entries_changed:
-                fsync_dir(stage)
-            if not prepared:
-                os.chmod(stage, 0o755)
+            _fill_stage(stage, files, prepared=prepared, synced=synced, early=early)
             self._make_build_dir(root, bdir)
             published = dataclasses.replace(built, path=leaf, root=root, manifest=manifest)
             for attempt in (1, 2):
@@ -427,7 +401,10 @@ class DiskTier:
         if attempt == 2:
             raise OSError(exc.errno, f"{exc.strerror}; existing leaf unusable: {detail}", leaf) from exc
         logger.warning("quarantining %s before publishing over it: %s", leaf, detail)
-        self.quarantine(leaf, root)
+        if not self.quarantine(leaf, root):
+            # (the quarantine dir is not a real directory, say: verify and gc report it)
+            logger.warning("%s cannot be set aside; this build is returned unpublished", leaf)
+            return dataclasses.replace(ours, path=""), Outcome.KEPT
         return None
 
     def _make_build_dir(self, root: str, bdir: str) -> None:
@@ -457,16 +434,15 @@ class DiskTier:
         with contextlib.suppress(OSError):
             self._make_build_dir(root, bdir)
 
-    def quarantine(self, path: str, root: str) -> None:
+    def quarantine(self, path: str, root: str) -> bool:
         """Move a damaged leaf (or whatever stands in its place) aside: a same-filesystem
-        rename of the entry itself, never followed; best effort."""
+        rename of the entry itself, through descriptors (nothing planted on the way is
+        followed); best effort: False when it stays."""
+        if not CacheLayout(root).set_aside(path):
+            logger.debug("could not quarantine %s", path)
+            return False
         instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: Outcome.QUARANTINED})
-        qdir = CacheLayout(root).quarantine
-        try:
-            makedirs_durable(qdir)
-            rename(path, os.path.join(qdir, f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}"))
-        except OSError as exc:
-            logger.debug("could not quarantine %s: %s", path, exc)
+        return True
 
     # -- work dirs and locks ---------------------------------------------------
     def workdir(self, root: str) -> Workdir:
@@ -500,6 +476,39 @@ class DiskTier:
 
     def close(self) -> None:
         self._staging.close()
+
+
+def _fill_stage(stage: str, files: dict[str, bytes], *, prepared: bool, synced: bool, early: EarlyWrite | None) -> None:
+    """Make ``stage`` hold exactly ``files``, durably (the marker written last).
+
+    What was written early is used if it holds exactly these bytes, durably. The rest
+    is written first, its writeback started, then fsynced: the disk works on all of it
+    at once, and the later fsyncs find their data written. A stage made and fsynced
+    ahead (``synced``: a spare) has durable entries: filling its files changes none,
+    and their own fsyncs suffice; creating or removing one needs the directory's too.
+    """
+    entries_changed = not synced
+    done = early.use(files) if early is not None and prepared and early.stage == stage else frozenset()
+    if early is not None and early.dir_changed:
+        entries_changed = True
+    for n, data in files.items():
+        if n in done:
+            continue
+        if n == MARKER:
+            faults.point(BEFORE_COMMIT)
+        if not write_file(os.path.join(stage, n), data, prepared=prepared, sync=False):
+            entries_changed = True
+    if prepared:  # a leaf holds its three files and nothing else
+        for extra in set(os.listdir(stage)) - set(files):
+            os.unlink(os.path.join(stage, extra))
+            entries_changed = True
+    for n in files:
+        if n not in done:
+            fsync_file(os.path.join(stage, n))
+    if entries_changed:
+        fsync_dir(stage)
+    if not prepared:
+        os.chmod(stage, 0o755)
 
 
 def _fsync_quietly(path: str) -> None:

@@ -7,6 +7,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import shutil
 import stat
 import time
 from collections.abc import Callable
@@ -153,31 +154,40 @@ def makedirs_durable(path: str, mode: int = 0o755) -> None:
 
 
 def remove_tree(path: str, *, within: str) -> None:
-    """Delete ``path`` recursively without following symlinks, only inside ``within``
-    — which must itself be what it says, not a symlink to elsewhere."""
+    """Delete ``path`` recursively, only inside ``within`` — which must itself be what it
+    says, not a symlink to elsewhere. Every directory on the way from ``within`` is
+    opened without following a symlink, and the tree is removed through descriptors
+    (``shutil.rmtree(dir_fd=)``): a directory swapped for a symlink at any moment is
+    refused or removed as the link, never followed."""
     real_within = os.path.realpath(within)
     if real_within != os.path.normpath(os.path.abspath(within)):
         raise OSError(errno.EPERM, f"refusing to delete through a symlink: {within}", path)
-    parent = os.path.realpath(os.path.dirname(path))
-    if not (parent == real_within or parent.startswith(real_within.rstrip("/") + "/")):
+    rel = os.path.relpath(os.path.abspath(path), real_within).split(os.sep)
+    if rel[0] in (os.curdir, os.pardir) or os.pardir in rel:
         raise OSError(errno.EPERM, f"refusing to delete outside {within}", path)
+    *parents, name = rel
+    fd = os.open(real_within, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(path)
-        return
-    with os.scandir(path) as it:
-        entries = list(it)
-    for entry in entries:
-        if entry.is_dir(follow_symlinks=False):
-            remove_tree(entry.path, within=within)
+        for part in parents:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(name, dir_fd=fd, onerror=_gone_is_fine)  # (checks what it opened is what it stat'ed)
         else:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(entry.path)
-    with contextlib.suppress(FileNotFoundError):
-        os.rmdir(path)
+                os.unlink(name, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _gone_is_fine(func: object, path: str, exc_info: tuple[type[BaseException], BaseException, object]) -> None:
+    if not isinstance(exc_info[1], FileNotFoundError):  # (removed meanwhile by another)
+        raise exc_info[1]
 
 
 class Flock:

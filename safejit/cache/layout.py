@@ -7,14 +7,19 @@
     <root>/v1/<tenant>/<backend>/<K[:2]>/build-<K>/deps-<D>/
           artifact.<ext>   manifest.json   .committed
 
-:meth:`CacheLayout.leaves` walks the leaf tree without following a symlink.
+:meth:`CacheLayout.leaves` walks the leaf tree without following a symlink;
+:meth:`CacheLayout.open_dir` and :meth:`CacheLayout.set_aside` reach a directory, and
+move an entry into quarantine, through descriptors opened without following one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
+import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
@@ -34,6 +39,8 @@ MARKER: Final = ".committed"
 MANIFEST: Final = "manifest.json"
 #: Names under ``v1/`` that are not tenants.
 RESERVED: Final = frozenset({"tmp", "locks", "quarantine", "tools", "usage"})
+#: A directory opened without following a symlink (ELOOP/ENOTDIR when it is not a real one).
+O_DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _BUILD: Final = re.compile(r"build-([0-9a-f]{64})\Z")
 _DEPS: Final = re.compile(r"deps-([0-9a-f]{64})\Z")
 
@@ -97,6 +104,57 @@ class CacheLayout:
         base = self.base.rstrip("/") + "/"
         return os.path.normpath(path).startswith(base)
 
+    # -- by descriptor -----------------------------------------------------------
+    def open_dirs(self, parts: tuple[str, ...], *, make: bool = False) -> int:
+        """A descriptor of ``<root>/v1/<parts…>``, each component opened without following
+        a symlink (``ELOOP``/``ENOTDIR`` when one is not a real directory); with ``make``,
+        the last one is made when absent."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            names = (VERSION, *parts)
+            for n, part in enumerate(names):
+                if make and n == len(names) - 1:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                nxt = os.open(part, O_DIR, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    @contextlib.contextmanager
+    def open_dir(self, *parts: str, make: bool = False) -> Iterator[int]:
+        """:meth:`open_dirs` for a ``with`` block (closed at its end)."""
+        fd = self.open_dirs(parts, make=make)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def set_aside(self, path: str) -> bool:
+        """Move the entry ``path`` (under ``<root>/v1``) into quarantine, renamed relative
+        to descriptors of its parent and of the quarantine (a symlink planted anywhere on
+        either way is never followed); one of v1's own directories that is not a
+        directory is removed instead (it holds nothing of the cache). False when it
+        could not be done."""
+        rel = os.path.relpath(path, self.base).split(os.sep)
+        if not self.within(path) or ".." in rel:
+            return False
+        *parents, name = rel
+        try:
+            with self.open_dir(*parents) as src:
+                if not parents and name in RESERVED:
+                    os.unlink(name, dir_fd=src)
+                    return True
+                with self.open_dir("quarantine", make=True) as quarantine:
+                    stamp = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}"
+                    os.rename(name, stamp, src_dir_fd=src, dst_dir_fd=quarantine)
+        except OSError:
+            return False
+        return True
+
     # -- walking ---------------------------------------------------------------
     def build_dirs(self) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
         """``(tenant, backend, entry)`` for every entry of the shard level — build dirs
@@ -106,7 +164,7 @@ class CacheLayout:
                 continue
             for backend in _dirs(tenant.path):
                 for shard in _dirs(backend.path):
-                    for entry in _entries(shard.path):
+                    for entry in entries(shard.path):
                         yield tenant.name, backend.name, entry
 
     def leaves(self) -> Iterator[LeafPath]:
@@ -116,7 +174,7 @@ class CacheLayout:
             key = build_key_of(build.name)
             if key is None or not build.is_dir(follow_symlinks=False):
                 continue
-            for leaf in _entries(build.path):
+            for leaf in entries(build.path):
                 deps = deps_key_of(leaf.name)
                 if deps is not None and leaf.is_dir(follow_symlinks=False):
                     yield LeafPath(tenant, backend, key, deps, leaf.path)
@@ -140,13 +198,15 @@ def is_real_dir(path: str) -> bool:
         return False
 
 
-def _entries(path: str) -> list[os.DirEntry[str]]:
+def entries(where: str | int) -> list[os.DirEntry[str]]:
+    """The entries of a directory (by path or descriptor), by name; none when it cannot
+    be read."""
     try:
-        with os.scandir(path) as it:
+        with os.scandir(where) as it:  # (a descriptor yields str names too)
             return sorted(it, key=lambda e: e.name)
     except OSError:
         return []
 
 
 def _dirs(path: str) -> list[os.DirEntry[str]]:
-    return [e for e in _entries(path) if e.is_dir(follow_symlinks=False)]
+    return [e for e in entries(path) if e.is_dir(follow_symlinks=False)]

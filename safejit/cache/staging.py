@@ -175,14 +175,23 @@ def memory_scratch() -> str | None:
 
 
 def _open_memory_scratch() -> str | None:
-    base = f"/dev/shm/safejit-u{os.geteuid()}"
+    # Root's compilers run as another uid (sandbox.runner); where no user namespace lets
+    # them search root's directories, they must pass through this one to their work
+    # dir: it is 0711 (no listing, and the names below are unguessable), and named
+    # apart from the private 0700 one.
+    root = os.geteuid() == 0
+    base = "/dev/shm/safejit-root" if root else f"/dev/shm/safejit-u{os.geteuid()}"
+    mode = 0o711 if root else 0o700
     try:
         with contextlib.suppress(FileExistsError):
-            os.mkdir(base, 0o700)
+            os.mkdir(base, mode)
         st = os.lstat(base)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) in (0o700, mode):
+            os.chmod(base, mode)  # (a umask may have taken the search bits)
+            st = os.lstat(base)
     except OSError:
         return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != mode:
         logger.warning("%s is not a private directory; compiling in the cache root", base)
         return None
     with contextlib.suppress(OSError), os.scandir(base) as it:

@@ -16,14 +16,17 @@ Snapshots that were racily close to the time they were taken are never recorded
 Step 3 cannot happen for a snapshot whose mtime and ctime lie more than
 ``RACY_WINDOW_NS`` (2 s, far above any filesystem's tick) before the time it was
 taken: any later write gives the file a later ctime. The memo lives in a private
-directory (0700, owned by the user) and is keyed by the kernel's boot id, so neither
-another user nor another machine sharing the cache can feed it.
+directory (``sandbox.statedir``: 0700, owned by the user, outside every cache root)
+and is keyed by the kernel's boot id, so neither another user nor another machine
+sharing the cache can feed it. A record that is not a regular file of this user's,
+or that others may write, is never read.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import time
 
 import msgspec
@@ -69,7 +72,11 @@ class StatMemo:
         if not self.directory:
             return None
         try:
-            with open(self._path(leaf), "rb") as fh:
+            fd = os.open(self._path(leaf), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            with open(fd, "rb") as fh:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                    return None
                 data = _DECODER.decode(fh.read())
         except (OSError, msgspec.DecodeError):
             return None
@@ -89,6 +96,7 @@ class StatMemo:
         with contextlib.suppress(OSError):
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
             data = _Record(leaf, deps_key, roots, record.paths, record.snaps, dirs)
-            with open(tmp, "wb") as fh:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with open(fd, "wb") as fh:
                 fh.write(_ENCODER.encode(data))
             os.replace(tmp, path)

@@ -1,81 +1,262 @@
-"""The ``safejit`` command: demo, ls, stats, verify, prune, gc, explain, inspect, warm."""
+"""The ``safejit`` command: demo, ls, stats, verify, prune, gc, explain, inspect, warm.
+
+Exit status: 0 when all is well (``explain``: a hit); 1 when something was found
+wrong (a leaf that does not verify, a bad usage record, an entry where a directory
+should be; ``explain``: a miss; ``warm``: a request failed or skipped); 2 for an
+error (a bad option, a missing ``--cache-dir``, a ``SafejitError``).
+
+Output is plain aligned text; with ``pip install 'safejit[cli]'`` (rich) it is
+coloured on a terminal, with spinners while compiles run. ``--json`` (ls, stats,
+verify, prune, gc, inspect, explain) prints one JSON document; its keys are listed
+in the README.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
-from collections.abc import Sequence
+import platform
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import TextIO
 
+from .._version import __version__
 from ..errors import SafejitError
-from . import cache, demo, warm
-from ._common import console
-from .cache import parse_age, parse_size
+from . import demo, explain, inspect, listing, upkeep, warm
+from ._common import EXIT_ERROR, CliError, parse_age, parse_size, positive_int
+from ._out import Out
+from ._text import safe
 
 __all__ = ["main", "parse_age", "parse_size"]
 
+Command = Callable[[argparse.Namespace, Out], int]
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown after each option's help (when there is one to show);
+    descriptions kept as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, [], argparse.SUPPRESS) or isinstance(action.default, bool):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        import rich  # noqa: F401  (whether it can be used, not only whether it is installed)
+
+        shown = f"rich {version('rich')}"
+    except Exception:  # (ImportError; no metadata: PackageNotFoundError)
+        shown = "rich not installed: plain output"
+    return f"safejit {__version__} (Python {platform.python_version()}; {shown})"
+
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="safejit", description="Run-time kernel compilation with a verified cache.")
-    sub = p.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="compile a kernel on the host backend and show each cache tier")
-    demo.add_argument("--trace", action="store_true", help="print the span tree (needs safejit[otel])")
-    demo.add_argument("--keep", action="store_true", help="keep the demo's cache entry")
-    child = sub.add_parser("_demo-child")
+    """Every command and option, declared once (over the style's 40 lines: a table)."""
+    p = argparse.ArgumentParser(
+        prog="safejit",
+        description="Run-time kernel compilation with a verified, shared cache.",
+        epilog="Exit status: 0 all well, 1 something found wrong (or explain: a miss), 2 an error.",
+        formatter_class=_Help,
+    )
+    p.add_argument("--version", action="version", version=_version())
+    p.add_argument("-v", "--verbose", action="store_true", help="log the library's INFO lines (compiles) to stderr")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    cache = argparse.ArgumentParser(add_help=False)
+    cache.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="the cache root to use (default: SAFEJIT_CACHE_DIRS, else ~/.cache/safejit); must exist",
+    )
+    js = argparse.ArgumentParser(add_help=False)
+    js.add_argument("--json", action="store_true", help="print one JSON document (keys: see the README)")
+
+    def command(name: str, text: str, *parents: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text, parents=[cache, *parents], formatter_class=_Help)
+
+    d = command("demo", "compile a kernel on the host backend and show each cache tier")
+    d.add_argument("--trace", action="store_true", help="print the span tree (needs safejit[otel])")
+    d.add_argument(
+        "--keep",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the demo's leaf in the cache (--no-keep removes it at the end)",
+    )
+    child = sub.add_parser("_demo-child", parents=[cache])  # (no help: hidden from the list)
     child.add_argument("nonce")
-    for cmd in (demo, child):
-        cmd.add_argument("--cache-dir")
-    prune = sub.add_parser("prune", help="delete leaves by age, count per build and total size (LRU)")
-    prune.add_argument("--max-bytes", type=parse_size, help="e.g. 10G")
-    prune.add_argument("--max-age", type=parse_age, help="e.g. 30d")
-    prune.add_argument("--keep-per-build", type=int, help="newest leaves kept per build key")
-    prune.add_argument("--grace", type=parse_age, default=60.0, help="never delete a leaf touched this recently")
-    gc = sub.add_parser("gc", help="remove staging residue, quarantine, old usage records and idle locks")
-    gc.add_argument("--older-than", type=parse_age, default=86400.0)
-    explain = sub.add_parser("explain", help="why would this source hit or miss? (exit 0 on a hit)")
-    explain.add_argument("source")
-    explain.add_argument("-I", "--include", action="append", default=[])
-    explain.add_argument("-D", "--define", action="append", default=[])
-    explain.add_argument("--flag", action="append", default=[])
-    explain.add_argument("--extra", action="append", default=[], help="NAME=JSON")
-    explain.add_argument("--source-root", action="append", default=[])
-    inspect = sub.add_parser("inspect", help="show a leaf: manifest, argv, timings, dependencies")
-    inspect.add_argument("leaf")
-    warm = sub.add_parser("warm", help="rebuild an inventory's requests in parallel, skipping what verifies")
-    warm.add_argument("inventory")
-    warm.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
-    warm.add_argument("--source-root", action="append", default=[])
-    for cmd in (prune, gc, explain, warm):
-        cmd.add_argument("--cache-dir")
-    for name, text in (
-        ("ls", "list cache leaves"),
-        ("stats", "cache size by tenant and backend"),
-        ("verify", "rehash every leaf; exit 0 only when all verify"),
-    ):
-        cmd = sub.add_parser(name, help=text)
-        cmd.add_argument("--cache-dir")
-        if name == "verify":
-            cmd.add_argument("--fix", action="store_true", help="quarantine leaves that fail")
+
+    ls = command("ls", "list the cache's leaves: short id, kernel, tenant, backend, size, age", js)
+    ls.add_argument("--tenant", help="only this tenant's leaves")
+    ls.add_argument("--backend", help="only this backend's leaves (host, cuda, ascend, fake)")
+    ls.add_argument("--paths", action="store_true", help="print each leaf's id and directory, one per line")
+    command("stats", "leaves and bytes per tenant and backend; hit rates and compile times from usage records", js)
+    v = command("verify", "rehash every leaf; exit 0 only when all verify and every usage record is valid", js)
+    v.add_argument("--fix", action="store_true", help="quarantine leaves that fail; delete bad usage records")
+
+    pr = command("prune", "delete leaves by age, by count per build and by total size (least recently used first)", js)
+    pr.add_argument(
+        "--max-bytes",
+        type=parse_size,
+        metavar="SIZE",
+        help="keep the cache under SIZE bytes: 500M, 10G "
+        "(default: SAFEJIT_CACHE_MAX_BYTES, when no other limit is given)",
+    )
+    pr.add_argument(
+        "--max-age", type=parse_age, metavar="AGE", help="delete leaves not used for AGE: 45m, 12h, 30d, 2w"
+    )
+    pr.add_argument(
+        "--keep-per-build",
+        type=positive_int,
+        metavar="N",
+        help="keep the N most recently used leaves of each build key (N >= 1)",
+    )
+    pr.add_argument("--grace", type=parse_age, default="60s", metavar="AGE", help="never delete a leaf used within AGE")
+    pr.add_argument("--dry-run", action="store_true", help="report what would be deleted; delete nothing")
+    g = command("gc", "remove old staging residue, quarantine, usage records and idle lock files", js)
+    g.add_argument(
+        "--older-than", type=parse_age, default="1d", metavar="AGE", help="remove what is older than AGE: 30m, 12h, 1d"
+    )
+
+    e = command(
+        "explain", "would compiling SOURCE hit the cache? On a miss, say why (exit 0 on a hit, 1 on a miss)", js
+    )
+    e.add_argument("source", help="the source file (under a --source-root)")
+    e.add_argument(
+        "-I",
+        "--include",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="an include dir, as compile(include_dirs=...); repeatable",
+    )
+    e.add_argument(
+        "-D",
+        "--define",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="a define, as compile(defines=...); repeatable",
+    )
+    e.add_argument(
+        "--flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="a compiler flag, as compile(flags=...); repeatable (--flag=-O3)",
+    )
+    e.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help='a declared extra; VALUE as JSON (132, true, "text"); repeatable',
+    )
+    e.add_argument(
+        "--source-root",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a declared source root (default: SAFEJIT_SOURCE_ROOTS); repeatable",
+    )
+    e.add_argument("--backend", help="host, cuda, ascend or fake (default: SAFEJIT_BACKEND, else host)")
+    e.add_argument("--arch", help="target architecture, as compile(arch=...): sm_90 (default: the device's)")
+    e.add_argument("--tenant", help="the tenant namespace (default: SAFEJIT_TENANT, else default)")
+
+    i = command("inspect", "show a leaf: manifest, inputs, argv and the files its build read", js)
+    i.add_argument(
+        "leaf", metavar="LEAF", help="a leaf id from `safejit ls` (a prefix of 4+ hex digits) or a leaf directory"
+    )
+    i.add_argument("--deps", action="store_true", help="list every dependency and absent path (default: a summary)")
+
+    w = command("warm", "build an inventory's requests in parallel processes, skipping what verifies")
+    w.add_argument("inventory", help="a JSON-lines inventory (Config.inventory / SAFEJIT_INVENTORY)")
+    w.add_argument(
+        "-j", "--jobs", type=positive_int, default=os.cpu_count() or 2, metavar="N", help="parallel processes"
+    )
+    w.add_argument(
+        "--source-root",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a declared source root (default: SAFEJIT_SOURCE_ROOTS); repeatable",
+    )
     return p
 
 
-_COMMANDS = {
-    "prune": cache.cmd_prune,
-    "gc": cache.cmd_gc,
-    "explain": cache.cmd_explain,
-    "inspect": cache.cmd_inspect,
-    "warm": warm.cmd_warm,
+_COMMANDS: dict[str, Command] = {
     "demo": demo.cmd_demo,
     "_demo-child": demo.cmd_demo_child,
-    "ls": cache.cmd_ls,
-    "stats": cache.cmd_stats,
-    "verify": cache.cmd_verify,
+    "ls": listing.cmd_ls,
+    "stats": listing.cmd_stats,
+    "verify": upkeep.cmd_verify,
+    "prune": upkeep.cmd_prune,
+    "gc": upkeep.cmd_gc,
+    "explain": explain.cmd_explain,
+    "inspect": inspect.cmd_inspect,
+    "warm": warm.cmd_warm,
 }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+class _SafeFormatter(logging.Formatter):
+    """Log lines with every control character escaped (paths in them come from the cache)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(safe(line) for line in super().format(record).split("\n"))
+
+
+@contextlib.contextmanager
+def _logging(verbose: bool, stream: TextIO) -> Iterator[None]:
+    """The library's log lines, escaped, on ``stream`` (WARNING and up; INFO with -v),
+    while the command runs."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(_SafeFormatter("%(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(logging.INFO if verbose else logging.WARNING)
+    logger = logging.getLogger("safejit")
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False  # (not also through an unescaped root handler, nor logging's last resort)
+    if verbose:
+        logger.setLevel(logging.INFO)
     try:
-        return _COMMANDS[args.command](args)
-    except SafejitError as exc:
-        console.print(f"[red]error[/]: {type(exc).__name__}: {exc}")
-        return 2
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.level, logger.propagate = saved
+
+
+def main(argv: Sequence[str] | None = None, *, out: Out | None = None) -> int:
+    args = _parser().parse_args(argv)
+    out = out if out is not None else Out()
+    try:
+        with _logging(args.verbose, out.err):
+            return _COMMANDS[args.command](args, out)
+    except CliError as exc:
+        out.error(str(exc), *exc.more)
+    except SafejitError as exc:  # (a compiler's log follows its first line: shown indented, escaped)
+        first, *rest = str(exc).split("\n")
+        out.error(f"{type(exc).__name__}: {first}", *rest[:40])
+    except KeyboardInterrupt:
+        out.error("interrupted")
+        return 130
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_ERROR
+    except OSError as exc:
+        out.error(f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""))
+    except Exception as exc:  # a bug; its message may hold text from the cache: escaped, no traceback
+        out.error(f"internal error: {type(exc).__name__}: {exc}", "(a bug in safejit: please report it)")
+    return EXIT_ERROR
+
+
+def _quiet_stdout() -> None:
+    """After a reader closed the pipe (``safejit ls | head``): no error at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -10,13 +11,18 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Final
 
+from ..cache import maintenance
 from ..cache.fsio import remove_tree
 from ..cache.layout import VERSION
 from ..runtime import Runtime
 from ..spec import Source
-from ._common import config_for, console
+from ._common import EXIT_FINDINGS, EXIT_OK, CliError, config_for
+from ._out import Out
+
+__all__ = ["COUNTER_MEANINGS", "cmd_demo", "cmd_demo_child"]
 
 DEMO_SOURCE = r"""
 #include <stddef.h>
@@ -34,6 +40,23 @@ double dot(const double *x, const double *y, size_t n) {
 }
 """
 
+#: What each ``Runtime.stats()`` counter means (the demo's table; docs/observability.md).
+COUNTER_MEANINGS: Final = {
+    "compiles": "kernels this process compiled",
+    "memory_hits": "calls answered from memory",
+    "disk_hits": "found on disk, verified, loaded",
+    "misses": "not on disk: compiled (or waited for)",
+    "published": "leaves this process wrote to disk",
+    "adopted": "another process published first; used theirs",
+    "not_published": "built, not cached (inputs moved meanwhile)",
+    "stale": "memory entries whose dependencies changed",
+    "bypass": "compiled privately: the cache was unusable",
+    "errors": "compiles that failed",
+    "evictions": "memory entries dropped for room",
+    "memory_entries": "kernels held in memory now",
+    "memory_bytes": "bytes of those kernels",
+}
+
 
 def _demo_compile(rt: Runtime, nonce: str) -> tuple[float, Any]:
     started = time.perf_counter()
@@ -42,55 +65,51 @@ def _demo_compile(rt: Runtime, nonce: str) -> tuple[float, Any]:
     return time.perf_counter() - started, (mod, dot)
 
 
-def cmd_demo_child(args: argparse.Namespace) -> int:
+def cmd_demo_child(args: argparse.Namespace, out: Out) -> int:
     rt = Runtime(config=config_for(args.cache_dir))
     seconds, (mod, dot) = _demo_compile(rt, args.nonce)
     n = 100
     x = (ctypes.c_double * n)(*range(n))
-    print(json.dumps({"seconds": seconds, "tier": mod.artifact.source, "dot": dot(x, x, n), "stats": dict(rt.stats())}))
-    return 0
+    print(json.dumps({"seconds": seconds, "tier": mod.artifact.tier, "dot": dot(x, x, n), "stats": dict(rt.stats())}))
+    return EXIT_OK
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    exporter = None
-    if args.trace:
+def _tracing(enabled: bool) -> Any:
+    if not enabled:
+        return None
+    try:
         from ..telemetry import setup
 
-        exporter = setup(memory=True)
+        return setup(memory=True)
+    except ImportError:
+        raise CliError("--trace needs the OpenTelemetry SDK: pip install 'safejit[otel]'") from None
+
+
+def cmd_demo(args: argparse.Namespace, out: Out) -> int:
+    exporter = _tracing(args.trace)
     cfg = config_for(args.cache_dir)
     rt = Runtime(config=cfg)
     nonce = uuid.uuid4().hex[:16]
-    console.print("[bold]safejit demo[/] — host backend, kernel [cyan]saxpy[/]/[cyan]dot[/]")
-    cold, (mod, dot) = _demo_compile(rt, nonce)
+    out.line(("safejit demo", "bold"), ": host backend, kernels saxpy and dot (new on each run)")
+    out.line(f"  cache root      {cfg.resolved_cache_dirs()[0]}")
+    with out.status("compiling the demo kernel"):
+        cold, (mod, dot) = _demo_compile(rt, nonce)
     leaf = mod.artifact.path
-    console.print(f"  cache root      {cfg.resolved_cache_dirs()[0]}")
-    console.print(f"  cold compile    {cold * 1e3:9.1f} ms   ({mod.artifact.source}; leaf {_short(leaf)})")
+    out.line(f"  cold compile    {cold * 1e3:9.1f} ms   ({mod.artifact.tier})")
+    out.line(("                  (a first run also probes the compiler, builds the sandbox)", "dim"))
     hits = []
     for _ in range(1000):
         t0 = time.perf_counter()
         rt.compile(Source(DEMO_SOURCE, "demo"), defines={"SAFEJIT_DEMO_RUN": nonce})
         hits.append(time.perf_counter() - t0)
     hits.sort()
-    console.print(f"  memory hit      {hits[len(hits) // 2] * 1e6:9.2f} µs   (p50 of 1000 calls)")
-    child = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "safejit",
-            "_demo-child",
-            nonce,
-            *(["--cache-dir", args.cache_dir] if args.cache_dir else []),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
-    if child.returncode != 0:
-        console.print(f"[red]fresh process failed[/]: {child.stderr.strip()}")
-        return 1
-    report = json.loads(child.stdout.strip().splitlines()[-1])
-    console.print(
+    out.line(f"  memory hit      {hits[len(hits) // 2] * 1e6:9.2f} µs   (p50 of 1000 calls)")
+    with out.status("loading it in a fresh process"):
+        report = _child(nonce, args.cache_dir)
+    if report is None or not isinstance(report.get("stats"), dict):
+        out.error("the fresh process failed", *(report or {}).get("stderr", "").splitlines()[-5:])
+        return EXIT_FINDINGS
+    out.line(
         f"  fresh process   {report['seconds'] * 1e3:9.2f} ms   ({report['tier']} hit, verified;"
         f" compiles there: {report['stats']['compiles']})"
     )
@@ -101,29 +120,55 @@ def cmd_demo(args: argparse.Namespace) -> int:
     saxpy(2.0, x, y, n)
     expected = sum(2.0 * i + 1.0 for i in range(n))
     got = sum(y)
-    console.print(f"  saxpy check     sum(2x+1) = {got:.1f} (expected {expected:.1f}); dot(x,x) = {dot(x, x, n):.1f}")
-    console.print(f"  stats           {dict(rt.stats())}")
+    out.line(f"  saxpy check     sum(2x+1) = {got:.1f} (expected {expected:.1f}); dot(x,x) = {dot(x, x, n):.1f}")
+    _stats_table(out, rt.stats())
     if exporter is not None:
         from ..telemetry._sdk import render_span_tree
 
-        console.print(render_span_tree(exporter.get_finished_spans()))
+        for line in render_span_tree(exporter.get_finished_spans()).splitlines():
+            out.line(line)
     rt.close()
-    if not args.keep and leaf:
-        _remove_build(leaf)
+    _leaf_note(out, leaf, keep=args.keep)
     ok = got == expected and report["tier"] == "disk" and report["stats"]["compiles"] == 0
-    console.print("[green]demo ok[/]" if ok else "[red]demo failed[/]")
-    return 0 if ok else 1
+    out.line(("demo ok", "ok") if ok else ("demo failed", "bad"))
+    return EXIT_OK if ok else EXIT_FINDINGS
 
 
-def _remove_build(leaf: str) -> None:
-    """Remove the demo's own build directory (its nonce makes it unique)."""
+def _child(nonce: str, cache_dir: str | None) -> dict[str, Any] | None:
+    argv = [sys.executable, "-m", "safejit", "_demo-child", nonce, *(["--cache-dir", cache_dir] if cache_dir else [])]
+    try:
+        child = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"stderr": str(exc)}
+    lines = child.stdout.strip().splitlines()
+    with contextlib.suppress(ValueError, IndexError):
+        report = json.loads(lines[-1])
+        if child.returncode == 0 and isinstance(report, dict):
+            return report
+    return {"stderr": child.stderr}
+
+
+def _stats_table(out: Out, stats: Mapping[str, int]) -> None:
+    rows = [(name, f"{stats[name]:,}", meaning) for name, meaning in COUNTER_MEANINGS.items() if name in stats]
+    rows += [(name, f"{value:,}", "") for name, value in stats.items() if name not in COUNTER_MEANINGS]
+    out.table(("COUNTER", "VALUE", "MEANING"), rows, title="this process's Runtime.stats()", right={1}, shrink={2})
+
+
+def _leaf_note(out: Out, leaf: str, *, keep: bool) -> None:
+    if not leaf:
+        return
     build = os.path.dirname(leaf)
+    leaf_id = maintenance.leaf_id(os.path.basename(build)[6:], os.path.basename(leaf)[5:])
+    if keep:
+        out.line(f"  leaf kept       {leaf_id}  (see: safejit inspect ID; --no-keep removes it)")
+        out.line(f"                  {leaf}")
+        return
     root = build.split(f"/{VERSION}/")[0]
     try:
         remove_tree(build, within=os.path.join(root, VERSION))
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(build))  # its shard dir, when now empty
     except OSError as exc:
-        console.print(f"[yellow]could not remove demo entry {build}: {exc}[/]")
-
-
-def _short(path: str) -> str:
-    return "…/" + "/".join(path.split("/")[-2:]) if path else "(not cached)"
+        out.line((f"  could not remove the demo's leaf {build}: {exc}", "warn"))
+        return
+    out.line(f"  leaf removed    {leaf_id} (--no-keep)")

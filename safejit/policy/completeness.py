@@ -43,6 +43,7 @@ def record_closure(
     trust_stat: bool = True,
     includes: bool = True,
     linker: bool = False,
+    absent: Sequence[str] | None = None,
 ) -> Closure:
     """Confine, anchor and hash the closure the compiler reported, and derive
     its negative lookups. Raises :class:`UndeclaredDependencyError` for a file
@@ -54,9 +55,13 @@ def record_closure(
     hold no ``#include`` to follow; one that is gone or no regular file (after it is
     confined) makes the build one that is not vouched for (``too_new``). ``linker``:
     what the linker read, which may also lie under the linker's roots (and is
-    anchored there first)."""
+    anchored there first). ``absent``: the paths the compiler looked up and did not
+    find, when its lookups were recorded (NVRTC's worker): then they are the negative
+    lookups, exactly, in place of those derived from ``search_dirs`` and the sources'
+    include names and probes."""
     if len(paths) > max_deps:
         raise LimitExceededError(f"{len(paths)} dependencies exceed the limit of {max_deps}", limit=max_deps)
+    _refuse_names_that_are_not_text([*paths, *(absent or ())])
     # (what the linker reads may lie where it finds libraries; what the source steers not)
     roots = [r for name, r in anchors.roots.items() if linker or not name.startswith(LINK_ANCHOR)]
 
@@ -130,26 +135,34 @@ def record_closure(
         deps.append(Dep(anchored[0], anchored[1], scanned.digest))
         states.append((lexical, scanned.snap, scanned.digest))
         lexicals.append(lexical)
-    read = set(lexicals)
-    absent, present = negative_lookups(lexicals, search_dirs, [name for _, name, _ in probes])
-    for q in quoted:
-        for cand in (q, q + PCH_SUFFIX):
+    present: list[str] = []
+    missing: list[str] = []
+    if absent is not None:
+        # Recorded: each was looked up and not found (shadowing, __has_include, .gch and
+        # all). One that is there now appeared since: the build shows what was not there.
+        for cand in absent:
+            (too_new if os.path.lexists(cand) else missing).append(cand)
+    else:
+        read = set(lexicals)
+        missing, present = negative_lookups(lexicals, search_dirs, [name for _, name, _ in probes])
+        for q in quoted:
+            for cand in (q, q + PCH_SUFFIX):
+                if cand not in read:
+                    (present if os.path.lexists(cand) else missing).append(cand)
+        for cand in _probes_by_path(probes, search_dirs, anchors, allowed):
             if cand not in read:
-                (present if os.path.lexists(cand) else absent).append(cand)
-    for cand in _probes_by_path(probes, search_dirs, anchors, allowed):
-        if cand not in read:
-            (present if os.path.lexists(cand) else absent).append(cand)
-    # A precompiled header there may have been used in place of its header, and the
-    # depfile then names the header alone: it is part of the closure, by its bytes.
-    for cand in [c for c in present if c.endswith(PCH_SUFFIX)]:
-        anchored = anchors.anchor(cand)
-        scanned = _scan_pch(cand, allowed, trust_stat)
-        if anchored is None or scanned is None:
-            raise _outside(cand, "(outside)")
-        deps.append(Dep(anchored[0], anchored[1], scanned.digest))
-        states.append((cand, scanned.snap, scanned.digest))
-        if changed_since(scanned.snap, started_ns):
-            too_new.append(cand)
+                (present if os.path.lexists(cand) else missing).append(cand)
+        # A precompiled header there may have been used in place of its header, and the
+        # depfile then names the header alone: it is part of the closure, by its bytes.
+        for cand in [c for c in present if c.endswith(PCH_SUFFIX)]:
+            anchored = anchors.anchor(cand)
+            scanned = _scan_pch(cand, allowed, trust_stat)
+            if anchored is None or scanned is None:
+                raise _outside(cand, "(outside)")
+            deps.append(Dep(anchored[0], anchored[1], scanned.digest))
+            states.append((cand, scanned.snap, scanned.digest))
+            if changed_since(scanned.snap, started_ns):
+                too_new.append(cand)
     # A header where the compiler would have looked first, there now yet not read, may
     # have appeared during the compile: then what the compiler saw is unknown. So may a
     # directory on the way to a file read have been swapped (a symlink put in and taken
@@ -160,7 +173,7 @@ def record_closure(
                 too_new.append(cand)
     negative_paths = []
     negatives = []
-    for cand in sorted(set(absent)):
+    for cand in sorted(set(missing)):
         anchored_cand = anchors.anchor(cand)
         if anchored_cand is not None:
             negatives.append(anchored_cand)
@@ -196,6 +209,20 @@ def changed_since(snap: Snapshot, started_ns: int) -> bool:
     trees need synchronised clocks, as ``make`` and ccache do.
     """
     return snap[4] > started_ns - COARSE_NS
+
+
+def _refuse_names_that_are_not_text(paths: Sequence[str]) -> None:
+    """A name that is not UTF-8 (decoded with surrogate escapes) cannot enter a key or a
+    manifest: the build is refused, naming it, rather than failing deep in the encoder."""
+    for path in paths:
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UndeclaredDependencyError(
+                f"the compiler read {path!r}, whose name is not UTF-8 text: it cannot be recorded in a "
+                "closure; rename it",
+                path=path,
+            ) from None
 
 
 def _outside(path: str, real: str) -> UndeclaredDependencyError:

@@ -1,243 +1,188 @@
-"""The compiler flag policy: an allow-list, confined path flags, clean defines.
+"""The compiler flag policy: exact tables per compiler family, confined path flags,
+clean defines.
 
-Flags that redirect output or dependency files, swap the driver or host
-compiler, load plugins, or read response/spec files are refused with
-:class:`~safejit.errors.FlagPolicyError`. Path-bearing flags are confined to
-declared roots and rewritten in anchored form so they key location-free.
+Each flag must be an entry of its family's table (:mod:`.flag_tables`): an exact
+spelling, or a name whose joined value matches that name's grammar in full.
+Anything else is refused with :class:`~safejit.errors.FlagPolicyError` naming the
+flag and why. Path-bearing flags are confined to declared roots and rewritten in
+anchored form so they key location-free. Machine-dependent flags (``-march=native``)
+are replaced by what the backend resolves them to on this machine, so that the key
+holds what they mean here.
+
+Example::
+
+    from safejit.policy.flags import check_flags
+    check_flags(["-O3", "-I", "/opt/lib/include"], anchor, family="gcc")
+    # -> ("-O3", "-I\\0s0\\0/include")
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from ..errors import ConfigError, FlagPolicyError
+from .flag_tables import LINKER, LINKER_NEXT, LINKER_REASONS, PTXAS, REASONS, Family, family
 
-__all__ = ["PATH_FLAGS", "check_defines", "check_flags"]
+__all__ = ["PATH_FLAGS", "MachineResolver", "check_defines", "check_flags"]
 
-#: Flags whose value is a path; joined (``-I/x``) or separate (``-I /x``).
+#: Flags whose value is a path (the host family's; each family lists its own).
 PATH_FLAGS: Final = ("-isystem", "-iquote", "-idirafter", "-include", "-imacros", "-I")
-#: Refused outright, with the reason given to the caller.
-_REFUSED: Final = (
-    ("-o", "redirects output"),
-    ("-M", "writes dependency files"),
-    ("-B", "swaps compiler programs"),
-    ("-fplugin", "loads a plugin"),
-    ("@", "reads a response file"),
-    ("-specs", "reads a spec file"),
-    ("--specs", "reads a spec file"),
-    ("-ccbin", "swaps the host compiler"),
-    ("--compiler-bindir", "swaps the host compiler"),
-    ("-wrapper", "runs another program"),
-    ("-save-temps", "writes files outside staging"),
-    ("-dump", "writes files elsewhere"),
-    ("-fdump", "writes files elsewhere"),
-    ("-fopt-info", "writes files elsewhere"),
-    ("-fprofile", "reads or writes profile files"),
-    ("-fauto-profile", "reads a profile file"),
-    ("-fuse-ld", "swaps the linker"),
-    ("-fuse-linker-plugin", "loads the LTO plugin into the linker"),
-    ("-fmodule-mapper", "runs a program or reads a mapper file"),
-    ("-fpass-plugin", "loads a plugin"),
-    ("-fmodule-file", "reads files elsewhere"),
-    ("-fmodules-cache-path", "writes files elsewhere"),
-    ("-fprebuilt-module-path", "reads files elsewhere"),
-    ("-fmodule-map-file", "reads files elsewhere"),
-    ("-fcrash-diagnostics-dir", "writes files elsewhere"),
-    ("-ftime-trace", "writes files elsewhere"),
-    ("-L", "adds library dirs whose contents are not tracked"),
-    ("-fdeps-", "writes dependency files"),
-    ("-fself-test", "reads files elsewhere"),
-    ("-fdiagnostics-add-output", "writes files elsewhere"),
-    ("-fdiagnostics-set-output", "writes files elsewhere"),
-    ("-fsanitize-", "reads list files"),
-    # At link time, once per partition, possibly in parallel: the assembler's list of
-    # what it read (inline asm's .incbin) would hold one run's reads only.
-    ("-flto", "assembles at link time, where what is read cannot be tracked"),
-    ("-Wp,", "passes raw preprocessor options"),
-    ("-Wa,", "passes raw assembler options"),
-    ("-X", "passes raw options to a sub-tool"),
-    ("--sysroot", "swaps the system root"),
-    ("-isysroot", "swaps the system root"),
-    ("-iprefix", "re-roots includes"),
-    ("-iwithprefix", "re-roots includes"),
-    ("-x", "changes the language"),
-    ("-E", "changes the output kind"),
-    ("-S", "changes the output kind"),
-    ("-c", "changes the output kind"),
-    ("-###", "prints instead of compiling"),
-    ("--output", "redirects output"),
-    ("-odir", "redirects output"),
-    ("--keep", "writes files elsewhere"),
-    ("-keep", "writes files elsewhere"),
-    ("-Xclang", "passes raw options"),
-)
-#: Allowed prefixes (after the refusals): optimisation, features, machine, warnings, language…
-_ALLOWED: Final = (
-    "-O",
-    "-f",
-    "-m",
-    "-W",
-    "-std=",
-    "--std=",
-    "-g",
-    "-D",
-    "-U",
-    "-l",
-    "-pthread",
-    "-w",
-    "-pedantic",
-    "-ansi",
-    "-shared",
-    "-rdynamic",
-    "-static-libgcc",
-    "-static-libstdc++",
-)
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 Confiner = Callable[[str, str], str]  # (path, what) -> anchored token text
+#: The machine-dependent flags given (in order) -> what they resolve to here.
+MachineResolver = Callable[[tuple[str, ...]], Sequence[str]]
 
 
-def check_flags(flags: Sequence[str], anchor_path: Confiner, *, extra_allowed: Iterable[str] = ()) -> tuple[str, ...]:
-    """Validate ``flags``; return them with every path flag in anchored form."""
-    allowed = (*_ALLOWED, *extra_allowed)
+def check_flags(
+    flags: Sequence[str], anchor_path: Confiner, *, family: str, machine: MachineResolver | None = None
+) -> tuple[str, ...]:
+    """Validate ``flags`` against ``family``'s table; return them with every path flag in
+    anchored form and the machine-dependent ones replaced by ``machine``'s resolution
+    (without ``machine``, such a flag is refused)."""
+    fam = _family(family)
     out: list[str] = []
+    found_machine: list[str] = []
+    at = -1  # where the resolution goes: in place of the first machine-dependent flag
     i = 0
     while i < len(flags):
         flag = flags[i]
-        if not isinstance(flag, str) or not flag or "\0" in flag or "\n" in flag:
-            raise FlagPolicyError(f"flag {flag!r} is empty or holds NUL/newline", flag=str(flag))
-        path_flag = next((p for p in PATH_FLAGS if flag.startswith(p)), None)
-        if path_flag is not None:
-            value = flag[len(path_flag) :]
-            if not value:
-                if i + 1 >= len(flags):
-                    raise FlagPolicyError(f"{flag} needs a path", flag=flag)
-                i += 1
-                value = flags[i]
-            out.append(path_flag + anchor_path(value, f"flag {path_flag}"))
-        elif flag.startswith("-Wl,"):
-            out.append(_check_linker(flag, anchor_path))
-        elif flag in ("-D", "-U"):
-            if i + 1 >= len(flags):
-                raise FlagPolicyError(f"{flag} needs a value", flag=flag)
-            i += 1
-            out.append(_check_macro(flag, flags[i]))
-        elif flag.startswith(("-D", "-U")):
+        if not _clean(flag):
+            raise FlagPolicyError(
+                f"flag {flag!r} is empty, holds NUL or a newline, or is not UTF-8", flag=repr(flag), reason="malformed"
+            )
+        path_flag = next((p for p in fam.path_flags if flag.startswith(p)), None)
+        if path_flag is not None or (fam.macros and flag in ("-D", "-U")):
+            joined = flag[len(path_flag or flag) :]
+            i += not joined  # (the value is the next item)
+            value = joined or _separate_value(flags, i, flag)
+            out.append(_check_macro(flag, value) if path_flag is None else _path(flag, path_flag, value, anchor_path))
+        elif fam.macros and flag.startswith(("-D", "-U")):
             out.append(_check_macro(flag[:2], flag[2:]))
+        elif flag in fam.machine:
+            if machine is None:
+                raise FlagPolicyError(
+                    f"flag {flag!r} depends on the machine and cannot be resolved here", flag=flag, reason="machine"
+                )
+            at = len(out) if at < 0 else at
+            found_machine += [] if flag in found_machine else [flag]
         else:
-            _check_plain(flag, allowed)
-            out.append(flag)
+            out.append(_check_option(flag, fam))
         i += 1
+    if found_machine and machine is not None:
+        out[at:at] = _resolution(tuple(found_machine), machine(tuple(found_machine)), fam)
     return tuple(out)
 
 
-def _check_macro(flag: str, value: object) -> str:
-    """``-DNAME[=VALUE]`` / ``-UNAME``: a C identifier, no NUL or newline."""
-    if not isinstance(value, str) or "\0" in value or "\n" in value or "\r" in value:
-        raise FlagPolicyError(f"{flag} value {value!r} is not a clean string", flag=flag)
+def _path(flag: str, path_flag: str, value: str, anchor_path: Confiner) -> str:
+    """``path_flag`` and its confined, anchored path ``value`` (from ``flag`` or the next item)."""
+    if value.startswith("-"):
+        raise FlagPolicyError(f"{path_flag} {value!r}: an option where a path belongs", flag=flag)
+    return path_flag + anchor_path(value, f"flag {path_flag}")
+
+
+def _family(name: str) -> Family:
+    try:
+        return family(name)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _separate_value(flags: Sequence[str], i: int, flag: str) -> str:
+    if i >= len(flags):
+        raise FlagPolicyError(f"{flag} needs a value", flag=flag, reason="malformed")
+    value = flags[i]
+    if not _clean(value):
+        raise FlagPolicyError(f"{flag} value {value!r} is not a clean string", flag=flag, reason="malformed")
+    return value
+
+
+def _clean(text: object) -> bool:
+    """A non-empty str without NUL or a line break that encodes to UTF-8 (a lone
+    surrogate would fail only when the argv is encoded, as a UnicodeEncodeError)."""
+    if not isinstance(text, str) or not text or "\0" in text or "\n" in text or "\r" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_macro(flag: str, value: str) -> str:
+    """``-DNAME[=VALUE]`` / ``-UNAME``: a C identifier (the value is clean already)."""
     name = value.split("=", 1)[0]
     if not _IDENT.match(name) or (flag == "-U" and "=" in value):
-        raise FlagPolicyError(f"{flag}{value}: {name!r} is not a C identifier", flag=flag)
+        raise FlagPolicyError(f"{flag}{value}: {name!r} is not a C identifier", flag=flag, reason="macro")
     return flag + value
 
 
-def _check_plain(flag: str, allowed: tuple[str, ...]) -> None:
-    for prefix, reason in _REFUSED:
-        if flag == prefix or (flag.startswith(prefix) and (len(prefix) > 2 or prefix in ("-M", "@", "-B", "-L"))):
-            raise FlagPolicyError(f"flag {flag!r} is refused: it {reason}", flag=flag, reason=reason)
-    if flag.startswith("-l") and "/" in flag:
-        raise FlagPolicyError(f"flag {flag!r} names a library by path", flag=flag, reason="path in -l")
-    if not flag.startswith(allowed):
-        raise FlagPolicyError(f"flag {flag!r} is not on the allow-list", flag=flag, reason="not allowed")
+def _check_option(flag: str, fam: Family) -> str:
+    if fam.options.admits(flag):
+        return flag
+    if fam.linker and flag.startswith("-Wl,"):
+        return _check_linker(flag)
+    if fam.libraries and flag.startswith("-l") and flag[2:] in fam.libraries:
+        return flag
+    ptxas = next((p for p in fam.ptxas if flag.startswith(p)), None)
+    if ptxas is not None:
+        value = flag[len(ptxas) :]
+        for opt in value.split(",") if fam.ptxas_lists else [value]:
+            if not PTXAS.admits(opt):
+                raise FlagPolicyError(f"ptxas option {opt!r} in {flag!r} is not allowed", flag=flag, reason="ptxas")
+        return flag
+    raise FlagPolicyError(f"flag {flag!r} is refused: it {_reason(flag, fam)}", flag=flag, reason=_reason(flag, fam))
 
 
-#: Linker options allowed in ``-Wl,``; those in _LINKER_VALUE take the next part as a value.
-_LINKER_ALLOWED: Final = frozenset(
-    {
-        "--as-needed",
-        "--no-as-needed",
-        "--gc-sections",
-        "--no-gc-sections",
-        "--no-undefined",
-        "-Bsymbolic",
-        "-Bsymbolic-functions",
-        "-E",
-        "--export-dynamic",
-        "-s",
-        "--strip-all",
-        "--strip-debug",
-        "--enable-new-dtags",
-        "--disable-new-dtags",
-        "-O0",
-        "-O1",
-        "-O2",
-        "--build-id",
-        "--eh-frame-hdr",
-        "--no-allow-shlib-undefined",
-        "-z",
-        "-rpath",
-        "--rpath",
-        "-soname",
-        "--soname",
-        "--exclude-libs",
-        "--hash-style",
-        "--icf",
-        "--sort-common",
-        "--warn-common",
-        "--fatal-warnings",
-        "-lm",
-    }
-)
-#: What a linker option, or a value that is no path, may hold.
-_LINKER_WORD: Final = re.compile(r"[A-Za-z0-9_.+=:${}-]+\Z")
-_LINKER_VALUE: Final = frozenset({"-z", "-rpath", "--rpath", "-soname", "--soname", "--exclude-libs", "--hash-style"})
+def _reason(flag: str, fam: Family) -> str:
+    known = max((p for p in REASONS if flag.startswith(p)), key=len, default=None)
+    return REASONS[known] if known is not None else f"is not on the {fam.name} allow-list"
 
 
-def _check_linker(flag: str, anchor_path: Confiner) -> str:
-    """``-Wl,`` options from an allow-list (``-o``, maps, plugins, scripts are refused);
-    path values are confined. The linker expands ``@file`` anywhere in its arguments
-    (a response file: the assembler's depfile would do), so no part may start with
-    ``@``, before or after a path is resolved; and a value is never another option."""
-    parts = flag.split(",")[1:]
+def _resolution(given: tuple[str, ...], resolved: Sequence[str], fam: Family) -> list[str]:
+    """What the machine-dependent flags resolved to: plain entries of the table (so the
+    same build can be asked for by hand, and keys the same)."""
     out = []
-    expect_value = False
-    for part in parts:
-        key, eq, value = part.partition("=")
-        if part.startswith("@") or (expect_value and part.startswith("-")):
-            raise FlagPolicyError(f"linker argument {part!r} is not allowed", flag=flag, reason="linker")
-        if expect_value:
-            expect_value = False
-        elif key not in _LINKER_ALLOWED and not key.startswith("--build-id"):
-            raise FlagPolicyError(f"linker option {part!r} is not on the allow-list", flag=flag, reason="linker")
-        else:
-            expect_value = not eq and key in _LINKER_VALUE
-            if not eq:
-                out.append(_linker_word(part, flag) if "/" not in part else _linker_path(part, flag, anchor_path))
-                continue
-        if "/" in (value if eq else part):
-            out.append((key + "=" if eq else "") + _linker_path(value if eq else part, flag, anchor_path))
-        else:
-            out.append(_linker_word(part, flag))
-    if expect_value:
-        raise FlagPolicyError(f"linker option in {flag!r} needs a value", flag=flag, reason="linker")
-    return ",".join(["-Wl", *out])
+    for flag in resolved:
+        if not isinstance(flag, str) or flag in fam.machine or not fam.options.admits(flag):
+            raise FlagPolicyError(
+                f"{' '.join(given)} resolves to {flag!r} here, which is not on the {fam.name} allow-list",
+                flag=given[0],
+                reason="machine",
+            )
+        out.append(flag)
+    return out
 
 
-def _linker_word(part: str, flag: str) -> str:
-    if not _LINKER_WORD.match(part):
-        raise FlagPolicyError(f"linker argument {part!r} is not allowed", flag=flag, reason="linker")
-    return part
+def _check_linker(flag: str) -> str:
+    """``-Wl,`` options, each from :data:`~.flag_tables.LINKER` (``-z`` and
+    ``--exclude-libs`` with their value in the next part). No option takes a path, so
+    nothing the linker is given can name a file: neither an output, a script, a
+    library dir nor a response file (``@file``, which the linker expands anywhere)."""
+    parts = flag.split(",")[1:]
+    i = 0
+    while i < len(parts):
+        part = parts[i]
+        grammar = LINKER_NEXT.get(part)
+        if grammar is not None:
+            i += 1
+            value = parts[i] if i < len(parts) else ""
+            if not grammar.fullmatch(value):
+                raise _linker_refusal(flag, f"{part} {value}".strip(), value or part)
+        elif not LINKER.admits(part):
+            raise _linker_refusal(flag, part, part.partition("=")[0])
+        i += 1
+    if not parts:
+        raise FlagPolicyError(f"{flag!r} passes nothing to the linker", flag=flag, reason="linker")
+    return flag
 
 
-def _linker_path(path: str, flag: str, anchor_path: Confiner) -> str:
-    """The confined path, anchored. Resolved, it must still be one argument: a comma
-    would split it in two (``x,@asm.d`` behind a symlink would be a response file)."""
-    anchored = anchor_path(path, "linker path")
-    if "," in anchored:
-        raise FlagPolicyError(f"linker path {path!r} resolves to a name with a comma", flag=flag, reason="linker")
-    return anchored
+def _linker_refusal(flag: str, part: str, key: str) -> FlagPolicyError:
+    known = max((p for p in LINKER_REASONS if key.startswith(p)), key=len, default=None)
+    why = LINKER_REASONS[known] if known is not None else "is not on the linker allow-list"
+    return FlagPolicyError(f"linker option {part!r} in {flag!r} is refused: it {why}", flag=flag, reason="linker")
 
 
 def check_defines(defines: Mapping[str, object] | None) -> tuple[tuple[str, str | None], ...]:
@@ -256,7 +201,7 @@ def check_defines(defines: Mapping[str, object] | None) -> tuple[tuple[str, str 
             text = "0"
         else:
             raise ConfigError(f"define {name} has a {type(value).__name__} value", name=name)
-        if text is not None and ("\0" in text or "\n" in text or "\r" in text):
-            raise ConfigError(f"define {name} value holds NUL or a newline", name=name)
+        if text is not None and text and not _clean(text):
+            raise ConfigError(f"define {name} value holds NUL or a newline, or is not UTF-8", name=name)
         out.append((name, text))
     return tuple(sorted(out, key=lambda kv: kv[0]))

@@ -1,14 +1,27 @@
 """The only runner of untrusted processes: compilers given as argv lists, and the
 NVRTC worker.
 
-- ``runner``: :class:`~safejit.sandbox.runner.Sandbox` — rlimits, Landlock, a new
-  process group killed on timeout, captured output, spare shims started ahead.
+- ``runner``: :class:`~safejit.sandbox.runner.Sandbox` — the walls (Landlock,
+  seccomp, a user and mount namespace with a bounded scratch tmpfs, an unprivileged
+  uid, rlimits), a new process group killed on timeout, captured output, spare
+  shims started ahead; ``describe()`` says which walls a run gets.
 - ``landlock``: the Landlock syscall numbers and access masks (their one home) and
-  in-process restriction.
-- ``shim.c``: the exec shim (built once per user by ``_shim_build``); ``_pyshim.py``
-  is its standard-library fallback, run as a standalone script.
+  in-process restriction. ``seccomp``: the seccomp filter (its one home).
+- ``statedir``: this user's private state dir (the shim, the stat memo, the probes),
+  outside every cache root.
+- ``shim.c``: the exec shim (built once per user by ``_shim_build``, run through its
+  descriptor); ``_pyshim.py`` is its standard-library fallback, run as a standalone
+  script. ``_launch``: starting a shim and talking to it; ``_scratch``: the tmpfs
+  as this process reaches it.
 - ``_wait``: waiting for a process (output, exit, deadline); ``_closewatch``:
   noticing, while it runs, that it closed a file it wrote (inotify).
+
+Usage::
+
+    sb = Sandbox("auto", cc="/usr/bin/cc")
+    result = sb.run(["/usr/bin/cc", "-c", "k.c"], cwd=work, env={"PATH": SYSTEM_PATH},
+                    timeout=60, read_roots=[src], write_roots=[work])
+    sb.describe()  # e.g. "landlock-v7+seccomp+userns+tmpfs+nproc+rlimits"
 """
 
 from __future__ import annotations

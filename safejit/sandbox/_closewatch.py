@@ -74,18 +74,20 @@ os.register_at_fork(after_in_child=_forget_idle)
 class CloseWatch:
     """Watch files of one directory for their close after writing; ``fd`` is for ``poll``."""
 
-    __slots__ = ("fd", "head", "names", "wd")
+    __slots__ = ("fd", "head", "names", "view", "wd")
 
-    def __init__(self, fd: int, wd: int, head: str, names: frozenset[bytes]) -> None:
+    def __init__(self, fd: int, wd: int, head: str, names: frozenset[bytes], view: str) -> None:
         self.fd = fd
         self.wd = wd
         self.head = head
         self.names = names
+        self.view = view
 
     @classmethod
-    def open(cls, paths: Sequence[str]) -> CloseWatch | None:
+    def open(cls, paths: Sequence[str], *, view: str | None = None) -> CloseWatch | None:
         """A watch for the close after writing of ``paths`` (all in one directory), or
-        ``None`` where inotify is not to be had."""
+        ``None`` where inotify is not to be had. ``view``: where this process reaches
+        that directory as the writer sees it (its scratch tmpfs), if not by its path."""
         heads = {os.path.dirname(p) for p in paths}
         if _LIBC is None or len(heads) != 1:
             return None
@@ -96,11 +98,16 @@ class CloseWatch:
             if fd < 0:
                 return None
         (head,) = heads
-        wd = _LIBC.inotify_add_watch(fd, os.fsencode(head or "."), _WRITTEN | _REPLACED)
+        seen = view if view is not None else head or "."
+        wd = _LIBC.inotify_add_watch(fd, os.fsencode(seen), _WRITTEN | _REPLACED)
         if wd < 0:
             _put_idle(fd)
             return None
-        return cls(fd, wd, head, frozenset(os.fsencode(os.path.basename(p)) for p in paths))
+        return cls(fd, wd, head, frozenset(os.fsencode(os.path.basename(p)) for p in paths), seen)
+
+    def reach(self, path: str) -> str:
+        """Where this process reads the watched file ``path``."""
+        return os.path.join(self.view, os.path.basename(path))
 
     def closed(self) -> list[tuple[str, bool]]:
         """What happened to the watched files since the last call, in order: (path, True)
@@ -161,7 +168,7 @@ class ClosedFiles:
                 self.stop()
                 return
             try:
-                data = read_output(path)
+                data = read_output(self.closes.reach(path))
             except OSError:
                 self.files.pop(path, None)
                 continue

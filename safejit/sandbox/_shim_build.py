@@ -1,9 +1,12 @@
-"""Building the exec shim (``shim.c``): once per user and shim version, by the
-system C compiler, into a private directory (0700, owned by this user)."""
+"""Building the exec shim (``shim.c``) and the lookup recorder (``lookups.c``): once
+per user and version, by the system C compiler, into the private state dir
+(:mod:`.statedir`), never into a shared cache root. The runner executes the shim
+through the descriptor returned here, opened once and checked: a path swapped
+afterwards changes nothing. The recorder is loaded by the NVRTC worker from the
+private state dir, by path (no one else may write there)."""
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
@@ -11,70 +14,91 @@ import shutil
 import stat
 import subprocess
 import tempfile
-from importlib import resources
-from pathlib import Path
 
 from ..closure.hashing import digest_bytes
 from . import SYSTEM_PATH
+from .statedir import StateDir, private_file
 
-__all__ = ["ensure_shim"]
+__all__ = ["ensure_lookups", "ensure_shim", "shim_name"]
 
 logger = logging.getLogger("safejit.sandbox.runner")
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# (name prefix, what it is, link variants tried in order, a salt for the tag)
+_Kind = tuple[str, str, tuple[list[str], ...], bytes]
+_SHIM: _Kind = ("shim", "sandbox shim", (["-static"], []), b"static-first")
+_LOOKUPS: _Kind = ("lookups", "lookup recorder", (["-shared", "-fPIC"],), b"shared")
 
-def _unlink_quiet(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
+
+def _source(prefix: str) -> bytes:
+    # A plain read next to this module (importlib.resources pulls in zipfile: ~7 ms).
+    with open(os.path.join(_HERE, f"{prefix}.c"), "rb") as fh:
+        return fh.read()
 
 
-def _private_dir(path: Path) -> bool:
-    """True when ``path`` is a real directory owned by us and closed to others."""
+def _name(kind: _Kind, cc: str) -> str:
+    prefix, _, _, salt = kind
+    tag = digest_bytes(b"\0".join((_source(prefix), cc.encode(), salt)))[:16]
+    return f"{prefix}-{tag}" + (".so" if prefix == "lookups" else "")
+
+
+def shim_name(cc: str) -> str:
+    """The file name of the shim that ``cc`` builds from this version of ``shim.c``."""
+    return _name(_SHIM, cc)
+
+
+def _open_checked(state: StateDir, name: str, what: str) -> int | None:
+    """The file ``name`` of ``state`` (``O_PATH``), if it is a regular file of ours that
+    only we may write and that we may execute."""
     try:
-        st = os.lstat(path)
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=state.fd)
     except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
-
-
-def _temporary_private_dir() -> Path:
-    path = tempfile.mkdtemp(prefix="safejit-tools-")
-    atexit.register(shutil.rmtree, path, True)
-    return Path(path)
-
-
-def ensure_shim(tools_dir: str | None, cc: str | None) -> str | None:
-    """Build (once per user and shim version) and return the exec shim."""
-    if cc is None:
-        logger.warning("no C compiler to build the sandbox shim; compilers run without rlimits or Landlock")
         return None
-    source = resources.files("safejit.sandbox").joinpath("shim.c").read_bytes()
-    tag = digest_bytes(source + b"\0" + cc.encode() + b"\0static-first")[:16]
-    base = Path(tools_dir) if tools_dir else Path(tempfile.gettempdir())
-    private = base / f"u{os.geteuid()}"
+    st = os.fstat(fd)
+    if private_file(st) and st.st_mode & stat.S_IXUSR:
+        return fd
+    os.close(fd)
+    logger.warning("%s/%s is not a private file of this user; building the %s again", state.shown, name, what)
+    return None
+
+
+def ensure_shim(state: StateDir, cc: str | None) -> int | None:
+    """The exec shim (built on first use), opened for execution (``O_PATH``; run it as
+    ``/proc/self/fd/<n>``). None: no C compiler, or the build failed."""
+    if cc is None:
+        logger.warning("no C compiler to build the sandbox shim")
+        return None
+    return _ensure(state, cc, _SHIM)
+
+
+def ensure_lookups(state: StateDir, cc: str | None) -> str | None:
+    """The lookup recorder, a shared object (see ``lookups.c``), built on first use: its
+    path in the private state dir; None when it cannot be built here."""
+    if cc is None:
+        return None
+    fd = _ensure(state, cc, _LOOKUPS)
+    if fd is None:
+        return None
+    os.close(fd)
+    return os.path.join(state.shown, _name(_LOOKUPS, cc))
+
+
+def _ensure(state: StateDir, cc: str, kind: _Kind) -> int | None:
+    prefix, what, variants, _ = kind
+    name = _name(kind, cc)
+    fd = _open_checked(state, name, what)
+    if fd is not None:
+        return fd
+    work = tempfile.mkdtemp(prefix=f"safejit-{prefix}-")
     try:
-        private.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError:
-        private = _temporary_private_dir()
-    if not _private_dir(private):
-        logger.warning("%s is not a private directory; building the shim in a temporary one", private)
-        private = _temporary_private_dir()
-    target = private / f"shim-{tag}"
-    try:
-        st = os.lstat(target)
-        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
-            return str(target)
-    except FileNotFoundError:
-        pass
-    work = Path(tempfile.mkdtemp(prefix=".shim-", dir=private))
-    try:
-        (work / "shim.c").write_bytes(source)
-        out = work / "shim"
-        # Static where the C library allows it: no dynamic loading on each start (~0.3 ms).
-        for link in (["-static"], []):
+        with open(os.path.join(work, f"{prefix}.c"), "wb") as fh:
+            fh.write(_source(prefix))
+        out = os.path.join(work, prefix)
+        for link in variants:  # (the shim: static where the C library allows it, ~0.3 ms less per start)
             proc = subprocess.run(
-                [cc, "-O2", *link, "-o", str(out), str(work / "shim.c")],
+                [cc, "-O2", *link, "-o", out, os.path.join(work, f"{prefix}.c")],
                 cwd=work,
-                env={"PATH": SYSTEM_PATH, "TMPDIR": str(work), "LC_ALL": "C"},
+                env={"PATH": SYSTEM_PATH, "TMPDIR": work, "LC_ALL": "C"},
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 timeout=120,
@@ -83,16 +107,48 @@ def ensure_shim(tools_dir: str | None, cc: str | None) -> str | None:
             if proc.returncode == 0:
                 break
         if proc.returncode != 0:
-            logger.warning("building the sandbox shim failed: %s", proc.stderr.decode(errors="replace")[-2000:])
+            logger.warning("building the %s failed: %s", what, proc.stderr.decode(errors="replace")[-2000:])
             return None
-        os.chmod(out, 0o700)
-        os.replace(out, target)
-        return str(target)
+        with open(out, "rb") as fh:
+            binary = fh.read()
+        _install(state, name, binary)
+        _forget_others(state, prefix, name)
     except (OSError, subprocess.SubprocessError) as exc:
-        logger.warning("building the sandbox shim failed: %s", exc)
+        logger.warning("building the %s failed: %s", what, exc)
         return None
     finally:
-        for child in work.iterdir() if work.exists() else ():
-            _unlink_quiet(str(child))
+        shutil.rmtree(work, ignore_errors=True)
+    return _open_checked(state, name, what)
+
+
+def _forget_others(state: StateDir, prefix: str, name: str) -> None:
+    """Remove the builds of other versions of the source (or other compilers): a
+    process that runs or maps one holds it open, so it goes on working."""
+    with contextlib.suppress(OSError), os.scandir(state.path) as entries:
+        old = [e.name for e in entries if e.name.startswith(f"{prefix}-") and e.name != name]
+    for other in old:
         with contextlib.suppress(OSError):
-            work.rmdir()
+            if stat.S_ISREG(os.lstat(other, dir_fd=state.fd).st_mode):
+                os.unlink(other, dir_fd=state.fd)
+
+
+def _install(state: StateDir, name: str, binary: bytes) -> None:
+    """Write ``binary`` as ``name`` in ``state``: a new file (0700), renamed into place."""
+    tmp = f".{name}.{os.getpid()}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp, dir_fd=state.fd)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o700, dir_fd=state.fd)
+    try:
+        view = memoryview(binary)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fchmod(fd, 0o700)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.rename(tmp, name, src_dir_fd=state.fd, dst_dir_fd=state.fd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=state.fd)
+        raise

@@ -7,13 +7,15 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import signal
+import socket
 import subprocess
 import time
 from typing import Final
 
 from ._closewatch import ClosedFiles
 
-__all__ = ["LOG_HEAD", "LOG_TAIL", "OutputLog", "wait_for_exit"]
+__all__ = ["LOG_HEAD", "LOG_TAIL", "OutputLog", "exited", "wait_for_exit"]
 
 LOG_HEAD: Final = 48 * 1024
 LOG_TAIL: Final = 16 * 1024
@@ -51,14 +53,28 @@ class OutputLog:
 
 
 def wait_for_exit(
-    proc: subprocess.Popen[bytes], timeout: float, read_fd: int, log: OutputLog, reader: ClosedFiles | None = None
-) -> int:
-    """Read the output until the process exits, waking the moment it does
-    (``Popen.wait(timeout)`` polls with sleeps of up to 50 ms, which would dominate
-    a fast compile), and let ``reader`` read the watched files it reports closed.
+    proc: subprocess.Popen[bytes],
+    timeout: float,
+    read_fd: int,
+    log: OutputLog,
+    reader: ClosedFiles | None = None,
+    *,
+    pidfd: int = -1,
+    status: socket.socket | None = None,
+) -> tuple[int, bool]:
+    """Read the output until the run is over, waking the moment it is (``Popen.wait(timeout)``
+    polls with sleeps of up to 50 ms, which would dominate a fast compile), and let
+    ``reader`` read the watched files it reports closed. Returns the exit status and
+    whether the shim reported it on ``status`` (then everything it started has been
+    reaped, and only the shim's own exit is left: the caller need not wait for it).
     Raises ``TimeoutExpired`` past ``timeout``. The time ``reader``'s callback takes
     (the caller's work on what was closed: staging the leaf, on a slow cache disk say)
-    is not the compiler's: it moves the deadline, by no more than ``timeout`` in all."""
+    is not the compiler's: it moves the deadline, by no more than ``timeout`` in all.
+
+    Never outlives the process: ``pidfd`` (opened when the process was started, so it
+    cannot name another process that took its pid) wakes the wait when it exits; and
+    each round also asks whether it has exited (or been reaped by someone else),
+    without reaping it and without Popen's lock, where there is no pidfd."""
     deadline = time.monotonic() + timeout
     credit = timeout
 
@@ -71,48 +87,93 @@ def wait_for_exit(
         deadline += spent
         credit -= spent
 
+    def finish() -> tuple[int, bool]:
+        if reader is not None and reader.active:
+            reader()  # (its closes were queued before its exit)
+        return _returncode(proc), False
+
+    poller = select.poll()
+    poller.register(read_fd, select.POLLIN)
+    if pidfd >= 0:
+        poller.register(pidfd, select.POLLIN)
+    if reader is not None:
+        poller.register(reader.closes.fd, select.POLLIN)
+    said = bytearray()
+    if status is not None:
+        poller.register(status.fileno(), select.POLLIN)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            if not exited(proc, pidfd):
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+            return finish()  # it ended in time; this loop was busy (reading what it closed)
+        # Without a pidfd, look at the process every 10 ms.
+        wait_ms = int(left * 1000) + 1 if pidfd >= 0 else min(int(left * 1000) + 1, 10)
+        events = dict(poller.poll(wait_ms))
+        if read_fd in events:
+            chunk = os.read(read_fd, 1 << 16)
+            if chunk:
+                log.add(chunk)
+            else:
+                poller.unregister(read_fd)
+        if status is not None and status.fileno() in events:
+            got = _recv(status)
+            said += got
+            if said.endswith(b"\n") or not got:
+                poller.unregister(status.fileno())
+                reported = _exit_status(bytes(said))
+                if reported is not None:
+                    if reader is not None and reader.active:
+                        reader()  # (the closes were queued before the report)
+                    return reported, True
+                status = None  # gone without a word (killed): its exit tells
+        # The process may have exited already: its closes were queued before its exit.
+        if reader is not None and reader.active and (reader.closes.fd in events or pidfd in events):
+            read_closed()
+            if not reader.active:
+                poller.unregister(reader.closes.fd)
+        if (pidfd >= 0 and pidfd in events) or proc.returncode is not None or (pidfd < 0 and exited(proc)):
+            return finish()
+
+
+def exited(proc: subprocess.Popen[bytes], pidfd: int = -1) -> bool:
+    """Whether ``proc`` has exited (a zombie, or reaped: by Popen or by anyone else)."""
+    if proc.returncode is not None:
+        return True
+    if pidfd >= 0:
+        return bool(select.select([pidfd], [], [], 0)[0])
     try:
-        pidfd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):
-        pidfd = -1
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True  # reaped by someone else: its status is lost
+    except OSError:
+        return False
+
+
+def _returncode(proc: subprocess.Popen[bytes]) -> int:
+    """The status of a process that has exited. One whose status someone else took is
+    reported as killed (-SIGKILL), never as a success."""
+    if proc.returncode is None:
+        try:
+            pid, status = os.waitpid(proc.pid, 0)
+        except ChildProcessError:
+            pid, status = 0, 0
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+        elif proc.returncode is None:  # (not set by Popen meanwhile either)
+            proc.returncode = -signal.SIGKILL
+    return proc.returncode
+
+
+def _recv(sock: socket.socket) -> bytes:
     try:
-        poller = select.poll()
-        poller.register(read_fd, select.POLLIN)
-        if pidfd >= 0:
-            poller.register(pidfd, select.POLLIN)
-        if reader is not None:
-            poller.register(reader.closes.fd, select.POLLIN)
-        open_pipe = True
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                if proc.poll() is None:
-                    raise subprocess.TimeoutExpired(proc.args, timeout)
-                # It ended in time; this loop was busy (reading what it closed).
-                if reader is not None and reader.active:
-                    reader()
-                return proc.wait()
-            # Without a pidfd (or once the pipe is closed), look at the process every 10 ms.
-            wait_ms = int(left * 1000) + 1 if pidfd >= 0 and open_pipe else min(int(left * 1000) + 1, 10)
-            events = dict(poller.poll(wait_ms))
-            if read_fd in events:
-                chunk = os.read(read_fd, 1 << 16)
-                if chunk:
-                    log.add(chunk)
-                else:
-                    poller.unregister(read_fd)
-                    open_pipe = False
-            # The process may have exited already: its closes were queued before its exit.
-            if reader is not None and reader.active and (reader.closes.fd in events or pidfd in events):
-                read_closed()
-                if not reader.active:
-                    poller.unregister(reader.closes.fd)
-            if pidfd in events:
-                return proc.wait()
-            if pidfd < 0 and proc.poll() is not None:
-                if reader is not None and reader.active:
-                    reader()
-                return proc.wait()
-    finally:
-        if pidfd >= 0:
-            os.close(pidfd)
+        return sock.recv(64)
+    except OSError:
+        return b""
+
+
+def _exit_status(said: bytes) -> int | None:
+    """The shim's report ``exit <code>``; None for anything else."""
+    text = said.decode("ascii", "replace").strip()
+    head, _, code = text.partition(" ")
+    return int(code) if head == "exit" and code.isdigit() and len(code) <= 3 else None

@@ -1,18 +1,31 @@
 """The sandboxed runner for every external compiler.
 
 Compilers run as argv lists (never a shell) with stdin closed, a scrubbed
-environment, a new process group that is killed on timeout, rlimits, output
-captured through a pipe (head and tail kept), and Landlock where the kernel offers it.
-Limits and Landlock are applied by a small exec shim (``shim.c``, built once
-per user and kept in a private directory) — never by a Python callback between
-fork and exec, which is unsafe in threaded programs.
+environment, a new process group that is killed on timeout, and output captured
+through a pipe (head and tail kept). Around them, by the exec shim (``shim.c``,
+built once per user into the private state dir and executed by descriptor; never
+a Python callback between fork and exec, which is unsafe in threaded programs):
+
+- Landlock: reads under the declared roots only, writes in the work dir only;
+- seccomp (:mod:`.seccomp`): no socket of any family, no other process, no
+  namespace or mount of its own;
+- a user and mount namespace, in which the work dir is a tmpfs of bounded size;
+- never root: a root caller's compiler runs as an unprivileged uid
+  (``SAFEJIT_SANDBOX_UID``, else ``nobody``), without supplementary groups;
+- rlimits: address space, CPU time, file size, open files, no core files, and
+  processes (counted per run in its user namespace).
+
+``Sandbox.describe()`` says which of them a run gets. (One class, the runner with
+its spare shims, whose parts share its state: hence the module's length.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import grp
 import logging
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -24,14 +37,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from .. import faults
+from .. import _env, faults
 from .._background import background
 from ..errors import CompileError, CompileTimeout, ConfigError, SandboxUnavailableError
 from . import SYSTEM_PATH
 from ._closewatch import ClosedFiles, CloseWatch
+from ._launch import Shim, ShimStartError, Walls, launch
 from ._shim_build import ensure_shim as _ensure_shim
 from ._wait import OutputLog, wait_for_exit
 from .landlock import abi as landlock_abi
+from .seccomp import program_hex as seccomp_program
+from .statedir import StateDir, state_dir
 
 __all__ = ["SYSTEM_PATH", "SYSTEM_READ_ROOTS", "Limits", "RunResult", "Sandbox", "landlock_abi"]
 
@@ -53,7 +69,9 @@ SYSTEM_READ_ROOTS: Final = (
 )
 _TERM_GRACE_S: Final = 2.0
 _PYSHIM: Final = Path(__file__).with_name("_pyshim.py")
-_SHIM_ERRORS: Final = {124: "bad usage", 125: "Landlock unavailable", 126: "sandbox setup failed"}
+_SHIM_ERRORS: Final = {124: "bad usage", 125: "a wall unavailable", 126: "sandbox setup failed"}
+#: The walls ``sandbox="required"`` cannot do without.
+REQUIRED: Final = ("landlock", "seccomp", "tmpfs", "nproc", "unprivileged")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +80,11 @@ class Limits:
     cpu_s: int = 600
     file_size: int = 2 << 30
     open_files: int = 1024
+    #: Processes (threads count too) the run may have at once.
+    processes: int = 128
+    #: The scratch tmpfs: bytes and inodes, in all.
+    scratch_bytes: int = 2 << 30
+    scratch_inodes: int = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,112 +95,201 @@ class RunResult:
     sandboxed: bool
     #: Watched files as read at their last close, while the process ran (see ``run``).
     files: Mapping[str, bytes] = field(default_factory=dict)
+    #: The walls this run had (:meth:`Sandbox.describe`).
+    walls: str = ""
+
+
+def unprivileged_ids() -> tuple[int, int]:
+    """The ids a root caller's compiler runs as: ``SAFEJIT_SANDBOX_UID``, else nobody's."""
+    given = _env.sandbox_ids()
+    if given is not None:
+        return given
+    try:
+        uid = pwd.getpwnam("nobody").pw_uid
+    except KeyError:
+        uid = 65534
+    for group in ("nogroup", "nobody"):
+        with contextlib.suppress(KeyError):
+            return uid, grp.getgrnam(group).gr_gid
+    return uid, 65534
 
 
 class Sandbox:
     """Runs argv lists under the configured sandbox mode.
 
-    ``mode`` is ``"auto"`` (Landlock when offered), ``"required"`` (raise
-    :class:`SandboxUnavailableError` without it) or ``"off"`` (limits and
-    process hygiene only, no Landlock).
+    ``mode`` is ``"auto"`` (every wall this system offers), ``"required"`` (raise
+    :class:`SandboxUnavailableError`, before anything runs, when one of
+    :data:`REQUIRED` is missing) or ``"off"`` (rlimits and process hygiene only;
+    the compiler runs as the caller).
     """
 
-    def __init__(self, mode: str, *, tools_dir: str | None, cc: str | None, limits: Limits | None = None) -> None:
+    def __init__(
+        self, mode: str, *, state: StateDir | None = None, cc: str | None, limits: Limits | None = None
+    ) -> None:
         if mode not in ("auto", "required", "off"):
             raise ConfigError(f"sandbox mode {mode!r}")
         self.mode = mode
         self.limits = limits or Limits()
-        self._tools_dir = tools_dir
+        self._state = state
         self._cc = cc
-        self._shim: list[str] | None = None
-        self._c_shim: str | None = None
-        self._shim_lock = threading.Lock()
-        # The shim started ahead: [(owner pid, process, output read end)] or []. A list, so
-        # that the finalizer below can end it when this Sandbox goes without close().
-        self._spares: list[tuple[int, subprocess.Popen[bytes], int]] = []
+        self._ids = unprivileged_ids() if os.geteuid() == 0 and mode != "off" else None
+        self._exe: tuple[list[str], tuple[int, ...]] | None = None
+        self._exe_lock = threading.Lock()
+        self._walls: Walls | None = None
+        self._abi = -1
+        self._described: tuple[Walls, str] | None = None
+        self._degraded = False
+        # The shim started ahead: [Shim] or []. A list, so that the finalizer below can
+        # end it when this Sandbox goes without close().
+        self._spares: list[Shim] = []
         self._spare_lock = threading.Lock()
         self._closed = False
-        self._abi = -1
         weakref.finalize(self, _retire_all, self._spares, self._spare_lock)
+
+    # -- what runs get ----------------------------------------------------------------
+    @property
+    def walls(self) -> Walls:
+        """What a shim of this sandbox prepares (one is started to find out, and kept
+        for the next run). Raises :class:`SandboxUnavailableError` when none starts."""
+        if self._walls is None:
+            self._keep(self._launch())
+        assert self._walls is not None
+        return self._walls
 
     @property
     def landlock(self) -> bool:
+        return self.mode != "off" and self._landlock_abi() > 0
+
+    def _landlock_abi(self) -> int:
+        """The Landlock ABI runs get: this kernel's, as the shim found it too."""
         if self._abi < 0:
-            self._abi = landlock_abi()
-        return self.mode != "off" and self._abi > 0
+            self._abi = min(landlock_abi(), self.walls.landlock)
+        return self._abi
 
     def describe(self) -> str:
-        return "landlock" if self.landlock else "rlimits"
+        """The walls every run gets, joined by ``+``: ``landlock-v<ABI>``, ``seccomp``,
+        ``userns``, ``tmpfs`` (the bounded scratch), ``uid-<n>`` (a root caller's compiler
+        runs as uid n), ``nproc`` (a process limit), ``rlimits`` (always)."""
+        if self.mode == "off":
+            return "rlimits"
+        w = self.walls
+        if self._described is not None and self._described[0] is w:
+            return self._described[1]
+        parts = [f"landlock-v{self._landlock_abi()}"] if self.landlock else []
+        parts += [name for name, on in (("seccomp", w.seccomp), ("userns", w.userns), ("tmpfs", w.scratch)) if on]
+        if self._ids is not None:
+            parts.append(f"uid-{w.uid}")
+        if w.nproc:
+            parts.append("nproc")
+        self._described = (w, "+".join([*parts, "rlimits"]))
+        return self._described[1]
+
+    def missing(self) -> list[str]:
+        """The walls of :data:`REQUIRED` a run would lack."""
+        w = self.walls
+        have = {
+            "landlock": self.landlock,
+            "seccomp": w.seccomp,
+            "tmpfs": w.scratch,
+            "nproc": w.nproc,
+            "unprivileged": w.uid != 0,
+        }
+        return [name for name in REQUIRED if not have[name]]
 
     def check_available(self) -> None:
-        if self.mode == "required" and not self.landlock:
+        """With ``sandbox="required"``: raise :class:`SandboxUnavailableError` unless every
+        wall is there (a shim is started to find out, and kept for the first run)."""
+        if self.mode != "required":
+            return
+        missing = self.missing()
+        if missing:
             raise SandboxUnavailableError(
-                "sandbox='required' but Landlock or the exec shim is unavailable on this system",
+                f"sandbox='required' but this system offers no {', '.join(missing)} (it offers: {self.describe()})",
+                missing=missing,
                 landlock_abi=landlock_abi(),
             )
 
-    def shim(self) -> list[str]:
-        """The exec shim's argv prefix: the C shim (built on first use), else the
-        Python one (same behaviour, ~15 ms slower to start)."""
-        if self._shim is None:
-            with self._shim_lock:
-                if self._shim is None:
-                    built = _ensure_shim(self._tools_dir, self._cc)
-                    if built is None:
+    # -- shims -------------------------------------------------------------------------
+    def _executable(self) -> tuple[list[str], tuple[int, ...]]:
+        """The shim's argv prefix and the descriptors it needs: the C shim (built on first
+        use, executed through its descriptor), else the Python one."""
+        if self._exe is None:
+            with self._exe_lock:
+                if self._exe is None:
+                    state = self._state if self._state is not None else state_dir()
+                    fd = _ensure_shim(state, self._cc)
+                    if fd is None:
                         logger.warning("using the Python sandbox shim (slower start) in place of the C one")
-                    self._c_shim = built
-                    self._shim = [built] if built else [sys.executable, "-I", "-S", str(_PYSHIM)]
-        return self._shim
+                        self._exe = ([sys.executable, "-I", "-S", str(_PYSHIM)], ())
+                    else:
+                        weakref.finalize(self, _close_quietly, fd, os.getpid())
+                        self._exe = ([f"/proc/self/fd/{fd}"], (fd,))
+        return self._exe
 
-    def _hand_to_spare(self, command: Sequence[str]) -> tuple[subprocess.Popen[bytes], int] | None:
-        """Give ``command`` to the shim started ahead, if one is ready: its process
-        and the read end of its output pipe. None: start one the usual way."""
-        with self._spare_lock:
-            spare = self._spares.pop() if self._spares else None
-        if spare is None or spare[0] != os.getpid():
-            return None  # (a spare made before a fork belongs to the parent: leave it be)
-        _, proc, read_fd = spare
-        body = b"".join(os.fsencode(a) + b"\0" for a in command)
-        assert proc.stdin is not None
-        try:
-            proc.stdin.write(len(body).to_bytes(4, "little") + body)
-            proc.stdin.close()
-        except OSError:  # it died while waiting (killed from outside): start one now
-            _retire(proc, read_fd)
-            return None
-        return proc, read_fd
+    def _ahead_options(self) -> list[str]:
+        """What a shim prepares before its run is known (the same for every run)."""
+        opts = ["-R"]
+        if self.mode == "off" or self._degraded:
+            return opts
+        lim = self.limits
+        opts += ["-U", "-T", str(lim.scratch_bytes), "-i", str(lim.scratch_inodes)]
+        if self._ids is not None:
+            opts += ["-u", str(self._ids[0]), "-g", str(self._ids[1])]
+        program = seccomp_program()
+        if program is not None:
+            opts += ["-S", program]
+        return opts
 
-    def _prepare_spare(self, shim: Sequence[str]) -> None:
-        """Start the shim for the next run (the C shim only: it reads ``-R`` requests)."""
-        if self._c_shim is None or self._spares or self._closed:
-            return
-        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+    def _launch(self) -> Shim:
+        """A new shim. Raises :class:`SandboxUnavailableError` when none starts (in
+        ``"auto"``, after trying once more without namespaces, the scratch and seccomp)."""
+        prefix, fds = self._executable()
         try:
-            proc = subprocess.Popen(
-                [self._c_shim, "-R"],
-                cwd="/",
-                env={},
-                stdin=subprocess.PIPE,
-                stdout=write_fd,
-                stderr=subprocess.STDOUT,
-                close_fds=True,
-                process_group=0,
-            )
-        except OSError as exc:
-            os.close(read_fd)
-            logger.debug("could not start a spare shim: %s", exc)
-            return
-        finally:
-            os.close(write_fd)
+            shim = launch([*prefix, *self._ahead_options()], pass_fds=fds, owner=self._ids)
+        except ShimStartError as exc:
+            if self.mode != "auto" or self._degraded:
+                raise SandboxUnavailableError(str(exc), missing=list(REQUIRED)) from exc
+            logger.warning("%s; running compilers with fewer walls", exc)
+            self._degraded = True
+            try:
+                shim = launch([*prefix, *self._ahead_options()], pass_fds=fds, owner=self._ids)
+            except ShimStartError as again:
+                raise SandboxUnavailableError(str(again), missing=list(REQUIRED)) from again
+        if self._walls is None or self._degraded:
+            self._walls, self._abi = shim.walls, -1
+        return shim
+
+    def _keep(self, shim: Shim) -> None:
+        """Keep ``shim`` for the next run, unless one is kept already or this is closed."""
         with self._spare_lock:
             kept = not self._spares and not self._closed
             if kept:
-                self._spares.append((os.getpid(), proc, read_fd))
+                self._spares.append(shim)
         if not kept:  # another thread was quicker, or the sandbox was closed meanwhile
-            _retire(proc, read_fd)
+            shim.retire()
+
+    def _prepare_spare(self) -> None:
+        """Start the shim for the next run (its start, and what it prepares, are off the
+        compile's path)."""
+        if self._spares or self._closed:
+            return
+        try:
+            shim = self._launch()
+        except (SandboxUnavailableError, OSError) as exc:
+            logger.debug("could not start a spare shim: %s", exc)
+            return
+        self._keep(shim)
+
+    def _take(self) -> Shim:
+        """The shim started ahead, if one is ready; else one started now."""
+        with self._spare_lock:
+            shim = self._spares.pop() if self._spares else None
+        if shim is not None and shim.owner == os.getpid():
+            return shim
+        return self._launch()  # (a spare made before a fork belongs to the parent: leave it be)
 
     @property
-    def _spare(self) -> tuple[int, subprocess.Popen[bytes], int] | None:
+    def _spare(self) -> Shim | None:
         return self._spares[0] if self._spares else None
 
     def close(self) -> None:
@@ -186,34 +298,46 @@ class Sandbox:
             self._closed = True
         _retire_all(self._spares, self._spare_lock)
 
+    # -- a run -------------------------------------------------------------------------
+    def _command(
+        self, shim: Shim, argv: Sequence[str], cwd: str, env: Mapping[str, str], read_roots: Sequence[str],
+        write_roots: Sequence[str],
+    ) -> tuple[list[str], bool]:  # fmt: skip
+        """The run's command for ``shim``, and whether Landlock applies."""
+        lim = self.limits
+        opts = ["-a", str(lim.address_space), "-c", str(lim.cpu_s), "-f", str(lim.file_size),
+                "-n", str(lim.open_files), "-p", str(lim.processes)]  # fmt: skip
+        landlocked = self.landlock
+        if landlocked:
+            for root in (*SYSTEM_READ_ROOTS, *read_roots):
+                opts += ["-r", root]
+            for root in (*write_roots, "/dev/null"):
+                opts += ["-w", root]
+            opts.append("-N")
+        if shim.scratch is not None and cwd in write_roots:
+            opts += ["-M", cwd]
+        elif self._ids is not None and shim.walls.uid != 0 and cwd in write_roots:
+            opts += ["-H", cwd]  # (root without the scratch tmpfs: the work dir is handed over)
+        return [*opts, "-C", cwd, *_env_options(env), "--", *argv], landlocked
+
     def _start(
-        self, shim: list[str], opts: list[str], argv: Sequence[str], cwd: str, env: Mapping[str, str]
-    ) -> tuple[subprocess.Popen[bytes], int]:
-        """Start ``argv`` under the shim; returns the process and its output's read end."""
-        # A shim started ahead takes the whole command on its stdin (-R): starting a
-        # process costs ~1 ms (fork, exec, loading), none of it while the compile waits.
-        started = self._hand_to_spare([*opts, "-C", cwd, *_env_options(env), "--", *argv])
-        if started is not None:
-            return started
-        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-        try:
-            proc = subprocess.Popen(
-                [*shim, *opts, "--", *argv],
-                cwd=cwd,
-                env=dict(env),
-                stdin=subprocess.DEVNULL,
-                stdout=write_fd,
-                stderr=subprocess.STDOUT,
-                close_fds=True,
-                process_group=0,
-                shell=False,
-            )
-        except OSError as exc:
-            os.close(read_fd)
-            raise CompileError(f"could not start {argv[0]}: {exc}", log=str(exc), argv=list(argv)) from exc
-        finally:
-            os.close(write_fd)
-        return proc, read_fd
+        self, argv: Sequence[str], cwd: str, env: Mapping[str, str], read_roots: Sequence[str],
+        write_roots: Sequence[str],
+    ) -> tuple[Shim, bool]:  # fmt: skip
+        """Hand the run to a shim; returns it and whether Landlock applies. A shim that
+        died while waiting is replaced once."""
+        for attempt in (0, 1):
+            shim = self._take() if attempt == 0 else self._launch()
+            command, landlocked = self._command(shim, argv, cwd, env, read_roots, write_roots)
+            try:
+                shim.submit(command)
+            except OSError as exc:
+                shim.retire()
+                if attempt:
+                    raise CompileError(f"could not start {argv[0]}: {exc}", log=str(exc), argv=list(argv)) from exc
+                continue
+            return shim, landlocked
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def run(
         self,
@@ -234,71 +358,79 @@ class Sandbox:
         ``watch``: files (of one directory) the process writes. Each time it closes one
         after writing, while it still runs, the file is read and ``on_closed(path, data)``
         called; ``RunResult.files`` holds what was read at the last close, for the files
-        known not to have changed since (none where inotify is not to be had)."""
+        known not to have changed since (none where inotify is not to be had).
+
+        Where the shim offers a scratch tmpfs and ``cwd`` is a write root, the process
+        works in the tmpfs mounted on ``cwd`` (what ``cwd`` held is copied in first);
+        the regular files it leaves at the top of it are copied back into ``cwd``
+        before the run ends. Where a root caller's compiler runs as another uid with
+        no tmpfs, ``cwd`` (its private parts) is handed over to that uid."""
         self.check_available()
-        limits = self.limits
-        opts = ["-a", str(limits.address_space), "-c", str(limits.cpu_s),
-                "-f", str(limits.file_size), "-n", str(limits.open_files)]  # fmt: skip
-        landlocked = self.landlock
-        if landlocked:
-            for root in (*SYSTEM_READ_ROOTS, *read_roots):
-                opts += ["-r", root]
-            for root in (*write_roots, "/dev/null"):
-                opts += ["-w", root]
-            opts += ["-N", *(["-L"] if self.mode == "required" else [])]
-        log = OutputLog()
-        shim = self.shim()
-        start = time.perf_counter()
         try:
             faults.point("compiler.spawn")
         except OSError as exc:
             raise CompileError(f"could not start {argv[0]}: {exc}", log=str(exc), argv=list(argv)) from exc
-        closes = CloseWatch.open(watch) if watch else None
+        log = OutputLog()
+        start = time.perf_counter()
         files: dict[str, bytes] = {}
+        shim, landlocked = self._start(argv, cwd, env, read_roots, write_roots)
+        scratch = shim.scratch if shim.scratch is not None and cwd in write_roots else None
+        closes = None
         try:
-            proc, read_fd = self._start(shim, opts, argv, cwd, env)
-            try:
-                # The shim for the next run starts while this one's compiler works (after
-                # it exits, its start would compete with this run's own finishing work).
-                background().submit(self._prepare_spare, shim)
-                if on_start is not None:
-                    on_start()
-                try:
-                    rc = wait_for_exit(
-                        proc, timeout, read_fd, log, ClosedFiles(closes, files, on_closed) if closes else None
-                    )
-                except subprocess.TimeoutExpired:
-                    _kill_group(proc)
-                    log.drain(read_fd)
-                    raise CompileTimeout(
-                        f"compiler ran past {timeout:g}s and was killed: {argv[0]}",
-                        log=log.text(),
-                        argv=list(argv),
-                        timeout=timeout,
-                    ) from None
-                finally:
-                    if proc.poll() is None:  # interrupted: never leave the group running
-                        _kill_group(proc)
-                # The group may hold stragglers (a driver's children); end them too.
-                _kill_group(proc, quiet=True)
-                log.drain(read_fd)
-                if closes is not None:  # a file closed since (by a straggler) is read afresh
-                    try:
-                        for path, _ in closes.closed():
-                            files.pop(path, None)
-                    except OSError:
-                        files.clear()
-            finally:
-                os.close(read_fd)
+            closes = CloseWatch.open(watch, view=scratch.view if scratch else None) if watch else None
+            rc = self._wait(shim, argv, timeout, log, closes, files, on_start, on_closed)
         finally:
             if closes is not None:
                 closes.close()
+            shim.close()
         text = log.text()
         if rc in _SHIM_ERRORS and "safejit-shim:" in text:
             if rc == 125:
                 raise SandboxUnavailableError(f"sandbox: {text.strip()}")
             raise ConfigError(f"sandbox {_SHIM_ERRORS[rc]}: {text.strip()}")
-        return RunResult(rc, text, time.perf_counter() - start, landlocked, files)
+        return RunResult(rc, text, time.perf_counter() - start, landlocked, files, self.describe())
+
+    def _wait(
+        self, shim: Shim, argv: Sequence[str], timeout: float, log: OutputLog, closes: CloseWatch | None,
+        files: dict[str, bytes], on_start: Callable[[], None] | None,
+        on_closed: Callable[[str, bytes], None] | None,
+    ) -> int:  # fmt: skip
+        proc = shim.proc
+        # The shim for the next run starts while this one's compiler works (after it
+        # exits, its start would compete with this run's own finishing work).
+        background().submit(self._prepare_spare)
+        reported = False
+        try:
+            if on_start is not None:
+                on_start()
+            reader = ClosedFiles(closes, files, on_closed) if closes else None
+            rc, reported = wait_for_exit(proc, timeout, shim.output, log, reader, pidfd=shim.pidfd, status=shim.sock)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            log.drain(shim.output)
+            raise CompileTimeout(
+                f"compiler ran past {timeout:g}s and was killed: {argv[0]}",
+                log=log.text(),
+                argv=list(argv),
+                timeout=timeout,
+            ) from None
+        finally:
+            if not reported and proc.returncode is None:  # interrupted: never leave the group running
+                _kill_group(proc)
+        if reported:
+            # Everything it started is gone; the shim's own exit (its namespaces' teardown)
+            # is reaped off this path.
+            background().submit(_reap, proc)
+        else:
+            _kill_group(proc, quiet=True)  # the group may hold stragglers (a driver's children)
+        log.drain(shim.output)
+        if closes is not None:  # a file closed since (by a straggler) is read afresh
+            try:
+                for path, _ in closes.closed():
+                    files.pop(path, None)
+            except OSError:
+                files.clear()
+        return rc
 
 
 def _env_options(env: Mapping[str, str]) -> list[str]:
@@ -308,26 +440,26 @@ def _env_options(env: Mapping[str, str]) -> list[str]:
     return out or ["-E", "LC_ALL=C"]  # -E given at all replaces the environment
 
 
-def _retire_all(spares: list[tuple[int, subprocess.Popen[bytes], int]], lock: threading.Lock) -> None:
+def _close_quietly(fd: int, owner: int) -> None:
+    if os.getpid() == owner:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _retire_all(spares: list[Shim], lock: threading.Lock) -> None:
     with lock:
-        mine = [s for s in spares if s[0] == os.getpid()]
+        mine = [s for s in spares if s.owner == os.getpid()]
         spares.clear()
-    for _, proc, read_fd in mine:
-        _retire(proc, read_fd)
+    for shim in mine:
+        shim.retire()
 
 
-def _retire(proc: subprocess.Popen[bytes], read_fd: int) -> None:
-    """End a spare shim that never got a command: EOF on its stdin makes it exit."""
-    with contextlib.suppress(OSError):
-        if proc.stdin is not None:
-            proc.stdin.close()
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Reap a shim that has reported its run's end (it is exiting)."""
     try:
-        proc.wait(timeout=2)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    os.close(read_fd)
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover - a shim stuck after its report
+        _kill_group(proc)
 
 
 def _kill_group(proc: subprocess.Popen[bytes], *, quiet: bool = False) -> None:

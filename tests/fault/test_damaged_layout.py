@@ -171,3 +171,38 @@ def test_close_after_the_cache_root_became_a_symlink_deletes_nothing_through_it(
         cache_dir.unlink()
         os.rename(moved, cache_dir)
     assert_cache_sound(cache_dir)
+
+
+def test_a_quarantine_dir_planted_as_a_symlink_receives_nothing(fake, cache_dir, tmp_path):
+    """A writer of the shared root makes ``v1/quarantine`` a symlink to a directory of
+    its own: the damaged leaf a lookup sets aside never moves there (it stays, the
+    build is compiled again, and nothing crosses the link)."""
+    fake().compile(SRC)
+    leaf = _only_leaf(cache_dir)
+    (leaf / "manifest.json").write_text("{}")  # damaged
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    quarantine = cache_dir / "v1" / "quarantine"
+    shutil.rmtree(quarantine, ignore_errors=True)
+    quarantine.symlink_to(elsewhere, target_is_directory=True)
+    assert fake().compile(SRC).kernel("VALUE")() == 7
+    assert list(elsewhere.iterdir()) == [] and quarantine.is_symlink()
+
+
+def test_remove_tree_never_follows_a_directory_swapped_for_a_symlink(tmp_path):
+    from safejit.cache.fsio import remove_tree
+
+    within, outside = tmp_path / "within", tmp_path / "outside"
+    (within / "a").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    (within / "a" / "link").symlink_to(outside, target_is_directory=True)
+    shutil.rmtree(within / "a")
+    (within / "a").symlink_to(outside, target_is_directory=True)  # the parent swapped
+    with pytest.raises(OSError):
+        remove_tree(str(within / "a" / "keep"), within=str(within))
+    remove_tree(str(within / "a"), within=str(within))  # the link itself goes
+    assert not (within / "a").exists() and (outside / "keep").read_text() == "x"
+    with pytest.raises(OSError, match="outside"):
+        remove_tree(str(outside), within=str(within))
+    assert (outside / "keep").exists()

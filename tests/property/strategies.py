@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from safejit.closure.anchors import Anchors
 from safejit.keys import KEY_SCHEMA, digest_bytes
+from safejit.policy.flag_tables import FAMILIES, LINKER, LINKER_NEXT, PTXAS, REASONS
 from safejit.spec import BuildSpec, LoadBaseline, Toolchain
 
 __all__ = [
@@ -25,8 +26,13 @@ __all__ = [
     "TOOLCHAIN_FIELD_STRATEGIES",
     "anchored_paths",
     "build_specs",
+    "define_maps",
     "dep_tuples",
     "different_value",
+    "family_flags",
+    "flag_families",
+    "flag_lists",
+    "flag_texts",
     "hex64",
     "idents",
     "toolchains",
@@ -243,3 +249,67 @@ dep_tuples = st.tuples(
     st.from_regex(r"[a-z]{1,8}(/[a-z]{1,8}){0,2}\.h", fullmatch=True),
     hex64,
 )
+
+
+# -- compiler flags (the flag policy's tables, and text near them) ------------------
+
+#: The flag families, by name.
+flag_families = st.sampled_from(sorted(FAMILIES))
+
+_table_words = sorted(
+    {
+        *(e for f in FAMILIES.values() for e in (*f.options.exact, *f.options.valued, *f.machine, *f.path_flags)),
+        *(e for f in FAMILIES.values() for e in f.ptxas),
+        *LINKER.exact,
+        *LINKER.valued,
+        *LINKER_NEXT,
+        *PTXAS.exact,
+        *PTXAS.valued,
+        *REASONS,
+        *("-D", "-U", "-l", "-Wl,", "-lm", "-lgomp", "-march=native"),
+    }
+)
+#: Any text at all, lone surrogates, NUL and line breaks included.
+_any_text = st.text(st.characters(exclude_categories=()), max_size=24) | st.sampled_from(
+    ["", "\0", "\n", "\ud800", "$(x)", "`x`", ",", "=", "@x", "/etc/passwd", "-"]
+)
+#: One argv item: a table entry, an entry with text glued on (a value, a suffix), two
+#: joined with a comma (-Wl, and ptxas lists), or any text; now and then no str at all.
+flag_texts: st.SearchStrategy[Any] = st.one_of(
+    st.sampled_from(_table_words),
+    st.tuples(st.sampled_from(_table_words), _any_text).map("".join),
+    st.tuples(st.sampled_from(_table_words), st.sampled_from(_table_words)).map(",".join),
+    _any_text,
+    st.sampled_from([None, 5, b"-O2"]),
+)
+
+
+_mostly_nothing = st.one_of(st.just(""), st.just(""), st.just(""), _any_text)
+
+
+def _valued_entries(valued: list[tuple[str, str]]) -> st.SearchStrategy[str]:
+    """A valued entry with a value its grammar admits (and, now and then, text after it)."""
+    return st.sampled_from(valued).flatmap(
+        lambda ng: st.tuples(st.just(ng[0]), st.from_regex(ng[1], fullmatch=True), _mostly_nothing).map("".join)
+    )
+
+
+flag_lists = st.lists(flag_texts, max_size=6)
+
+
+@st.composite
+def family_flags(draw: st.DrawFn) -> tuple[str, list[Any]]:
+    """A family and argv items for it: any items, or mostly its own entries (so that what
+    is admitted is exercised too: a list is refused as soon as one item is)."""
+    name = draw(flag_families)
+    fam = FAMILIES[name]
+    own = sorted({*fam.options.exact, *fam.machine, *(f"-l{n}" for n in fam.libraries)})
+    valued = sorted({(n, g.pattern) for n, g in fam.options.valued.items()})
+    ptxas = [st.tuples(st.sampled_from(fam.ptxas), st.sampled_from(sorted(PTXAS.exact))).map("".join)]
+    mine = st.one_of(st.sampled_from(own), _valued_entries(valued), *(ptxas if fam.ptxas else []))
+    item = st.one_of(mine, mine, mine, flag_texts)
+    return name, draw(flag_lists | st.lists(item, max_size=4))
+
+
+#: ``defines=`` as a tenant may pass them: any names, any values.
+define_maps = st.dictionaries(idents | _any_text, st.none() | st.booleans() | st.integers() | _any_text, max_size=4)

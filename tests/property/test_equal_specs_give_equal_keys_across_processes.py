@@ -10,13 +10,16 @@ import subprocess
 import sys
 import tempfile
 
+import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from safejit.keys import KEY_SCHEMA, build_key, deps_key, digest_bytes, encode
+from safejit.keys import KEY_SCHEMA, build_key, deps_encoding, deps_key, digest_bytes
 from safejit.spec import BuildSpec
 
 from .strategies import build_specs, dep_tuples
+
+STABLE_DEPS_KEY = "15380c3abf2ecfe60990f2b818d025e01fe6bd3822b36bbadad1a4d2678bf326"
 
 SEEDS = ("0", "12345")
 
@@ -114,9 +117,24 @@ _any_text = st.text(st.characters(codec="utf-8", exclude_characters="\0"), max_s
 def test_deps_key_is_the_canonical_encoding_of_the_sorted_closure(
     deps: list[tuple[str, str, str]], negatives: list[tuple[str, str]], data: st.DataObject
 ) -> None:
-    # deps_key's hand-rolled row encoder must agree with the generic encoding
-    # (so the key is a function of the sorted rows alone, in any order, with
-    # the framing that keeps ("ab", "c") and ("a", "bc") apart).
-    want = digest_bytes(encode(("safejit.deps_key", KEY_SCHEMA, sorted(deps), sorted(negatives))))
+    # The hashed bytes decode back to exactly the sorted rows (so no two closures
+    # encode alike: ("ab", "c") and ("a", "bc") stay apart), in any order given.
+    encoded = deps_encoding(deps, negatives)
+    assert msgspec.msgpack.decode(encoded, type=tuple[str, int, list[tuple[str, str, str]], list[tuple[str, str]]]) == (
+        "safejit.deps_key",
+        KEY_SCHEMA,
+        sorted(deps),
+        sorted(negatives),
+    )
+    want = digest_bytes(encoded)
     assert deps_key(deps, negatives) == want
     assert deps_key(data.draw(st.permutations(deps)), data.draw(st.permutations(negatives))) == want
+
+
+def test_deps_key_is_stable() -> None:
+    # Leaf names are shared between nodes and versions: a change of the encoding (say,
+    # a MessagePack library choosing other widths) must come with a new KEY_SCHEMA.
+    rows = [("{root:a}", "x" * 40, "d" * 64), ("{root:a}", "é/ü.h", "0" * 64)] + [
+        ("{t}", f"h{i}.h", "1" * 64) for i in range(300)
+    ]
+    assert deps_key(rows, [("{root:a}", "y.h")]) == STABLE_DEPS_KEY

@@ -5,6 +5,7 @@ publish; the remote never raises out of compile()."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -311,3 +312,36 @@ def test_credentials_are_redacted_in_the_config_and_in_errors(node, project, red
     settings = rt._init()[0].remote.store.settings
     assert "hunter2-secret" not in repr(settings) and "hunter2-secret" not in str(settings)
     assert os.environ.get("SAFEJIT_REMOTE_PASSWORD") is None
+
+
+@pytest.mark.parametrize("fault", ["sigstop", "client-pause"])
+def test_a_stopped_or_paused_server_costs_a_bounded_wait_and_no_error_from_compile(node, project, tmp_path, fault):
+    """The server stops answering (SIGSTOP, or CLIENT PAUSE) while nodes compile: every
+    compile returns a working kernel, each remote wait is bounded by its deadline (the
+    bound here is generous: it catches a client library's default wait of seconds),
+    and once the server answers again, what another node publishes is a hit. (This
+    node's breaker recovers through its probe after 5 s: test_faults.py shows that.)"""
+    from ._servers import start_valkey, stopped
+
+    server = start_valkey(tmp_path / "valkey")
+    try:
+        a = node("a", remote=server.url)
+        a.compile(safejit.Source("#define WARM 1\n", "w"))  # connected, before the fault
+        if fault == "sigstop":
+            during = stopped(server.pid)
+        else:
+            server.admin().execute_command("CLIENT", "PAUSE", 1500, "ALL")
+            during = contextlib.nullcontext()
+        with during:
+            for i in range(3):
+                started = time.monotonic()
+                assert a.compile(safejit.Source(f"#define V {i}\n", "v")).kernel("V")() == i
+                assert time.monotonic() - started < 10
+        assert a.stats()["compiles"] == 4 and a.stats()["remote_hits"] == 0
+        assert a._init()[0].remote.store.breaker.state == "open"
+        time.sleep(1.6 if fault == "client-pause" else 0)  # (the pause ends)
+        assert _published(node("c", remote=server.url), project).kernel("INNER")() == 41
+        b = node("b", remote=server.url)
+        assert b.compile(SRC, include_dirs=_inc(project)).artifact.tier == "remote"
+    finally:
+        server.stop()

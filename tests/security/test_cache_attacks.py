@@ -268,7 +268,11 @@ def _plant_dependency(make_runtime, cache_dir, roots, anchor, relpath) -> None:
         from safejit.keys import deps_key
 
         data["deps"].insert(0, [anchor, relpath, "0" * 64])
-        data["deps_key"] = key[0] = deps_key([tuple(d) for d in data["deps"]], [tuple(n) for n in data["negatives"]])
+        try:
+            key[0] = deps_key([tuple(d) for d in data["deps"]], [tuple(n) for n in data["negatives"]])
+        except UnicodeEncodeError:  # no closure holds a lone surrogate: any name will do
+            key[0] = "e" * 64
+        data["deps_key"] = key[0]
 
     _rewrite_manifest(leaf, add_dep)
     leaf.rename(leaf.with_name(f"deps-{key[0]}"))

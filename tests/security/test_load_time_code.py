@@ -201,16 +201,15 @@ def test_a_forged_relocation_that_redirects_an_initialiser_is_refused(make_runti
 
 
 FLAGGED = {
-    # (flags, source, reason): accepted by the flag policy, refused by what they make
-    "executable_stack_by_flag": (("-Wl,-z,execstack",), "", "executable stack"),
+    # (flags, source, reason): refused by what they make. (What flags make the same —
+    # -Wl,-z,execstack, -Wl,-rpath, -Wl,-soname — the flag policy refuses before any
+    # compile: test_the_flags_that_make_such_objects_never_reach_the_compiler below;
+    # tests/unit/test_load_time.py shows the check names what they would make.)
     "executable_stack_by_asm": (
         (),
         '__asm__(".section .note.GNU-stack,\\"x\\",@progbits\\n.text\\n");\n',
         "executable stack",
     ),
-    "runpath": (("-Wl,-rpath,{root}",), "", "DT_RUNPATH"),
-    "rpath": (("-Wl,-rpath,{root}", "-Wl,--disable-new-dtags"), "", "DT_RPATH"),
-    "soname_of_a_system_library": (("-Wl,-soname,libm.so.6",), "", "DT_SONAME"),
     "text_relocations": (
         (),
         '__asm__(".section .rodata.tr,\\"a\\",@progbits\\n.quad kernel\\n.text\\n");\n',
@@ -225,6 +224,27 @@ def test_an_object_that_changes_the_process_for_itself_is_refused(attack, make_r
     rt = make_runtime(source_roots=(str(project),))
     source = safejit.Source("int kernel(int x) { return x + 1; }\n" + code, f"attack_{attack}")
     _refused(rt, source, reason, flags=tuple(f.format(root=project) for f in flags))
+    assert_nothing_published(cache_dir)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("-Wl,-z,execstack",),
+        ("-Wl,-rpath,{root}",),
+        ("-Wl,-rpath,{root}", "-Wl,--disable-new-dtags"),
+        ("-Wl,-soname,libm.so.6",),
+    ],
+    ids=["executable_stack", "runpath", "rpath", "soname_of_a_system_library"],
+)
+def test_the_flags_that_make_such_objects_never_reach_the_compiler(flags, make_runtime, project, cache_dir):
+    rt = make_runtime(source_roots=(str(project),))
+    with pytest.raises(safejit.FlagPolicyError):
+        rt.compile(
+            safejit.Source("int kernel(int x) { return x + 1; }\n", "flagged"),
+            flags=[f.format(root=project) for f in flags],
+        )
+    assert rt.stats()["compiles"] == 0
     assert_nothing_published(cache_dir)
 
 

@@ -112,3 +112,17 @@ def test_a_directory_swapped_during_the_compile_is_never_vouched_for(make_runtim
     assert rt.stats()["published"] == 0 and rt.stats()["not_published"] == 1
     assert_nothing_published(cache_dir)
     assert SECRET_TOKEN not in str(mod.artifact)
+
+
+def test_a_header_whose_name_is_not_text_is_refused_by_name(make_runtime, tmp_path, cache_dir):
+    """A file named by bytes that are not UTF-8 cannot be recorded in a closure (nor in a
+    key): the build is refused, naming it, and nothing is published."""
+    root, inc = _root(tmp_path)
+    os.mkdir(os.fsencode(inc / "odd"))
+    (Path(os.fsdecode(os.fsencode(inc) + b"/odd/h\xff.h"))).write_text("#define V 3\n")
+    (inc / "all.h").write_bytes(b'#include "odd/h\xff.h"\n')
+    rt = make_runtime(source_roots=(str(root),))
+    with pytest.raises(safejit.UndeclaredDependencyError, match="not UTF-8") as err:
+        rt.compile(safejit.Source('#include "all.h"\nint v(void){return V;}\n', "v"), include_dirs=(str(inc),))
+    assert err.value.path.endswith("odd/h\udcff.h")
+    assert_nothing_published(cache_dir)

@@ -87,7 +87,7 @@ def _run(
     read_roots: Sequence[str] = (),
 ) -> RunResult:
     """``argv`` run in ``tmp_path/work`` (its files ``names`` watched) by a sandbox."""
-    sb = Sandbox("auto", tools_dir=str(tmp_path / "tools"), cc=shutil.which("cc"))
+    sb = Sandbox("auto", cc=shutil.which("cc"))
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     try:

@@ -457,3 +457,79 @@ def test_nvrtcs_builtin_headers_library_is_part_of_its_toolchain(make_runtime, c
     )
     manifest = json.loads((Path(art.path) / "manifest.json").read_text())
     assert manifest["toolchain"]["digest"].split(":") == [hash_file(p)[0] for p in (lib, *map(str, builtins))]
+
+
+# -- NVRTC's search path: recorded in the worker, headers in memory in process -------------
+NVRTC_MODES = [pytest.param(True, id="worker-recorded"), pytest.param(False, id="in-process-in-memory")]
+ANGLED = '#include <scale.h>\nextern "C" __global__ void k(float* y) { y[0] = SCALE; }\n'
+
+
+@pytest.mark.parametrize("worker", NVRTC_MODES)
+def test_nvrtc_angled_include_of_a_header_under_include_dirs_compiles(make_runtime, cuda_project, worker):
+    rt = _rt(make_runtime, cuda_project, "nvrtc", nvrtc_worker=worker)
+    art = rt.build(safejit.Source(ANGLED, "k"), include_dirs=(str(cuda_project / "include"),), arch="sm_90")
+    deps = json.loads((Path(art.path) / "manifest.json").read_text())["deps"]
+    assert {rel for _, rel, _ in deps} >= {"include/scale.h", "include/detail.h"}
+
+
+@pytest.mark.parametrize("worker", NVRTC_MODES)
+def test_nvrtc_missing_header_names_it_and_the_dirs_searched(make_runtime, cuda_project, cache_dir, worker):
+    src = safejit.Source('#include <nowhere/none.h>\nextern "C" __global__ void k() {}\n', "k")
+    inc = cuda_project / "include"
+    with pytest.raises(safejit.CompileError) as exc:
+        _rt(make_runtime, cuda_project, "nvrtc", nvrtc_worker=worker).build(src, include_dirs=(str(inc),), arch="sm_90")
+    assert "nowhere/none.h" in str(exc.value) and f"\n  {inc}\n" in str(exc.value)
+    assert leaves(cache_dir) == []
+
+
+@pytest.mark.parametrize("worker", NVRTC_MODES)
+def test_nvrtc_closure_over_max_deps_is_a_limit_error(make_runtime, cuda_project, cache_dir, worker):
+    rt = _rt(make_runtime, cuda_project, "nvrtc", nvrtc_worker=worker, max_deps=1)
+    with pytest.raises(safejit.LimitExceededError):
+        rt.build(safejit.Source(ANGLED, "k"), include_dirs=(str(cuda_project / "include"),), arch="sm_90")
+    assert leaves(cache_dir) == []
+
+
+@pytest.mark.parametrize("worker", NVRTC_MODES)
+def test_nvrtc_header_made_in_an_earlier_include_dir_rebuilds(make_runtime, cuda_project, worker):
+    early = cuda_project / "early"
+    early.mkdir()
+    dirs = (str(early), str(cuda_project / "include"))
+    src = safejit.Source('#include <detail.h>\nextern "C" __global__ void k(int* y) { y[0] = DETAIL; }\n', "k")
+    first = _rt(make_runtime, cuda_project, "nvrtc", nvrtc_worker=worker).build(src, include_dirs=dirs, arch="sm_90")
+    (early / "detail.h").write_text("#define DETAIL 5\n")  # found before include/detail.h from now on
+    settle()
+    rt = _rt(make_runtime, cuda_project, "nvrtc", nvrtc_worker=worker)
+    again = rt.build(src, include_dirs=dirs, arch="sm_90")
+    assert again.source == "compiled" and again.digest != first.digest
+    deps = json.loads((Path(again.path) / "manifest.json").read_text())["deps"]
+    assert ["s0", "early/detail.h"] in [d[:2] for d in deps]
+
+
+def test_nvrtc_recorded_header_made_where_nvrtc_never_looked_rebuilds_nothing(make_runtime, cuda_project):
+    # scale.h includes "detail.h", found next to it before any include dir is searched:
+    # a detail.h in an earlier include dir changes nothing, and NVRTC never looked there.
+    early = cuda_project / "early"
+    early.mkdir()
+    dirs = (str(early), str(cuda_project / "include"))
+    first = _rt(make_runtime, cuda_project, "nvrtc").build(safejit.Source(ANGLED, "k"), include_dirs=dirs, arch="sm_90")
+    (early / "detail.h").write_text("#define DETAIL 5\n")
+    settle()
+    rt = _rt(make_runtime, cuda_project, "nvrtc")
+    assert rt.build(safejit.Source(ANGLED, "k"), include_dirs=dirs, arch="sm_90").deps_key == first.deps_key
+    assert rt.stats()["compiles"] == 0
+
+
+def test_nvrtc_without_a_lookup_recorder_hands_headers_over_in_memory(make_runtime, cuda_project, monkeypatch):
+    from safejit.backends.cuda.backend import NVRTC_IN_MEMORY
+    from safejit.sandbox import lookups
+
+    inc = (str(cuda_project / "include"),)
+    recorded = _rt(make_runtime, cuda_project, "nvrtc").build(
+        safejit.Source(ANGLED, "k"), include_dirs=inc, arch="sm_90"
+    )
+    monkeypatch.setattr(lookups, "build", lambda state, cc: None)  # (no C compiler, no seccomp)
+    rt = _rt(make_runtime, cuda_project, "nvrtc")
+    in_memory = rt.build(safejit.Source(ANGLED, "k"), include_dirs=inc, arch="sm_90")
+    assert json.loads((Path(in_memory.path) / "manifest.json").read_text())["argv"][0] == NVRTC_IN_MEMORY
+    assert in_memory.build_key != recorded.build_key  # how NVRTC found its headers is part of the key

@@ -42,11 +42,12 @@ def _archive(lib: Path, value: int, *, in_place: bool = False) -> Path:
 
 
 def _project(tmp_path: Path, lib: Path) -> tuple[Path, Path]:
-    """A source root, and a compiler in it that links from ``lib`` (``-L`` is refused as
-    a flag; a site's own compiler wrapper may add it)."""
+    """A source root, and a compiler in it that links ``libval`` from ``lib`` (``-L`` and
+    ``-l`` of a name off the toolchain's list are refused as flags; a site's own
+    compiler wrapper may add them)."""
     root = tmp_path / "proj"
     root.mkdir(exist_ok=True)
-    return root, write_wrapper(root, f"exec /usr/bin/cc '-L{lib}' \"$@\"", name="cc-with-lib")
+    return root, write_wrapper(root, f"exec /usr/bin/cc '-L{lib}' \"$@\" -lval", name="cc-with-lib")
 
 
 def _deps(module: safejit.Module) -> list[str]:
@@ -64,7 +65,7 @@ def test_a_library_upgraded_in_place_is_a_miss_in_both_tiers(make_runtime, tmp_p
     settle()  # (a library changed within a clock tick of the compile makes it compile twice)
     config = {"source_roots": (str(root),), "host_cc": str(cc), "max_staleness_s": 0.0}
     rt = make_runtime(**config)
-    before = rt.compile(VALUE, flags=("-lval",))
+    before = rt.compile(VALUE)
     assert before.kernel("value")() == 1
     deps = _deps(before)
     assert f"s0/{libdir}/libval.a" in deps
@@ -73,12 +74,12 @@ def test_a_library_upgraded_in_place_is_a_miss_in_both_tiers(make_runtime, tmp_p
     settle()
     _archive(lib, 2, in_place=in_place)
     settle()
-    after = rt.compile(VALUE, flags=("-lval",))  # the memory entry is stale: compiled again
+    after = rt.compile(VALUE)  # the memory entry is stale: compiled again
     assert after.kernel("value")() == 2
     assert rt.stats()["compiles"] == 2 and rt.stats()["stale"] == 1
     assert after.artifact.deps_key != before.artifact.deps_key
     fresh = make_runtime(**config)  # another process: the disk tier serves the new build only
-    assert fresh.compile(VALUE, flags=("-lval",)).kernel("value")() == 2
+    assert fresh.compile(VALUE).kernel("value")() == 2
     assert fresh.stats()["disk_hits"] == 1 and fresh.stats()["compiles"] == 0
 
 
@@ -90,7 +91,7 @@ def test_a_library_outside_the_roots_is_refused_and_nothing_is_published(make_ru
     # Without Landlock's read rules, the closure check is what refuses it.
     rt = make_runtime(source_roots=(str(root),), host_cc=str(cc), sandbox="off")
     with pytest.raises(safejit.UndeclaredDependencyError) as exc:
-        rt.compile(VALUE, flags=("-lval",))
+        rt.compile(VALUE)
     assert exc.value.path.endswith("libval.a")
     assert rt.stats()["published"] == 0
     assert_nothing_published(cache_dir)

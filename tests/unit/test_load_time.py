@@ -221,6 +221,10 @@ def test_what_no_flag_can_make_is_named_all_the_same(plain, baselines, patch, re
         (("-Wl,-f,libaux.so",), "DT_AUXILIARY"),
         (("-Wl,-init,kernel",), "_init"),
         (("-Wl,-fini,kernel",), "_fini"),
+        (("-Wl,-z,execstack",), "executable stack"),
+        (("-Wl,-rpath,/opt/x",), "DT_RUNPATH"),
+        (("-Wl,-rpath,/opt/x", "-Wl,--disable-new-dtags"), "DT_RPATH"),
+        (("-Wl,-soname,libm.so.6",), "DT_SONAME"),
     ],
 )
 def test_linker_options_the_flag_policy_refuses_are_named(tmp_path, baselines, flags, reason):
@@ -245,8 +249,8 @@ def test_a_toolchain_without_a_baseline_refuses_every_kernel(plain, baselines):
         refuse_load_time_code(spec, b"\x7fELF garbage")  # type: ignore[arg-type]
 
 
-def test_the_probe_keeps_the_baseline_in_the_toolchain_and_its_cache(make_runtime, cache_dir, baselines):
-    tools = cache_dir  # (the probe cache is the private state dir under the cache root)
+def test_the_probe_keeps_the_baseline_in_the_toolchain_and_its_cache(make_runtime, private_state, baselines):
+    tools = private_state  # (the probe cache is in the private state dir, outside the cache root)
     module = make_runtime().compile(safejit.Source("int one(void) { return 1; }\n", "one"))
     assert module.kernel("one")() == 1
     (probe,) = [json.loads(p.read_text()) for p in tools.rglob("probe-*.json")]
@@ -270,8 +274,8 @@ def test_the_probe_keeps_the_baseline_in_the_toolchain_and_its_cache(make_runtim
         {"init": True},
     ],
 )
-def test_a_probe_cache_entry_with_a_bad_baseline_is_probed_again(make_runtime, cache_dir, planted):
-    tools = cache_dir
+def test_a_probe_cache_entry_with_a_bad_baseline_is_probed_again(make_runtime, private_state, planted):
+    tools = private_state
     make_runtime().compile(safejit.Source("int one(void) { return 1; }\n", "one"))
     (path,) = tools.rglob("probe-*.json")
     data = json.loads(path.read_text())

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from ...closure.hashing import hash_file
-from ...errors import CompileError, ConfigError, LoadError
+from ...errors import CompileError, ConfigError, FlagPolicyError, LoadError
 from ...spec import Source, Toolchain
 from .._argv import run_argv
 from .._elf import ElfError, section_names
@@ -56,10 +56,7 @@ class AscendBackend:
     name = "ascend"
     artifact_ext = "o"
     abi = 1
-    extra_flags: tuple[str, ...] = (
-        "--cce-",
-        "-mllvm",
-    )
+    flag_family = "bisheng"
     needs_workdir = True
 
     def __init__(self, *, ascend_homes: Sequence[str] = (), state_dir: str | None = None, **_: Any) -> None:
@@ -69,6 +66,12 @@ class AscendBackend:
 
     def language(self, source: Source) -> str:
         return "ascendc"
+
+    def resolve_machine_flags(
+        self, flags: tuple[str, ...], *, toolchain: Toolchain, language: str, run: Runner
+    ) -> tuple[str, ...]:
+        # (bisheng's table has no machine-dependent flag: the arch is arch=)
+        raise FlagPolicyError(f"{flags[0]!r} cannot be resolved by the Ascend backend", flag=flags[0])
 
     def resolve_arch(self, arch: str | None) -> str:
         if arch is None:

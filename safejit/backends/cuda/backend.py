@@ -12,19 +12,24 @@ import os
 import re
 import shutil
 import threading
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from ...errors import CompileError, ConfigError
+from ...errors import CompileError, ConfigError, FlagPolicyError
 from ...sandbox import SYSTEM_PATH
+from ...sandbox import lookups as lookup_recorder
+from ...sandbox.statedir import StateDir
 from ...spec import BuildSpec, Source, Toolchain
 from .._argv import run_argv
 from .._toolchain import ProbeCache, compiler_search_dirs, dir_idents, file_ident, find_program, hash_tools, run_text
 from ..base import CompileContext, CompileOutput, Products, Runner, macro_flags
 from .cubin import KernelParams, cubin_frame_sizes, cubin_kernels
 from .launch import CudaLibrary, device_arch
+from .nvcc_shell import check_argv, defines_header, header_args, split_macros
 from .nvrtc import NvrtcWorker, compile_with_headers, nvrtc_compile_once
+from .recorded import compile_recorded, recorded_options
 
 try:  # imported with the backend (only when backend="cuda" is asked for), not on the compile path
     from cuda.bindings import nvrtc as _nvrtc
@@ -39,25 +44,10 @@ logger = logging.getLogger(__name__)
 _ARCH = re.compile(r"sm_[0-9]{2,3}[af]?\Z")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _FUNC = re.compile(r"Function properties for (\S+)")
-_PROBE_SCHEMA: Final = 3
-#: Allowed ptxas options (through ``--ptxas-options=`` / ``-Xptxas``): none writes files.
-_PTXAS_OK: Final = (
-    "-v",
-    "--verbose",
-    "-O0",
-    "-O1",
-    "-O2",
-    "-O3",
-    "--warn-on-spills",
-    "--warn-on-local-memory-usage",
-    "--allow-expensive-optimizations",
-    "-maxrregcount",
-    "--maxrregcount",
-    "-warn-spills",
-    "-warn-lmem-usage",
-    "--def-load-cache",
-    "--def-store-cache",
-)
+_PROBE_SCHEMA: Final = 4
+#: ``argv[0]`` of an NVRTC compile whose headers are handed over in memory (where its
+#: lookups cannot be recorded): how NVRTC finds headers is part of the key.
+NVRTC_IN_MEMORY: Final = "nvrtc-headers-in-memory"
 
 
 class SpillWarning(UserWarning):
@@ -68,36 +58,6 @@ class CudaBackend:
     name = "cuda"
     artifact_ext = "cubin"
     abi = 1
-    #: Flag families allowed on top of the common allow-list.
-    extra_flags: tuple[str, ...] = (
-        "--use_fast_math",
-        "-use_fast_math",
-        "-lineinfo",
-        "--generate-line-info",
-        "-maxrregcount",
-        "--maxrregcount",
-        "--fmad",
-        "-fmad",
-        "--ftz",
-        "-ftz",
-        "--prec-div",
-        "-prec-div",
-        "--prec-sqrt",
-        "-prec-sqrt",
-        "--extra-device-vectorization",
-        "-expt-relaxed-constexpr",
-        "--expt-relaxed-constexpr",
-        "--expt-extended-lambda",
-        "-extended-lambda",
-        "--restrict",
-        "-G",
-        "--device-debug",
-        "--ptxas-options=",
-        "-Xptxas=",
-        "--dopt",
-        "-default-device",
-        "--device-as-default-execution-space",
-    )
 
     def __init__(
         self,
@@ -108,6 +68,7 @@ class CudaBackend:
         worker: bool = False,
         spills: str = "warn",
         require_landlock: bool = False,
+        state: StateDir | None = None,
         **_: Any,
     ) -> None:
         if compiler not in ("nvrtc", "nvcc"):
@@ -119,8 +80,16 @@ class CudaBackend:
         self._worker: NvrtcWorker | None = None
         self._spills = spills
         self._require_landlock = require_landlock
+        self._state = state
+        self._recorder: str | None = None
+        self._recorder_known = False
         self._toolchains: dict[str, Toolchain] = {}
         self._lock = threading.Lock()
+
+    @property
+    def flag_family(self) -> str:
+        """NVRTC and nvcc take different options (``safejit.policy.flag_tables``)."""
+        return self.compiler
 
     @property
     def needs_workdir(self) -> bool:
@@ -130,6 +99,12 @@ class CudaBackend:
     # -- toolchain -----------------------------------------------------------
     def language(self, source: Source) -> str:
         return "cuda"
+
+    def resolve_machine_flags(
+        self, flags: tuple[str, ...], *, toolchain: Toolchain, language: str, run: Runner
+    ) -> tuple[str, ...]:
+        # (no flag of nvcc's or NVRTC's table depends on the machine: the arch is arch=)
+        raise FlagPolicyError(f"{flags[0]!r} cannot be resolved by the CUDA backend", flag=flags[0])
 
     def resolve_arch(self, arch: str | None) -> str:
         if arch is None:
@@ -153,11 +128,34 @@ class CudaBackend:
             return tc
 
     def _include_dir(self) -> list[str]:
-        try:
-            found = find_nvidia_header_directory("cudart")
-        except Exception:
-            found = None
-        return [os.path.realpath(found)] if found else []
+        """The toolkit's include dir (cuda_runtime_api.h, ...) and CCCL's (cuda/std/...),
+        searched in that order, as nvcc's profile has them."""
+        dirs = []
+        for name in ("cudart", "cccl"):
+            try:
+                found = find_nvidia_header_directory(name)
+            except Exception:
+                found = None
+            if found:
+                dirs.append(os.path.realpath(found))
+        return list(dict.fromkeys(dirs))
+
+    def records_lookups(self) -> bool:
+        """Whether NVRTC compiles once with the real search path, its lookups recorded
+        (the worker, with the lookup recorder built here); else headers are handed
+        over in memory (see ``nvrtc``)."""
+        if self.compiler != "nvrtc" or not self._worker_wanted:
+            return False
+        with self._lock:
+            if not self._recorder_known:
+                self._recorder = lookup_recorder.build(self._state, shutil.which("cc", path=SYSTEM_PATH))
+                self._recorder_known = True
+                if self._recorder is None:
+                    logger.warning(
+                        "NVRTC's lookups cannot be recorded here (no C compiler, or no seccomp); "
+                        "headers are handed to it in memory, one compile per header it asks for"
+                    )
+            return self._recorder is not None
 
     def _probe_nvrtc(self) -> Toolchain:
         if _nvrtc is None:
@@ -244,13 +242,18 @@ class CudaBackend:
         quote_dir: str | None,
         arch: str | None,
     ) -> tuple[str, ...]:
-        _check_ptxas(flags)
-        macros = macro_flags(defines)
         if self.compiler == "nvrtc":
-            # No -I: headers are handed over in memory (see nvrtc.py). Include dirs enter the key
-            # through the spec itself.
-            return ("nvrtc", f"--gpu-architecture={arch}", "-default-device", "--ptxas-options=-v", *flags, *macros)
+            # No -I here: the search path is the spec's (its include dirs enter the key through
+            # the spec itself) and the toolchain's, given to NVRTC when it compiles (recorded)
+            # or searched by safejit (headers in memory): how is part of the key.
+            how = "nvrtc" if self.records_lookups() else NVRTC_IN_MEMORY
+            macros = macro_flags(defines)
+            return (how, f"--gpu-architecture={arch}", "-default-device", "--ptxas-options=-v", *flags, *macros)
         host = toolchain.version.split("\nhost: ", 1)[1].split(" ", 1)[0]
+        # Macros whose text nvcc's shell could act on go into a header (nvcc_shell.py),
+        # before the tenant's own -include files, as -D would be.
+        others, _, _ = split_macros(flags, defines)
+        defines_header(flags, defines)  # (refuses what a header cannot hold, before any key)
         argv = [
             toolchain.compiler,
             "--cubin",
@@ -258,39 +261,79 @@ class CudaBackend:
             "-ccbin",
             host,
             "--ptxas-options=-v",
-            *flags,
-            *macros,
+            *header_args(flags, defines),
+            *others,
             *(f"-I{d}" for d in include_dirs),
         ]
         if quote_dir is not None:
-            argv += ["-iquote", quote_dir]
-        return (*argv, "-MD", "-MF", "{DEP}", "-o", "{OUT}", "-x", "cu", "{SRC}")
+            # nvcc has no -iquote of its own: its host preprocessor, which reads the
+            # includes, takes it (nvcc_shell.check_argv keeps its path plain).
+            argv.append(f"-Xcompiler=-iquote,{quote_dir}")
+        # The depfile is the device pass's preprocessor's own (-Xcompiler): nvcc's -MD would
+        # preprocess the source a second time, as host code, only to list the same headers
+        # (+9% CPU on a CuTe kernel). A cubin has no host pass: this lists all that was read.
+        deps = ("-Xcompiler", "-MD", "-Xcompiler", "-MF", "-Xcompiler", "{DEPNAME}")
+        return (*argv, *deps, "-o", "{OUT}", "-x", "cu", "{SRC}")
 
     def compile(self, ctx: CompileContext) -> CompileOutput:
         spec = ctx.spec
         if self.compiler == "nvrtc":
             ctx.started()  # (no process to wait for)
-            out = self._compile_nvrtc(spec, ctx.search_dirs, ctx.confine, ctx.timeout, ctx.max_deps)
+            if spec.argv[0] == NVRTC_IN_MEMORY:
+                out = self._compile_in_memory(spec, ctx.search_dirs, ctx.confine, ctx.timeout, ctx.max_deps)
+            else:
+                out = self._compile_recorded(ctx)
         else:
             out = self._compile_nvcc(ctx)
         self._check_spills(spec.name, out.log, out.artifact)
         return out
 
-    def _compile_nvrtc(
-        self,
-        spec: BuildSpec,
-        search_dirs: Sequence[str],
-        confine: Callable[[str], str] | None,
-        timeout: float,
-        max_deps: int,
-    ) -> CompileOutput:
-        if confine is None:
-            raise ConfigError("NVRTC needs the runtime's confinement")
-        import time
-
+    def _compile_recorded(self, ctx: CompileContext) -> CompileOutput:
+        spec = ctx.spec
         started = time.perf_counter()
-        options = list(spec.argv[1:])
-        once = self._worker_client(spec.arch).compile_once if self._worker_wanted else nvrtc_compile_once
+        options = recorded_options(spec.argv[1:], ctx.search_dirs, ctx.expand)
+        result, reads = compile_recorded(
+            spec.code,
+            spec.name,
+            options,
+            list(spec.name_expressions),
+            compile_once=self._worker_client(spec.arch, ctx.read_roots).compile_once,
+            timeout=ctx.timeout,
+            max_deps=ctx.max_deps,
+            confine=ctx.confine,
+            roots=ctx.read_roots,
+        )
+        if not result.ok:
+            raise _nvrtc_failed(spec.name, result.log, options, ctx.search_dirs)
+        kernels = cubin_kernels(result.cubin)
+        if reads.unknown:
+            logger.warning("%s: NVRTC did what a closure cannot hold: %s", spec.name, reads.unknown[0])
+        return CompileOutput(
+            result.cubin,
+            reads.deps,
+            tuple(kernels),
+            result.log,
+            (spec.argv[0], *options),
+            time.perf_counter() - started,
+            not reads.unknown,
+            meta=self._meta(kernels, result.lowered),
+            absent=reads.absent,
+        )
+
+    def _compile_in_memory(
+        self, spec: BuildSpec, search_dirs: Sequence[str], confine: Callable[[str], str], timeout: float, max_deps: int
+    ) -> CompileOutput:
+        started = time.perf_counter()
+        # Search-dir flags are searched by the resolver (they are in search_dirs); a flag that
+        # would have NVRTC read a file itself (-include) cannot be honoured with no search path.
+        options = [o for o in spec.argv[1:] if not o.startswith(("-I", "-isystem", "-iquote", "-idirafter"))]
+        for option in options:
+            if "\0" in option:
+                raise FlagPolicyError(
+                    f"{option.split(chr(0))[0]!r} needs NVRTC's lookups recorded (the worker, and a C compiler)",
+                    flag=option.split("\0")[0],
+                )
+        once = self._worker_client(spec.arch, ()).compile_once if self._worker_wanted else nvrtc_compile_once
         result, headers = compile_with_headers(
             spec.code,
             spec.name,
@@ -304,21 +347,23 @@ class CudaBackend:
             max_headers=max_deps,
         )
         if not result.ok:
-            raise CompileError(f"{spec.name}: NVRTC failed\n{result.log}", log=result.log, argv=options)
+            raise _nvrtc_failed(spec.name, result.log, options, search_dirs)
         kernels = cubin_kernels(result.cubin)
         return CompileOutput(
             result.cubin,
             tuple(headers.values()),
             tuple(kernels),
             result.log,
-            ("nvrtc", *options),
+            (spec.argv[0], *options),
             time.perf_counter() - started,
             True,
             meta=self._meta(kernels, result.lowered),
         )
 
     def _compile_nvcc(self, ctx: CompileContext) -> CompileOutput:
-        b = run_argv(ctx, ext=self.artifact_ext)
+        spec = ctx.spec
+        header = defines_header(spec.flags, spec.defines)
+        b = run_argv(ctx, ext=self.artifact_ext, defines_header=header, check=check_argv)
         kernels, meta = self._products(b.artifact)
         return CompileOutput(
             b.artifact, b.deps, kernels, b.log, b.argv, b.seconds, b.complete, meta, tool_reads=b.tool_reads
@@ -356,11 +401,17 @@ class CudaBackend:
             raise CompileError(text, log=log)
         warnings.warn(text, SpillWarning, stacklevel=4)
 
-    def _worker_client(self, arch: str | None) -> NvrtcWorker:
+    def _worker_client(self, arch: str | None, roots: Sequence[str]) -> NvrtcWorker:
+        """The worker, started again when the roots it may read have changed (a source
+        root's symlink re-pointed); it records lookups when this backend does."""
+        recorder = self._recorder if self.records_lookups() else None
         with self._lock:
-            if self._worker is None:
-                self._worker = NvrtcWorker(arch or "sm_90", self._require_landlock)
-            return self._worker
+            worker = old = self._worker
+            if worker is None or worker.roots != tuple(roots):
+                worker = self._worker = NvrtcWorker(arch or "sm_90", self._require_landlock, roots, recorder)
+                if old is not None:
+                    old.close()
+            return worker
 
     # -- artifacts -----------------------------------------------------------
     def kernels(self, artifact: bytes) -> tuple[str, ...]:
@@ -375,10 +426,10 @@ class CudaBackend:
             self._worker.close()
 
 
-def _check_ptxas(flags: Sequence[str]) -> None:
-    for flag in flags:
-        for prefix in ("--ptxas-options=", "-Xptxas="):
-            if flag.startswith(prefix):
-                for opt in flag[len(prefix) :].split(","):
-                    if opt.split("=", 1)[0] not in _PTXAS_OK:
-                        raise ConfigError(f"ptxas option {opt!r} is not allowed", flag=flag)
+def _nvrtc_failed(name: str, log: str, options: Sequence[str], search_dirs: Sequence[str]) -> CompileError:
+    """NVRTC's failure; a header it could not find is named with the dirs searched."""
+    text = f"{name}: NVRTC failed\n{log}"
+    if "open source file" in log:
+        searched = "\n".join(f"  {d}" for d in search_dirs) or "  (none)"
+        text += f"\ninclude dirs searched, in order:\n{searched}"
+    return CompileError(text, log=log, argv=list(options))

@@ -1,13 +1,20 @@
 """NVRTC with a complete dependency closure.
 
-NVRTC writes no depfile. So it gets no search path at all: every header it may
-read is handed to it in memory, found by our own resolver under the declared
-roots (and confined). When it names a header it does not have, the compile is
-retried with that header added. What was not handed over cannot be read — in
-the isolated worker because the worker has no filesystem access at all
-(Landlock); in process because every ``#include`` that could reach the
-filesystem directly (absolute, ``..``, computed) is resolved or refused first.
-The closure is therefore the set of headers handed over.
+NVRTC writes no depfile. Two ways to know what it read:
+
+- Recorded (the isolated worker, where the lookup recorder runs): NVRTC gets the
+  real search path as ``-I`` and compiles once; the worker may read only under the
+  declared roots (Landlock) and records every path NVRTC looks up, found or not
+  (``safejit.sandbox.lookups``). The closure is what it found; the negative
+  dependencies are what it looked for and did not find. See ``recorded``.
+- Headers in memory (in process, or where the recorder cannot run): NVRTC gets no
+  search path at all: every header it may read is handed to it in memory, found by
+  our own resolver under the declared roots (and confined). When it names a header
+  it does not have, the compile is retried with that header added. What was not
+  handed over cannot be read — in the isolated worker because the worker has no
+  filesystem access at all (Landlock); in process because every ``#include`` that
+  could reach the filesystem directly (absolute, ``..``, computed) is resolved or
+  refused first. The closure is therefore the set of headers handed over.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ...closure.hashing import read_file
-from ...errors import CompileError, CompileTimeout, PathConfinementError
+from ...errors import CompileError, CompileTimeout, LimitExceededError, PathConfinementError
 from ...sandbox import SYSTEM_PATH
 
 __all__ = ["NvrtcRequest", "NvrtcResult", "NvrtcWorker", "compile_with_headers", "nvrtc_compile_once"]
@@ -36,7 +43,9 @@ __all__ = ["NvrtcRequest", "NvrtcResult", "NvrtcWorker", "compile_with_headers",
 #: The name NVRTC is given for the main source: in a directory that does not
 #: exist, so a relative include can never be found next to it on disk.
 PROGRAM_DIR: Final = "/nonexistent-safejit-nvrtc"
-_MISSING = re.compile(r'^(.*?)\(\d+\): catastrophic error: cannot open source file "([^"]+)"', re.M)
+#: NVRTC's words for a header it has not got: "cannot open" for a quoted include, "could
+#: not open ... (no directories in search list)" for an angled one.
+_MISSING = re.compile(r'^(.*?)\(\d+\): catastrophic error: (?:cannot|could not) open source file "([^"]+)"', re.M)
 _INCLUDE = re.compile(
     rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]*)[>"]|^[ \t]*#[ \t]*include[ \t]*([^<"\s][^\n]*)', re.M
 )
@@ -50,6 +59,12 @@ class NvrtcRequest:
     options: list[str]
     name_expressions: list[str]
     headers: dict[str, bytes] = field(default_factory=dict)
+    #: Record every path NVRTC looks up (the worker's recorder).
+    record: bool = False
+
+
+#: One recorded lookup: (kind, errno or 0, flags, absolute path); see ``sandbox.lookups``.
+LookupRow = tuple[str, int, int, str]
 
 
 @dataclass
@@ -59,10 +74,13 @@ class NvrtcResult:
     cubin: bytes = b""
     lowered: dict[str, str] = field(default_factory=dict)
     missing: list[tuple[str, str]] = field(default_factory=list)  # (includer, header name)
+    #: What NVRTC looked up, when the request asked for it (None: not recorded).
+    lookups: list[LookupRow] | None = None
 
 
-def nvrtc_compile_once(req: NvrtcRequest) -> NvrtcResult:
-    """One NVRTC compile (in this process). Reports missing headers by name."""
+def nvrtc_compile_once(req: NvrtcRequest, timeout: float | None = None) -> NvrtcResult:
+    """One NVRTC compile (in this process). Reports missing headers by name. (An
+    NVRTC call cannot be interrupted: ``timeout`` is for the worker's, see NvrtcWorker.)"""
     from cuda.bindings import nvrtc
 
     def check(result: Any) -> Any:
@@ -121,7 +139,7 @@ def compile_with_headers(
     *,
     search_dirs: Sequence[str],
     confine: Callable[[str], str],
-    compile_once: Callable[[NvrtcRequest], NvrtcResult],
+    compile_once: Callable[[NvrtcRequest, float], NvrtcResult],
     isolated: bool,
     timeout: float,
     max_headers: int,
@@ -148,7 +166,9 @@ def compile_with_headers(
             )
         if known is None:
             if len(paths) >= max_headers:
-                raise CompileError(f"more than {max_headers} headers", log="")
+                raise LimitExceededError(
+                    f"{name}: more than {max_headers} headers exceed the limit of dependencies", limit=max_headers
+                )
             try:
                 data, _ = read_file(path)  # (a FIFO there would block this process for good)
             except OSError as exc:
@@ -173,15 +193,17 @@ def compile_with_headers(
 
     scan(code, None)
     for _ in range(_MAX_ROUNDS):
-        if time.monotonic() > deadline:
+        left = deadline - time.monotonic()
+        if left <= 0:
             raise CompileTimeout(f"NVRTC compile of {name} ran past {timeout:g}s", log="", timeout=timeout)
-        result = compile_once(NvrtcRequest(code, name, options, name_expressions, dict(headers)))
+        result = compile_once(NvrtcRequest(code, name, options, name_expressions, dict(headers)), left)
         if result.ok or not result.missing:
             return result, paths
         progressed = False
         for includer, header in result.missing:
             includer_file = None if includer == main else paths.get(includer)
-            kind = "<" if f"#include <{header}>" in result.log else '"'
+            # (NVRTC adds "no directories in search list" to an angled include it has not got)
+            kind = "<" if f'"{header}" (no directories in search list)' in result.log else '"'
             if header in paths:
                 continue
             if not hand_over(includer_file, kind, header):
@@ -210,19 +232,30 @@ def _resolve(
 #: NVRTC allocates and frees some megabytes per compile. A process that hands that back
 #: to the kernel on free faults it in again, zeroed, on the next compile (~1300 faults
 #: here, about 5% of a small compile); the worker keeps up to 256 MiB of it instead.
+#: How long the worker may take to load NVRTC and warm up (not the compile's time).
+_START_S: Final = 120.0
 _WORKER_MALLOC: Final = "glibc.malloc.trim_threshold=268435456:glibc.malloc.mmap_threshold=33554432"
 
 
 class NvrtcWorker:
-    """A persistent NVRTC process without filesystem access (see _nvrtc_worker)."""
+    """A persistent NVRTC process that may read only under ``roots`` (nothing at all
+    without any), recording NVRTC's lookups with the ``lookups`` library when given
+    (see ``worker``)."""
 
-    def __init__(self, arch: str, require_landlock: bool) -> None:
+    def __init__(
+        self, arch: str, require_landlock: bool, roots: Sequence[str] = (), lookups: str | None = None
+    ) -> None:
         self._arch = arch
         self._require = require_landlock
+        self.roots = tuple(roots)
+        self._library = lookups
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
+        #: Whether the running worker records lookups (its hello says), and if not, why.
+        self.recording = False
+        self.why = ""
 
-    def _start(self) -> subprocess.Popen[bytes]:
+    def _start(self, timeout: float) -> subprocess.Popen[bytes]:
         # Isolated mode ignores the environment; the parent's import path is handed over
         # explicitly so the worker finds safejit and cuda-python wherever they are installed.
         boot = (
@@ -230,19 +263,33 @@ class NvrtcWorker:
             "from safejit.backends.cuda.worker import main; sys.exit(main(sys.argv[2:]))"
         )
         argv = [sys.executable, "-I", "-c", boot, json.dumps([p for p in sys.path if p]), self._arch]
+        argv += ["--roots", json.dumps(self.roots)]
+        if self._library:
+            argv += ["--lookups", self._library]
         if self._require:
             argv.append("--require-landlock")
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            env={"PATH": SYSTEM_PATH, "LC_ALL": "C", "GLIBC_TUNABLES": _WORKER_MALLOC},
+            # TZ: NVRTC's __DATE__ would otherwise have libc look at /etc/localtime on every compile.
+            env={"PATH": SYSTEM_PATH, "LC_ALL": "C", "TZ": "UTC0", "GLIBC_TUNABLES": _WORKER_MALLOC},
             close_fds=True,
             process_group=0,
         )
+        self._proc = proc
+        hello = self._read(proc, timeout)
+        if hello is None:
+            self._kill()
+            raise CompileError("the NVRTC worker died while starting", log="")
+        self.recording, self.why = bool(hello.get("recording")), str(hello.get("why", ""))
+        return proc
 
     def compile_once(self, req: NvrtcRequest, timeout: float = 300.0) -> NvrtcResult:
+        """One compile in the worker, started if need be; ``CompileTimeout`` (and the
+        worker killed) when the reply takes longer than ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
         msg = json.dumps(
             {
                 "code": base64.b64encode(req.code).decode(),
@@ -250,50 +297,61 @@ class NvrtcWorker:
                 "options": req.options,
                 "name_expressions": req.name_expressions,
                 "headers": {k: base64.b64encode(v).decode() for k, v in req.headers.items()},
+                "record": req.record,
             }
         ).encode()
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
-                self._proc = self._start()
-            proc = self._proc
-            assert proc.stdin is not None and proc.stdout is not None
             try:
+                proc = self._proc
+                if proc is None or proc.poll() is not None:
+                    proc = self._start(max(timeout, _START_S))
+                    deadline = time.monotonic() + timeout  # (the compile's time starts now)
+                if req.record and not self.recording:
+                    raise CompileError(f"the NVRTC worker cannot record lookups: {self.why}", log="")
+                assert proc.stdin is not None and proc.stdout is not None
                 proc.stdin.write(struct.pack(">I", len(msg)) + msg)
                 proc.stdin.flush()
-                reply = self._read(proc, timeout)
+                reply = self._read(proc, deadline - time.monotonic())
             except (OSError, CompileTimeout):
                 self._kill()
                 raise
-        if reply is None:
-            self._kill()
-            raise CompileError("the NVRTC worker died", log="")
+            if reply is None:
+                self._kill()
+                raise CompileError("the NVRTC worker died", log="")
+        if reply.get("error") == "E2BIG":
+            raise LimitExceededError(f"{req.name}: NVRTC looked up more paths than can be recorded", limit=0)
+        lookups = reply.get("lookups")
         return NvrtcResult(
             bool(reply["ok"]),
             str(reply["log"]),
             cubin=base64.b64decode(reply["cubin"]),
             lowered=dict(reply["lowered"]),
-            missing=[tuple(m) for m in reply["missing"]],
+            missing=[(str(m[0]), str(m[1])) for m in reply["missing"]],
+            lookups=None if lookups is None else [(str(k), int(e), int(f), str(p)) for k, e, f, p in lookups],
         )
 
     @staticmethod
     def _read(proc: subprocess.Popen[bytes], timeout: float) -> dict[str, Any] | None:
         assert proc.stdout is not None
+        deadline = time.monotonic() + timeout
         fd = proc.stdout.fileno()
-        buf = b""
-        need = 4
+        parts: list[bytes] = []
+        got, need = 0, 4
         length: int | None = None
-        while len(buf) < need:
-            ready, _, _ = select.select([fd], [], [], timeout)
+        while got < need:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([fd], [], [], max(left, 0))
             if not ready:
                 raise CompileTimeout(f"the NVRTC worker did not answer in {timeout:g}s", log="", timeout=timeout)
             chunk = os.read(fd, 1 << 20)
             if not chunk:
                 return None
-            buf += chunk
-            if length is None and len(buf) >= 4:
-                (length,) = struct.unpack(">I", buf[:4])
+            parts.append(chunk)
+            got += len(chunk)
+            if length is None and got >= 4:
+                (length,) = struct.unpack(">I", b"".join(parts)[:4])
                 need = 4 + length
-        data: dict[str, Any] = json.loads(buf[4:need])
+        data: dict[str, Any] = json.loads(b"".join(parts)[4:need])
         return data
 
     def _kill(self) -> None:

@@ -1,16 +1,21 @@
-"""The isolated NVRTC worker: ``python -I -m safejit.backends._nvrtc_worker ARCH``.
+"""The isolated NVRTC worker: ``python -I -c ... ARCH [options]``.
 
-It loads NVRTC, compiles once to finish loading everything NVRTC needs, then
-takes away its own filesystem and network access (Landlock, when the kernel
-offers it; ``--require-landlock`` makes that mandatory) and serves compile
-requests on stdin/stdout as length-prefixed JSON. Headers arrive in the
-request: NVRTC can read nothing else. Replies carry no pickles, so a
-compromised worker cannot run code in the parent.
+It loads NVRTC, compiles once to finish loading everything NVRTC needs, then takes
+away its own filesystem and network access (Landlock, when the kernel offers it;
+``--require-landlock`` makes that mandatory): it may read only under ``--roots``
+(the declared source roots and the toolchain's include dirs), none at all without.
+With ``--lookups LIBRARY`` it then installs the lookup recorder
+(``safejit.sandbox.lookups``), and a request that asks for it gets back every path
+NVRTC looked up while compiling, found or not. It first writes a hello
+(``{"recording": bool, "why": str}``), then serves compile requests on stdin/stdout
+as length-prefixed JSON. Replies carry no pickles, so a compromised worker cannot
+run code in the parent.
 """
 
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import resource
@@ -21,6 +26,7 @@ from typing import Any
 
 from safejit.backends.cuda.nvrtc import NvrtcRequest, NvrtcResult, nvrtc_compile_once
 from safejit.sandbox.landlock import restrict as landlock_restrict
+from safejit.sandbox.lookups import Lookup, Recorder
 
 _LEN = struct.Struct(">I")
 
@@ -47,6 +53,7 @@ def _request(msg: dict[str, Any]) -> NvrtcRequest:
         options=list(msg["options"]),
         name_expressions=list(msg["name_expressions"]),
         headers={k: base64.b64decode(v) for k, v in msg["headers"].items()},
+        record=bool(msg.get("record", False)),
     )
 
 
@@ -57,25 +64,75 @@ def _reply(result: NvrtcResult) -> dict[str, Any]:
         "cubin": base64.b64encode(result.cubin).decode(),
         "lowered": result.lowered,
         "missing": result.missing,
+        "lookups": result.lookups,
     }
+
+
+def _lookups(found: list[Lookup], cwd: str) -> list[tuple[str, int, int, str]]:
+    """The lookups to report, once each, absolute; those of this worker's own (empty,
+    private) working directory left out: NVRTC looks for a few names there."""
+    out: dict[tuple[str, int, int, str], None] = {}
+    own = cwd.rstrip("/") + "/"
+    for item in found:
+        path = os.path.normpath(os.path.join(cwd, item.path)) if not item.path.startswith("/") else item.path
+        if path == cwd or path.startswith(own):
+            continue
+        out.setdefault((item.kind, item.error, item.flags, path))
+    return list(out)
+
+
+def _options(argv: list[str]) -> tuple[list[str], str | None, bool]:
+    roots: list[str] = []
+    library = None
+    i = 1
+    while i < len(argv):
+        if argv[i] == "--roots":
+            roots = list(json.loads(argv[i + 1]))
+            i += 1
+        elif argv[i] == "--lookups":
+            library = argv[i + 1]
+            i += 1
+        i += 1
+    return roots, library, "--require-landlock" in argv
 
 
 def main(argv: list[str]) -> int:
     arch = argv[0] if argv else "sm_90"
+    roots, library, required = _options(argv)
     warm = NvrtcRequest(b'extern "C" __global__ void safejit_warm() {}\n', "warm", [f"--gpu-architecture={arch}"], [])
     nvrtc_compile_once(warm)
     resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
     # An empty working directory: even without Landlock, a relative include finds nothing.
-    os.chdir(tempfile.mkdtemp(prefix="safejit-nvrtc-"))
-    landlock_restrict([], [], deny_net=True, required="--require-landlock" in argv)
+    cwd = tempfile.mkdtemp(prefix="safejit-nvrtc-")
+    os.chdir(cwd)
+    recorder = Recorder(library) if library else None  # (loaded while it can still be read)
+    landlock_restrict(roots, [], deny_net=True, required=required)
+    why = "" if library else "no recorder"
+    if recorder is not None:
+        try:
+            recorder.install()
+        except OSError as exc:
+            recorder, why = None, str(exc)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write to the reply channel
+    _write(stdout, {"recording": recorder is not None, "why": why})
     while True:
         msg = _read(stdin)
         if msg is None:
             return 0
         try:
-            result = nvrtc_compile_once(_request(msg))
+            req = _request(msg)
+            if req.record and recorder is None:
+                raise OSError(f"lookups cannot be recorded here ({why})")
+            if recorder is not None and req.record:
+                recorder.begin()
+                try:
+                    result = nvrtc_compile_once(req)
+                finally:
+                    found = recorder.end()
+                result.lookups = _lookups(found, cwd)
+            else:
+                result = nvrtc_compile_once(req)
             _write(stdout, _reply(result))
         except Exception as exc:
             _write(
@@ -86,6 +143,8 @@ def main(argv: list[str]) -> int:
                     "cubin": "",
                     "lowered": {},
                     "missing": [],
+                    "lookups": None,
+                    "error": "E2BIG" if isinstance(exc, OSError) and exc.errno == errno.E2BIG else type(exc).__name__,
                 },
             )
 

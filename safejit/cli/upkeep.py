@@ -1,0 +1,147 @@
+"""``safejit verify``, ``safejit prune`` and ``safejit gc``: keeping a cache sound and small."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..cache import maintenance
+from ._common import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    CliError,
+    Finding,
+    cache_roots,
+    config_for,
+    layout_findings,
+    show_findings,
+    size_text,
+)
+from ._out import Out
+
+__all__ = ["cmd_gc", "cmd_prune", "cmd_verify"]
+
+
+def cmd_verify(args: argparse.Namespace, out: Out) -> int:
+    roots = cache_roots(args.cache_dir)
+    findings: list[Finding] = []
+    checked = 0
+    for root in roots.dirs:
+        count = sum(1 for _ in maintenance.iter_leaves(root))
+        with out.progress(f"verifying {root}", count) as done:
+            for info, bad in maintenance.verify_all(root, fix=args.fix):
+                checked += 1
+                done(checked)
+                if bad is not None:
+                    fixed = "quarantined" if args.fix and (bad.reason.corrupt or not info.build_key) else ""
+                    what = "layout" if not info.build_key else "leaf"
+                    detail = f"{bad.reason.text}: {bad.detail}" if bad.detail else bad.reason.text
+                    findings.append(
+                        Finding(what, info.path, bad.reason.value, detail, info.id if info.build_key else "", fixed)
+                    )
+        findings += _usage_findings(root, fix=args.fix)
+    failed = sum(1 for f in findings if f.kind != "usage")
+    if args.json:
+        out.json(
+            {
+                "roots": list(roots.dirs),
+                "checked": checked,
+                "verified": checked - failed,
+                "findings": [f.as_json() for f in findings],
+            }
+        )
+        return EXIT_FINDINGS if findings else EXIT_OK
+    if roots.missing_default:
+        out.line(f"no cache at {roots.missing_default} yet")
+    show_findings(out, findings)
+    out.line((f"{checked - failed}/{checked} leaves verify", "ok" if not failed else "bad"))
+    usage = len(findings) - failed
+    if usage:
+        out.line((f"{usage} usage records are not valid", "bad"))
+    return EXIT_FINDINGS if findings else EXIT_OK
+
+
+def _usage_findings(root: str, *, fix: bool) -> list[Finding]:
+    """Usage records that do not decode (with ``fix``, deleted: they are only counters)."""
+    found = []
+    for entry in maintenance.read_usage(root):
+        if entry.record is not None:
+            continue
+        removed = ""
+        if fix and maintenance.remove_usage(root, entry):
+            removed = "removed"
+        found.append(Finding("usage", entry.path, "usage", entry.problem, fixed=removed))
+    return found
+
+
+def cmd_prune(args: argparse.Namespace, out: Out) -> int:
+    max_bytes = args.max_bytes
+    if max_bytes is None and args.max_age is None and args.keep_per_build is None:
+        max_bytes = config_for(None).cache_max_bytes
+        if max_bytes is None:
+            raise CliError(
+                "give at least one of --max-bytes, --max-age, --keep-per-build",
+                "(or set a default cap: SAFEJIT_CACHE_MAX_BYTES=10G)",
+            )
+    roots = cache_roots(args.cache_dir)
+    results = []
+    for root in roots.dirs:
+        total = sum(1 for _ in maintenance.iter_leaves(root))
+        with out.progress(f"pruning {root}", total) as done:
+            report = maintenance.prune(
+                root,
+                max_bytes=max_bytes,
+                max_age_s=args.max_age,
+                keep_per_build=args.keep_per_build,
+                grace_s=args.grace,
+                progress=done,
+                dry_run=args.dry_run,
+            )
+        results.append((root, report))
+    if args.json:
+        out.json(
+            {
+                "dry_run": args.dry_run,
+                "roots": [
+                    {
+                        "root": r,
+                        "leaves": p.examined,
+                        "removed": p.removed,
+                        "freed_bytes": p.freed,
+                        "spared": p.kept_recent,
+                    }
+                    for r, p in results
+                ],
+            }
+        )
+        return EXIT_OK
+    verb = "would remove" if args.dry_run else "removed"
+    for root, p in results:
+        out.line(("cache root ", "bold"), (root, "bold"))
+        out.line(
+            f"  {p.examined} leaves; {verb} {p.removed} ({size_text(p.freed)}); "
+            f"spared {p.kept_recent} used within the last {args.grace:.0f}s"
+        )
+    if args.dry_run:
+        out.line(("dry run: nothing was deleted", "warn"))
+    return EXIT_OK
+
+
+def cmd_gc(args: argparse.Namespace, out: Out) -> int:
+    roots = cache_roots(args.cache_dir)
+    results = [(root, maintenance.gc(root, max_age_s=args.older_than)) for root in roots.dirs]
+    # What gc could not set aside (a v1 that is a symlink: nothing is done there at all).
+    left = [f for root in roots.dirs for f in layout_findings(root)]
+    if args.json:
+        out.json({"roots": [{"root": r, **counts} for r, counts in results], "findings": [f.as_json() for f in left]})
+        return EXIT_FINDINGS if left else EXIT_OK
+    keys = ("staging", "quarantine", "usage", "locks", "damaged")
+    for root, counts in results:
+        out.line(("cache root ", "bold"), (root, "bold"))
+        out.table(
+            ("STAGING", "QUARANTINE", "USAGE", "LOCKS", "DAMAGED"),
+            [tuple(str(counts[k]) for k in keys)],
+            right=range(5),
+        )
+    out.line(("removed: entries older than the age given; damaged entries moved to quarantine", "dim"))
+    show_findings(out, left)
+    return EXIT_FINDINGS if left else EXIT_OK

@@ -1,0 +1,301 @@
+/* safejit lookup recorder: every path the process looks up, complete by construction.
+ *
+ * Loaded (dlopen) into the NVRTC worker, which calls lookups_install() once it has
+ * loaded NVRTC and restricted itself with Landlock. From then on a seccomp filter
+ * traps (SIGSYS) every syscall that looks a path up, unless it is made by one
+ * instruction: the syscall in lookup_syscall() below. The SIGSYS handler makes the
+ * call from there, on the caller's behalf, and records it. So libc's entry points,
+ * libc's internal calls (fopen's own open), syscall(2) and inline syscalls all pass
+ * through the handler: nothing to interpose, no list of libc functions to keep up
+ * to date. Failed lookups are recorded too: they are the negative dependencies.
+ *
+ * Path syscalls that only write, execute or mount, and fork (a child's lookups would
+ * be recorded in its own memory), are refused with EPERM; clone3 with ENOSYS (its
+ * flags are out of a filter's reach; libc then uses clone, allowed for threads only);
+ * io_uring (its operations bypass seccomp) with EPERM; syscalls newer than this list
+ * with ENOSYS. A syscall of another architecture kills the process.
+ *
+ * Records, between lookups_begin() and lookups_end(), in a buffer of up to 64 MiB:
+ *   u32 size of the record, i32 kind, i64 result (-errno on failure), i32 flags,
+ *   the path (absolute when it was relative to a directory fd; not NUL-terminated).
+ * A full buffer makes lookups_end() return -1.
+ *
+ * Built once per user by safejit.sandbox._shim_build with the system C compiler.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sched.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#if defined(__x86_64__)
+#define ARCH AUDIT_ARCH_X86_64
+#define REG_RESULT(uc) ((uc)->uc_mcontext.gregs[REG_RAX])
+static long arg(const ucontext_t *uc, int i) {
+    static const int regs[6] = { REG_RDI, REG_RSI, REG_RDX, REG_R10, REG_R8, REG_R9 };
+    return (long)uc->uc_mcontext.gregs[regs[i]];
+}
+__asm__(
+    ".text\n"
+    ".globl lookup_syscall\n.hidden lookup_syscall\n.type lookup_syscall,@function\n"
+    "lookup_syscall:\n"
+    "  mov %rdi, %rax\n  mov %rsi, %rdi\n  mov %rdx, %rsi\n  mov %rcx, %rdx\n"
+    "  mov %r8, %r10\n  mov %r9, %r8\n  mov 8(%rsp), %r9\n"
+    "  syscall\n"
+    ".globl lookup_syscall_ip\n.hidden lookup_syscall_ip\n"
+    "lookup_syscall_ip:\n"
+    "  ret\n");
+#elif defined(__aarch64__)
+#define ARCH AUDIT_ARCH_AARCH64
+#define REG_RESULT(uc) ((uc)->uc_mcontext.regs[0])
+static long arg(const ucontext_t *uc, int i) { return (long)uc->uc_mcontext.regs[i]; }
+__asm__(
+    ".text\n"
+    ".globl lookup_syscall\n.hidden lookup_syscall\n.type lookup_syscall,%function\n"
+    "lookup_syscall:\n"
+    "  mov x8, x0\n  mov x0, x1\n  mov x1, x2\n  mov x2, x3\n  mov x3, x4\n  mov x4, x5\n  mov x5, x6\n"
+    "  svc #0\n"
+    ".globl lookup_syscall_ip\n.hidden lookup_syscall_ip\n"
+    "lookup_syscall_ip:\n"
+    "  ret\n");
+#else
+#error "the lookup recorder supports x86_64 and aarch64"
+#endif
+
+/* The one place path syscalls may come from; the filter knows it by the address of
+ * the instruction after the syscall (what seccomp reports as instruction_pointer). */
+long lookup_syscall(long nr, long a, long b, long c, long d, long e, long f);
+extern char lookup_syscall_ip[];
+
+enum { K_OPEN = 1, K_STAT = 2, K_LSTAT = 3, K_ACCESS = 4, K_READLINK = 5, K_STATFS = 6, K_CHDIR = 7 };
+#define BUFFER_BYTES (64UL << 20)
+#define HEAD 20
+/* Syscall numbers from here on are the same on every architecture (since Linux 5.1);
+ * from fchmodat2 (452) on, this list knows none: refused with ENOSYS. */
+#define FIRST_UNKNOWN 452
+
+static char *buffer;
+static size_t used;
+static int recording, overflow;
+
+static size_t fd_path(long fd, char *out, size_t cap) {
+    char link[32] = "/proc/self/fd/";
+    char digits[24];
+    int n = 0;
+    unsigned long v = (unsigned long)fd;
+    do { digits[n++] = (char)('0' + v % 10); v /= 10; } while (v && n < 20);
+    for (int k = 0; k < n; k++) link[14 + k] = digits[n - 1 - k];
+    link[14 + n] = 0;
+    long got = lookup_syscall(SYS_readlinkat, AT_FDCWD, (long)link, (long)out, (long)cap - 1, 0, 0);
+    if (got <= 0) return 0;
+    out[got] = '/';
+    return (size_t)got + 1;
+}
+
+static void record(int kind, long dirfd, const char *path, long result, long flags) {
+    if (!__atomic_load_n(&recording, __ATOMIC_ACQUIRE) || path == NULL) return;
+    char dir[4096];
+    size_t dlen = path[0] != '/' && dirfd != AT_FDCWD ? fd_path(dirfd, dir, sizeof dir) : 0;
+    size_t plen = strnlen(path, 4096);
+    size_t size = HEAD + dlen + plen;
+    size_t at = __atomic_fetch_add(&used, size, __ATOMIC_RELAXED);
+    if (at + size > BUFFER_BYTES) {
+        __atomic_store_n(&overflow, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    uint32_t head_size = (uint32_t)size;
+    int32_t head_kind = kind, head_flags = (int32_t)flags;
+    int64_t head_result = result;
+    char *p = buffer + at;
+    memcpy(p, &head_size, 4);
+    memcpy(p + 4, &head_kind, 4);
+    memcpy(p + 8, &head_result, 8);
+    memcpy(p + 16, &head_flags, 4);
+    memcpy(p + HEAD, dir, dlen);
+    memcpy(p + HEAD + dlen, path, plen);
+}
+
+static int empty(long path) { return path != 0 && *(const char *)path == 0; }
+
+/* An open for reading, made so that it cannot block: a FIFO (or a device) where a
+ * header was would hang the compile for good. Anything but a regular file or a
+ * directory is refused (EINVAL) once opened without blocking. */
+static long open_for_reading(long nr, long *a, int flag_arg) {
+    long flags = a[flag_arg];
+    if ((flags & O_ACCMODE) != O_RDONLY || (flags & O_PATH))
+        return lookup_syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
+    long b[6] = { a[0], a[1], a[2], a[3], a[4], a[5] };
+    b[flag_arg] |= O_NONBLOCK;
+    long fd = lookup_syscall(nr, b[0], b[1], b[2], b[3], b[4], b[5]);
+    if (fd < 0) return fd;
+    struct stat st;
+    /* (libc's fstat would be a path syscall made elsewhere: trapped again, in this handler) */
+    if (lookup_syscall(SYS_fstat, fd, (long)&st, 0, 0, 0, 0) != 0 || !(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))) {
+        close((int)fd);
+        return -EINVAL;
+    }
+    if (!(flags & O_NONBLOCK)) fcntl((int)fd, F_SETFL, fcntl((int)fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
+static void on_sigsys(int sig, siginfo_t *info, void *context) {
+    (void)sig;
+    ucontext_t *uc = context;
+    int saved = errno;
+    long nr = info->si_syscall, a[6];
+    for (int i = 0; i < 6; i++) a[i] = arg(uc, i);
+    long r;
+    switch (nr) {
+#ifdef SYS_open
+    case SYS_open: r = open_for_reading(nr, a, 1); break;
+#endif
+    case SYS_openat: r = open_for_reading(nr, a, 2); break;
+    default: r = lookup_syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]); break;
+    }
+    const char *p0 = (const char *)a[0], *p1 = (const char *)a[1];
+    switch (nr) {
+#ifdef SYS_open
+    case SYS_open: record(K_OPEN, AT_FDCWD, p0, r, a[1]); break;
+    case SYS_creat: record(K_OPEN, AT_FDCWD, p0, r, O_CREAT | O_WRONLY | O_TRUNC); break;
+    case SYS_stat: record(K_STAT, AT_FDCWD, p0, r, 0); break;
+    case SYS_lstat: record(K_LSTAT, AT_FDCWD, p0, r, 0); break;
+    case SYS_access: record(K_ACCESS, AT_FDCWD, p0, r, a[1]); break;
+    case SYS_readlink: record(K_READLINK, AT_FDCWD, p0, r, 0); break;
+#endif
+    case SYS_openat: record(K_OPEN, a[0], p1, r, a[2]); break;
+    case SYS_openat2: record(K_OPEN, a[0], p1, r, a[2] ? (long)*(const uint64_t *)a[2] : 0); break;
+    case SYS_newfstatat:
+        if (!((a[3] & AT_EMPTY_PATH) && empty(a[1])))  /* (fstat of an fd: no lookup) */
+            record(a[3] & AT_SYMLINK_NOFOLLOW ? K_LSTAT : K_STAT, a[0], p1, r, a[3]);
+        break;
+    case SYS_statx:
+        if (!((a[2] & AT_EMPTY_PATH) && empty(a[1])))
+            record(a[2] & AT_SYMLINK_NOFOLLOW ? K_LSTAT : K_STAT, a[0], p1, r, a[2]);
+        break;
+    case SYS_faccessat: record(K_ACCESS, a[0], p1, r, a[2]); break;
+    case SYS_faccessat2: record(K_ACCESS, a[0], p1, r, a[2]); break;
+    case SYS_readlinkat: record(K_READLINK, a[0], p1, r, 0); break;
+    case SYS_statfs: record(K_STATFS, AT_FDCWD, p0, r, 0); break;
+    case SYS_chdir: record(K_CHDIR, AT_FDCWD, p0, r, 0); break;
+    default: break;
+    }
+    REG_RESULT(uc) = r;
+    errno = saved;
+}
+
+/* Path lookups: trapped, made by the handler, recorded. */
+static const long traced[] = {
+#ifdef SYS_open
+    SYS_open, SYS_creat, SYS_stat, SYS_lstat, SYS_access, SYS_readlink,
+#endif
+    SYS_openat, SYS_openat2, SYS_newfstatat, SYS_statx, SYS_faccessat, SYS_faccessat2, SYS_readlinkat,
+    SYS_statfs, SYS_chdir,
+};
+
+/* No compile needs these: refused with EPERM. */
+static const long refused[] = {
+#ifdef SYS_fork
+    SYS_fork, SYS_vfork, SYS_mkdir, SYS_rmdir, SYS_link, SYS_unlink, SYS_symlink, SYS_rename, SYS_chmod,
+    SYS_chown, SYS_lchown, SYS_mknod, SYS_utime, SYS_utimes, SYS_futimesat, SYS_uselib, SYS_renameat,
+#endif
+    SYS_execve, SYS_execveat, SYS_io_uring_setup, SYS_io_uring_enter, SYS_io_uring_register,
+    SYS_getxattr, SYS_lgetxattr, SYS_listxattr, SYS_llistxattr, SYS_setxattr, SYS_lsetxattr,
+    SYS_removexattr, SYS_lremovexattr, SYS_truncate, SYS_mkdirat, SYS_mknodat, SYS_fchownat, SYS_unlinkat,
+    SYS_renameat2, SYS_linkat, SYS_symlinkat, SYS_fchmodat, SYS_utimensat, SYS_inotify_add_watch,
+    SYS_fanotify_mark, SYS_name_to_handle_at, SYS_open_by_handle_at, SYS_chroot, SYS_pivot_root, SYS_mount,
+    SYS_umount2, SYS_swapon, SYS_swapoff, SYS_acct, SYS_quotactl, SYS_open_tree, SYS_move_mount, SYS_fsopen,
+    SYS_fspick, SYS_fsconfig, SYS_mount_setattr,
+};
+
+#define N_TRACED (sizeof traced / sizeof traced[0])
+#define N_REFUSED (sizeof refused / sizeof refused[0])
+#define STMT(code, k) ((struct sock_filter)BPF_STMT(code, k))
+#define JUMP(code, k, jt, jf) ((struct sock_filter)BPF_JUMP(code, k, jt, jf))
+#define LOAD(field) STMT(BPF_LD | BPF_W | BPF_ABS, (uint32_t)(field))
+#define RET(value) STMT(BPF_RET | BPF_K, value)
+
+/* Returns 0, or -errno. Once installed, the filter stays for the life of the process. */
+int lookups_install(void) {
+    if (buffer != NULL) return -EALREADY;
+    void *mem = mmap(NULL, BUFFER_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) return -errno;
+    buffer = mem;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigsys;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGSYS, &sa, NULL) != 0) return -errno;
+    sigset_t sys;
+    sigemptyset(&sys);
+    sigaddset(&sys, SIGSYS);
+    if (pthread_sigmask(SIG_UNBLOCK, &sys, NULL) != 0) return -EINVAL;
+
+    struct sock_filter f[32 + N_TRACED + N_REFUSED];
+    int n = 0;
+    uint64_t ip = (uint64_t)(uintptr_t)lookup_syscall_ip;
+    f[n++] = LOAD(offsetof(struct seccomp_data, arch));
+    f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, ARCH, 1, 0);
+    f[n++] = RET(SECCOMP_RET_KILL_PROCESS);
+    f[n++] = LOAD(offsetof(struct seccomp_data, instruction_pointer));
+    f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)ip, 0, 3);
+    f[n++] = LOAD(offsetof(struct seccomp_data, instruction_pointer) + 4);
+    f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)(ip >> 32), 0, 1);
+    f[n++] = RET(SECCOMP_RET_ALLOW);
+    f[n++] = LOAD(offsetof(struct seccomp_data, nr));
+    f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 0, 1);
+    f[n++] = RET(SECCOMP_RET_ERRNO | ENOSYS);
+    f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 0, 4);
+    f[n++] = LOAD(offsetof(struct seccomp_data, args[0]));
+    f[n++] = JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_THREAD, 0, 1);
+    f[n++] = RET(SECCOMP_RET_ALLOW);
+    f[n++] = RET(SECCOMP_RET_ERRNO | EPERM);
+    int first = n;
+    for (size_t i = 0; i < N_TRACED + N_REFUSED; i++)
+        f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)(i < N_TRACED ? traced[i] : refused[i - N_TRACED]), 0, 0);
+    int newer = n;
+    f[n++] = JUMP(BPF_JMP | BPF_JGE | BPF_K, FIRST_UNKNOWN, 0, 0);
+    f[n++] = RET(SECCOMP_RET_ALLOW);
+    int trap = n;
+    f[n++] = RET(SECCOMP_RET_TRAP);
+    int eperm = n;
+    f[n++] = RET(SECCOMP_RET_ERRNO | EPERM);
+    int enosys = n;
+    f[n++] = RET(SECCOMP_RET_ERRNO | ENOSYS);
+    for (size_t i = 0; i < N_TRACED + N_REFUSED; i++) {
+        int at = first + (int)i;
+        f[at].jt = (uint8_t)((i < N_TRACED ? trap : eperm) - at - 1);
+    }
+    f[newer].jt = (uint8_t)(enosys - newer - 1);
+    struct sock_fprog prog = { (unsigned short)n, f };
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -errno;
+    /* TSYNC: every thread of the process, not only this one. */
+    if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &prog) != 0) return -errno;
+    return 0;
+}
+
+void lookups_begin(void) {
+    __atomic_store_n(&used, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&overflow, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&recording, 1, __ATOMIC_RELEASE);
+}
+
+/* Stop recording. *out: the records; returns their size, -1 when the buffer overflowed. */
+long lookups_end(const char **out) {
+    __atomic_store_n(&recording, 0, __ATOMIC_SEQ_CST);
+    *out = buffer;
+    if (__atomic_load_n(&overflow, __ATOMIC_ACQUIRE)) return -1;
+    return (long)__atomic_load_n(&used, __ATOMIC_ACQUIRE);
+}

@@ -1,0 +1,104 @@
+"""The lookup recorder (``lookups.c``): every path a process looks up, failed lookups
+included, complete by construction.
+
+A process that loads it and calls :meth:`Recorder.install` can make path syscalls
+only through the recorder's SIGSYS handler, which makes each call on its behalf and
+writes it down (see ``lookups.c``). The NVRTC worker records each compile this way:
+what it read, and what it looked for and did not find (negative dependencies).
+
+Linux on x86_64 and aarch64 only, with seccomp filters; built once per user by the
+system C compiler (:func:`build`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from ._shim_build import ensure_lookups
+from .statedir import StateDir
+
+__all__ = ["KINDS", "Lookup", "Recorder", "build", "parse", "supported"]
+
+#: What a record's kind number stands for (``lookups.c``'s ``K_*``).
+KINDS: Final = {1: "open", 2: "stat", 3: "lstat", 4: "access", 5: "readlink", 6: "statfs", 7: "chdir"}
+_HEAD: Final = struct.Struct("<IiqI")
+_MACHINES: Final = ("x86_64", "aarch64")
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    kind: str
+    path: str
+    #: 0 when the lookup succeeded, else its errno.
+    error: int
+    #: The open flags (``open``), the ``*at`` flags (``stat``, ``lstat``), the mode (``access``).
+    flags: int
+
+
+def supported() -> bool:
+    """Whether this machine can run the recorder: Linux on x86_64 or aarch64, with
+    seccomp filters (a kernel that has them says so in ``/proc/self/status``)."""
+    if platform.machine() not in _MACHINES:
+        return False
+    try:
+        with open("/proc/self/status", "rb") as status:
+            return b"\nSeccomp:" in status.read()
+    except OSError:
+        return False
+
+
+def build(state: StateDir | None, cc: str | None) -> str | None:
+    """The recorder's shared object in the private ``state`` dir, built if need be;
+    None when it cannot be here."""
+    return ensure_lookups(state, cc) if state is not None and supported() else None
+
+
+def parse(data: bytes) -> list[Lookup]:
+    """The records ``lookups_end`` returned. Raises ``ValueError`` on a malformed one."""
+    out: list[Lookup] = []
+    at, end = 0, len(data)
+    while at < end:
+        if end - at < _HEAD.size:
+            raise ValueError("a truncated lookup record")
+        size, kind, result, flags = _HEAD.unpack_from(data, at)
+        if size < _HEAD.size or at + size > end or kind not in KINDS:
+            raise ValueError("a malformed lookup record")
+        path = os.fsdecode(data[at + _HEAD.size : at + size])
+        out.append(Lookup(KINDS[kind], path, -result if result < 0 else 0, flags))
+        at += size
+    return out
+
+
+class Recorder:
+    """The recorder loaded into this process. :meth:`install` is for good: only a
+    process that does nothing but the work to record (the NVRTC worker) calls it."""
+
+    def __init__(self, library: str) -> None:
+        self._lib = ctypes.CDLL(library)
+        self._lib.lookups_install.restype = ctypes.c_int
+        self._lib.lookups_end.restype = ctypes.c_long
+        self._lib.lookups_end.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+
+    def install(self) -> None:
+        """Trap this process's path syscalls from now on. Raises ``OSError``."""
+        rc = int(self._lib.lookups_install())
+        if rc != 0:
+            raise OSError(-rc, f"the lookup recorder cannot be installed: {os.strerror(-rc)}")
+
+    def begin(self) -> None:
+        self._lib.lookups_begin()
+
+    def end(self) -> list[Lookup]:
+        """What was looked up since :meth:`begin`. Raises ``OSError(E2BIG)`` when the
+        records overflowed their buffer."""
+        where = ctypes.c_void_p()
+        size = int(self._lib.lookups_end(ctypes.byref(where)))
+        if size < 0:
+            raise OSError(errno.E2BIG, "more lookups than the recorder's buffer holds")
+        return parse(ctypes.string_at(where, size)) if size else []

@@ -1,0 +1,170 @@
+"""This user's private state: the exec shim, the stat memo, the toolchain probes.
+
+A shared cache directory is data, never code or trusted state: whoever can write it
+could otherwise swap what this process executes or believes. So executables and
+state live in a per-user directory outside every cache root — ``$XDG_STATE_HOME/
+safejit``, else ``~/.local/state/safejit``, else ``$XDG_RUNTIME_DIR/safejit`` (or
+``/run/user/<uid>/safejit``), else a private temporary directory removed at exit —
+used only if
+
+- every directory on its way is owned by this user or root and writable by no one
+  else (unless sticky, as ``/tmp`` is: there no one else can move our entries);
+- it is a real directory (no symlink), owned by this user, writable by no one else.
+
+It is walked to and opened once (``O_PATH``, never following a symlink) and then
+reached through that descriptor (:attr:`StateDir.path` is ``/proc/self/fd/<n>``):
+a directory swapped on the way afterwards changes nothing. Files read from it are
+checked again (:func:`open_private_file`): a file that is not ours or that others
+may write is never used.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import shutil
+import stat
+import tempfile
+import threading
+import weakref
+from collections.abc import Sequence
+
+from .. import _env
+
+__all__ = ["StateDir", "open_private_file", "private_file", "state_dir"]
+
+logger = logging.getLogger(__name__)
+
+_NOT_OURS = "not owned by this user, or writable by others"
+
+
+def private_file(st: os.stat_result) -> bool:
+    """Whether ``st`` is a regular file of ours that no one else may write."""
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def open_private_file(path: str, flags: int = os.O_RDONLY, *, dir_fd: int | None = None) -> int:
+    """Open a file of the state dir (never through a symlink, never blocking): raises
+    ``PermissionError`` when it is not a regular file of ours that only we may write."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        if not private_file(os.fstat(fd)):
+            raise PermissionError(f"{path}: {_NOT_OURS}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class StateDir:
+    """The private state directory, held open. ``path`` reaches it through the
+    descriptor; ``shown`` is where it is, for messages."""
+
+    def __init__(self, fd: int, shown: str, *, temporary: bool = False) -> None:
+        self.fd = fd
+        self.shown = shown
+        self.temporary = temporary
+        through = f"/proc/self/fd/{fd}"
+        #: Where its files are reached: through the descriptor (``shown`` where /proc is missing).
+        self.path = through if os.path.isdir(through) else shown
+        self._finalizer = weakref.finalize(self, _close_fd, fd, os.getpid())
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _close_fd(fd: int, owner: int) -> None:
+    if os.getpid() == owner:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _secure_ancestor(st: os.stat_result) -> bool:
+    """A directory on the way: ours or root's, and only writable by others when sticky."""
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()):
+        return False
+    return not st.st_mode & 0o022 or bool(st.st_mode & stat.S_ISVTX)
+
+
+def _open_private(path: str, *, create: bool) -> int | None:
+    """Walk to ``path`` from ``/``, one component at a time without following a symlink,
+    every directory on the way checked; create what is missing (0700) with ``create``.
+    The descriptor (``O_PATH``) of the final directory, or None."""
+    # (links on the way lead somewhere; where they lead is walked and checked. The
+    # directory itself must be no link.)
+    head, name = os.path.split(os.path.abspath(path))
+    parts = [p for p in os.path.realpath(head).split("/") if p] + [name]
+    if not parts:
+        return None
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, part in enumerate(parts):
+            if not _secure_ancestor(os.fstat(fd)):
+                return None
+            try:
+                nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    return None
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o700, dir_fd=fd)
+                nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+            if i == len(parts) - 1:
+                st = os.fstat(fd)
+                if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                    logger.warning("%s is %s: not using it for private state", path, _NOT_OURS)
+                    return None
+        found, fd = fd, -1
+        return found
+    except OSError as exc:
+        logger.debug("no private state in %s: %s", path, exc)
+        return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _inside(path: str, roots: Sequence[str]) -> bool:
+    real = os.path.realpath(path)
+    for root in roots:
+        top = os.path.realpath(root)
+        if real == top or real.startswith(top.rstrip("/") + "/"):
+            return True
+    return False
+
+
+_lock = threading.Lock()
+_opened: dict[tuple[int, tuple[str, ...]], StateDir] = {}
+
+
+def state_dir(avoid: Sequence[str] = ()) -> StateDir:
+    """This user's private state directory, outside every path in ``avoid`` (the cache
+    roots): the first candidate that passes, else a private temporary one. One per
+    process and ``avoid``."""
+    key = (os.getpid(), tuple(avoid))
+    with _lock:
+        found = _opened.get(key)
+        if found is None:
+            found = _opened[key] = _find(avoid)
+        return found
+
+
+def _find(avoid: Sequence[str]) -> StateDir:
+    for candidate in _env.state_dir_candidates():
+        if _inside(candidate, avoid):
+            logger.warning("%s lies in a cache root: not using it for private state", candidate)
+            continue
+        fd = _open_private(candidate, create=True)
+        if fd is not None:
+            return StateDir(fd, candidate)
+    made = tempfile.mkdtemp(prefix="safejit-state-")
+    atexit.register(shutil.rmtree, made, True)
+    logger.warning("no private state directory to keep; using %s for this process", made)
+    fd = _open_private(made, create=False)
+    if fd is None:  # pragma: no cover - mkdtemp makes a private directory
+        raise PermissionError(f"{made}: {_NOT_OURS}")
+    return StateDir(fd, made, temporary=True)

@@ -1,0 +1,68 @@
+"""Path confinement for NVRTC in its worker, which compiles with the real search path:
+it may read only under the declared roots and the toolchain's (Landlock), and every
+path it looks up is recorded, so a file outside is refused whether NVRTC was denied
+it (Landlock) or found it (no Landlock, or a mere existence probe).
+
+One test per attack: the typed error, the secret in no message or log, nothing
+published.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import safejit
+from tests.security._support import assert_no_secret, assert_nothing_published
+
+pytest.importorskip("cuda.bindings.nvrtc")
+KERNEL = 'extern "C" __global__ void s(int* out) {{ *out = {value}; }}\n'
+
+
+def _compile(make_runtime, project: Path, code: str, *include_dirs: Path) -> safejit.Runtime:
+    rt = make_runtime(backend="cuda", source_roots=(str(project),))
+    rt.compile(safejit.Source(code, "s"), include_dirs=tuple(str(d) for d in include_dirs), arch="sm_90")
+    return rt
+
+
+def _assert_refused(exc: pytest.ExceptionInfo, cache_dir: Path) -> None:
+    assert_no_secret(exc.value, getattr(exc.value, "log", ""))
+    assert_nothing_published(cache_dir)
+
+
+def test_nvrtc_absolute_include_outside_roots_is_refused(make_runtime, project, outside, cache_dir):
+    code = f'#include "{outside}/secret.h"\n' + KERNEL.format(value="SECRET")
+    with pytest.raises(safejit.PathConfinementError) as exc:
+        _compile(make_runtime, project, code)
+    assert exc.value.path == str(outside / "secret.h")
+    _assert_refused(exc, cache_dir)
+
+
+def test_nvrtc_header_symlink_pointing_outside_is_refused(make_runtime, project, outside, cache_dir):
+    (project / "include" / "secret.h").symlink_to(outside / "secret.h")
+    code = "#include <secret.h>\n" + KERNEL.format(value="SECRET")
+    with pytest.raises(safejit.PathConfinementError) as exc:
+        _compile(make_runtime, project, code, project / "include")
+    assert exc.value.path == str(project / "include" / "secret.h")  # (not where it leads)
+    _assert_refused(exc, cache_dir)
+
+
+def test_nvrtc_dotdot_include_escape_is_refused(make_runtime, project, cache_dir):
+    include = project / "include"
+    (project / "outside").mkdir()
+    (project / "outside" / "secret.h").write_text("#define SECRET 1234\n")
+    code = '#include "../outside/secret.h"\n' + KERNEL.format(value="SECRET")
+    with pytest.raises(safejit.PathConfinementError) as exc:
+        _compile(make_runtime, include, code, include)
+    assert exc.value.path == f"{include}/../outside/secret.h"
+    _assert_refused(exc, cache_dir)
+
+
+def test_nvrtc_existence_probe_outside_roots_is_refused(make_runtime, project, outside, cache_dir):
+    # __has_include reads nothing, but what it finds changes the program all the same.
+    code = f'#if __has_include("{outside}/secret.h")\n#define FOUND 1\n#else\n#define FOUND 0\n#endif\n'
+    with pytest.raises(safejit.PathConfinementError) as exc:
+        _compile(make_runtime, project, code + KERNEL.format(value="FOUND"))
+    assert exc.value.path == str(outside / "secret.h")
+    _assert_refused(exc, cache_dir)

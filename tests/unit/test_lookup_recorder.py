@@ -1,0 +1,245 @@
+"""The lookup recorder (safejit.sandbox.lookups): every path a process looks up, by
+whatever route, is recorded — or refused; never missed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from safejit.backends.cuda.recorded import sort_lookups
+from safejit.sandbox import lookups
+from safejit.sandbox.statedir import StateDir
+
+CC = shutil.which("cc", path="/usr/local/bin:/usr/bin:/bin")
+pytestmark = pytest.mark.skipif(CC is None or not lookups.supported(), reason="no C compiler or no seccomp")
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory: pytest.TempPathFactory) -> str:
+    private = tmp_path_factory.mktemp("state")
+    private.chmod(0o700)
+    built = lookups.build(StateDir(os.open(private, os.O_RDONLY | os.O_DIRECTORY), str(private)), CC)
+    assert built is not None
+    return built
+
+
+def _run(library: str, body: str, tmp_path: Path) -> dict:
+    """Run ``body`` in a fresh process with the recorder installed and recording;
+    returns its JSON output plus the records."""
+    script = (
+        textwrap.dedent(
+            """
+        import ctypes, json, os, sys, threading
+        from safejit.sandbox.lookups import Recorder
+        out = {}
+        rec = Recorder(sys.argv[1])
+        rec.install()
+        rec.begin()
+        """
+        )
+        + textwrap.dedent(body)
+        + textwrap.dedent(
+            """
+        out["records"] = [[r.kind, r.path, r.error] for r in rec.end()]
+        print(json.dumps(out))
+        """
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, library], capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_lookups_by_every_route_are_recorded_with_their_outcome(library, tmp_path):
+    (tmp_path / "there.h").write_text("x")
+    got = _run(
+        library,
+        f"""
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        base = {str(tmp_path)!r}
+        os.path.exists(base + "/missing-stat.h")                     # stat through Python
+        libc.fopen((base + "/there.h").encode(), b"r")                 # fopen: libc's own open
+        libc.fopen((base + "/missing-fopen.h").encode(), b"r")
+        if os.uname().machine == "x86_64":
+            libc.syscall(257, -100, (base + "/raw-openat.h").encode(), 0)  # a raw openat(2), not libc's
+        os.access(base + "/missing-access.h", os.R_OK)
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.stat("there.h", dir_fd=fd)                              # relative to a directory fd
+        finally:
+            os.close(fd)
+        t = threading.Thread(target=lambda: os.path.exists(base + "/from-a-thread.h"))
+        t.start(); t.join()
+        """,
+        tmp_path,
+    )
+    seen = {(kind, os.path.basename(path), error) for kind, path, error in got["records"]}
+    assert ("stat", "missing-stat.h", 2) in seen
+    assert ("open", "there.h", 0) in seen
+    assert ("open", "missing-fopen.h", 2) in seen
+    assert ("stat", "from-a-thread.h", 2) in seen
+    assert ("access", "missing-access.h", 2) in seen
+    assert ("stat", "there.h", 0) in seen
+    if os.uname().machine == "x86_64":
+        assert ("open", "raw-openat.h", 2) in seen
+    dir_fd_stat = next(path for kind, path, _ in got["records"] if kind == "stat" and path.endswith("there.h"))
+    assert dir_fd_stat == str(tmp_path / "there.h")  # made absolute
+
+
+def test_what_would_escape_the_record_is_refused(library, tmp_path):
+    got = _run(
+        library,
+        """
+        calls = [("fork", os.fork), ("mkdir", lambda: os.mkdir("made"))]
+        calls.append(("exec", lambda: os.execv("/bin/true", ["true"])))
+        for name, call in calls:
+            try:
+                pid = call()
+                if pid == 0:
+                    os._exit(0)
+                out[name] = "allowed"
+            except OSError as exc:
+                out[name] = exc.errno
+        """,
+        tmp_path,
+    )
+    assert got["fork"] == got["mkdir"] == got["exec"] == 1  # EPERM
+    assert not (tmp_path / "made").exists()
+
+
+def test_a_fifo_where_a_header_was_is_refused_not_a_hang(library, tmp_path):
+    os.mkfifo(tmp_path / "fifo.h")
+    got = _run(
+        library,
+        f"try:\n    open({str(tmp_path / 'fifo.h')!r})\nexcept OSError as exc:\n    out['errno'] = exc.errno\n",
+        tmp_path,
+    )
+    assert got["errno"] == 22  # EINVAL: not a regular file
+
+
+def test_records_that_are_malformed_raise():
+    good = struct.pack("<IiqI", 20 + 3, 1, 0, 0) + b"a.h"
+    assert lookups.parse(good) == [lookups.Lookup("open", "a.h", 0, 0)]
+    for bad in (good[:-1], struct.pack("<IiqI", 19, 1, 0, 0), struct.pack("<IiqI", 23, 99, 0, 0) + b"a.h"):
+        with pytest.raises(ValueError):
+            lookups.parse(bad)
+
+
+def test_sorting_lookups_into_reads_found_absent_and_denied():
+    rows = [
+        ("stat", 2, 0, "/r/a/x.h"),  # looked for in an earlier dir, not there
+        ("stat", 0, 0, "/r/b/x.h"),
+        ("open", 0, os.O_RDONLY, "/r/b/x.h"),
+        ("stat", 0, 0, "/r/probe.h"),  # __has_include: found, never read
+        ("stat", 0, 0, "/r/b"),  # a search dir
+        ("open", 13, os.O_RDONLY, "/etc/passwd"),
+        ("open", 2, os.O_RDONLY, "/nonexistent-safejit-nvrtc/y.h"),  # NVRTC's made-up program dir
+        ("open", 0, os.O_RDONLY | os.O_DIRECTORY, "/r/listed"),
+    ]
+    reads = sort_lookups(rows, is_dir=lambda p: p in ("/r/b", "/r/listed"))
+    assert reads.deps == ("/r/b/x.h", "/r/probe.h")
+    assert reads.absent == ("/r/a/x.h",)
+    assert reads.denied == ("/etc/passwd",)
+    assert reads.unknown == ("/r/listed",)
+
+
+STRACE = shutil.which("strace")
+
+
+@pytest.mark.skipif(STRACE is None, reason="no strace")
+def test_an_nvrtc_compile_records_exactly_what_the_kernel_saw(library, tmp_path):
+    """strace's view of the same compile: every path syscall in the recorded window,
+    and nothing else, is in the record."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    inc = tmp_path / "inc"
+    (inc / "sub").mkdir(parents=True)
+    (inc / "a.h").write_text('#include "sub/b.h"\n#if __has_include(<nope.h>)\n#error\n#endif\n')
+    (inc / "sub" / "b.h").write_text("#include <cuda/std/cstdint>\n#define B 2\n")
+    from safejit.backends.cuda.backend import CudaBackend
+
+    search = [str(inc), *CudaBackend()._include_dir()]
+    script = textwrap.dedent(
+        """
+        import json, os, sys
+        from safejit.backends.cuda.nvrtc import NvrtcRequest, nvrtc_compile_once
+        from safejit.sandbox.lookups import Recorder
+        opts = ["--gpu-architecture=sm_90"] + ["-I" + d for d in json.loads(sys.argv[2])]
+        nvrtc_compile_once(NvrtcRequest(b"__global__ void w() {}", "w", opts[:1], []))
+        rec = Recorder(sys.argv[1]); rec.install()
+        os.path.exists("/safejit-window-begins")
+        rec.begin()
+        r = nvrtc_compile_once(NvrtcRequest(b'#include <a.h>\\n__global__ void k(int* p) { *p = B; }', "k", opts, []))
+        found = rec.end()
+        os.path.exists("/safejit-window-ends")
+        assert r.ok, r.log
+        print(json.dumps([[f.path, f.error] for f in found]))
+        """
+    )
+    trace = tmp_path / "trace"
+    proc = subprocess.run(
+        [
+            STRACE,
+            "-f",
+            "-qq",
+            "-e",
+            "trace=%file",
+            "-o",
+            str(trace),
+            sys.executable,
+            "-c",
+            script,
+            library,
+            json.dumps(search),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    recorded = {(os.path.normpath(os.path.join(str(tmp_path), p)), e != 0) for p, e in json.loads(proc.stdout)}
+    lines = trace.read_text().splitlines()
+    begin = max(i for i, line in enumerate(lines) if "/safejit-window-begins" in line)
+    end = min(i for i, line in enumerate(lines) if "/safejit-window-ends" in line)
+    # Each lookup shows twice: attempted (and trapped: a SIGSYS follows), then made by the
+    # handler. A path syscall made without a trap would have escaped the record.
+    attempted, made, untrapped = set(), set(), []
+    last: dict[str, str] = {}  # pid -> what its previous line was
+    window = lines[begin + 1 : end]
+    for i, line in enumerate(window):
+        pid = line.split(" ", 1)[0]
+        if "--- SIGSYS" in line:
+            last[pid] = "trap"
+            continue
+        m = re.match(r'^\d+\s+(\w+)\((?:AT_FDCWD, |\d+, )?"([^"]*)".*= (-?\d+)', line)
+        if not m or not m.group(2) or m.group(1) == "getcwd":  # (getcwd's string is what it returns)
+            last[pid] = "other"
+            continue
+        path = os.path.normpath(os.path.join(str(tmp_path), m.group(2)))
+        trapped_next = any(w.startswith(pid + " ") and "--- SIGSYS" in w for w in window[i + 1 : i + 2])
+        if trapped_next:
+            attempted.add(path)
+            last[pid] = "attempt"
+        elif last.get(pid) == "trap":
+            made.add((path, m.group(3) == "-1"))
+            last[pid] = "made"
+        else:
+            untrapped.append(line)
+    assert untrapped == []
+    assert made == recorded
+    assert attempted == {p for p, _ in recorded}
+    assert (str(inc / "sub" / "b.h"), False) in recorded
+    assert any(p.endswith("/nope.h") and failed for p, failed in recorded)  # __has_include's negative
