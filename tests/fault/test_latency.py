@@ -30,7 +30,7 @@ from tests.conftest import KERNEL_WITH_HEADER, assert_cache_sound, leaves
 STALENESS_S = 0.5
 #: The slow publish or load: long enough that callers 0.7 s and 1.2 s after the edit
 #: (made while it sleeps) still find the first compile in flight.
-DELAY_S = 2.0
+DELAY_S = 1.5
 OLD, NEW = 42, 10
 
 
