@@ -6,7 +6,10 @@ one after (before, one more publish succeeded and then every compile raised a
 ``CacheError`` with EXDEV until the process restarted). Where the layout cannot be made
 again (a file now stands at the cache dir's path), ``raise`` is a ``CacheError`` and
 ``bypass`` a working kernel; once the path is free again, the same process recovers.
-(tests/fault/test_damaged_layout.py covers the same with the fake backend.)
+(tests/fault/test_damaged_layout.py covers the same with the fake backend. The exec
+shim lives in the user's private state dir, outside the cache: while it was built
+into ``<root>/v1/tools``, removing the cache dir took it along, and every later
+compile failed to start its compiler.)
 """
 
 from __future__ import annotations
@@ -27,12 +30,6 @@ def _source(i: int) -> safejit.Source:
 
 
 def _take_away(cache: Path, how: str, tmp_path: Path) -> None:
-    if any((cache / "v1" / "tools").glob("u*/shim-*")):
-        # Known: the exec shim is built into the cache dir (v1/tools) here, and goes with
-        # it: every later compile fails to start its compiler (a CompileError), bypass or
-        # not. Fixed where the shim lives in the user's private state dir instead (the
-        # sandbox branch's statedir.py); this marker goes away with that merge.
-        pytest.xfail("the sandbox shim lives in the cache dir and is taken away with it")
     settle()  # (the spare work dirs this process makes after a compile: then gone with the rest)
     if how == "removed":
         shutil.rmtree(cache)
