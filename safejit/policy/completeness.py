@@ -191,9 +191,24 @@ def _scan_pch(path: str, allowed: Callable[[str], bool], trust_stat: bool) -> Sc
 
 
 def changed_since(snap: Snapshot, started_ns: int) -> bool:
-    """Whether a file's stat says it changed after ``started_ns``, or within the coarse
-    clock tick before it (a change then can carry a timestamp just before the start)."""
-    return max(snap[3], snap[4]) > started_ns - COARSE_NS
+    """Whether a file (or directory) whose stat is ``snap`` may have changed after
+    ``started_ns``, or within the coarse clock tick before it (a change then can carry
+    a timestamp just before the start: see ``scan.COARSE_NS``).
+
+    The ctime alone says when a file last changed: the kernel sets it on every write,
+    rename, ``utime`` or ``chmod``, and no user can set it. The mtime is whatever the
+    last writer or ``utime`` made it (an archive unpacked with its recorded times, a
+    clock running ahead): one in the future would make every build "too new" and
+    nothing would ever be cached; one in the past says nothing either. A real change
+    leaves ``ctime >= mtime``, so the ctime misses none that the mtime would catch.
+
+    A ctime ahead of this host's clock (a file server whose clock runs ahead) cannot
+    be ordered against the start: it counts as changed, and the build is not vouched
+    for until the clocks agree. One behind it (the server's clock lags this host's
+    by more than a tick) can hide a change made during the compile: shared source
+    trees need synchronised clocks, as ``make`` and ccache do.
+    """
+    return snap[4] > started_ns - COARSE_NS
 
 
 def _refuse_names_that_are_not_text(paths: Sequence[str]) -> None:

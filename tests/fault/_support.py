@@ -4,14 +4,17 @@ compile under ``SAFEJIT_FAULTS``, the ``safejit verify`` command and the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
+
+import pytest
 
 import safejit
 from safejit.cache.layout import VERSION as LAYOUT
@@ -139,3 +142,62 @@ def staging_entries(cache: Path) -> list[str]:
 def quarantined(cache: Path) -> list[str]:
     qdir = cache / LAYOUT / "quarantine"
     return sorted(os.listdir(qdir)) if qdir.is_dir() else []
+
+
+def _mount(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["mount", *argv], capture_output=True, text=True, timeout=30, check=False)
+
+
+def _unmount(path: Path) -> None:
+    from safejit.cache.staging import settle
+
+    settle()  # (background deletes of this process still working in it)
+    if subprocess.run(["umount", str(path)], capture_output=True, timeout=30, check=False).returncode:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30, check=False)
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size_kib: int) -> Iterator[Path]:
+    """A tmpfs of ``size_kib`` KiB mounted at ``path`` for the block; the test is skipped
+    where this process may not mount one (not root, no CAP_SYS_ADMIN)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    done = _mount("-t", "tmpfs", "-o", f"size={size_kib}k,mode=0755", "tmpfs", str(path))
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        _unmount(path)
+
+
+@contextlib.contextmanager
+def read_only_bind(path: Path) -> Iterator[Path]:
+    """``path`` bind-mounted onto itself read-only for the block (skipped where this
+    process may not mount)."""
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    done = _mount("--bind", str(path), str(path))
+    if done.returncode:
+        pytest.skip(f"cannot bind-mount here: {done.stderr.strip()}")
+    try:
+        done = _mount("-o", "remount,bind,ro", str(path))
+        if done.returncode:
+            pytest.skip(f"cannot remount read-only here: {done.stderr.strip()}")
+        yield path
+    finally:
+        _unmount(path)
+
+
+def leave_free(mount: Path, kib: int, filler_name: str = "filler") -> int:
+    """Fill the filesystem at ``mount`` with a filler file until about ``kib`` KiB are
+    left; returns the KiB then free."""
+    filler = mount / filler_name
+    filler.write_bytes(b"")
+    st = os.statvfs(mount)
+    want = max(0, st.f_bavail * st.f_frsize - kib * 1024)
+    with contextlib.suppress(OSError), open(filler, "wb") as fh:  # (ENOSPC: as full as it gets)
+        fh.write(b"\0" * want)
+    st = os.statvfs(mount)
+    return st.f_bavail * st.f_frsize // 1024

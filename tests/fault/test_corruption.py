@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import safejit
-from safejit import faults
+from safejit import cli, faults
 from safejit.cache import maintenance
 from safejit.cache.layout import MANIFEST, MARKER
 from safejit.cache.layout import VERSION as LAYOUT
@@ -115,30 +115,50 @@ def test_publish_corrupt_on_write_is_detected_quarantined_and_rebuilt(seeded_cac
     assert third.artifact.source == "disk" and third.kernel(NEW_NAME)(6, 7) == EXPECTED[NEW_NAME]
 
 
+def _verify(cache: Path, *extra: str) -> tuple[int, dict[str, str]]:
+    """``safejit verify`` run in this process (the command's own code, without starting
+    an interpreter for each of the cases below): its exit status, and the failures
+    verification reported, ``{leaf: reason}``."""
+    reasons = {info.path: str(bad.reason) for info, bad in maintenance.verify_all(str(cache)) if bad is not None}
+    return cli.main(["verify", "--cache-dir", str(cache), *extra]), reasons
+
+
 @pytest.mark.parametrize(("file", "damage"), list(CASES), ids=CASE_IDS)
 def test_verify_hand_corrupted_leaf_fails_then_fix_quarantines(file, damage, seeded_cache, make_runtime):
     leaf, _ = _damage(seeded_cache, file, damage)
     reason = CASES[file, damage]
 
-    found = run_verify(seeded_cache)
-    assert found.returncode == 1, found.stdout + found.stderr
-    assert f"FAIL {leaf}: {reason}: " in found.stdout, found.stdout
-    assert "0/1 leaves verify" in found.stdout
+    status, reasons = _verify(seeded_cache)
+    assert (status, reasons) == (1, {leaf: reason})
     assert os.path.isdir(leaf), "plain verify must not move anything"
 
-    fixed = run_verify(seeded_cache, "--fix")
-    assert fixed.returncode == 1
-    assert f"FAIL {leaf}: {reason}: " in fixed.stdout and "(quarantined)" in fixed.stdout, fixed.stdout
+    status, _ = _verify(seeded_cache, "--fix")
+    assert status == 1
     assert not os.path.exists(leaf)
     assert len(quarantined(seeded_cache)) == 1
 
-    clean = run_verify(seeded_cache)
-    assert clean.returncode == 0, clean.stdout
+    assert _verify(seeded_cache) == (0, {})
     assert_cache_sound(seeded_cache)
     rt = make_runtime()
     assert rt.compile(safejit.Source(EARLIER_C, EARLIER_NAME)).kernel(EARLIER_NAME)(6, 7) == EXPECTED[EARLIER_NAME]
     assert rt.stats()["compiles"] == 1
     assert leaf_paths(seeded_cache) == {leaf}
+    assert_cache_sound(seeded_cache)
+
+
+def test_verify_command_on_a_corrupted_leaf_names_the_reason_and_fix_quarantines(seeded_cache):
+    """The command itself, as an operator runs it: one line per failure, the exit status."""
+    leaf, _ = _damage(seeded_cache, ARTIFACT, "flip")
+    found = run_verify(seeded_cache)
+    assert found.returncode == 1, found.stdout + found.stderr
+    assert f"FAIL {leaf}: artifact: " in found.stdout, found.stdout
+    assert "0/1 leaves verify" in found.stdout
+    fixed = run_verify(seeded_cache, "--fix")
+    assert fixed.returncode == 1
+    assert f"FAIL {leaf}: artifact: " in fixed.stdout and "(quarantined)" in fixed.stdout, fixed.stdout
+    assert not os.path.exists(leaf)
+    clean = run_verify(seeded_cache)
+    assert clean.returncode == 0, clean.stdout
     assert_cache_sound(seeded_cache)
 
 

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 import safejit
+from safejit import cli
 from safejit.cache import maintenance
 from safejit.cache.staging import settle
 from tests.conftest import assert_cache_sound, leaves
+from tests.fault._support import quarantined
 
 SRC = safejit.Source("#define VALUE 7\n", "k")
 
@@ -29,46 +31,69 @@ def _only_leaf(cache_dir: Path) -> Path:
     return Path(leaf.path)
 
 
-@pytest.mark.parametrize("what", ["leaf-file", "leaf-symlink", "build-file", "build-symlink"])
-def test_a_leaf_or_build_dir_replaced_is_quarantined_and_rebuilt(fake, cache_dir, tmp_path, what):
-    fake().compile(SRC)
-    leaf = _only_leaf(cache_dir)
-    target = leaf if what.startswith("leaf") else leaf.parent
+def _replace(target: Path, how: str, elsewhere: Path) -> None:
+    """Put a file, a symlink (to ``elsewhere``) or a FIFO where the directory ``target`` was."""
+    if os.path.lexists(target):
+        shutil.rmtree(target)
+    if how == "file":
+        target.write_text("not a directory")
+    elif how == "symlink":
+        target.symlink_to(elsewhere, target_is_directory=True)
+    else:
+        os.mkfifo(target)
+
+
+def _elsewhere(tmp_path: Path) -> Path:
+    """Where a planted symlink points: a directory holding something to keep."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    shutil.rmtree(target)
-    if what.endswith("file"):
-        target.write_text("not a directory")
-    else:
-        target.symlink_to(elsewhere, target_is_directory=True)
-    # verify reports it; a fresh process rebuilds and publishes again
+    (elsewhere / "precious").write_text("keep me")
+    return elsewhere
+
+
+@pytest.mark.parametrize("how", ["file", "symlink", "fifo"])
+@pytest.mark.parametrize("what", ["leaf", "build"])
+def test_a_leaf_or_build_dir_replaced_is_quarantined_and_rebuilt(fake, cache_dir, tmp_path, what, how):
+    running = fake()
+    running.compile(SRC)
+    leaf = _only_leaf(cache_dir)
+    target = leaf if what == "leaf" else leaf.parent
+    elsewhere = _elsewhere(tmp_path)
+    _replace(target, how, elsewhere)
+    # verify reports it (and exits 1); a fresh process rebuilds and publishes again
     assert any(bad is not None and bad.reason == "damaged" for _, bad in maintenance.verify_all(str(cache_dir)))
+    assert cli.main(["verify", "--cache-dir", str(cache_dir)]) == 1
     rt = fake()
     mod = rt.compile(SRC)
     assert mod.kernel("VALUE")() == 7 and mod.artifact.tier == "compiled"
     assert rt.stats()["published"] == 1
-    assert list(elsewhere.iterdir()) == []  # nothing was written through the symlink
+    assert len(quarantined(cache_dir)) == 1  # the damage itself, moved aside (not what it points to)
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["precious"]  # nothing written or removed there
     assert fake().compile(SRC).artifact.tier == "disk"
+    # The process that was running all along goes on: its next miss (another build) works.
+    assert running.compile(safejit.Source("#define VALUE 3\n", "k")).kernel("VALUE")() == 3
+    assert cli.main(["verify", "--cache-dir", str(cache_dir)]) == 0
     assert_cache_sound(cache_dir)
 
 
-@pytest.mark.parametrize("what", ["file", "symlink"])
-def test_verify_fix_and_gc_clear_a_damaged_entry_without_following_it(fake, cache_dir, tmp_path, what):
+@pytest.mark.parametrize("how", ["file", "symlink", "fifo"])
+@pytest.mark.parametrize("what", ["leaf", "build"])
+def test_verify_fix_and_gc_clear_a_damaged_entry_without_following_it(fake, cache_dir, tmp_path, what, how):
     fake().compile(SRC)
     leaf = _only_leaf(cache_dir)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    (elsewhere / "precious").write_text("keep me")
-    shutil.rmtree(leaf)
-    if what == "file":
-        leaf.write_text("x")
-    else:
-        leaf.symlink_to(elsewhere, target_is_directory=True)
-    assert maintenance.check(str(cache_dir)) != []
-    counts = maintenance.gc(str(cache_dir), max_age_s=3600)
-    assert counts["damaged"] == 1 and not os.path.lexists(leaf)
-    assert (elsewhere / "precious").read_text() == "keep me"
-    assert maintenance.check(str(cache_dir)) == []
+    target = leaf if what == "leaf" else leaf.parent
+    elsewhere = _elsewhere(tmp_path)
+    for clear in ("verify --fix", "gc"):
+        _replace(target, how, elsewhere)
+        assert maintenance.check(str(cache_dir)) != []
+        if clear == "gc":
+            assert maintenance.gc(str(cache_dir), max_age_s=3600)["damaged"] == 1
+        else:
+            assert cli.main(["verify", "--fix", "--cache-dir", str(cache_dir)]) == 1  # (it reports what it fixed)
+        assert not os.path.lexists(target)
+        assert sorted(p.name for p in elsewhere.iterdir()) == ["precious"]
+        assert maintenance.check(str(cache_dir)) == []
+    assert len(quarantined(cache_dir)) == 2
 
 
 def test_the_cache_dir_removed_while_a_process_runs_is_made_again(fake, cache_dir):
@@ -118,6 +143,34 @@ def test_a_cache_root_that_became_a_symlink_is_never_written_through(fake, cache
     assert list(elsewhere.iterdir()) == []
     cache_dir.unlink()
     cache_dir.mkdir()  # (for the fixture's teardown)
+
+
+def test_close_after_the_cache_root_became_a_symlink_deletes_nothing_through_it(fake, cache_dir, tmp_path):
+    """The spare work dirs a process made live under ``<root>/v1/tmp``; the root is then
+    swapped for a symlink to a directory laid out the same way, holding someone's files
+    at those very paths. ``close()`` (which deletes the spares) must not follow it."""
+    rt = fake()
+    rt.compile(SRC)
+    settle()
+    spares = sorted(p.name for p in (cache_dir / "v1" / "tmp").iterdir())
+    assert spares, "no spare work dirs were made (the test would prove nothing)"
+    victim = tmp_path / "victim"
+    shutil.copytree(cache_dir, victim, symlinks=True)
+    for name in spares:
+        (victim / "v1" / "tmp" / name / "precious").write_text("keep me")
+    moved = tmp_path / "the-real-cache"
+    os.rename(cache_dir, moved)
+    cache_dir.symlink_to(victim, target_is_directory=True)
+    try:
+        rt.close()
+        settle()
+        assert sorted(p.name for p in (victim / "v1" / "tmp").iterdir()) == spares
+        for name in spares:
+            assert (victim / "v1" / "tmp" / name / "precious").read_text() == "keep me"
+    finally:
+        cache_dir.unlink()
+        os.rename(moved, cache_dir)
+    assert_cache_sound(cache_dir)
 
 
 def test_a_quarantine_dir_planted_as_a_symlink_receives_nothing(fake, cache_dir, tmp_path):

@@ -1,0 +1,159 @@
+"""A full cache disk: a real tmpfs of 300 KiB, the compiler's scratch in the cache root
+(``scratch="cache"``), and the host compiler (whose own scratch files were what failed).
+
+Whatever runs out of room — a work dir, the compiler's object or link output, the
+staged leaf, a lock file — a compile either works or raises ``CacheError`` carrying
+the errno: never a bare ``OSError``, never a ``CompileError`` for a valid source. Under
+``on_cache_error="bypass"`` it always returns a working kernel. The cache stays sound.
+(Before, about half of such compiles raised a bare OSError or a CompileError, and
+bypass did not bypass.) Skipped where this process may not mount a tmpfs.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import safejit
+from safejit.cache.staging import settle
+from tests.conftest import assert_cache_sound
+from tests.fault._support import child_env, leave_free, small_tmpfs, staging_entries
+
+SIZE_KIB = 300
+#: Free space left for each compile, in KiB: from none, through "the compiler's output
+#: does not fit", "the staged leaf does not fit", to plenty.
+FREE_KIB = (0, 4, 8, 12, 16, 20, 24, 32, 40, 48, 56, 64, 96, 160)
+#: What a full filesystem can report.
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _source(i: int) -> safejit.Source:
+    return safejit.Source(f"int k(void) {{ return {i}; }}\n", "k")
+
+
+def _sweep(rt: safejit.Runtime, mount: Path) -> list[str]:
+    """Compile a new kernel with each amount of free space; each outcome in words."""
+    outcomes = []
+    for i, kib in enumerate(FREE_KIB, start=1):
+        leave_free(mount, kib)
+        try:
+            value = rt.compile(_source(i)).kernel("k")()
+        except safejit.CacheError as exc:
+            assert exc.errno in FULL, f"{kib} KiB free: {exc!r}"
+            outcomes.append("cache-error")
+            continue
+        assert value == i, f"{kib} KiB free: kernel {i} returned {value}"
+        outcomes.append("ok")
+    return outcomes
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path):
+    with small_tmpfs(tmp_path / "small", SIZE_KIB) as mount:
+        yield mount, mount / "cache"
+
+
+def _finish(mount: Path, cache: Path) -> None:
+    (mount / "filler").unlink(missing_ok=True)
+    settle()
+    assert staging_entries(cache) == []
+    assert_cache_sound(cache)
+
+
+def test_compile_on_a_full_cache_disk_works_or_raises_cache_error_with_errno(full_disk, make_runtime):
+    mount, cache = full_disk
+    leave_free(mount, 0)
+    with pytest.raises(safejit.CacheError) as info:  # a first compile of a fresh process
+        make_runtime(cache_dirs=(str(cache),), scratch="cache").compile(_source(0))
+    assert info.value.errno in FULL
+    (mount / "filler").unlink()
+    rt = make_runtime(cache_dirs=(str(cache),), scratch="cache")
+    assert rt.compile(_source(0)).kernel("k")() == 0  # the cache in use, then filling up
+    outcomes = _sweep(rt, mount)
+    # Both happened: the disk was really full, and compiles work again once there is room.
+    assert "cache-error" in outcomes and outcomes[-1] == "ok", outcomes
+    assert rt.stats()["bypass"] == 0
+    _finish(mount, cache)
+
+
+def test_compile_on_a_full_cache_disk_under_bypass_always_returns_a_working_kernel(full_disk, make_runtime):
+    mount, cache = full_disk
+    leave_free(mount, 0)
+    first = make_runtime(cache_dirs=(str(cache),), scratch="cache", on_cache_error="bypass")
+    assert first.compile(_source(0)).kernel("k")() == 0  # a first compile of a fresh process
+    (mount / "filler").unlink()
+    rt = make_runtime(cache_dirs=(str(cache),), scratch="cache", on_cache_error="bypass")
+    assert rt.compile(_source(0)).kernel("k")() == 0
+    assert set(_sweep(rt, mount)) == {"ok"}
+    assert rt.stats()["bypass"] > 0  # the full disk was met, and bypassed
+    _finish(mount, cache)
+
+
+CHILD = r"""
+import json, sys
+import safejit
+cache, mode, first = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rt = safejit.Runtime(config=safejit.Config(cache_dirs=(cache,), scratch="cache", on_cache_error=mode))
+out = []
+for i in range(first, first + 5):
+    try:
+        got = rt.compile(safejit.Source(f"int k(void) {{ return {i}; }}\n", "k")).kernel("k")()
+        out.append("ok" if got == i else f"wrong {got} for {i}")
+    except safejit.CacheError as exc:
+        out.append(f"cache-error {exc.errno}")
+    except Exception as exc:
+        out.append(f"{type(exc).__name__}: {exc}")
+print(json.dumps(out))
+"""
+
+
+def test_compiles_of_several_processes_filling_the_cache_disk_work_or_raise_cache_error(full_disk):
+    """Three fresh processes (each sets up what a first compile needs, on the full disk)
+    compile five kernels each into the last 64 KiB at once."""
+    mount, cache = full_disk
+    cache.mkdir()
+    leave_free(mount, 64)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(cache), "raise", str(100 * n)],
+            env=child_env(None),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(1, 4)
+    ]
+    outcomes = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err
+        outcomes += json.loads(out.strip().splitlines()[-1])
+    assert set(outcomes) <= {"ok", *(f"cache-error {e}" for e in FULL)}, outcomes
+    assert any(o.startswith("cache-error") for o in outcomes), outcomes  # the disk did fill up
+    _finish(mount, cache)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="pipeline.py takes any compiler failure on a cache filesystem with under 64 KiB free for the "
+    "cache's (_storage_failed): a source's own error there is reported as CacheError(ENOSPC)",
+)
+def test_compile_of_a_broken_source_on_a_nearly_full_cache_disk_is_a_compile_error(full_disk, make_runtime):
+    """The other side of the rule: a source that does not compile is the caller's error
+    (``CompileError``, with the compiler's log), full disk or not."""
+    mount, cache = full_disk
+    rt = make_runtime(cache_dirs=(str(cache),), scratch="cache")
+    assert rt.compile(_source(0)).kernel("k")() == 0
+    leave_free(mount, 40)  # room for this compile's scratch files, little more
+    try:
+        with pytest.raises(safejit.CompileError) as info:
+            rt.compile(safejit.Source("int k(void) { return 1 +; }\n", "k"))
+    finally:
+        (mount / "filler").unlink()
+    assert not isinstance(info.value, safejit.CacheError), info.value
+    _finish(mount, cache)
