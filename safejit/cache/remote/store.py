@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, get_args
 
+from .breaker import Breaker
 from .settings import RemoteSettings
 
 __all__ = [
@@ -160,6 +161,10 @@ class RemoteStore(Protocol):
     def tenant(self) -> str: ...
     @property
     def backend(self) -> str: ...
+    @property
+    def breaker(self) -> Breaker:
+        """This client's circuit breaker (``state``: closed, open, half_open)."""
+        ...
 
     def index(self, build_key: str) -> Mapping[str, bytes]:
         """Every leaf published under ``build_key``: ``{deps_key: manifest bytes}``, unverified.

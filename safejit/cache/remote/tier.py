@@ -47,7 +47,7 @@ from ..leaf import (
 from .lease import LeaseKeeper
 from .store import Lease, Put, RemoteError, RemoteStore
 
-__all__ = ["MISS_OF", "RemoteTier", "Upload", "UploadResult", "Uploads"]
+__all__ = ["INDEX_FULL", "MISS_OF", "PRESENT", "RemoteTier", "Upload", "UploadResult", "Uploads"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,17 +77,25 @@ class Upload:
     unless_present: bool = False
 
 
+#: An :class:`UploadResult`'s ``detail`` when the leaf was on the remote already.
+PRESENT: Final = "already on the remote"
+#: ... when the build key's index holds ``index_cap`` leaves.
+INDEX_FULL: Final = "the build key's index is full"
+
+
 @dataclass(frozen=True, slots=True)
 class UploadResult:
-    """What became of one offered upload: ``outcome`` is ``uploaded``, ``upload_skipped``
-    (``detail`` says why: already on the remote, or the build key's index is full),
-    ``upload_failed`` (``detail``: the remote's error, redacted) or ``upload_dropped``
+    """What became of one offered upload: ``outcome`` is ``uploaded`` (``detail``
+    :data:`PRESENT` when another writer's copy was there first), ``upload_skipped``
+    (``detail``: :data:`PRESENT` or :data:`INDEX_FULL`), ``upload_failed`` (``reason``: the
+    remote's, from ``REASONS``; ``detail``: its error, redacted) or ``upload_dropped``
     (the queue was full)."""
 
     build_key: str
     deps_key: str
     outcome: Outcome
     detail: str = ""
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,8 +310,8 @@ class RemoteTier:
             return
         self._ensure_worker()
 
-    def _done(self, item: Upload, outcome: Outcome, detail: str = "") -> None:
-        self._results.append(UploadResult(item.build_key, item.leaf.manifest.deps_key, outcome, detail))
+    def _done(self, item: Upload, outcome: Outcome, detail: str = "", reason: str = "") -> None:
+        self._results.append(UploadResult(item.build_key, item.leaf.manifest.deps_key, outcome, detail, reason))
         instruments.remote_uploads.add(1, {**self._attrs, ATTR.OUTCOME: outcome})
 
     def drain(self, timeout: float = 10.0) -> Uploads:
@@ -334,28 +342,28 @@ class RemoteTier:
 
     def _upload(self, item: Upload) -> None:
         man = item.leaf.manifest
-        outcome, detail = Outcome.UPLOADED, ""
+        outcome, detail, reason = Outcome.UPLOADED, "", ""
         with span(SPAN.REMOTE_PUBLISH, {ATTR.BUILD_KEY: item.build_key, ATTR.BYTES: man.artifact_size, **self._attrs}):
             try:
                 if item.unless_present and man.deps_key in self.store.index(item.build_key):
-                    outcome, detail = Outcome.UPLOAD_SKIPPED, "already on the remote"
+                    outcome, detail = Outcome.UPLOAD_SKIPPED, PRESENT
                 else:
                     # The artifact first: an index entry is never there before what it names.
                     self.store.put_blob(man.artifact_digest, item.leaf.artifact)
                     put = self.store.publish_manifest(item.build_key, man.deps_key, encode_manifest(man))
                     if put is Put.FULL:
-                        outcome, detail = Outcome.UPLOAD_SKIPPED, "the build key's index is full"
+                        outcome, detail = Outcome.UPLOAD_SKIPPED, INDEX_FULL
                     elif put is Put.EXISTS:
-                        detail = "already on the remote"
+                        detail = PRESENT
             except RemoteError as exc:
                 logger.info("uploading %s failed: %s", man.name, exc)
-                outcome, detail = Outcome.UPLOAD_FAILED, str(exc)
+                outcome, detail, reason = Outcome.UPLOAD_FAILED, str(exc), exc.reason
             finally:
                 if item.lease is not None:
                     self.release(item.lease)
         if outcome is Outcome.UPLOADED:
             self.uploaded += 1
-        self._done(item, outcome, detail)
+        self._done(item, outcome, detail, reason)
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait (at most ``timeout`` seconds) for the queued uploads; whether all are done."""
