@@ -348,3 +348,12 @@ def test_credentials_in_the_url_are_never_shown(env, node, project, redis_server
             ran = cli("remote", command, "--remote", url, *fmt)
             assert "default-auditor-pw" not in ran.out + ran.err
             assert "redis://sj-default-auditor:***@127.0.0.1" in ran.out, shlex.join([command, *fmt])
+
+
+def test_the_readme_lists_every_json_key(filled):
+    url, _ = filled
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for command in ("stats", "ls", "verify"):
+        (row,) = [line for line in readme.splitlines() if line.startswith(f"| `remote {command}` |")]
+        keys = set(cli("remote", command, "--remote", url, "--json").json())
+        assert keys == {k for k in keys if f"`{k}`" in row}, (command, row)
