@@ -118,7 +118,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     pr.add_argument("--grace", type=parse_age, default="60s", metavar="AGE", help="never delete a leaf used within AGE")
     pr.add_argument("--dry-run", action="store_true", help="report what would be deleted; delete nothing")
-    g = command("gc", "remove old staging residue, quarantine, usage records and idle lock files", js)
+    g = command(
+        "gc", "remove old staging residue, quarantine, usage records and idle lock files, and the obsolete v1/tools", js
+    )
     g.add_argument(
         "--older-than", type=parse_age, default="1d", metavar="AGE", help="remove what is older than AGE: 30m, 12h, 1d"
     )

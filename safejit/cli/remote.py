@@ -215,9 +215,10 @@ def _verify(args: argparse.Namespace, out: Out, cfg: Config, store: RemoteStore)
     if not cfg.verify_keys and not cfg.signing_key:
         out.line(("no verify_keys configured (SAFEJIT_VERIFY_KEYS): no signature can be checked", "warn"))
     show_findings(out, findings)
-    what = "manifest, names, deps key, signature, size, artifact bytes" + (", closure here" if args.local else "")
+    what = "manifest, names, deps key, signature, size, artifact" + (", closure here" if args.local else "")
     verdict = (f"{checked - failed}/{checked} remote leaves verify", "ok" if not failed else "bad")
-    out.line(verdict, f" on {_where(store)}", (f" (checked: {what})", "dim"))
+    out.line(verdict, f" on {_where(store)}")
+    out.line((f"checked: {what}", "dim"))
     if not entries.complete:
         out.line((f"stopped at {args.limit:,} leaves (--limit): there are more", "warn"))
     return EXIT_FINDINGS if findings else EXIT_OK
