@@ -57,19 +57,7 @@ def _cut(text: str) -> str:
 # -- stats --------------------------------------------------------------------------
 def _stats(args: argparse.Namespace, out: Out, cfg: Config, store: RemoteStore) -> int:
     rtt = round_trip(store)
-    counts: dict[str, tuple[int, int]] = {}
-    complete = True
-    try:
-        for kind in SCAN_KINDS:
-            n = total = 0
-            for found in store.scan(kind, limit=args.limit + 1):
-                if n == args.limit:
-                    complete = False
-                    break
-                n, total = n + 1, total + found.size
-            counts[kind] = (n, total)
-    except RemoteError as exc:
-        raise remote_error(store, exc) from None
+    counts, complete = _counts(store, args.limit)
     report = {
         **_header(store),
         "build_keys": counts["index"][0],
@@ -101,31 +89,37 @@ def _stats(args: argparse.Namespace, out: Out, cfg: Config, store: RemoteStore) 
     return EXIT_OK
 
 
+def _counts(store: RemoteStore, limit: int) -> tuple[dict[str, tuple[int, int]], bool]:
+    """``{kind: (keys, sum of their sizes)}``, at most ``limit`` keys of each kind, and
+    whether every key was counted."""
+    counts: dict[str, tuple[int, int]] = {}
+    complete = True
+    try:
+        for kind in SCAN_KINDS:
+            n = total = 0
+            for found in store.scan(kind, limit=limit + 1):
+                if n == limit:
+                    complete = False
+                    break
+                n, total = n + 1, total + found.size
+            counts[kind] = (n, total)
+    except RemoteError as exc:
+        raise remote_error(store, exc) from None
+    return counts, complete
+
+
 # -- ls -----------------------------------------------------------------------------
 def _ls(args: argparse.Namespace, out: Out, cfg: Config, store: RemoteStore) -> int:
     round_trip(store)
     findings: list[Finding] = []
     entries = Entries(store, args.limit, findings)
-    listed: list[tuple[str, str, Manifest | None]] = []
-    for build_key, deps_key, raw in entries:
-        try:
-            man: Manifest | None = decode_manifest(raw)
-        except ManifestError as exc:
-            man = None
-            findings.append(remote_finding(build_key, deps_key, "manifest", f"the manifest does not decode: {exc}"))
-        listed.append((build_key, deps_key, man))
-    listed.sort(key=lambda x: (x[2].name if x[2] else "", -(x[2].created if x[2] else 0.0)))
+    listed = _decoded(entries, findings)
     status = EXIT_FINDINGS if findings else EXIT_OK
     if args.json:
         leaves = [_leaf_json(*x) for x in listed]
+        found = [f.as_json() for f in findings]
         out.json(
-            {
-                **_header(store),
-                "limit": args.limit,
-                "complete": entries.complete,
-                "leaves": leaves,
-                "findings": [f.as_json() for f in findings],
-            }
+            {**_header(store), "limit": args.limit, "complete": entries.complete, "leaves": leaves, "findings": found}
         )
         return status
     if listed:
@@ -146,6 +140,21 @@ def _ls(args: argparse.Namespace, out: Out, cfg: Config, store: RemoteStore) -> 
         out.line((f"stopped at {args.limit:,} leaves (--limit): there are more", "warn"))
     show_findings(out, findings)
     return status
+
+
+def _decoded(entries: Entries, findings: list[Finding]) -> list[tuple[str, str, Manifest | None]]:
+    """Each entry with its manifest (None, and a finding, when it does not decode), by
+    kernel name and newest first."""
+    listed: list[tuple[str, str, Manifest | None]] = []
+    for build_key, deps_key, raw in entries:
+        try:
+            man: Manifest | None = decode_manifest(raw)
+        except ManifestError as exc:
+            man = None
+            findings.append(remote_finding(build_key, deps_key, "manifest", f"the manifest does not decode: {exc}"))
+        listed.append((build_key, deps_key, man))
+    listed.sort(key=lambda x: (x[2].name if x[2] else "", -(x[2].created if x[2] else 0.0)))
+    return listed
 
 
 def _signer(man: Manifest) -> str:
@@ -171,16 +180,7 @@ def _leaf_json(build_key: str, deps_key: str, man: Manifest | None) -> dict[str,
 # -- verify -------------------------------------------------------------------------
 def _verify(args: argparse.Namespace, out: Out, cfg: Config, store: RemoteStore) -> int:
     round_trip(store)
-    signer = signer_of(cfg.signing_key) if cfg.signing_key else None
-    policy = signature_policy(cfg.verify_keys, signer, require=True)  # unsigned: a finding
-    tier = RemoteTier(
-        store,
-        writable=False,
-        verifier=policy,
-        memo=None,  # (every dependency is rehashed: nothing is taken on trust)
-        max_artifact_bytes=cfg.max_artifact_bytes,
-        attrs={ATTR.TENANT: store.tenant, ATTR.BACKEND: store.backend},
-    )
+    tier = _auditor(cfg, store)
     here = _Here(cfg) if args.local else None
     findings: list[Finding] = []
     entries = Entries(store, args.limit, findings)
@@ -200,28 +200,38 @@ def _verify(args: argparse.Namespace, out: Out, cfg: Config, store: RemoteStore)
     finally:
         if here is not None:
             here.close()
+    status = EXIT_FINDINGS if findings else EXIT_OK
     if args.json:
-        report = {
-            **_header(store),
-            "local": bool(args.local),
-            "limit": args.limit,
-            "complete": entries.complete,
-            "checked": checked,
-            "verified": checked - failed,
-            "findings": [f.as_json() for f in findings],
-        }
-        out.json(report)
-        return EXIT_FINDINGS if findings else EXIT_OK
+        totals = {"checked": checked, "verified": checked - failed, "findings": [f.as_json() for f in findings]}
+        out.json(
+            {**_header(store), "local": bool(args.local), "limit": args.limit, "complete": entries.complete, **totals}
+        )
+        return status
     if not cfg.verify_keys and not cfg.signing_key:
         out.line(("no verify_keys configured (SAFEJIT_VERIFY_KEYS): no signature can be checked", "warn"))
     show_findings(out, findings)
     what = "manifest, names, deps key, signature, size, artifact" + (", closure here" if args.local else "")
-    verdict = (f"{checked - failed}/{checked} remote leaves verify", "ok" if not failed else "bad")
-    out.line(verdict, f" on {_where(store)}")
+    out.line(
+        (f"{checked - failed}/{checked} remote leaves verify", "ok" if not failed else "bad"), f" on {_where(store)}"
+    )
     out.line((f"checked: {what}", "dim"))
     if not entries.complete:
         out.line((f"stopped at {args.limit:,} leaves (--limit): there are more", "warn"))
-    return EXIT_FINDINGS if findings else EXIT_OK
+    return status
+
+
+def _auditor(cfg: Config, store: RemoteStore) -> RemoteTier:
+    """A remote tier that reads only, checks signatures against ``verify_keys`` (an
+    unsigned leaf is a finding) and takes no closure on trust (no stat memo)."""
+    signer = signer_of(cfg.signing_key) if cfg.signing_key else None
+    return RemoteTier(
+        store,
+        writable=False,
+        verifier=signature_policy(cfg.verify_keys, signer, require=True),
+        memo=None,
+        max_artifact_bytes=cfg.max_artifact_bytes,
+        attrs={ATTR.TENANT: store.tenant, ATTR.BACKEND: store.backend},
+    )
 
 
 class _Here:

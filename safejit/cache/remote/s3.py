@@ -12,6 +12,9 @@ skewed clock costs at most a duplicate compile (leases are for efficiency only).
 Credentials: the URL's userinfo (access key id and secret) or the caller's; with
 none, obstore's default chain applies (its own ``AWS_*`` variables, instance or pod
 identity). obstore is imported when a store is made, never by ``import safejit``.
+
+(Over the style's 400 lines: one class, the engine, whose every operation crosses the
+one boundary ``_run``; its lease protocol and its listing are what S3 lacks natively.)
 """
 
 from __future__ import annotations
