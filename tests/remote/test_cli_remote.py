@@ -339,6 +339,20 @@ def test_hostile_manifests_are_shown_escaped_and_bounded(env, node, project, red
     assert sorted(f["reason"] for f in findings) == ["manifest", "mismatch"]
 
 
+def test_index_entries_the_store_leaves_out_are_a_finding(env, node, project, redis_server):
+    (art,) = _publish(node("a", signing_key=SIGNER.private_pem()), project, "k")
+    admin = redis_server.admin()
+    index = f"sj:v1:default:fake:idx:{art.build_key}"
+    admin.hset(index, "d" * 64, b"x" * (2 << 20))  # over max_manifest_bytes (1 MiB)
+    admin.hset(index, "not a deps key\x1b[2J", b"{}")
+    for command in ("ls", "verify"):
+        ran = cli("remote", command, "--remote", redis_server.url, "--json")
+        assert ran.rc == 1
+        (finding,) = ran.json()["findings"]
+        assert finding["path"] == f"remote:{art.build_key}" and finding["reason"] == "manifest"
+        assert finding["detail"].startswith("2 of 3 entries left out: over 1048576 bytes")
+
+
 def test_credentials_in_the_url_are_never_shown(env, node, project, redis_server):
     admin = redis_server.admin()
     create_users(admin, "default")
