@@ -21,6 +21,7 @@ __all__ = [
     "VARIABLES",
     "ascend_home_candidates",
     "config_overrides",
+    "cuda_per_thread_default_stream",
     "default_cache_dir",
     "faults_spec",
     "parse_size",
@@ -291,3 +292,13 @@ def ascend_home_candidates() -> tuple[str, ...]:
     found = [os.environ.get(v, "") for v in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")]
     found.append("/usr/local/Ascend/ascend-toolkit/latest")
     return tuple(p for p in found if p)
+
+
+def cuda_per_thread_default_stream() -> bool:
+    """Whether ``cuda.bindings`` resolves the driver's per-thread default-stream entry
+    points (its own variable, ``CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM``, read as it
+    reads it: a nonzero integer)."""
+    try:
+        return bool(int(os.environ.get("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", "0")))
+    except ValueError:
+        return False

@@ -169,7 +169,7 @@ class CacheLayout:
                 continue
             for backend in _dirs(tenant.path):
                 for shard in _dirs(backend.path):
-                    for entry in _entries(shard.path):
+                    for entry in entries(shard.path):
                         yield tenant.name, backend.name, entry
 
     def leaves(self) -> Iterator[LeafPath]:
@@ -179,7 +179,7 @@ class CacheLayout:
             key = build_key_of(build.name)
             if key is None or not build.is_dir(follow_symlinks=False):
                 continue
-            for leaf in _entries(build.path):
+            for leaf in entries(build.path):
                 deps = deps_key_of(leaf.name)
                 if deps is not None and leaf.is_dir(follow_symlinks=False):
                     yield LeafPath(tenant, backend, key, deps, leaf.path)
@@ -203,13 +203,15 @@ def is_real_dir(path: str) -> bool:
         return False
 
 
-def _entries(path: str) -> list[os.DirEntry[str]]:
+def entries(where: str | int) -> list[os.DirEntry[str]]:
+    """The entries of a directory (by path or descriptor), by name; none when it cannot
+    be read."""
     try:
-        with os.scandir(path) as it:
+        with os.scandir(where) as it:  # (a descriptor yields str names too)
             return sorted(it, key=lambda e: e.name)
     except OSError:
         return []
 
 
 def _dirs(path: str) -> list[os.DirEntry[str]]:
-    return [e for e in _entries(path) if e.is_dir(follow_symlinks=False)]
+    return [e for e in entries(path) if e.is_dir(follow_symlinks=False)]

@@ -40,6 +40,7 @@ from .layout import (
     LeafPath,
     build_key_of,
     deps_key_of,
+    entries,
     is_real_dir,
 )
 from .leaf import MANIFEST_LIMIT, Manifest, Rejection, VerifiedLeaf, decode_manifest
@@ -239,7 +240,7 @@ def read_usage(root: str) -> Iterator[UsageEntry]:
     except OSError:
         return  # absent; or not a directory: damaged() reports it
     try:
-        for tenant in _entries_at(usage):
+        for tenant in entries(usage):
             where = os.path.join(layout.usage, tenant.name)
             if not tenant.is_dir(follow_symlinks=False):
                 yield UsageEntry(tenant.name, where, None, f"not a directory ({_kind(tenant)})")
@@ -258,7 +259,7 @@ def read_usage(root: str) -> Iterator[UsageEntry]:
 
 
 def _records_at(fd: int, tenant: str, where: str) -> Iterator[UsageEntry]:
-    for entry in _entries_at(fd):
+    for entry in entries(fd):
         if entry.name.startswith("."):
             continue
         path = os.path.join(where, entry.name)
@@ -408,7 +409,7 @@ def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -
                 counts[kind] += 1
     for fd, tenant in _each_in(layout, "usage"):
         with contextlib.suppress(OSError), _fd(os.open(tenant.name, O_DIR, dir_fd=fd)) as records:
-            for entry in _entries_at(records):
+            for entry in entries(records):
                 if old(records, entry) and entry.is_file(follow_symlinks=False):
                     with contextlib.suppress(OSError):
                         os.unlink(entry.name, dir_fd=records)
@@ -480,16 +481,8 @@ def _each_in(layout: CacheLayout, name: str) -> Iterator[tuple[int, os.DirEntry[
     except OSError:
         return
     with _fd(fd):
-        for entry in _entries_at(fd):
+        for entry in entries(fd):
             yield fd, entry
-
-
-def _entries_at(fd: int) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(fd) as it:
-            return sorted(it, key=lambda e: e.name)
-    except OSError:
-        return []
 
 
 def _remove_at(fd: int, name: str) -> None:

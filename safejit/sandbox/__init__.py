@@ -13,6 +13,9 @@ NVRTC worker.
   descriptor); ``_pyshim.py`` is its standard-library fallback, run as a standalone
   script. ``_launch``: starting a shim and talking to it; ``_scratch``: the tmpfs
   as this process reaches it.
+- ``extensions``: a backend's C extension (the CUDA launch path) built for this
+  Python like the shim (once per user, into the state dir) and imported through its
+  checked descriptor.
 - ``_wait``: waiting for a process (output, exit, deadline); ``_closewatch``:
   noticing, while it runs, that it closed a file it wrote (inotify).
 

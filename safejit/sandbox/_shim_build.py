@@ -1,9 +1,10 @@
-"""Building the exec shim (``shim.c``) and the lookup recorder (``lookups.c``): once
-per user and version, by the system C compiler, into the private state dir
-(:mod:`.statedir`), never into a shared cache root. The runner executes the shim
-through the descriptor returned here, opened once and checked: a path swapped
-afterwards changes nothing. The recorder is loaded by the NVRTC worker from the
-private state dir, by path (no one else may write there)."""
+"""Building the exec shim (``shim.c``), the lookup recorder (``lookups.c``) and the
+C extensions backends ship (``extensions``): once per user and version, by the
+system C compiler, into the private state dir (:mod:`.statedir`), never into a
+shared cache root. The runner executes the shim through the descriptor returned
+here, opened once and checked: a path swapped afterwards changes nothing. The
+recorder is loaded by the NVRTC worker from the private state dir, by path (no one
+else may write there); an extension is loaded through its checked descriptor."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ..closure.hashing import digest_bytes
 from . import SYSTEM_PATH
 from .statedir import StateDir, private_file
 
-__all__ = ["ensure_lookups", "ensure_shim", "shim_name"]
+__all__ = ["ensure_extension", "ensure_lookups", "ensure_shim", "shim_name"]
 
 logger = logging.getLogger("safejit.sandbox.runner")
 
@@ -36,15 +37,15 @@ def _source(prefix: str) -> bytes:
         return fh.read()
 
 
-def _name(kind: _Kind, cc: str) -> str:
-    prefix, _, _, salt = kind
-    tag = digest_bytes(b"\0".join((_source(prefix), cc.encode(), salt)))[:16]
-    return f"{prefix}-{tag}" + (".so" if prefix == "lookups" else "")
+def _name(kind: _Kind, cc: str, source: bytes) -> str:
+    prefix, _, variants, salt = kind
+    tag = digest_bytes(b"\0".join((source, cc.encode(), salt)))[:16]
+    return f"{prefix}-{tag}" + (".so" if "-shared" in variants[0] else "")
 
 
 def shim_name(cc: str) -> str:
     """The file name of the shim that ``cc`` builds from this version of ``shim.c``."""
-    return _name(_SHIM, cc)
+    return _name(_SHIM, cc, _source("shim"))
 
 
 def _open_checked(state: StateDir, name: str, what: str) -> int | None:
@@ -68,7 +69,7 @@ def ensure_shim(state: StateDir, cc: str | None) -> int | None:
     if cc is None:
         logger.warning("no C compiler to build the sandbox shim")
         return None
-    return _ensure(state, cc, _SHIM)
+    return _ensure(state, cc, _SHIM, _source("shim"))
 
 
 def ensure_lookups(state: StateDir, cc: str | None) -> str | None:
@@ -76,23 +77,36 @@ def ensure_lookups(state: StateDir, cc: str | None) -> str | None:
     path in the private state dir; None when it cannot be built here."""
     if cc is None:
         return None
-    fd = _ensure(state, cc, _LOOKUPS)
+    source = _source("lookups")
+    fd = _ensure(state, cc, _LOOKUPS, source)
     if fd is None:
         return None
     os.close(fd)
-    return os.path.join(state.shown, _name(_LOOKUPS, cc))
+    return os.path.join(state.shown, _name(_LOOKUPS, cc, source))
 
 
-def _ensure(state: StateDir, cc: str, kind: _Kind) -> int | None:
+def ensure_extension(
+    state: StateDir, cc: str, name: str, source: bytes, flags: list[str], salt: bytes
+) -> tuple[int, str] | None:
+    """A shared object built from C ``source`` with ``flags`` (a Python extension:
+    ``-shared -fPIC -I<Python's headers>``; ``salt`` names the interpreter it is for):
+    its descriptor (``O_PATH``, checked: load it as ``/proc/self/fd/<n>``) and where it
+    is, for messages; None when it cannot be built here."""
+    kind: _Kind = (name, f"{name} extension", (flags,), salt)
+    fd = _ensure(state, cc, kind, source)
+    return None if fd is None else (fd, os.path.join(state.shown, _name(kind, cc, source)))
+
+
+def _ensure(state: StateDir, cc: str, kind: _Kind, source: bytes) -> int | None:
     prefix, what, variants, _ = kind
-    name = _name(kind, cc)
+    name = _name(kind, cc, source)
     fd = _open_checked(state, name, what)
     if fd is not None:
         return fd
     work = tempfile.mkdtemp(prefix=f"safejit-{prefix}-")
     try:
         with open(os.path.join(work, f"{prefix}.c"), "wb") as fh:
-            fh.write(_source(prefix))
+            fh.write(source)
         out = os.path.join(work, prefix)
         for link in variants:  # (the shim: static where the C library allows it, ~0.3 ms less per start)
             proc = subprocess.run(

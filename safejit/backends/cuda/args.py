@@ -5,7 +5,8 @@ width mismatch); pointers come from torch tensors (``data_ptr()``), CuPy arrays
 and ``__cuda_array_interface__`` objects; NumPy and ctypes scalars must have the
 parameter's size. :func:`encode_argument` is the general rule and names every
 mismatch; :func:`make_packer` compiles the same rules, for one tuple of argument
-types, into a function that packs a whole call at once.
+types, into a function that packs a whole call at once, and :func:`native_plan`
+states them, for the same tuple, as the C launch path takes them (``fastlaunch.c``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from __future__ import annotations
 import ctypes
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from ...errors import ConfigError
 
-__all__ = ["NO_PLAN", "encode_argument", "make_packer"]
+__all__ = ["NATIVE_KINDS", "NO_PLAN", "encode_argument", "make_packer", "native_plan"]
 
 _INT = {1: "b", 2: "h", 4: "i", 8: "q"}
 _FLOAT = {2: "e", 4: "f", 8: "d"}
@@ -119,6 +120,29 @@ _READERS: dict[str, str] = {
     "tobytes": "{}.tobytes()",
     "to_bytes": "bytes({})",
 }
+
+
+#: How the C launch path reads a value (``fastlaunch.c``'s ``K_*``), by the reader a
+#: plan names: None is the number itself (an ``int`` or a ``float``).
+NATIVE_KINDS: dict[str | None, int] = {None: 0, "data_ptr": 2, "data_dot_ptr": 3, "tobytes": 4, "to_bytes": 4}
+_NATIVE_FLOAT: Final = 1
+
+
+def native_plan(
+    params: Sequence[tuple[int, int]], args: Sequence[Any]
+) -> tuple[tuple[type, ...], tuple[int, ...]] | None:
+    """The plan the C launch path packs arguments of these types by — each one's exact
+    type and how its value is read — or None when one has no plan or the C path packs
+    it differently (a half-precision ``float``: Python's ``struct`` packs those)."""
+    if len(args) != len(params):
+        return None
+    kinds = []
+    for arg, (_, size) in zip(args, params, strict=True):
+        step = _plan_one(arg, size)
+        if step is None or (type(arg) is float and size == 2):
+            return None
+        kinds.append(_NATIVE_FLOAT if type(arg) is float else NATIVE_KINDS[step[1]])
+    return tuple(map(type, args)), tuple(kinds)
 
 
 def _plan_one(arg: Any, size: int) -> tuple[str, str | None] | None:

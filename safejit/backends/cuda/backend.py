@@ -1,7 +1,7 @@
 """CUDA backend: NVRTC (in process, or in an isolated worker) or nvcc to a cubin.
 
 Cubins are cached — never PTX, which an older driver may refuse. Compiling
-needs no GPU; loading and launching do (see ``cuda_launch``).
+needs no GPU; loading and launching do (see ``launch``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from ...spec import BuildSpec, Source, Toolchain
 from .._argv import run_argv
 from .._toolchain import ProbeCache, compiler_search_dirs, dir_idents, file_ident, find_program, hash_tools, run_text
 from ..base import CompileContext, CompileOutput, Products, Runner, macro_flags
+from . import fastpath
 from .cubin import KernelParams, cubin_frame_sizes, cubin_kernels
 from .launch import CudaLibrary, device_arch
 from .nvcc_shell import check_argv, defines_header, header_args, split_macros
@@ -419,7 +420,11 @@ class CudaBackend:
 
     def load(self, artifact: bytes, *, name: str, options: Mapping[str, Any] | None = None) -> CudaLibrary:
         meta = dict(options or {})
-        return CudaLibrary(artifact, name, meta.get("params", {}), meta.get("symbols", {}))
+        return CudaLibrary(artifact, name, meta.get("params", {}), meta.get("symbols", {}), self._fast_path)
+
+    def _fast_path(self) -> Any:
+        """The C launch path (built once per user and Python, in the private state dir), or None."""
+        return fastpath.module(self._state, shutil.which("cc", path=SYSTEM_PATH))
 
     def close(self) -> None:
         if self._worker is not None:
