@@ -106,7 +106,8 @@ class Outcome(StrEnum):
     #: An existing leaf of that name could not be read: it is kept, this build not published.
     KEPT = "kept"
     #: Remote uploads (``safejit.remote.uploads``): copied; not copied (the build key's
-    #: index is full); failed (the remote's error); dropped (the upload queue was full).
+    #: index is full, or ``warm --remote`` found the leaf there already); failed (the
+    #: remote's error); dropped (the upload queue was full).
     UPLOADED = "uploaded"
     UPLOAD_SKIPPED = "upload_skipped"
     UPLOAD_FAILED = "upload_failed"

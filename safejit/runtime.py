@@ -18,7 +18,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _env
 from ._arguments import argument_error, check_arguments
@@ -39,6 +39,9 @@ from .outcomes import Miss, Tier
 from .policy import roots as root_policy
 from .spec import Source
 from .telemetry import ATTR, SPAN, instruments, span
+
+if TYPE_CHECKING:
+    from .cache.remote.tier import Uploads
 
 __all__ = ["Explanation", "Runtime"]
 
@@ -172,21 +175,39 @@ class Runtime:
         finally:
             os.close(fd)
 
-    def warm(self, request: InventoryRequest) -> str:
-        """Build one inventory request unless it already verifies: ``hit``, ``built``
-        or ``skipped`` (a root it names is not declared here)."""
+    def warm(self, request: InventoryRequest, *, fill_remote: bool = False) -> str:
+        """Build one inventory request unless it already verifies: ``hit`` (on disk),
+        ``remote`` (a verified remote hit), ``built`` or ``skipped`` (a root it names
+        is not declared here). ``fill_remote``: a disk hit is offered to the remote
+        tier too, which uploads it unless the remote's index has it (a build service
+        refilling a fleet's cache); see :meth:`flush_uploads`."""
         d = request.data
         probe = Source(d["code"], d["name"], filename=d["filename"])
-        parts, _, _ = self._init()
+        parts, resolver, pipeline = self._init()
         anchors = parts.anchors(parts.backend.toolchain(probe, parts.runner(self.config)))
         args = request.arguments(anchors)
         if args is None:
             return "skipped"
         source = args.pop("source")
-        if self.explain(source, **args).result == "hit":
-            return "hit"
-        self.build(source, **args)
-        return "built"
+        with span(SPAN.COMPILE, {**self._attrs, ATTR.KERNEL: name_of(source)}):
+            resolved = resolver.resolve(_request(source, name_expressions=(), **args))
+            found = parts.disk.lookup(resolved.key, resolved.anchors, quiet=True)
+            if isinstance(found, VerifiedLeaf):
+                if fill_remote and parts.remote is not None:
+                    parts.remote.offer(resolved.key, found, None, unless_present=True)
+                return "hit"
+            obtained = pipeline.obtain(resolved)
+        return "remote" if obtained.tier is Tier.REMOTE else "built"
+
+    def flush_uploads(self, timeout: float = 60.0) -> Uploads:
+        """Wait (at most ``timeout`` seconds) for the remote uploads this runtime queued,
+        and say what became of those finished since the last call (``Uploads``: ``done``,
+        and one ``UploadResult`` per upload: build key, deps key, outcome, detail).
+        Nothing to wait for without a remote."""
+        from .cache.remote.tier import Uploads
+
+        remote = self._wired[0].remote if self._wired is not None else None
+        return remote.drain(timeout) if remote is not None else Uploads(True, ())
 
     def stats(self) -> Mapping[str, int]:
         out = self._counters.snapshot()

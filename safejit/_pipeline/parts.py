@@ -20,7 +20,7 @@ from ..cache.statmemo import StatMemo
 from ..closure.anchors import Anchors
 from ..config import Config
 from ..policy import roots as root_policy
-from ..policy.trust import HmacSigner, SignaturePolicy, Verifier, signer_of
+from ..policy.trust import SignaturePolicy, signature_policy, signer_of
 from ..sandbox import SYSTEM_PATH
 from ..sandbox.runner import Sandbox
 from ..sandbox.statedir import state_dir
@@ -193,16 +193,9 @@ class _RemoteObserver:
 
 
 def _signature_policy(config: Config, signer: object) -> SignaturePolicy | None:
-    """What a leaf's signature is checked against: the HMAC key, this writer's own
-    Ed25519 public key, and ``Config.verify_keys`` (public keys by key id)."""
-    publics = dict(config.verify_keys)
-    hmacs = [signer] if isinstance(signer, HmacSigner) else []
-    own = getattr(signer, "public_key", None)
-    if isinstance(own, bytes):
-        publics.setdefault(getattr(signer, "key_id", ""), own)
-    if not publics and not hmacs:
-        return None
-    return SignaturePolicy(Verifier(publics, hmac=hmacs), require=bool(config.require_signed))
+    """What a leaf's signature is checked against (``policy.trust.signature_policy``);
+    none when no key is configured (``require_signed`` is then false)."""
+    return signature_policy(config.verify_keys, signer, require=bool(config.require_signed))
 
 
 def _remove_probe_dir(path: str, owner: int) -> None:

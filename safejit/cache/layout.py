@@ -27,6 +27,7 @@ from typing import Final
 __all__ = [
     "MANIFEST",
     "MARKER",
+    "OBSOLETE",
     "RESERVED",
     "VERSION",
     "CacheLayout",
@@ -39,6 +40,10 @@ MARKER: Final = ".committed"
 MANIFEST: Final = "manifest.json"
 #: Names under ``v1/`` that are not tenants.
 RESERVED: Final = frozenset({"tmp", "locks", "quarantine", "tools", "usage"})
+#: Those no version writes any more, which ``gc`` removes: ``tools`` held the sandbox's
+#: shims and the toolchain probes, which now live in the user's private state dir (a
+#: cache is data, never code).
+OBSOLETE: Final = frozenset({"tools"})
 #: A directory opened without following a symlink (ELOOP/ENOTDIR when it is not a real one).
 O_DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _BUILD: Final = re.compile(r"build-([0-9a-f]{64})\Z")

@@ -34,6 +34,7 @@ from .layout import (
     MANIFEST,
     MARKER,
     O_DIR,
+    OBSOLETE,
     RESERVED,
     CacheLayout,
     LeafPath,
@@ -380,12 +381,13 @@ def prune(
 # -- gc -------------------------------------------------------------------------
 def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -> dict[str, int]:
     """Remove staging residue, quarantined leaves, usage records and idle lock files
-    older than ``max_age_s``, and move aside whatever stands where a leaf or a build
-    dir should be. Never follows symlinks; never leaves ``<root>/v1`` (nothing at all
-    when ``v1`` is not a real directory)."""
+    older than ``max_age_s``, and the obsolete directories of ``v1`` (``OBSOLETE``,
+    whatever their age), and move aside whatever stands where a leaf or a build dir
+    should be. Never follows symlinks; never leaves ``<root>/v1`` (nothing at all when
+    ``v1`` is not a real directory)."""
     layout = _layout(root)
     clock = time.time() if now is None else now
-    counts = {"staging": 0, "quarantine": 0, "usage": 0, "locks": 0, "damaged": 0}
+    counts = {"staging": 0, "quarantine": 0, "usage": 0, "locks": 0, "damaged": 0, "obsolete": 0}
     if not _sound_base(layout):
         return counts
 
@@ -415,7 +417,26 @@ def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -
     for fd, entry in _each_in(layout, "locks"):
         if old(fd, entry) and _remove_idle_lock(fd, entry.name):
             counts["locks"] += 1
+    counts["obsolete"] = _remove_obsolete(layout)
     return counts
+
+
+def _remove_obsolete(layout: CacheLayout) -> int:
+    """Remove the obsolete directories of ``v1``, relative to a descriptor of it. One
+    that is not a directory (a planted symlink) was set aside by ``damaged`` already and
+    is left alone here; ``rmtree`` by descriptor follows no symlink inside, and fails on
+    a directory swapped for one meanwhile."""
+    removed = 0
+    with contextlib.suppress(OSError), layout.open_dir() as base:
+        for name in sorted(OBSOLETE):
+            try:
+                if not stat.S_ISDIR(os.stat(name, dir_fd=base, follow_symlinks=False).st_mode):
+                    continue
+                shutil.rmtree(name, dir_fd=base)
+            except OSError:
+                continue  # absent, or unremovable now: next time
+            removed += 1
+    return removed
 
 
 def _remove_idle_lock(locks: int, name: str) -> bool:

@@ -1,14 +1,15 @@
-"""The ``safejit`` command: demo, ls, stats, verify, prune, gc, explain, inspect, warm.
+"""The ``safejit`` command: demo, ls, stats, verify, prune, gc, explain, inspect, warm,
+and ``remote stats|ls|verify``.
 
 Exit status: 0 when all is well (``explain``: a hit); 1 when something was found
 wrong (a leaf that does not verify, a bad usage record, an entry where a directory
-should be; ``explain``: a miss; ``warm``: a request failed or skipped); 2 for an
-error (a bad option, a missing ``--cache-dir``, a ``SafejitError``).
+should be; ``explain``: a miss; ``warm``: a request failed or skipped, or an upload
+failed); 2 for an error (a bad option, a missing ``--cache-dir``, a ``SafejitError``,
+a remote that cannot be reached).
 
 Output is plain aligned text; with ``pip install 'safejit[cli]'`` (rich) it is
-coloured on a terminal, with spinners while compiles run. ``--json`` (ls, stats,
-verify, prune, gc, inspect, explain) prints one JSON document; its keys are listed
-in the README.
+coloured on a terminal, with spinners while compiles run. ``--json`` (every command
+but demo) prints one JSON document; its keys are listed in the README.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TextIO
 
 from .._version import __version__
 from ..errors import SafejitError
-from . import demo, explain, inspect, listing, upkeep, warm
+from . import demo, explain, inspect, listing, remote, upkeep, warm
 from ._common import EXIT_ERROR, CliError, parse_age, parse_size, positive_int
 from ._out import Out
 from ._text import safe
@@ -117,7 +118,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     pr.add_argument("--grace", type=parse_age, default="60s", metavar="AGE", help="never delete a leaf used within AGE")
     pr.add_argument("--dry-run", action="store_true", help="report what would be deleted; delete nothing")
-    g = command("gc", "remove old staging residue, quarantine, usage records and idle lock files", js)
+    g = command(
+        "gc", "remove old staging residue, quarantine, usage records and idle lock files, and the obsolete v1/tools", js
+    )
     g.add_argument(
         "--older-than", type=parse_age, default="1d", metavar="AGE", help="remove what is older than AGE: 30m, 12h, 1d"
     )
@@ -173,8 +176,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     i.add_argument("--deps", action="store_true", help="list every dependency and absent path (default: a summary)")
 
-    w = command("warm", "build an inventory's requests in parallel processes, skipping what verifies")
+    w = command("warm", "build an inventory's requests in parallel processes, skipping what verifies", js)
     w.add_argument("inventory", help="a JSON-lines inventory (Config.inventory / SAFEJIT_INVENTORY)")
+    w.add_argument(
+        "--remote",
+        nargs="?",
+        const="",
+        metavar="URL",
+        help="fill this remote cache too (read-write; without URL: SAFEJIT_REMOTE): "
+        "each request's build or disk hit is uploaded unless the remote has it; waits for the uploads",
+    )
+    w.add_argument(
+        "--signing-key",
+        metavar="FILE",
+        help="sign the leaves built (and uploaded) with this key: an Ed25519 private key in PEM, or an HMAC key",
+    )
     w.add_argument(
         "-j", "--jobs", type=positive_int, default=os.cpu_count() or 2, metavar="N", help="parallel processes"
     )
@@ -185,7 +201,45 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="a declared source root (default: SAFEJIT_SOURCE_ROOTS); repeatable",
     )
+    _remote_parser(sub, js)
     return p
+
+
+def _remote_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], js: argparse.ArgumentParser) -> None:
+    """``safejit remote stats|ls|verify``."""
+    text = "what a remote cache holds for a tenant and backend (stats, ls, verify); reads only"
+    r = sub.add_parser("remote", help=text, description=text, formatter_class=_Help)
+    rsub = r.add_subparsers(dest="remote_command", required=True, metavar="COMMAND", help="what to do")
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument("--remote", metavar="URL", help="the remote (default: SAFEJIT_REMOTE); credentials masked")
+    where.add_argument("--tenant", help="the tenant namespace (default: SAFEJIT_TENANT, else default)")
+    where.add_argument("--backend", help="the backend's index: host, cuda, ascend or fake (default: SAFEJIT_BACKEND)")
+
+    def command(name: str, text: str, limit: int, what: str) -> argparse.ArgumentParser:
+        c = rsub.add_parser(name, help=text, description=text, parents=[where, js], formatter_class=_Help)
+        c.add_argument("--limit", type=positive_int, default=limit, metavar="N", help=f"look at {what} at most")
+        return c
+
+    command(
+        "stats",
+        "build keys, leaves, blobs and bytes, leases held; the breaker and a round trip",
+        100_000,
+        "N keys of each kind",
+    )
+    command("ls", "the remote's leaves: short id, kernel, size, signer, created", 1000, "N leaves")
+    verify = "check each remote leaf: manifest, names, deps key, signature, artifact bytes; exit 1 on a finding"
+    v = command("verify", verify, 1000, "N leaves")
+    v.add_argument("--local", action="store_true", help="also rehash each leaf's closure against this machine's files")
+    v.add_argument(
+        "--cache-dir", metavar="DIR", help="with --local: the cache root of the Runtime that probes the toolchain"
+    )
+    v.add_argument(
+        "--source-root",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="with --local: a declared source root (default: SAFEJIT_SOURCE_ROOTS); repeatable",
+    )
 
 
 _COMMANDS: dict[str, Command] = {
@@ -199,6 +253,7 @@ _COMMANDS: dict[str, Command] = {
     "explain": explain.cmd_explain,
     "inspect": inspect.cmd_inspect,
     "warm": warm.cmd_warm,
+    "remote": remote.cmd_remote,
 }
 
 

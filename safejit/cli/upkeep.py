@@ -134,14 +134,14 @@ def cmd_gc(args: argparse.Namespace, out: Out) -> int:
     if args.json:
         out.json({"roots": [{"root": r, **counts} for r, counts in results], "findings": [f.as_json() for f in left]})
         return EXIT_FINDINGS if left else EXIT_OK
-    keys = ("staging", "quarantine", "usage", "locks", "damaged")
+    keys = ("staging", "quarantine", "usage", "locks", "damaged", "obsolete")
     for root, counts in results:
         out.line(("cache root ", "bold"), (root, "bold"))
         out.table(
-            ("STAGING", "QUARANTINE", "USAGE", "LOCKS", "DAMAGED"),
+            ("STAGING", "QUARANTINE", "USAGE", "LOCKS", "DAMAGED", "OBSOLETE"),
             [tuple(str(counts[k]) for k in keys)],
-            right=range(5),
+            right=range(6),
         )
-    out.line(("removed: entries older than the age given; damaged entries moved to quarantine", "dim"))
+    out.line(("removed: what is older than the age given, and v1/tools; damaged: quarantined", "dim"))
     show_findings(out, left)
     return EXIT_FINDINGS if left else EXIT_OK

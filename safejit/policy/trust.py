@@ -48,6 +48,7 @@ __all__ = [
     "check_hmac_key",
     "load_public_key",
     "public_key_id",
+    "signature_policy",
     "signer_of",
 ]
 
@@ -311,3 +312,19 @@ class SignaturePolicy:
 
     def check(self, message: bytes, alg: str, key_id: str, value: str) -> Verdict:
         return self.verifier.check(message, value, alg=alg, key_id=key_id or None)
+
+
+def signature_policy(
+    verify_keys: Iterable[tuple[str, bytes | str]], signer: object, *, require: bool
+) -> SignaturePolicy | None:
+    """What a leaf's signature is checked against: the HMAC key ``signer`` holds, the
+    Ed25519 public key of ``signer``, and ``verify_keys`` (public keys by key id). None
+    when there is no key at all and ``require`` is false: nothing to check."""
+    publics = dict(verify_keys)
+    hmacs = [signer] if isinstance(signer, HmacSigner) else []
+    own = getattr(signer, "public_key", None)
+    if isinstance(own, bytes):
+        publics.setdefault(getattr(signer, "key_id", ""), own)
+    if not publics and not hmacs and not require:
+        return None
+    return SignaturePolicy(Verifier(publics, hmac=hmacs), require=require)

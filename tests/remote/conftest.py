@@ -1,5 +1,6 @@
 """Fixtures for the remote engine tests: one Valkey and one moto S3 server per session
-(on 127.0.0.1, free ports), reset between tests, and a store factory per engine."""
+(on 127.0.0.1, free ports), reset between tests, a store factory per engine, and
+Runtimes standing for nodes (each with its own disk root) on those servers."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import safejit
 from safejit.cache.remote import RemoteSettings, RemoteStore, open_store
 
 from ._servers import BUCKET, Moto, Valkey, s3_admin, start_moto, start_valkey
@@ -96,3 +98,31 @@ def engine_url(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     return tmp_path
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A source root with ``include/inner.h`` (``#define INNER 41``)."""
+    root = tmp_path / "project"
+    (root / "include").mkdir(parents=True)
+    (root / "include" / "inner.h").write_text("#define INNER 41\n")
+    return root
+
+
+@pytest.fixture
+def node(tmp_path: Path, project: Path, redis_server: Valkey) -> Iterator[Callable[..., safejit.Runtime]]:
+    """``node(name, **config)``: a Runtime standing for one node (its own disk root) on
+    the session's Valkey; closed at the end."""
+    made: list[safejit.Runtime] = []
+
+    def factory(name: str, **cfg: Any) -> safejit.Runtime:
+        cfg.setdefault("remote", redis_server.url)
+        cfg.setdefault("backend", "fake")
+        cfg.setdefault("source_roots", (str(project),))
+        rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(tmp_path / f"disk-{name}"),), **cfg))
+        made.append(rt)
+        return rt
+
+    yield factory
+    for rt in made:
+        rt.close()

@@ -21,14 +21,15 @@ K, D, DIGEST = hexkey("k"), hexkey("d"), hexkey("blob")
 
 def doc_acl_lines() -> list[str]:
     lines = [line.strip() for line in DOCS.read_text().splitlines() if line.strip().startswith("ACL SETUSER ")]
-    assert len(lines) == 2, lines
+    assert len(lines) == 3, lines
     return lines
 
 
 def create_users(admin, tenant: str) -> None:
     for line in doc_acl_lines():
         line = re.sub(r"\bt1\b", tenant, line)
-        line = line.replace("READER-PASSWORD", f"{tenant}-reader-pw").replace("WRITER-PASSWORD", f"{tenant}-writer-pw")
+        for role in ("reader", "writer", "auditor"):
+            line = line.replace(f"{role.upper()}-PASSWORD", f"{tenant}-{role}-pw")
         admin.execute_command(*shlex.split(line))
 
 
@@ -133,3 +134,29 @@ def test_reader_over_a_unix_socket(users, make_store, redis_server):
     reader = make_store(f"unix://sj-t1-reader:t1-reader-pw@{redis_server.unix}", tenant="t1")
     assert dict(reader.index(K)) == {D: b"{}"}
     denied(lambda: reader.put_blob(DIGEST, b"x"))
+
+
+def test_auditor_lists_and_reads_its_tenant_and_writes_nothing(users, make_store, redis_server):
+    writer = make_store(users("t1", "writer"), tenant="t1")
+    writer.put_blob(DIGEST, b"x")
+    writer.publish_manifest(K, D, b"{}")
+    writer.acquire_lease(K)
+    make_store(users("t2", "writer"), tenant="t2").publish_manifest(hexkey("theirs"), D, b"{}")
+    auditor = make_store(users("t1", "auditor"), tenant="t1")
+    auditor.ping()
+    assert [(s.name, s.size) for s in auditor.scan("index", limit=10)] == [(K, 1)]
+    assert [(s.name, s.size) for s in auditor.scan("blob", limit=10)] == [(DIGEST, 2)]
+    assert [(s.name, s.size) for s in auditor.scan("lease", limit=10)] == [(K, 1)]
+    assert dict(auditor.index(K)) == {D: b"{}"} and auditor.get_blob(DIGEST) == b"x"
+    denied(lambda: auditor.put_blob(hexkey("new"), b"y"))
+    denied(lambda: auditor.publish_manifest(K, hexkey("d2"), b"{}"))
+    denied(lambda: auditor.acquire_lease(hexkey("k2")))
+    t1_auditor_on_t2 = make_store(users("t1", "auditor"), tenant="t2")
+    denied(lambda: list(t1_auditor_on_t2.scan("index", limit=10)))  # (HLEN of a t2 index)
+    denied(lambda: t1_auditor_on_t2.index(hexkey("theirs")))
+
+
+def test_a_nodes_reader_cannot_list_keys(users, make_store):
+    reader = make_store(users("t1", "reader"), tenant="t1")
+    for kind in ("index", "blob", "lease"):
+        denied(lambda k=kind: list(reader.scan(k, limit=10)))

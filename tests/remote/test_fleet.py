@@ -12,8 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 CHILD = r"""
 import json, sys
 import safejit
@@ -25,14 +23,6 @@ rt._init()[0].remote.flush()
 print(json.dumps({"compiles": rt.stats()["compiles"], "tier": str(mod.artifact.tier), "value": value}))
 rt.close()
 """
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    root = tmp_path / "project"
-    (root / "include").mkdir(parents=True)
-    (root / "include" / "inner.h").write_text("#define INNER 41\n")
-    return root
 
 
 def _start(tmp_path: Path, project: Path, url: str, n: int, delay: float, ttl: float) -> list[subprocess.Popen[str]]:

@@ -28,6 +28,7 @@ def heavy(mods: list[str]) -> list[str]:
         "import safejit",
         "import safejit; safejit.Config()",
         "import safejit.policy.trust",
+        "import safejit.cli",
         "from safejit.cache.remote import RemoteSettings, Breaker\n"
         "RemoteSettings.from_url('redis://u:p@127.0.0.1:6379/0'); RemoteSettings.from_url('s3://bucket-1/p')",
     ],

@@ -108,6 +108,8 @@ def test_session_token_is_for_s3_only():
         f"redis://u:{ENCODED}@cache?bogus=1",
         f"s3://u:{ENCODED}@BAD_BUCKET/p",
         f"unix://u:{ENCODED}@host/x.sock",
+        f"redis://cache/0?password={ENCODED}",
+        f"s3://bucket-1/p?endpoint=http://h:1&Secret_Access_Key={ENCODED}&region=x",
     ],
 )
 def test_config_error_messages_never_hold_the_password(url):

@@ -26,33 +26,6 @@ from .test_acl import create_users
 SRC = safejit.Source('#include "inner.h"\n#define VALUE 7\n', "k")
 
 
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    root = tmp_path / "project"
-    (root / "include").mkdir(parents=True)
-    (root / "include" / "inner.h").write_text("#define INNER 41\n")
-    return root
-
-
-@pytest.fixture
-def node(tmp_path: Path, project: Path, redis_server):
-    """``node(name, **config)``: a Runtime standing for one node (its own disk root) on
-    the session's Valkey; closed at the end."""
-    made: list[safejit.Runtime] = []
-
-    def factory(name: str, **cfg: object) -> safejit.Runtime:
-        cfg.setdefault("remote", redis_server.url)
-        cfg.setdefault("backend", "fake")
-        cfg.setdefault("source_roots", (str(project),))
-        rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(tmp_path / f"disk-{name}"),), **cfg))
-        made.append(rt)
-        return rt
-
-    yield factory
-    for rt in made:
-        rt.close()
-
-
 def _inc(project: Path) -> tuple[str, ...]:
     return (str(project / "include"),)
 

@@ -104,9 +104,10 @@ def outside(tmp_path: Path) -> Path:
     """A directory outside the cache, laid out like a cache's v1 (old residue, old
     records, idle locks, leaves), with a marker in every file."""
     out = tmp_path / "outside"
-    for sub in ("tmp/old", "quarantine/old", "usage/default", "locks", "default/fake/ab"):
+    for sub in ("tmp/old", "quarantine/old", "usage/default", "locks", "default/fake/ab", "tools/shim-1"):
         (out / sub).mkdir(parents=True)
     (out / "tmp" / "old" / "f").write_text(MARK)
+    (out / "tools" / "shim-1" / "safejit-shim").write_text(MARK)
     (out / "quarantine" / "old" / "f").write_text(MARK)
     record = {"backend": "fake", "counters": {"compiles": 987654321}, "compile_seconds": []}
     (out / "usage" / "default" / "r.json").write_text(json.dumps(record))
@@ -153,7 +154,7 @@ def test_gc_with_v1_a_symlink_out_of_the_root_deletes_nothing_and_reports_it(cac
     _assert_outside_intact(outside, before)
 
 
-@pytest.mark.parametrize("reserved", ["tmp", "quarantine", "usage", "locks"])
+@pytest.mark.parametrize("reserved", ["tmp", "quarantine", "usage", "locks", "tools"])
 def test_gc_with_a_cache_directory_symlinked_out_deletes_nothing_outside(make_runtime, cache_dir, outside, reserved):
     _leaf(make_runtime)
     before = snapshot(outside)
@@ -168,6 +169,23 @@ def test_gc_with_a_cache_directory_symlinked_out_deletes_nothing_outside(make_ru
     gc = cli("gc", "--older-than", "0s", "--cache-dir", str(cache_dir))
     assert gc.rc == 0
     assert not target.is_symlink()  # the planted link itself is gone (it held nothing of the cache)
+    _assert_outside_intact(outside, before)
+    assert len(leaves(cache_dir)) == 1
+    assert cli("verify", "--cache-dir", str(cache_dir)).rc == 0
+
+
+def test_gc_removes_the_obsolete_tools_dir_but_nothing_its_symlinks_point_to(make_runtime, cache_dir, outside):
+    _leaf(make_runtime)
+    before = snapshot(outside)
+    tools = cache_dir / "v1" / "tools"
+    (tools / "shim-1").mkdir(parents=True)
+    (tools / "shim-1" / "safejit-shim").write_bytes(b"\x7fELF planted")
+    (tools / "probe.json").write_text("{}")
+    (tools / "out").symlink_to(outside, target_is_directory=True)
+    (tools / "shim-1" / "file").symlink_to(outside / "tmp" / "f")
+    gc = cli("gc", "--cache-dir", str(cache_dir), "--json")  # (the default age: it goes whatever its age)
+    assert gc.rc == 0 and json.loads(gc.out)["roots"][0]["obsolete"] == 1
+    assert not os.path.lexists(tools)
     _assert_outside_intact(outside, before)
     assert len(leaves(cache_dir)) == 1
     assert cli("verify", "--cache-dir", str(cache_dir)).rc == 0

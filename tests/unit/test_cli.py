@@ -73,23 +73,30 @@ def test_version_names_safejit_python_and_rich():
     assert "rich" in out.stdout
 
 
-def _options(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Action]]:
+def _options(parser: argparse.ArgumentParser, prefix: str = "") -> list[tuple[str, argparse.Action]]:
+    """Every option of ``parser`` and of its commands (``remote ls`` too), by name."""
     found = []
     for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                if not name.startswith("_"):
-                    found += [(f"{name} {a.dest}", a) for a in sub._actions]
-        else:
-            found.append((action.dest, action))
+        if not isinstance(action, argparse._SubParsersAction):
+            found.append((f"{prefix}{action.dest}", action))
+            continue
+        for name, sub in action.choices.items():
+            if not name.startswith("_"):
+                found += _options(sub, f"{prefix}{name} ")
     return found
+
+
+def _commands(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    found = [p for a in subs for n, p in a.choices.items() if not n.startswith("_")]
+    return found + [q for p in found for q in _commands(p)]
 
 
 def test_every_option_and_command_has_help_text():
     missing = [name for name, action in _options(_parser()) if not action.help]
     assert missing == []
-    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
-    assert all(p.description for n, p in sub.choices.items() if not n.startswith("_"))
+    assert len(_commands(_parser())) == 13  # (remote's own three included)
+    assert all(p.description for p in _commands(_parser()))
 
 
 def test_help_shows_units_and_defaults_and_hides_the_internal_command():
@@ -343,7 +350,8 @@ def test_gc_removes_idle_locks_and_reports_counts_as_json(make_runtime, cache_di
     assert locks
     data = json.loads(cli("gc", "--older-than", "0s", "--json", "--cache-dir", str(cache_dir)).out)
     (root,) = data["roots"]
-    assert set(root) == {"root", "staging", "quarantine", "usage", "locks", "damaged"} and data["findings"] == []
+    assert set(root) == {"root", "staging", "quarantine", "usage", "locks", "damaged", "obsolete"}
+    assert data["findings"] == []
     assert root["locks"] == len(locks) and not any(p.exists() for p in locks)
 
 

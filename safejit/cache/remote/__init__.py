@@ -18,6 +18,8 @@ compressed value is coded.
 {'<deps key>': b'{...manifest...}'}
 >>> store.get_blob(digest, size=manifest_size)                      # doctest: +SKIP
 b'...artifact...'
+>>> [s.name for s in store.scan("index", limit=10)]                 # doctest: +SKIP
+['<build key>', ...]
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from .breaker import Breaker, BreakerPolicy, Transition
 from .layout import Layout
 from .lease import LeaseKeeper
 from .settings import RemoteSettings
-from .store import REASONS, Lease, OpObserver, Put, Reason, RemoteError, RemoteStore
+from .store import REASONS, SCAN_KINDS, Lease, OpObserver, Put, Reason, RemoteError, RemoteStore, ScanKind, Scanned
 from .url import RemoteURL, Secret, parse_url
 
 __all__ = [
     "REASONS",
+    "SCAN_KINDS",
     "Breaker",
     "BreakerPolicy",
     "Layout",
@@ -43,6 +46,8 @@ __all__ = [
     "RemoteSettings",
     "RemoteStore",
     "RemoteURL",
+    "ScanKind",
+    "Scanned",
     "Secret",
     "open_store",
     "parse_url",

@@ -72,6 +72,15 @@ class Layout:
     def redis_lease(self, build_key: str) -> str:
         return f"sj:{SCHEMA}:{self.tenant}:{self.backend}:lease:{check_hex(build_key, 'build key')}"
 
+    def redis_prefix(self, kind: str) -> str:
+        """What every key of ``kind`` (``index``, ``blob``, ``lease``) starts with: a SCAN
+        pattern with ``*`` appended (a tenant or backend name holds no glob character)."""
+        return {
+            "index": f"sj:{SCHEMA}:{self.tenant}:{self.backend}:idx:",
+            "blob": f"sj:{SCHEMA}:{self.tenant}:cas:",
+            "lease": f"sj:{SCHEMA}:{self.tenant}:{self.backend}:lease:",
+        }[kind]
+
     # S3
     @property
     def s3_tenant_prefix(self) -> str:
@@ -89,3 +98,11 @@ class Layout:
 
     def s3_lease(self, build_key: str) -> str:
         return f"{SCHEMA}/{self.tenant}/{self.backend}/lease/{check_hex(build_key, 'build key')}"
+
+    def s3_prefix(self, kind: str) -> str:
+        """The object prefix every key of ``kind`` (``index``, ``blob``, ``lease``) lies under."""
+        return {
+            "index": f"{SCHEMA}/{self.tenant}/{self.backend}/idx/",
+            "blob": f"{SCHEMA}/{self.tenant}/cas/",
+            "lease": f"{SCHEMA}/{self.tenant}/{self.backend}/lease/",
+        }[kind]

@@ -13,9 +13,10 @@ redis-py is imported when a store is made, never by ``import safejit``.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from ... import faults
@@ -25,7 +26,7 @@ from ._guard import Guard, os_reason
 from .breaker import Breaker, Transition
 from .layout import Layout, is_hex
 from .settings import RemoteSettings
-from .store import Lease, OpObserver, Put, Reason, RemoteError, check_ttl, new_token
+from .store import Lease, OpObserver, Put, Reason, RemoteError, ScanKind, Scanned, check_ttl, new_token
 
 if TYPE_CHECKING:
     import redis as _redis
@@ -67,6 +68,9 @@ class _Script:
         except redis.exceptions.NoScriptError:
             return client.eval(self.text, 1, key, *args)
 
+
+#: Keys asked for per SCAN call (the server examines about this many slots per call).
+SCAN_PAGE: Final = 1000
 
 _SCRIPTS: Final = {
     name: _Script(text) for name, text in (("publish", _PUBLISH), ("renew", _RENEW), ("release", _RELEASE))
@@ -292,6 +296,47 @@ class RedisStore:
         client = self.client()
         got = self._guard.run("lease_holder", "remote.get", lambda: cast("bytes | None", client.get(key)))
         return got.decode("utf-8", "replace") if got is not None else None
+
+    # -- listing (operators: ``safejit remote stats|ls|verify``) -----------------
+
+    def scan(self, kind: ScanKind, *, limit: int) -> Iterator[Scanned]:
+        """SCAN ... MATCH the kind's prefix, a page at a time, each page's sizes fetched
+        in one pipelined round trip after it (HLEN of each index, STRLEN of each blob).
+        SCAN may return a key twice: the names seen are remembered (at most ``limit``)."""
+        prefix = self.layout.redis_prefix(kind)
+        seen: set[str] = set()
+        cursor = 0
+        while len(seen) < limit:
+            self._guard.admit("scan")
+            page = functools.partial(self._page, self.client(), cursor, kind, prefix, seen, limit - len(seen))
+            cursor, found = self._guard.run("scan", "remote.get", page)
+            for name, size in found:
+                seen.add(name)
+                if size > 0:  # (0: gone since the SCAN)
+                    yield Scanned(name, size)
+            if cursor == 0:
+                return
+
+    @staticmethod
+    def _page(
+        client: _redis.Redis, cursor: int, kind: str, prefix: str, seen: set[str], room: int
+    ) -> tuple[int, list[tuple[str, int]]]:
+        """The next cursor, and up to ``room`` names not ``seen`` of one SCAN page with their sizes."""
+        after, keys = cast("tuple[int, list[bytes]]", client.scan(cursor, match=prefix + "*", count=SCAN_PAGE))
+        names = [k[len(prefix) :].decode("ascii", "replace") for k in keys]
+        fresh = [n for n in dict.fromkeys(names) if is_hex(n) and n not in seen][:room]
+        command = {"index": "hlen", "blob": "strlen"}.get(kind)
+        if command is None or not fresh:
+            return int(after), [(n, 1) for n in fresh]
+        pipe = client.pipeline(transaction=False)
+        for name in fresh:
+            getattr(pipe, command)(prefix + name)
+        return int(after), list(zip(fresh, (int(n) for n in pipe.execute()), strict=True))
+
+    def ping(self) -> None:
+        self._guard.admit("ping")
+        client = self.client()
+        self._guard.run("ping", "remote.get", client.ping)
 
 
 def _no_client_info(connection_class: type) -> dict[str, Any]:

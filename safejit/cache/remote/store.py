@@ -16,13 +16,27 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, get_args
 
+from .breaker import Breaker
 from .settings import RemoteSettings
 
-__all__ = ["REASONS", "Lease", "OpObserver", "Put", "Reason", "RemoteError", "RemoteStore", "check_ttl", "new_token"]
+__all__ = [
+    "REASONS",
+    "SCAN_KINDS",
+    "Lease",
+    "OpObserver",
+    "Put",
+    "Reason",
+    "RemoteError",
+    "RemoteStore",
+    "ScanKind",
+    "Scanned",
+    "check_ttl",
+    "new_token",
+]
 
 #: Why a remote operation failed:
 #: ``timeout``      the server did not answer within the deadline (or connect timeout);
@@ -90,6 +104,22 @@ class Lease:
     ttl_s: float
 
 
+#: What :meth:`RemoteStore.scan` lists: ``index``, this backend's build keys (one index
+#: each); ``blob``, the tenant's artifacts; ``lease``, this backend's build leases.
+ScanKind = Literal["index", "blob", "lease"]
+SCAN_KINDS: Final[tuple[ScanKind, ...]] = get_args(ScanKind)
+
+
+@dataclass(frozen=True, slots=True)
+class Scanned:
+    """One key a scan found. ``name``: the build key (``index``, ``lease``) or the digest
+    (``blob``). ``size``: an index's leaves; a blob's stored bytes (its codec byte
+    included, compressed when stored so); a lease's 1 when it is held now, else 0."""
+
+    name: str
+    size: int
+
+
 def new_token(holder: str = "") -> str:
     """A lease token, ``<holder>:<uuid4 hex>``: who holds it (for people reading the
     server) and a part unique to this holding."""
@@ -131,6 +161,10 @@ class RemoteStore(Protocol):
     def tenant(self) -> str: ...
     @property
     def backend(self) -> str: ...
+    @property
+    def breaker(self) -> Breaker:
+        """This client's circuit breaker (``state``: closed, open, half_open)."""
+        ...
 
     def index(self, build_key: str) -> Mapping[str, bytes]:
         """Every leaf published under ``build_key``: ``{deps_key: manifest bytes}``, unverified.
@@ -170,6 +204,18 @@ class RemoteStore(Protocol):
 
     def lease_holder(self, build_key: str) -> str | None:
         """The token of the live lease on ``build_key``, if any."""
+        ...
+
+    def scan(self, kind: ScanKind, *, limit: int) -> Iterator[Scanned]:
+        """At most ``limit`` keys of ``kind`` in this namespace, each once, in no particular
+        order (ask for one more than you will show to learn whether there are more).
+        Read-only and paged: about a thousand keys per round trip, never the whole keyspace
+        at once. Keys that are not well formed (not hex) and keys gone between the listing
+        and their size are left out."""
+        ...
+
+    def ping(self) -> None:
+        """One round trip that reads nothing (a liveness check, and a round-trip time)."""
         ...
 
     def close(self) -> None: ...

@@ -15,6 +15,7 @@ compile a key while the others watch its index; they save work and decide nothin
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -33,6 +34,7 @@ from ...outcomes import Miss, Outcome, Tier
 from ...telemetry import ATTR, SPAN, instruments, span
 from ..leaf import (
     ClosureMemo,
+    Manifest,
     ManifestError,
     Rejection,
     VerifiedLeaf,
@@ -45,7 +47,7 @@ from ..leaf import (
 from .lease import LeaseKeeper
 from .store import Lease, Put, RemoteError, RemoteStore
 
-__all__ = ["MISS_OF", "RemoteTier", "Upload"]
+__all__ = ["INDEX_FULL", "MISS_OF", "PRESENT", "RemoteTier", "Upload", "UploadResult", "Uploads"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +73,42 @@ class Upload:
     build_key: str
     leaf: VerifiedLeaf
     lease: Lease | None
+    #: Skip it when the remote's index holds the leaf already (a disk hit offered by warm).
+    unless_present: bool = False
+
+
+#: An :class:`UploadResult`'s ``detail`` when the leaf was on the remote already.
+PRESENT: Final = "already on the remote"
+#: ... when the build key's index holds ``index_cap`` leaves.
+INDEX_FULL: Final = "the build key's index is full"
+
+
+@dataclass(frozen=True, slots=True)
+class UploadResult:
+    """What became of one offered upload: ``outcome`` is ``uploaded`` (``detail``
+    :data:`PRESENT` when another writer's copy was there first), ``upload_skipped``
+    (``detail``: :data:`PRESENT` or :data:`INDEX_FULL`), ``upload_failed`` (``reason``: the
+    remote's, from ``REASONS``; ``detail``: its error, redacted) or ``upload_dropped``
+    (the queue was full)."""
+
+    build_key: str
+    deps_key: str
+    outcome: Outcome
+    detail: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Uploads:
+    """:meth:`RemoteTier.drain`'s answer: the uploads finished since it was last asked,
+    and whether none is still queued (``done``)."""
+
+    done: bool
+    results: tuple[UploadResult, ...]
+
+
+#: Finished uploads remembered for :meth:`RemoteTier.drain` (the oldest are forgotten).
+RESULTS_KEPT: Final = 4 * UPLOAD_QUEUE
 
 
 class RemoteTier:
@@ -101,6 +139,7 @@ class RemoteTier:
         self._worker_lock = threading.Lock()
         self.dropped = 0
         self.uploaded = 0
+        self._results: collections.deque[UploadResult] = collections.deque(maxlen=RESULTS_KEPT)
 
     # -- lookup ------------------------------------------------------------------
     def lookup(self, build_key: str, anchors: Anchors) -> VerifiedLeaf | Rejection:
@@ -137,9 +176,24 @@ class RemoteTier:
             first = first or result
         return first or Rejection(Miss.ABSENT, root="remote")
 
-    def _verify(self, build_key: str, deps_key: str, man, anchors: Anchors) -> VerifiedLeaf | Rejection:  # type: ignore[no-untyped-def]
+    def _verify(self, build_key: str, deps_key: str, man: Manifest, anchors: Anchors) -> VerifiedLeaf | Rejection:
         leaf = f"remote:{build_key}/deps-{deps_key}"
         checked = time.monotonic()
+        bad = self._vouch(build_key, deps_key, man, leaf)
+        if bad is not None:
+            return bad
+        closure = verify_closure(man, anchors, leaf, self._memo)
+        if isinstance(closure, Rejection):
+            return Rejection(closure.reason, closure.detail, leaf, "remote")
+        artifact = self._fetch(man, leaf)
+        if isinstance(artifact, Rejection):
+            return artifact
+        states, negatives = closure
+        return VerifiedLeaf("", "remote", man, artifact, states, negatives, checked=checked)
+
+    def _vouch(self, build_key: str, deps_key: str, man: Manifest, leaf: str) -> Rejection | None:
+        """What can be checked of a manifest without files: it names the leaf it is
+        stored as, its dependencies reproduce its deps key, its signature, its size."""
         if (
             man.build_key != build_key
             or man.deps_key != deps_key
@@ -154,9 +208,10 @@ class RemoteTier:
             return Rejection(bad.reason, bad.detail, leaf, "remote")
         if man.artifact_size > self._max_bytes:
             return Rejection(Miss.OVERSIZE, f"{man.artifact_size} bytes", leaf, "remote")
-        closure = verify_closure(man, anchors, leaf, self._memo)
-        if isinstance(closure, Rejection):
-            return Rejection(closure.reason, closure.detail, leaf, "remote")
+        return None
+
+    def _fetch(self, man: Manifest, leaf: str) -> bytes | Rejection:
+        """The artifact's bytes, fetched within the manifest's size, if they hash as it says."""
         with span(SPAN.REMOTE_FETCH, {ATTR.BYTES: man.artifact_size, **self._attrs}):
             try:
                 view = self.store.get_blob(man.artifact_digest, size=man.artifact_size)
@@ -166,8 +221,26 @@ class RemoteTier:
             return Rejection(Miss.ARTIFACT, "the artifact is not on the remote", leaf, "remote")
         if len(view) != man.artifact_size or digest_bytes(view) != man.artifact_digest:
             return Rejection(Miss.ARTIFACT, "the artifact's bytes do not match the manifest", leaf, "remote")
-        states, negatives = closure
-        return VerifiedLeaf("", "remote", man, bytes(view), states, negatives, checked=checked)
+        return bytes(view)
+
+    def audit(self, build_key: str, deps_key: str, raw: bytes, anchors: Anchors | None = None) -> Rejection | None:
+        """Why the index entry ``raw`` stored as ``(build_key, deps_key)`` would not be
+        used, or None (``safejit remote verify``): the checks of a lookup, in its order —
+        strict decode, names, deps key, signature, size, then (with ``anchors``) the
+        closure against this machine's files, then the artifact's bytes. Reads only."""
+        leaf = f"remote:{build_key}/deps-{deps_key}"
+        try:
+            man = decode_manifest(raw)
+        except ManifestError as exc:
+            return Rejection(Miss.MANIFEST, str(exc), leaf, "remote")
+        if anchors is not None:
+            found = self._verify(build_key, deps_key, man, anchors)
+            return None if isinstance(found, VerifiedLeaf) else found
+        bad = self._vouch(build_key, deps_key, man, leaf)
+        if bad is not None:
+            return bad
+        fetched = self._fetch(man, leaf)
+        return fetched if isinstance(fetched, Rejection) else None
 
     # -- leases ------------------------------------------------------------------
     def take_lease(self, build_key: str) -> Lease | None:
@@ -220,21 +293,36 @@ class RemoteTier:
         return None
 
     # -- uploads -----------------------------------------------------------------
-    def offer(self, build_key: str, leaf: VerifiedLeaf, lease: Lease | None) -> None:
+    def offer(self, build_key: str, leaf: VerifiedLeaf, lease: Lease | None, *, unless_present: bool = False) -> None:
         """Upload a clean, locally published ``leaf`` in the background (the lease, if
         any, is let go once it is there). A full queue drops it: counted, and the lease
-        let go now."""
+        let go now. ``unless_present``: look at the index first, and send nothing when
+        the leaf is there (``safejit warm --remote`` offers its disk hits so)."""
         if not self.writable:
             return
         try:
-            self._uploads.put_nowait(Upload(build_key, leaf, lease))
+            self._uploads.put_nowait(Upload(build_key, leaf, lease, unless_present))
         except queue.Full:
             self.dropped += 1
-            instruments.remote_uploads.add(1, {**self._attrs, ATTR.OUTCOME: Outcome.UPLOAD_DROPPED})
+            self._done(Upload(build_key, leaf, lease), Outcome.UPLOAD_DROPPED, "the upload queue was full")
             if lease is not None:
                 self.release(lease)
             return
         self._ensure_worker()
+
+    def _done(self, item: Upload, outcome: Outcome, detail: str = "", reason: str = "") -> None:
+        self._results.append(UploadResult(item.build_key, item.leaf.manifest.deps_key, outcome, detail, reason))
+        instruments.remote_uploads.add(1, {**self._attrs, ATTR.OUTCOME: outcome})
+
+    def drain(self, timeout: float = 10.0) -> Uploads:
+        """Wait (at most ``timeout`` seconds) for the queued uploads, then hand over what
+        became of those finished since the last call."""
+        done = self.flush(timeout)
+        results = []
+        with contextlib.suppress(IndexError):
+            while True:
+                results.append(self._results.popleft())
+        return Uploads(done, tuple(results))
 
     def _ensure_worker(self) -> None:
         with self._worker_lock:
@@ -254,23 +342,28 @@ class RemoteTier:
 
     def _upload(self, item: Upload) -> None:
         man = item.leaf.manifest
-        outcome = Outcome.UPLOADED
+        outcome, detail, reason = Outcome.UPLOADED, "", ""
         with span(SPAN.REMOTE_PUBLISH, {ATTR.BUILD_KEY: item.build_key, ATTR.BYTES: man.artifact_size, **self._attrs}):
             try:
-                # The artifact first: an index entry is never there before what it names.
-                self.store.put_blob(man.artifact_digest, item.leaf.artifact)
-                put = self.store.publish_manifest(item.build_key, man.deps_key, encode_manifest(man))
-                if put is Put.FULL:
-                    outcome = Outcome.UPLOAD_SKIPPED
+                if item.unless_present and man.deps_key in self.store.index(item.build_key):
+                    outcome, detail = Outcome.UPLOAD_SKIPPED, PRESENT
+                else:
+                    # The artifact first: an index entry is never there before what it names.
+                    self.store.put_blob(man.artifact_digest, item.leaf.artifact)
+                    put = self.store.publish_manifest(item.build_key, man.deps_key, encode_manifest(man))
+                    if put is Put.FULL:
+                        outcome, detail = Outcome.UPLOAD_SKIPPED, INDEX_FULL
+                    elif put is Put.EXISTS:
+                        detail = PRESENT
             except RemoteError as exc:
                 logger.info("uploading %s failed: %s", man.name, exc)
-                outcome = Outcome.UPLOAD_FAILED
+                outcome, detail, reason = Outcome.UPLOAD_FAILED, str(exc), exc.reason
             finally:
                 if item.lease is not None:
                     self.release(item.lease)
         if outcome is Outcome.UPLOADED:
             self.uploaded += 1
-        instruments.remote_uploads.add(1, {**self._attrs, ATTR.OUTCOME: outcome})
+        self._done(item, outcome, detail, reason)
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait (at most ``timeout`` seconds) for the queued uploads; whether all are done."""

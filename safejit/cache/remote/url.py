@@ -138,6 +138,9 @@ class RemoteURL:
 
 
 _USERINFO = re.compile(r"(//[^/@:\s]*:)[^@\s]*@")
+#: Credentials put in a query string (refused): their values are masked in the message too.
+_QUERY_SECRETS: Final = ("password", "pass", "secret", "secret_access_key", "token")
+_QUERY_SECRET = re.compile(r"([?&](?:" + "|".join(_QUERY_SECRETS) + r")=)[^&#\s]*", re.IGNORECASE)
 
 
 def parse_url(
@@ -190,7 +193,7 @@ def _secret(value: str | Secret | None) -> Secret | None:
 
 
 def _scrub(url: str) -> str:
-    return _USERINFO.sub(r"\1" + _MASK + "@", url)
+    return _QUERY_SECRET.sub(r"\1" + _MASK, _USERINFO.sub(r"\1" + _MASK + "@", url))
 
 
 def _query(url: str, scheme: str, text: str) -> dict[str, str]:
@@ -200,7 +203,7 @@ def _query(url: str, scheme: str, text: str) -> dict[str, str]:
         raise ConfigError(f"remote URL {_scrub(url)!r}: the query string does not parse") from None
     query: dict[str, str] = {}
     for name, value in pairs:
-        if name.lower() in ("password", "pass", "secret", "secret_access_key", "token"):
+        if name.lower() in _QUERY_SECRETS:
             raise ConfigError(f"remote URL {_scrub(url)!r}: put credentials in the URL's userinfo, not the query")
         if name not in _QUERY[scheme]:
             raise ConfigError(
