@@ -33,7 +33,7 @@ from cuda.bindings import driver
 driver.cuInit(0); _, dev = driver.cuDeviceGet(0)
 _, ctx = driver.cuDevicePrimaryCtxRetain(dev); driver.cuCtxSetCurrent(ctx)  # the context, before timing
 if mode == "safejit":
-    import safejit
+    import safejit, safejit.backends.cuda.backend  # the libraries imported before timing, as the peers' are
     rt = safejit.Runtime(config=safejit.Config(backend="cuda", cache_dirs=(cache,), source_roots=(inc,)))
     t0 = time.perf_counter()
     k = rt.compile(safejit.Source(code, "cute_sgemm"), include_dirs=(inc,), flags=("-std=c++17",)).kernel("NAME")
@@ -43,7 +43,7 @@ elif mode == "cupy":
     os.environ["CUPY_CACHE_DIR"] = cache
     import cupy as cp
     t0 = time.perf_counter()
-    k = cp.RawModule(code=code, options=("-std=c++17", "-I" + inc, "-I" + cccl)).get_function("NAME")
+    k = cp.RawModule(code=code, options=("-std=c++17", "-I" + inc, "-I" + os.path.dirname(cccl), "-I" + cccl)).get_function("NAME")
     t1 = time.perf_counter()
 else:
     from cuda.core import Device, ObjectCode, ProgramOptions
@@ -100,7 +100,7 @@ def main() -> None:
     # Cold compiles (a new source each round: NVRTC and the driver keep caches of their own).
     rt = safejit.Runtime(config=safejit.Config(backend="cuda", cache_dirs=(str(base / "cold"),), source_roots=(inc,)))
     rt.build(safejit.Source('extern "C" __global__ void k() {}', "k"))  # the worker up
-    opts = ProgramOptions(std="c++17", include_path=[inc, cudart, cccl], arch=arch)
+    opts = ProgramOptions(std="c++17", include_path=[inc, cudart, os.path.dirname(cccl), cccl], arch=arch)  # <cccl/...>
     ours, peer = [], []
     salt = random.SystemRandom().randrange(1 << 30)
     for i in range(5):

@@ -116,3 +116,20 @@ def test_nvrtc_worker_honours_the_compile_timeout(make_runtime):
     with pytest.raises(safejit.CompileTimeout):
         rt.build(safejit.Source(KERNEL, "cute_sgemm"), include_dirs=(inc,), arch="sm_90")
     assert time.monotonic() - started < 5  # (the compile itself takes seconds longer)
+
+
+def test_the_dir_above_cccl_is_searched_when_the_runtime_headers_live_elsewhere(tmp_path, monkeypatch):
+    """CUDA 13 keeps CCCL in ``include/cccl``; CUTLASS 4 includes ``<cccl/cuda/std/...>``.
+    With the runtime's headers found in a pip wheel (a GPU machine's torch install), the
+    toolkit's ``include`` still has to be searched, between them and CCCL, or NVRTC
+    cannot open ``cccl/cuda/std/type_traits``."""
+    from safejit.backends.cuda import backend as cuda_backend
+
+    wheel, toolkit = tmp_path / "site" / "nvidia" / "cu13" / "include", tmp_path / "cuda-13.0" / "include"
+    (toolkit / "cccl").mkdir(parents=True)
+    wheel.mkdir(parents=True)
+    found = {"cudart": str(wheel), "cccl": str(toolkit / "cccl")}
+    monkeypatch.setattr(cuda_backend, "find_nvidia_header_directory", found.get)
+    assert cuda_backend.CudaBackend()._include_dir() == [str(wheel), str(toolkit), str(toolkit / "cccl")]
+    found["cudart"] = str(toolkit)  # one toolkit: each dir once, in nvcc's profile's order
+    assert cuda_backend.CudaBackend()._include_dir() == [str(toolkit), str(toolkit / "cccl")]

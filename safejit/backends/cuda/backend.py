@@ -130,7 +130,10 @@ class CudaBackend:
 
     def _include_dir(self) -> list[str]:
         """The toolkit's include dir (cuda_runtime_api.h, ...) and CCCL's (cuda/std/...),
-        searched in that order, as nvcc's profile has them."""
+        searched in that order, as nvcc's profile has them. CUDA 13 keeps CCCL in
+        ``include/cccl`` and its users may name ``<cccl/cuda/std/...>`` (CUTLASS 4 does),
+        so the dir above CCCL's is searched too, as nvcc's ``-I$(TARGET_DIR)/include``
+        has it, even when the runtime's headers were found elsewhere (a pip wheel's)."""
         dirs = []
         for name in ("cudart", "cccl"):
             try:
@@ -138,7 +141,10 @@ class CudaBackend:
             except Exception:
                 found = None
             if found:
-                dirs.append(os.path.realpath(found))
+                real = os.path.realpath(found)
+                if name == "cccl" and os.path.basename(real) == "cccl":
+                    dirs.append(os.path.dirname(real))
+                dirs.append(real)
         return list(dict.fromkeys(dirs))
 
     def records_lookups(self) -> bool:
