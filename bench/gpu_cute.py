@@ -43,7 +43,8 @@ elif mode == "cupy":
     os.environ["CUPY_CACHE_DIR"] = cache
     import cupy as cp
     t0 = time.perf_counter()
-    k = cp.RawModule(code=code, options=("-std=c++17", "-I" + inc, "-I" + os.path.dirname(cccl), "-I" + cccl)).get_function("NAME")
+    opts = ("-std=c++17", "-I" + inc, "-I" + os.path.dirname(cccl), "-I" + cccl)
+    k = cp.RawModule(code=code, options=opts).get_function("NAME")
     t1 = time.perf_counter()
 else:
     from cuda.core import Device, ObjectCode, ProgramOptions
