@@ -63,6 +63,8 @@ class _Held:
     tool_reads: Mapping[str, tuple[str, ...]]
     closure: Closure
     manifest: Manifest | None
+    #: When the check that found the closure unchanged began (``time.monotonic()``).
+    checked: float
 
 
 class BuildJob:
@@ -123,6 +125,7 @@ class BuildJob:
         to exit (reads after this close cannot change them)."""
         self._held = None
         early = self._early
+        checked = time.monotonic()  # (an edit from here on may have been missed by the check)
         if early is None or tool_reads is None or not scan.unchanged(early[1]):
             return
         with contextlib.suppress(OSError, ValueError, SafejitError):
@@ -131,7 +134,7 @@ class BuildJob:
             # until its artifact was complete).
             products = None if closure.too_new else self.parts.backend.products(data)
             manifest = None if products is None else self._manifest(closure, data, products, self._elapsed())
-            self._held = _Held(early[1], data, tool_reads, closure, manifest)
+            self._held = _Held(early[1], data, tool_reads, closure, manifest, checked)
             if self._on_artifact is not None:  # staged once all it was made of is known to be confined
                 self._on_artifact(data, manifest)
 
@@ -140,7 +143,7 @@ class BuildJob:
         """Compile in ``workdir`` and record the closure."""
         self._started_ns, self._started = time.time_ns(), time.perf_counter()
         out = self._compile(workdir, events=True)
-        closure, manifest = self._closure_of(out)
+        closure, manifest, checked = self._closure_of(out)
         if closure.too_new:
             # A dependency changed within a clock tick of the compile: what the compiler read
             # is unknown. Once the tick has passed, compile again; vouch only for a clean run.
@@ -148,9 +151,11 @@ class BuildJob:
             time.sleep(scan.COARSE_NS / 1e9)
             self._started_ns = time.time_ns()
             out = self._compile(workdir, events=False)
+            checked = time.monotonic()
             closure = scan.merged(self._closure(out.deps, absent=out.absent), self._tools_closure(out.tool_reads))
             manifest = None
-        checked = time.monotonic()  # (no later than the scan that vouches for the closure)
+        # The staleness clock starts when the check that vouches for the closure began,
+        # however long the driver then took to exit or the manifest to be made (DESIGN §6).
         if manifest is None:
             manifest = self._manifest(closure, out.artifact, (out.kernels, out.meta), out.seconds)
         negatives = Negatives(paths=closure.negative_paths, dirs=negative_dirs(closure.negative_paths))
@@ -168,9 +173,10 @@ class BuildJob:
         instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: Outcome.SKIPPED})
         return Built(dataclasses.replace(leaf, dep_states=unvouched, closure_known=out.complete), False)
 
-    def _closure_of(self, out: CompileOutput) -> tuple[Closure, Manifest | None]:
+    def _closure_of(self, out: CompileOutput) -> tuple[Closure, Manifest | None, float]:
         """The closure of the finished compile: the one checked at the close that made
-        these very bytes, when there was one; else scanned now."""
+        these very bytes, when there was one; else scanned now. With the manifest made
+        for those bytes (None: not made yet) and when the check that vouches began."""
         held = self._held
         early = self._early
         if (
@@ -184,11 +190,13 @@ class BuildJob:
             manifest = held.manifest
             if manifest is not None and (manifest.kernels, manifest.meta) != (out.kernels, backend_meta(out.meta)):
                 manifest = None
-            return held.closure, manifest
+            return held.closure, manifest, held.checked
+        checked = time.monotonic()
         closure = early[1] if early is not None and early[0] == out.deps and scan.unchanged(early[1]) else None
         if closure is None:
+            checked = time.monotonic()
             closure = self._closure(out.deps, absent=out.absent)
-        return scan.merged(closure, self._tools_closure(out.tool_reads)), None
+        return scan.merged(closure, self._tools_closure(out.tool_reads)), None, checked
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self._started

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -42,6 +43,9 @@ Load = Callable[[VerifiedLeaf], Any]
 
 #: Errors of a compiler writing into a full or broken cache filesystem (scratch="cache").
 _STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+#: A diagnostic at a line of a source: ``f.c:3:14: error:`` (gcc, clang, bisheng),
+#: ``f.cu(3): error:`` (nvcc, NVRTC).
+_SOURCE_DIAGNOSTIC = re.compile(r":\d+:\d+: (?:fatal )?error:|\(\d+\): (?:catastrophic )?error:")
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,10 +314,13 @@ class Pipeline:
 
 
 def _storage_failed(root: str, log: str) -> bool:
-    """Whether a compiler's failure says its filesystem failed it, or that filesystem
-    has no room left."""
+    """Whether a compiler's failure says its filesystem failed it, or, when it names no
+    line of a source as the reason (tools cut short by a full disk often say nothing
+    useful), that filesystem has no room left. A source's own error stays the caller's."""
     if any(os.strerror(code) in log for code in _STORAGE_ERRNOS):
         return True
+    if _SOURCE_DIAGNOSTIC.search(log):
+        return False
     with contextlib.suppress(OSError):
         st = os.statvfs(root)
         return st.f_bavail * st.f_frsize < 64 * 1024

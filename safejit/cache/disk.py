@@ -176,14 +176,17 @@ class DiskTier:
         before it did not. Damaged leaves met are quarantined when ``root`` is the
         writable one; a hit's mtime is touched (LRU). ``quiet``: neither."""
         rejections: list[Rejection] = []
+        # Digests taken for one candidate are reused for the next: a hit's clock starts
+        # when the first of them may have been taken, the lookup's start (DESIGN §6).
         rehashed: Rehashed = {}
+        since = time.monotonic()
         for leaf in self._candidates(root, build_key, rejections):
             if quiet:
-                result = self.verify(leaf, root, build_key, anchors, rehashed)
+                result = self.verify(leaf, root, build_key, anchors, rehashed, since=since)
             else:
                 with span(SPAN.VERIFY, {ATTR.ROOT: root, "safejit.leaf": os.path.basename(leaf)}) as vs:
                     started = time.perf_counter()
-                    result = self.verify(leaf, root, build_key, anchors, rehashed)
+                    result = self.verify(leaf, root, build_key, anchors, rehashed, since=since)
                     instruments.verify_duration.record(time.perf_counter() - started, self._attrs)
                     if isinstance(result, VerifiedLeaf):
                         vs.set_attributes({ATTR.RESULT: "ok", ATTR.DEPS_COUNT: len(result.manifest.deps)})
@@ -253,14 +256,23 @@ class DiskTier:
         return [path for _, path in entries[:MAX_LEAVES]]
 
     def verify(
-        self, leaf: str, root: str, build_key: str, anchors: Anchors | None, rehashed: Rehashed | None = None
+        self,
+        leaf: str,
+        root: str,
+        build_key: str,
+        anchors: Anchors | None,
+        rehashed: Rehashed | None = None,
+        *,
+        since: float | None = None,
     ) -> VerifiedLeaf | Rejection:
         """Check a leaf completely; a :class:`Rejection` says why it is not a hit.
 
         With ``anchors=None`` only the leaf's own integrity is checked (marker,
-        manifest, name, signature, artifact), not its dependencies.
+        manifest, name, signature, artifact), not its dependencies. ``rehashed``:
+        digests taken earlier, reused; ``since``: when the first of them was taken
+        (the hit's ``checked``; default: now).
         """
-        checked = time.monotonic()
+        checked = time.monotonic() if since is None else since
         found = self._manifest(leaf, root, build_key)
         if isinstance(found, Rejection):
             return found

@@ -138,11 +138,6 @@ def test_compiles_of_several_processes_filling_the_cache_disk_work_or_raise_cach
     _finish(mount, cache)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pipeline.py takes any compiler failure on a cache filesystem with under 64 KiB free for the "
-    "cache's (_storage_failed): a source's own error there is reported as CacheError(ENOSPC)",
-)
 def test_compile_of_a_broken_source_on_a_nearly_full_cache_disk_is_a_compile_error(full_disk, make_runtime):
     """The other side of the rule: a source that does not compile is the caller's error
     (``CompileError``, with the compiler's log), full disk or not."""

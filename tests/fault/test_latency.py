@@ -119,12 +119,6 @@ def test_compile_joined_during_a_slow_load_after_an_edit_returns_the_new_kernel(
     _edit_while_slow(make_runtime, project, cache_dir, "load")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the build's clock starts when the compiler has exited (build_job.py: checked = monotonic() after the "
-    "closure is settled), not when the closure was last checked (at the artifact's close, or the scan's start): "
-    "a driver that exits late stretches the bound by as much",
-)
 def test_compile_after_an_edit_during_a_slow_compiler_exit_returns_the_new_kernel(make_runtime, project, cache_dir):
     """The compiler's output is final, its closure checked and found current; then the
     header is edited while the driver takes its time to exit (0.8 s). A call made more
@@ -151,11 +145,6 @@ def test_compile_after_an_edit_during_a_slow_compiler_exit_returns_the_new_kerne
     assert_cache_sound(cache_dir)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="disk.py: a leaf's clock starts when its own verification starts, though the digests it is checked "
-    "against may have been taken earlier in the same lookup (for a newer leaf that did not match)",
-)
 def test_compile_after_an_edit_during_a_slow_lookup_returns_the_new_kernel(
     make_runtime, project, cache_dir, monkeypatch
 ):
