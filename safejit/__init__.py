@@ -36,7 +36,7 @@ from .errors import (
 if TYPE_CHECKING:
     from . import faults
     from .config import Config
-    from .kernel import Artifact, Kernel, Module
+    from .kernel import Artifact, Kernel, KernelHandle, Module
     from .runtime import Explanation, Runtime
     from .spec import Source
 
@@ -47,6 +47,7 @@ _LAZY = {
     "Config": "config",
     "Explanation": "runtime",
     "Kernel": "kernel",
+    "KernelHandle": "kernel",
     "Module": "kernel",
     "Runtime": "runtime",
     "Source": "spec",
@@ -81,6 +82,7 @@ __all__ = [
     "Explanation",
     "FlagPolicyError",
     "Kernel",
+    "KernelHandle",
     "KernelNotFoundError",
     "KeyDeclarationError",
     "LimitExceededError",

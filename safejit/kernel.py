@@ -14,16 +14,31 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from . import _hostcall
 from ._hostcall import UNSET
 from .backends.base import LoadedLibrary
 from .errors import KernelNotFoundError, LoadError
 
-__all__ = ["Artifact", "Kernel", "Module"]
+__all__ = ["Artifact", "Kernel", "KernelHandle", "Module"]
+
+
+class KernelHandle(Protocol):
+    """What :meth:`Module.kernel` returns, whatever the backend: a host
+    :class:`Kernel`, called directly (``k(*args)``, its value the C function's, as
+    ctypes gives it); a CUDA kernel (``k.launch(grid, block, args, ...)``) or an Ascend
+    one (``k.launch(num_blocks, args, ...)``), which raise ``LoadError`` when called."""
+
+    @property
+    def name(self) -> str: ...
+
+    def __call__(self, *args: Any) -> Any: ...
+
+    @property
+    def launch(self) -> Callable[..., Any]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +71,7 @@ class _Loaded:
         self.library = library
         self.closed = False
         self.lock = threading.Lock()
-        self.kernels: dict[str, Any] = {}
+        self.kernels: dict[str, KernelHandle] = {}
         self.finalizer = weakref.finalize(self, library.close)
 
 
@@ -91,7 +106,7 @@ class Module:
     def kernels(self) -> tuple[str, ...]:
         return self.artifact.kernels
 
-    def kernel(self, name: str, *, argtypes: Sequence[Any] | None = None, restype: Any = UNSET) -> Any:
+    def kernel(self, name: str, *, argtypes: Sequence[Any] | None = None, restype: Any = UNSET) -> KernelHandle:
         """The kernel called ``name``: a :class:`Kernel` (host, called directly) or a
         backend kernel with ``launch(grid, block, args, ...)`` (CUDA).
 
@@ -112,9 +127,10 @@ class Module:
             self._kernels[name] = kernel
         return kernel
 
-    def _make_kernel(self, name: str, argtypes: Sequence[Any] | None, restype: Any) -> Any:
+    def _make_kernel(self, name: str, argtypes: Sequence[Any] | None, restype: Any) -> KernelHandle:
         if self.backend != "host":
-            return self._library.function(name, argtypes=argtypes)
+            device: KernelHandle = self._library.function(name, argtypes=argtypes)
+            return device
         if self.artifact.kernels and name not in self.artifact.kernels:
             raise KernelNotFoundError(
                 f"no kernel {name!r}; this module has {list(self.artifact.kernels)}",
@@ -128,10 +144,12 @@ class Module:
         signature = getattr(self._library, "signature", None)
         prepared = _hostcall.prepare(name, fn, signature(name) if signature else None, self._state, argtypes, restype)
         # Its own class, whose __call__ is the checked call itself: one Python frame per call.
-        own = type("Kernel", (Kernel,), {"__slots__": (), "__call__": prepared.call, "__module__": __name__})
+        own: type[Kernel] = type(
+            "Kernel", (Kernel,), {"__slots__": (), "__call__": prepared.call, "__module__": __name__}
+        )
         return own(name, fn, self, prepared)
 
-    def __getitem__(self, name: str) -> Any:
+    def __getitem__(self, name: str) -> KernelHandle:
         return self.kernel(name)
 
     def close(self) -> None:
@@ -168,7 +186,7 @@ class Kernel:
     def __call__(self, *args: Any) -> Any:
         return self._call(self, *args)  # (each kernel's own class calls it directly)
 
-    def launch(self, grid: Any = None, block: Any = None, args: Sequence[Any] = (), **_: Any) -> Any:
+    def launch(self, grid: object = None, block: object = None, args: Sequence[Any] = (), **_: object) -> Any:
         """Uniform launch entry point; on the host it is a plain call."""
         return self(*args)
 

@@ -26,7 +26,7 @@ from ..errors import CompileError, FlagPolicyError, LimitExceededError, LoadErro
 from ..spec import Source, Toolchain
 from .base import CompileContext, CompileOutput, Products, Runner, macro_flags
 
-__all__ = ["FakeBackend", "FakeLibrary"]
+__all__ = ["FakeBackend", "FakeKernel", "FakeLibrary"]
 
 _INCLUDE: Final = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.M)
 _DEFINE: Final = re.compile(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]*([^\n]*)$", re.M)
@@ -139,6 +139,21 @@ def _macros(artifact: bytes) -> dict[str, str]:
     return {str(k): str(v) for k, v in found.items()}
 
 
+class FakeKernel:
+    """A fake build's kernel: called (or launched), it gives its macro's value."""
+
+    __slots__ = ("name", "value")
+
+    def __init__(self, name: str, value: int | str) -> None:
+        self.name, self.value = name, value
+
+    def __call__(self, *args: object) -> int | str:
+        return self.value
+
+    def launch(self, *args: object, **options: object) -> int | str:
+        return self.value
+
+
 class FakeLibrary:
     """The macros of a fake build; ``function(name)`` returns a callable giving the value."""
 
@@ -151,8 +166,7 @@ class FakeLibrary:
         if name not in self._macros:
             raise KeyError(name)
         text = self._macros[name]
-        value: int | str = int(text) if re.fullmatch(r"-?[0-9]+", text) else text
-        return lambda *args: value
+        return FakeKernel(name, int(text) if re.fullmatch(r"-?[0-9]+", text) else text)
 
     def close(self) -> None:
         self._macros = None

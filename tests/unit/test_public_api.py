@@ -24,6 +24,7 @@ def test_all_is_pinned():
             "Explanation",
             "FlagPolicyError",
             "Kernel",
+            "KernelHandle",
             "KernelNotFoundError",
             "KeyDeclarationError",
             "LimitExceededError",
@@ -192,3 +193,35 @@ def test_the_unrelated_pypi_pyacl_is_never_a_dependency():
     project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
     every = list(project["dependencies"]) + [d for extra in project["optional-dependencies"].values() for d in extra]
     assert not [d for d in every if d.lower().replace("_", "-").startswith("pyacl")]
+
+
+def test_the_public_surface_is_typed_for_a_user_of_it(tmp_path):
+    """A user's code type-checks against what the library declares: mypy --strict
+    on a program that compiles, calls, launches and reads stats sees no Any where a
+    public method returns (Module.kernel gives a KernelHandle; reveal_type says so)."""
+    import subprocess
+    import sys
+
+    user = tmp_path / "user.py"
+    user.write_text(
+        "import safejit\n"
+        "def run(rt: safejit.Runtime) -> int:\n"
+        '    mod = rt.compile(safejit.Source("int add(int a, int b) { return a + b; }", "add"))\n'
+        '    add = mod.kernel("add")\n'
+        "    reveal_type(mod)\n"
+        "    reveal_type(add)\n"
+        "    reveal_type(add.launch)\n"
+        '    reveal_type(rt.stats()["compiles"])\n'
+        "    value: int = add(2, 3)\n"
+        "    return value\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--cache-dir", str(tmp_path / "c"), str(user)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    revealed = [line.split("Revealed type is ", 1)[1] for line in out.stdout.splitlines() if "Revealed type" in line]
+    assert revealed[:3] == ['"safejit.kernel.Module"', '"safejit.kernel.KernelHandle"', '"def (*Any, **Any) -> Any"']
+    assert "Any" not in revealed[3], revealed[3]
+    assert "error:" not in out.stdout.replace("note:", ""), out.stdout
