@@ -251,7 +251,7 @@ def _run(chain: tuple[Block, ...], tmp_path: Path, subs: dict[str, str]) -> subp
         XDG_CACHE_HOME=str(home / ".cache"),
         XDG_STATE_HOME=str(home / ".local" / "state"),
         XDG_CONFIG_HOME=str(home / ".config"),
-        PYTHONPATH=str(REPO),
+        PYTHONPATH=os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))),
     )
     try:
         return subprocess.run(
