@@ -236,10 +236,12 @@ def _expected_error(chain: tuple[Block, ...]) -> tuple[str, str] | None:
 
 
 def _run(chain: tuple[Block, ...], tmp_path: Path, subs: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    code = "\n\n".join(block.code for block in chain)
+    code = ""
+    for block in chain:  # each at its own line of the doc: a traceback's line numbers are the doc's
+        code += "\n" * (block.line - code.count("\n")) + block.code
     for text, value in subs.items():
         code = code.replace(text, value)
-    script = tmp_path / "script" / f"{Path(chain[-1].doc).stem}_{chain[-1].line}.py"
+    script = tmp_path / "script" / Path(chain[-1].doc).name.replace(".md", "_md.py")
     script.parent.mkdir()
     script.write_text(code)
     work, home = tmp_path / "work", tmp_path / "home"
