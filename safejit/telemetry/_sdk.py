@@ -5,10 +5,24 @@ The library itself never configures the SDK; this module is for programs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..errors import ConfigError
+
 __all__ = ["render_span_tree", "setup"]
+
+
+@contextlib.contextmanager
+def _needs(package: str, what: str) -> Iterator[None]:
+    """An SDK package missing is a ConfigError naming it and the extra that brings it."""
+    try:
+        yield
+    except ImportError as exc:
+        raise ConfigError(
+            f"{what} needs the {package} package: pip install 'safejit[otel]' (or {package}) [{exc.name}]"
+        ) from exc
 
 
 def setup(
@@ -27,12 +41,14 @@ def setup(
     in an in-memory exporter, which is returned.
     """
     from opentelemetry import metrics, trace
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import MetricReader
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    with _needs("opentelemetry-sdk", "safejit.telemetry.setup"):
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import MetricReader
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     resource = Resource.create({"service.name": service_name})
     tracer_provider = TracerProvider(resource=resource)
@@ -44,15 +60,17 @@ def setup(
         tracer_provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
     readers: list[MetricReader] = []
     if otlp_endpoint:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        with _needs("opentelemetry-exporter-otlp-proto-http", "otlp_endpoint"):
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
         tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{otlp_endpoint}/v1/traces")))
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=f"{otlp_endpoint}/v1/metrics")))
     if prometheus_port is not None:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
-        from prometheus_client import start_http_server
+        with _needs("opentelemetry-exporter-prometheus", "prometheus_port"):
+            from opentelemetry.exporter.prometheus import PrometheusMetricReader
+            from prometheus_client import start_http_server
 
         start_http_server(port=prometheus_port, addr=prometheus_addr)
         readers.append(PrometheusMetricReader())

@@ -111,6 +111,14 @@ def test_nvcc_environment_flags_in_the_callers_environment_change_nothing(
     assert (dirty.build_key, dirty.digest) == (clean.build_key, clean.digest)
 
 
+@pytest.mark.skipif(not HAVE_NVCC, reason="no nvcc")
+def test_name_expressions_with_nvcc_are_a_config_error_and_nothing_is_cached(make_runtime, cuda_project, cache_dir):
+    rt = _rt(make_runtime, cuda_project, "nvcc")
+    with pytest.raises(safejit.ConfigError, match="name_expressions are NVRTC's"):
+        rt.build(safejit.Source(SAXPY, "saxpy"), arch="sm_90", name_expressions=("scale<float>",))
+    assert leaves(cache_dir) == []
+
+
 def test_missing_gpu_without_arch_is_a_clear_config_error(make_runtime, cuda_project):
     if has_cuda_device():
         pytest.skip("a GPU is present")

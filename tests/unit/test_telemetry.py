@@ -287,3 +287,17 @@ def test_threads_share_one_span_per_call(make_runtime, spans):
     for t in threads:
         t.join()
     assert len([s for s in spans.get_finished_spans() if s.name == "safejit.compiler.run"]) == 1
+
+
+def test_setup_without_the_otlp_exporter_names_the_package_and_changes_nothing(monkeypatch):
+    import sys
+
+    from opentelemetry import trace
+
+    from safejit.telemetry import _sdk
+
+    before = trace.get_tracer_provider()
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)
+    with pytest.raises(safejit.ConfigError, match="opentelemetry-exporter-otlp-proto-http"):
+        _sdk.setup(otlp_endpoint="http://127.0.0.1:9")
+    assert trace.get_tracer_provider() is before

@@ -291,6 +291,11 @@ class CudaBackend:
             else:
                 out = self._compile_recorded(ctx)
         else:
+            if spec.name_expressions:  # (never a hit either: no such build is ever made)
+                raise ConfigError(
+                    "name_expressions are NVRTC's (template instantiations it names); with "
+                    "cuda_compiler='nvcc', instantiate in the source (an extern \"C\" wrapper)"
+                )
             out = self._compile_nvcc(ctx)
         self._check_spills(spec.name, out.log, out.artifact)
         return out
