@@ -256,12 +256,13 @@ class RedisStore:
             raise RemoteError("oversize", "get_blob", f"{cap} bytes > {self.settings.max_bytes}", engine=self.engine)
         return _PendingGet(self, key, cap)
 
-    def _decoded(self, blob: bytes, cap: int) -> memoryview | None:
-        if not blob:
+    def _decoded(self, head: bytes, payload: bytes, cap: int) -> memoryview | None:
+        if not head:
             return None  # absent (a stored value always has its codec byte)
-        if len(blob) > cap + 1:
+        if len(payload) > cap:
             raise RemoteError("oversize", "get_blob", f"stored value over {cap + 1} bytes", engine=self.engine)
-        return codec.decode(faults.mangle("remote.get", blob), max_bytes=cap)
+        # (A corrupt fault flips the codec byte, as it did when the value was read whole.)
+        return codec.decode_parts(faults.mangle("remote.get", head), payload, max_bytes=cap)
 
     def put_blob(self, digest: str, data: bytes) -> Put:
         key = self.layout.redis_cas(digest)
@@ -353,10 +354,12 @@ class RedisStore:
 
 
 class _PendingGet:
-    """A ``GETRANGE key 0 cap+1`` sent on a connection taken from the pool, its reply read by
-    :meth:`result` (the bytes arrive meanwhile) or dropped with the connection by :meth:`cancel`.
-    The range ends one byte past the cap (codec byte included): a larger value is
-    ``oversize`` and never read whole."""
+    """``GETRANGE key 0 0`` and ``GETRANGE key 1 cap+1`` (the codec byte, then the rest: a raw
+    artifact arrives as one bytes object of its own, not to be copied out of the value),
+    sent together on a connection taken from the pool; the replies are read by
+    :meth:`result` (the bytes arrive meanwhile) or dropped with the connection by
+    :meth:`cancel`. The range ends one byte past the cap: a larger value is ``oversize`` and
+    never read whole."""
 
     __slots__ = ("_cap", "_conn", "_error", "_pool", "_start", "_store")
 
@@ -374,7 +377,7 @@ class _PendingGet:
             self._error = exc
             return
         try:
-            conn.send_command("GETRANGE", key, 0, cap + 1)  # end inclusive: cap + 2 bytes at most
+            conn.send_packed_command(conn.pack_commands([("GETRANGE", key, 0, 0), ("GETRANGE", key, 1, cap + 1)]))
         except Exception as exc:
             self._error = exc
             conn.disconnect()
@@ -384,17 +387,22 @@ class _PendingGet:
 
     def result(self) -> memoryview | None:
         try:
-            blob = self._store._guard.run("get_blob", "remote.get", self._read, received=len, start=self._start)
+            head, payload = self._store._guard.run(
+                "get_blob", "remote.get", self._read, received=lambda r: len(r[0]) + len(r[1]), start=self._start
+            )
         finally:
-            self.cancel()  # only when the reply was not read (the fault point raised first)
-        return self._store._decoded(blob, self._cap)
+            self.cancel()  # only when the replies were not read (the fault point raised first)
+        return self._store._decoded(head, payload, self._cap)
 
-    def _read(self) -> bytes:
+    def _read(self) -> tuple[bytes, bytes]:
         if self._error is not None:
             raise self._error
         conn, self._conn = self._conn, None
         try:
-            return cast("bytes", conn.read_response())  # disconnects itself on an error
+            return cast("bytes", conn.read_response()), cast("bytes", conn.read_response())
+        except BaseException:
+            conn.disconnect()  # an error reply to the first leaves the second unread
+            raise
         finally:
             self._pool.release(conn)
 

@@ -112,6 +112,15 @@ class Uploads:
 RESULTS_KEPT: Final = 4 * UPLOAD_QUEUE
 
 
+def _whole(view: memoryview) -> bytes:
+    """The bytes ``view`` shows: the object it views when it shows all of it (a raw artifact
+    read on its own, a decompressed one), else a copy."""
+    whole = view.obj
+    if isinstance(whole, bytes) and view.c_contiguous and view.nbytes == len(whole):
+        return whole
+    return bytes(view)
+
+
 def _cancel(pending: PendingBlob | RemoteError) -> None:
     if not isinstance(pending, RemoteError):
         pending.cancel()
@@ -248,7 +257,7 @@ class RemoteTier:
             return Rejection(Miss.ARTIFACT, "the artifact is not on the remote", leaf, "remote")
         if len(view) != man.artifact_size or digest_bytes(view) != man.artifact_digest:
             return Rejection(Miss.ARTIFACT, "the artifact's bytes do not match the manifest", leaf, "remote")
-        return bytes(view)
+        return _whole(view)
 
     def audit(self, build_key: str, deps_key: str, raw: bytes, anchors: Anchors | None = None) -> Rejection | None:
         """Why the index entry ``raw`` stored as ``(build_key, deps_key)`` would not be
