@@ -21,10 +21,11 @@ Keys written (targets in parentheses):
   bare_raise_us                   the peer: raising and catching a plain exception, same run
   cubin_wire_ratio                a real sm_90 cubin's size / its stored (zstd-1) size (>= 3)
   cubin_bytes, cubin_zstd_ms      its size, and the time to encode it
-  remote_hit_1mb_vs_raw_get       RemoteTier.lookup of a 1 MB leaf (index, strict decode, the closure of 40
-                                  headers checked against local files — stat-trusted after the first, as in a
-                                  long-running process — artifact GET, BLAKE3) / a raw GET of the same stored
-                                  bytes, same client, interleaved, p50 / p50 (<= 1.3)
+  remote_hit_1mb_vs_raw_get       RemoteTier.lookup of a 1 MB leaf (index, strict decode, the artifact asked
+                                  for, the closure of 40 headers checked against local files meanwhile —
+                                  stat-trusted after the first, as in a long-running process — its bytes read,
+                                  BLAKE3) / a raw GET of the same stored bytes, same client, interleaved,
+                                  p50 / p50 (<= 1.3)
   remote_hit_1mb_us               the verified hit itself
   fleet8_compiles                 compiles, summed over 8 processes (own disk roots, one server) cold at once (1)
   upload_overhead_ratio           a cold host compile with uploads on / with the remote off, paired, p50 (<= 1.05)

@@ -93,6 +93,44 @@ def test_blob_is_write_once(engine_url, make_store):
     assert store.get_blob(digest) == b"first"
 
 
+def test_a_started_blob_read_returns_what_get_blob_does(engine_url, make_store):
+    ops: list[tuple] = []
+    store = make_store(engine_url, observer=_calls(ops))
+    digest, data = hexkey("started"), os.urandom(300_000)
+    store.put_blob(digest, data)
+    ops.clear()
+    pending = store.start_blob(digest, size=len(data))
+    other = store.index(K)  # another operation while the reply is under way
+    got = pending.result()
+    assert dict(other) == {} and isinstance(got, memoryview) and got.readonly and got == data
+    assert [(op, reason, received) for op, reason, _, received in ops] == [
+        ("index", None, 0),
+        ("get_blob", None, 300_001),
+    ]
+    assert store.start_blob(hexkey("absent")).result() is None
+
+
+def test_a_cancelled_blob_read_is_dropped_unread_and_the_next_reply_is_its_own(engine_url, make_store):
+    """The connection that carried a cancelled read is not handed to the next command (it
+    would read the blob as its own reply)."""
+    store = make_store(engine_url)
+    digest, data = hexkey("dropped"), os.urandom(300_000)
+    store.put_blob(digest, data)
+    store.publish_manifest(K, D1, b"m")
+    for _ in range(3):
+        store.start_blob(digest, size=len(data)).cancel()
+        assert dict(store.index(K)) == {D1: b"m"}
+        assert store.get_blob(digest, size=len(data)) == data
+
+
+def test_a_started_blob_read_over_the_cap_is_refused_before_asking(engine_url, make_store):
+    ops: list[tuple] = []
+    store = make_store(engine_url, max_bytes=1000, observer=_calls(ops))
+    with pytest.raises(RemoteError) as info:
+        store.start_blob(hexkey("big"), size=1001)
+    assert info.value.reason == "oversize" and ops == []
+
+
 def test_concurrent_blob_writers_exactly_one_creates(engine_url, make_store):
     store = make_store(engine_url)
     digest = hexkey("race")

@@ -69,6 +69,21 @@ def test_a_remote_leaf_is_checked_against_this_nodes_files(node, project, tmp_pa
     assert explained.kernel("INNER")() == 9 and explained.artifact.tier == "compiled"
 
 
+def test_a_remote_leaf_whose_closure_differs_here_is_never_read(node, project, otel_sdk):
+    """Its artifact is asked for while the closure is checked (the bytes travel meanwhile),
+    but the reply is dropped unread: no fetch span (in which the bytes are read and hashed)."""
+    _published(node("a"), project)
+    (project / "include" / "inner.h").write_text("#define INNER 9\n")
+    spans, _ = otel_sdk
+    spans.clear()
+    b = node("b")
+    assert b.compile(SRC, include_dirs=_inc(project)).artifact.tier == "compiled"
+    names = [s.name for s in spans.get_finished_spans()]
+    (lookup,) = [s for s in spans.get_finished_spans() if s.name == "safejit.cache.remote.lookup"]
+    assert lookup.attributes["safejit.reason"] == "dep_changed"
+    assert "safejit.cache.remote.fetch" not in names, names
+
+
 # -- the tamper matrix -----------------------------------------------------------------
 def _entry(redis_server, tenant: str = "default", backend: str = "fake") -> tuple[str, str, bytes]:
     admin = redis_server.admin()

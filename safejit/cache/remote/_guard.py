@@ -76,11 +76,19 @@ class Guard:
             raise RemoteError("circuit_open", op, engine=self.engine)
 
     def run(
-        self, op: str, point: str, fn: Callable[[], T], *, sent: int = 0, received: Callable[[T], int] | None = None
+        self,
+        op: str,
+        point: str,
+        fn: Callable[[], T],
+        *,
+        sent: int = 0,
+        received: Callable[[T], int] | None = None,
+        start: float | None = None,
     ) -> T:
         """``fn()``, or a :class:`RemoteError`. ``point`` is the fault point fired first.
-        The caller was admitted (:meth:`admit`)."""
-        start = time.perf_counter()
+        The caller was admitted (:meth:`admit`). ``start``: when the operation began, if
+        before this call (its request was sent earlier; ``time.perf_counter()``)."""
+        start = time.perf_counter() if start is None else start
         try:
             faults.point(point)
             result = fn()

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from .store import RemoteError
 
-__all__ = ["RAW", "ZSTD", "decode", "encode", "header"]
+__all__ = ["RAW", "ZSTD", "decode", "decode_parts", "encode", "header"]
 
 RAW: Final = 0x00
 ZSTD: Final = 0x01
@@ -48,15 +48,21 @@ def encode(data: bytes, *, min_bytes: int = 64 << 10, level: int = 1) -> bytes:
 def decode(blob: bytes, *, max_bytes: int, op: str = "get_blob") -> memoryview:
     """The artifact in a stored value, at most ``max_bytes`` long, as a read-only view: a raw
     value is not copied (a 1 MB copy is a twentieth of a loopback GET of it)."""
-    if not blob:
-        raise RemoteError("corrupt", op, "empty value")
-    codec = blob[0]
+    return decode_parts(blob[:1], memoryview(blob)[1:], max_bytes=max_bytes, op=op)
+
+
+def decode_parts(head: bytes, payload: bytes | memoryview, *, max_bytes: int, op: str = "get_blob") -> memoryview:
+    """:func:`decode` of ``head + payload`` (the codec byte and the rest, read apart), not
+    joined: a raw payload is the artifact itself, viewed whole (``view.obj`` is it)."""
+    if len(head) != 1:
+        raise RemoteError("corrupt", op, "empty value" if not head else "a codec header of more than one byte")
+    codec = head[0]
     if codec == RAW:
-        if len(blob) - 1 > max_bytes:
-            raise RemoteError("oversize", op, f"{len(blob) - 1} bytes > {max_bytes}")
-        return memoryview(blob)[1:]
+        if len(payload) > max_bytes:
+            raise RemoteError("oversize", op, f"{len(payload)} bytes > {max_bytes}")
+        return memoryview(payload)
     if codec == ZSTD:
-        return memoryview(_unzstd(memoryview(blob)[1:], max_bytes, op))
+        return memoryview(_unzstd(memoryview(payload), max_bytes, op))
     raise RemoteError("corrupt", op, f"unknown codec byte 0x{codec:02x}")
 
 

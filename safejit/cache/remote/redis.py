@@ -13,9 +13,11 @@ redis-py is imported when a store is made, never by ``import safejit``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final, cast
 
@@ -26,7 +28,18 @@ from ._guard import Guard, os_reason
 from .breaker import Breaker, Transition
 from .layout import Layout, is_hex
 from .settings import RemoteSettings
-from .store import Lease, OpObserver, Put, Reason, RemoteError, ScanKind, Scanned, check_ttl, new_token
+from .store import (
+    Lease,
+    OpObserver,
+    PendingBlob,
+    Put,
+    Reason,
+    RemoteError,
+    ScanKind,
+    Scanned,
+    check_ttl,
+    new_token,
+)
 
 if TYPE_CHECKING:
     import redis as _redis
@@ -233,22 +246,23 @@ class RedisStore:
         return bool(self._guard.run("has_blob", "remote.get", lambda: client.exists(key)))
 
     def get_blob(self, digest: str, *, size: int | None = None) -> memoryview | None:
+        return self.start_blob(digest, size=size).result()
+
+    def start_blob(self, digest: str, *, size: int | None = None) -> PendingBlob:
         self._guard.admit("get_blob")
         key = self.layout.redis_cas(digest)
         cap = self.settings.max_bytes if size is None else size
         if cap > self.settings.max_bytes or cap < 0:
             raise RemoteError("oversize", "get_blob", f"{cap} bytes > {self.settings.max_bytes}", engine=self.engine)
-        wire_cap = cap + 1  # the codec byte
-        client = self.client(wire_cap)
-        # GETRANGE's end is inclusive: at most wire_cap + 1 bytes, one more than allowed.
-        blob = self._guard.run(
-            "get_blob", "remote.get", lambda: cast("bytes", client.getrange(key, 0, wire_cap)), received=len
-        )
-        if not blob:
+        return _PendingGet(self, key, cap)
+
+    def _decoded(self, head: bytes, payload: bytes, cap: int) -> memoryview | None:
+        if not head:
             return None  # absent (a stored value always has its codec byte)
-        if len(blob) > wire_cap:
-            raise RemoteError("oversize", "get_blob", f"stored value over {wire_cap} bytes", engine=self.engine)
-        return codec.decode(faults.mangle("remote.get", blob), max_bytes=cap)
+        if len(payload) > cap:
+            raise RemoteError("oversize", "get_blob", f"stored value over {cap + 1} bytes", engine=self.engine)
+        # (A corrupt fault flips the codec byte, as it did when the value was read whole.)
+        return codec.decode_parts(faults.mangle("remote.get", head), payload, max_bytes=cap)
 
     def put_blob(self, digest: str, data: bytes) -> Put:
         key = self.layout.redis_cas(digest)
@@ -337,6 +351,74 @@ class RedisStore:
         self._guard.admit("ping")
         client = self.client()
         self._guard.run("ping", "remote.get", client.ping)
+
+
+class _PendingGet:
+    """``GETRANGE key 0 0`` and ``GETRANGE key 1 cap+1`` (the codec byte, then the rest: a raw
+    artifact arrives as one bytes object of its own, not to be copied out of the value),
+    sent together on a connection taken from the pool; the replies are read by
+    :meth:`result` (the bytes arrive meanwhile) or dropped with the connection by
+    :meth:`cancel`. The range ends one byte past the cap: a larger value is ``oversize`` and
+    never read whole."""
+
+    __slots__ = ("_cap", "_conn", "_error", "_pool", "_start", "_store")
+
+    def __init__(self, store: RedisStore, key: str, cap: int) -> None:
+        self._store = store
+        self._cap = cap
+        self._pool = store.client(cap + 1).connection_pool
+        self._conn: Any = None
+        self._error: Exception | None = None
+        self._start = time.perf_counter()
+        try:
+            # Connects if need be (the pool takes it back on a failure).
+            conn: Any = self._pool.get_connection(*_command_name(type(self._pool)))
+        except Exception as exc:
+            self._error = exc
+            return
+        try:
+            conn.send_packed_command(conn.pack_commands([("GETRANGE", key, 0, 0), ("GETRANGE", key, 1, cap + 1)]))
+        except Exception as exc:
+            self._error = exc
+            conn.disconnect()
+            self._pool.release(conn)
+            return
+        self._conn = conn
+
+    def result(self) -> memoryview | None:
+        try:
+            head, payload = self._store._guard.run(
+                "get_blob", "remote.get", self._read, received=lambda r: len(r[0]) + len(r[1]), start=self._start
+            )
+        finally:
+            self.cancel()  # only when the replies were not read (the fault point raised first)
+        return self._store._decoded(head, payload, self._cap)
+
+    def _read(self) -> tuple[bytes, bytes]:
+        if self._error is not None:
+            raise self._error
+        conn, self._conn = self._conn, None
+        try:
+            return cast("bytes", conn.read_response()), cast("bytes", conn.read_response())
+        except BaseException:
+            conn.disconnect()  # an error reply to the first leaves the second unread
+            raise
+        finally:
+            self._pool.release(conn)
+
+    def cancel(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.disconnect()  # the reply is dropped unread, with the connection carrying it
+            self._pool.release(conn)
+
+
+@functools.cache
+def _command_name(pool_class: Any) -> tuple[str, ...]:
+    """What ``get_connection`` takes: a command name before redis-py 6, which then deprecated it."""
+    name = inspect.signature(pool_class.get_connection).parameters.get("command_name")
+    return ("GETRANGE",) if name is not None and name.default is inspect.Parameter.empty else ()
 
 
 def _no_client_info(connection_class: type) -> dict[str, Any]:

@@ -37,7 +37,19 @@ from ._guard import Guard, os_reason
 from .breaker import Breaker, Transition
 from .layout import Layout, is_hex
 from .settings import RemoteSettings
-from .store import Lease, OpObserver, Put, Reason, RemoteError, ScanKind, Scanned, check_ttl, new_token
+from .store import (
+    Deferred,
+    Lease,
+    OpObserver,
+    PendingBlob,
+    Put,
+    Reason,
+    RemoteError,
+    ScanKind,
+    Scanned,
+    check_ttl,
+    new_token,
+)
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig, S3Config
@@ -284,11 +296,22 @@ class S3Store:
         return self._run("has_blob", "remote.get", head)
 
     def get_blob(self, digest: str, *, size: int | None = None) -> memoryview | None:
+        return self._get_blob(digest, self._blob_cap(size))
+
+    def start_blob(self, digest: str, *, size: int | None = None) -> PendingBlob:
+        # One GET, not split in two: nothing is asked before result().
+        cap = self._blob_cap(size)
+        return Deferred(lambda: self._get_blob(digest, cap))
+
+    def _blob_cap(self, size: int | None) -> int:
         self._guard.admit("get_blob")
-        path = self.layout.s3_cas(digest)
         cap = self.settings.max_bytes if size is None else size
         if cap > self.settings.max_bytes or cap < 0:
             raise RemoteError("oversize", "get_blob", f"{cap} bytes > {self.settings.max_bytes}", engine=self.engine)
+        return cap
+
+    def _get_blob(self, digest: str, cap: int) -> memoryview | None:
+        path = self.layout.s3_cas(digest)
         wire_cap = cap + 1
         store = self._store(wire_cap)
         got = self._run(

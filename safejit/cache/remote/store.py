@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, get_args
 
@@ -26,8 +26,10 @@ from .settings import RemoteSettings
 __all__ = [
     "REASONS",
     "SCAN_KINDS",
+    "Deferred",
     "Lease",
     "OpObserver",
+    "PendingBlob",
     "Put",
     "Reason",
     "RemoteError",
@@ -135,6 +137,31 @@ def check_ttl(ttl_s: float) -> float:
     return float(ttl_s)
 
 
+class PendingBlob(Protocol):
+    """A blob read under way (:meth:`RemoteStore.start_blob`). Exactly one of its methods
+    is called, once: ``result()``, what ``get_blob`` would have returned or raised; or
+    ``cancel()``, which drops the reply unread and never raises."""
+
+    def result(self) -> memoryview | None: ...
+    def cancel(self) -> None: ...
+
+
+class Deferred:
+    """A :class:`PendingBlob` that asks nothing until ``result()`` (for an engine whose
+    reads cannot be split in two)."""
+
+    __slots__ = ("_read",)
+
+    def __init__(self, read: Callable[[], memoryview | None]) -> None:
+        self._read = read
+
+    def result(self) -> memoryview | None:
+        return self._read()
+
+    def cancel(self) -> None:
+        pass
+
+
 class OpObserver(Protocol):
     """Told of every operation that reached the remote (for ``safejit.remote.duration{op}``
     and ``safejit.remote.bytes{direction}``): ``reason`` is ``None`` on success; ``sent`` and
@@ -184,6 +211,14 @@ class RemoteStore(Protocol):
         (the manifest's artifact size) caps what is read and scales the deadline; a stored
         value, compressed or not, over the cap is ``oversize`` and is never read whole.
         The bytes are not checked against ``digest``: that is the caller's job."""
+        ...
+
+    def start_blob(self, digest: str, *, size: int | None = None) -> PendingBlob:
+        """:meth:`get_blob` in two halves: the request may go out now (Redis sends it), so
+        that the bytes travel while the caller checks what it must check first; nothing
+        of the reply is read, decoded or returned before ``result()``, and ``cancel()``
+        drops it unread. The breaker and the size cap are checked here (``RemoteError``);
+        a failure to send is raised by ``result()``."""
         ...
 
     def put_blob(self, digest: str, data: bytes) -> Put:

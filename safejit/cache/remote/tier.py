@@ -2,10 +2,11 @@
 THIS node's files (DESIGN.md §11).
 
 A remote leaf is used only after: a strict decode of its manifest; tenant, backend,
-build key and deps key matching; its signature (when keys are configured); its
-closure rehashed against the local files (``leaf.verify_closure``) and its negatives
-absent here; its size within the limit — and only then is its artifact fetched, its
-BLAKE3 checked, and loaded from those bytes. Every failure is a miss with a reason
+build key and deps key matching; its signature (when keys are configured); its size
+within the limit — only then is its artifact asked for — then its closure rehashed
+against the local files (``leaf.verify_closure``, while the bytes travel) and its
+negatives absent here — only then are the bytes read, their BLAKE3 checked, and loaded
+from those bytes (on a closure miss they are dropped unread). Every failure is a miss with a reason
 (:class:`~safejit.outcomes.Miss`); nothing from the remote ever raises out of a tier
 call. Uploads happen after a clean local publish, on a bounded queue worked by one
 thread; what does not fit is dropped and counted. Leases make one node of a fleet
@@ -45,7 +46,7 @@ from ..leaf import (
     verify_closure,
 )
 from .lease import LeaseKeeper
-from .store import Lease, Put, RemoteError, RemoteStore
+from .store import Lease, PendingBlob, Put, RemoteError, RemoteStore
 
 __all__ = ["INDEX_FULL", "MISS_OF", "PRESENT", "RemoteTier", "Upload", "UploadResult", "Uploads"]
 
@@ -109,6 +110,20 @@ class Uploads:
 
 #: Finished uploads remembered for :meth:`RemoteTier.drain` (the oldest are forgotten).
 RESULTS_KEPT: Final = 4 * UPLOAD_QUEUE
+
+
+def _whole(view: memoryview) -> bytes:
+    """The bytes ``view`` shows: the object it views when it shows all of it (a raw artifact
+    read on its own, a decompressed one), else a copy."""
+    whole = view.obj
+    if isinstance(whole, bytes) and view.c_contiguous and view.nbytes == len(whole):
+        return whole
+    return bytes(view)
+
+
+def _cancel(pending: PendingBlob | RemoteError) -> None:
+    if not isinstance(pending, RemoteError):
+        pending.cancel()
 
 
 class RemoteTier:
@@ -182,10 +197,20 @@ class RemoteTier:
         bad = self._vouch(build_key, deps_key, man, leaf)
         if bad is not None:
             return bad
-        closure = verify_closure(man, anchors, leaf, self._memo)
+        # What the manifest alone vouches for (its signature, its size) is enough to ask
+        # for the artifact: its bytes travel while the closure is checked here, and are
+        # read only once it holds; on a miss they are dropped unread, never decoded,
+        # hashed, kept or loaded.
+        pending = self._start_fetch(man)
+        try:
+            closure = verify_closure(man, anchors, leaf, self._memo)
+        except BaseException:
+            _cancel(pending)
+            raise
         if isinstance(closure, Rejection):
+            _cancel(pending)
             return Rejection(closure.reason, closure.detail, leaf, "remote")
-        artifact = self._fetch(man, leaf)
+        artifact = self._finish_fetch(pending, man, leaf)
         if isinstance(artifact, Rejection):
             return artifact
         states, negatives = closure
@@ -212,16 +237,27 @@ class RemoteTier:
 
     def _fetch(self, man: Manifest, leaf: str) -> bytes | Rejection:
         """The artifact's bytes, fetched within the manifest's size, if they hash as it says."""
+        return self._finish_fetch(self._start_fetch(man), man, leaf)
+
+    def _start_fetch(self, man: Manifest) -> PendingBlob | RemoteError:
+        try:
+            return self.store.start_blob(man.artifact_digest, size=man.artifact_size)
+        except RemoteError as exc:
+            return exc  # reported only if the closure holds: a closure miss is the better reason
+
+    def _finish_fetch(self, pending: PendingBlob | RemoteError, man: Manifest, leaf: str) -> bytes | Rejection:
         with span(SPAN.REMOTE_FETCH, {ATTR.BYTES: man.artifact_size, **self._attrs}):
             try:
-                view = self.store.get_blob(man.artifact_digest, size=man.artifact_size)
+                if isinstance(pending, RemoteError):
+                    raise pending
+                view = pending.result()
             except RemoteError as exc:
                 return Rejection(MISS_OF[exc.reason], str(exc), leaf, "remote")
         if view is None:
             return Rejection(Miss.ARTIFACT, "the artifact is not on the remote", leaf, "remote")
         if len(view) != man.artifact_size or digest_bytes(view) != man.artifact_digest:
             return Rejection(Miss.ARTIFACT, "the artifact's bytes do not match the manifest", leaf, "remote")
-        return bytes(view)
+        return _whole(view)
 
     def audit(self, build_key: str, deps_key: str, raw: bytes, anchors: Anchors | None = None) -> Rejection | None:
         """Why the index entry ``raw`` stored as ``(build_key, deps_key)`` would not be
