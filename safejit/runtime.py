@@ -147,11 +147,9 @@ class Runtime:
         **unknown: Any,
     ) -> Artifact:
         """Compile and cache ``source`` without loading it."""
-        check_arguments(
-            "build", include_dirs=include_dirs, defines=defines, flags=flags, extras=extras, arch=arch,
-            name_expressions=name_expressions, unknown=unknown,
-        )  # fmt: skip
-        req = _request(source, include_dirs, defines, flags, extras, arch, name_expressions)
+        req = _request(
+            source, include_dirs, defines, flags, extras, arch, name_expressions, checked_for="build", unknown=unknown
+        )
         with span(SPAN.COMPILE, {**self._attrs, ATTR.KERNEL: name_of(source)}):
             _, resolver, pipeline = self._init()
             obtained = pipeline.obtain(resolver.resolve(req))
@@ -230,11 +228,9 @@ class Runtime:
         **unknown: Any,
     ) -> Explanation:
         """Say whether a compile would hit the disk tier and, if not, why."""
-        check_arguments(
-            "explain", include_dirs=include_dirs, defines=defines, flags=flags, extras=extras, arch=arch,
-            name_expressions=name_expressions, unknown=unknown,
-        )  # fmt: skip
-        req = _request(source, include_dirs, defines, flags, extras, arch, name_expressions)
+        req = _request(
+            source, include_dirs, defines, flags, extras, arch, name_expressions, checked_for="explain", unknown=unknown
+        )
         parts, resolver, _ = self._init()
         resolved = resolver.resolve(req)
         found = parts.disk.lookup(resolved.key, resolved.anchors, quiet=True)
@@ -364,9 +360,19 @@ def _request(
     extras: Mapping[str, Any] | None,
     arch: str | None,
     name_expressions: Sequence[str],
+    *,
+    checked_for: str | None = None,
+    unknown: Mapping[str, Any] | None = None,
 ) -> Request:
     """The hashable request (the same tuple ``compile`` builds inline on its hot path).
-    Value types are part of it: ``1``, ``1.0`` and ``True`` compare equal but compile differently."""
+    Value types are part of it: ``1``, ``1.0`` and ``True`` compare equal but compile differently.
+    ``checked_for``: the public call (``build``, ``explain``) whose arguments are checked
+    first, a wrong one (or one of ``unknown``) a ConfigError naming it."""
+    if checked_for is not None:
+        check_arguments(
+            checked_for, include_dirs=include_dirs, defines=defines, flags=flags, extras=extras, arch=arch,
+            name_expressions=name_expressions, unknown=unknown,
+        )  # fmt: skip
     return (
         source,
         tuple(include_dirs),

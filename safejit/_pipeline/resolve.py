@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,53 +73,22 @@ class Resolver:
         arch: str | None,
         name_expressions: tuple[Any, ...] = (),
     ) -> tuple[BuildSpec, Anchors]:
-        cfg = self.config
-        if not isinstance(source, Source):
-            raise ConfigError(f"source must be a safejit.Source, got {type(source).__name__}")
-        if any(not isinstance(d, (str, os.PathLike)) for d in include_dirs):
-            raise ConfigError("include_dirs must be a sequence of paths")
-        _check_text("include_dirs", [os.fspath(d) for d in include_dirs])
-        _check_text("flags", flags)
-        _check_text("defines", [k for k, _ in defines] + [v for _, v in defines if isinstance(v, str)])
-        _check_text("extras", [v for _, v in extras if isinstance(v, str)])
-        _check_text("name_expressions", name_expressions)
-        code = source.code.encode("utf-8")
-        if len(code) > cfg.max_source_bytes:
-            raise LimitExceededError(
-                f"source {source.name} is {len(code)} bytes; the limit is {cfg.max_source_bytes}",
-                limit=cfg.max_source_bytes,
-            )
-        names, declared = {k for k, _ in extras}, set(cfg.declared_extras)
-        if names != declared:
-            raise KeyDeclarationError(
-                f"extras must name exactly {sorted(declared)}; "
-                f"missing {sorted(declared - names)}, unknown {sorted(names - declared)}"
-            )
-        extra_values = tuple(sorted((k, extra_text(k, v)) for k, v in extras))
+        """The confined, policy-checked spec of a request, and the anchors of its roots."""
+        code, extra_values = _checked_inputs(
+            self.config, source, include_dirs, defines, flags, extras, name_expressions
+        )
         backend = self.parts.backend
         run = self.parts.runner(self.config)
         toolchain = backend.toolchain(source, run)
         language = backend.language(source)
         anchors = self.parts.anchors(toolchain)
 
-        def anchored(path: Any, what: str) -> tuple[str, str]:
-            real = root_policy.confine(os.fspath(path), anchors, what=what)
-            found = anchors.anchor(real)
-            assert found is not None
-            return found
-
         def token(path: str, what: str) -> str:
-            return Anchors.token(*anchored(path, what))
+            return Anchors.token(*_anchored(path, anchors, what))
 
-        incs = tuple(anchored(d, "include dir") for d in include_dirs)
-        quote = None
-        if source.origin is not None:
-            origin = anchored(source.origin, "source file")
-            quote = anchored(os.path.dirname(anchors.expand(*origin) or ""), "source directory")
-
-        def machine(given: tuple[str, ...]) -> tuple[str, ...]:  # (-march=native: what it means here)
-            return backend.resolve_machine_flags(given, toolchain=toolchain, language=language, run=run)
-
+        incs, quote = _anchored_dirs(source, include_dirs, anchors)
+        # (-march=native: what it means here)
+        machine = functools.partial(backend.resolve_machine_flags, toolchain=toolchain, language=language, run=run)
         checked_flags = flag_policy.check_flags(flags, token, family=backend.flag_family, machine=machine)
         arch = backend.resolve_arch(arch)
         if any(not isinstance(e, str) or not e or "\0" in e for e in name_expressions):
@@ -136,7 +106,7 @@ class Resolver:
         spec = BuildSpec(
             schema=KEY_SCHEMA,
             backend=f"{backend.name}/{backend.abi}",
-            tenant=cfg.tenant,
+            tenant=self.config.tenant,
             toolchain=toolchain,
             name=source.name,
             language=language,
@@ -154,6 +124,62 @@ class Resolver:
             name_expressions=tuple(name_expressions),
         )
         return spec, anchors
+
+
+def _checked_inputs(
+    cfg: Config,
+    source: Any,
+    include_dirs: tuple[Any, ...],
+    defines: tuple[Any, ...],
+    flags: tuple[Any, ...],
+    extras: tuple[Any, ...],
+    name_expressions: tuple[Any, ...],
+) -> tuple[bytes, tuple[tuple[str, str], ...]]:
+    """The source's bytes and the extras' key text, once the request's types, text, size
+    and declared extras are checked (before any toolchain is probed)."""
+    if not isinstance(source, Source):
+        raise ConfigError(f"source must be a safejit.Source, got {type(source).__name__}")
+    if any(not isinstance(d, (str, os.PathLike)) for d in include_dirs):
+        raise ConfigError("include_dirs must be a sequence of paths")
+    _check_text("include_dirs", [os.fspath(d) for d in include_dirs])
+    _check_text("flags", flags)
+    _check_text("defines", [k for k, _ in defines] + [v for _, v in defines if isinstance(v, str)])
+    _check_text("extras", [v for _, v in extras if isinstance(v, str)])
+    _check_text("name_expressions", name_expressions)
+    code = source.code.encode("utf-8")
+    if len(code) > cfg.max_source_bytes:
+        raise LimitExceededError(
+            f"source {source.name} is {len(code)} bytes; the limit is {cfg.max_source_bytes}",
+            limit=cfg.max_source_bytes,
+        )
+    names, declared = {k for k, _ in extras}, set(cfg.declared_extras)
+    if names != declared:
+        raise KeyDeclarationError(
+            f"extras must name exactly {sorted(declared)}; "
+            f"missing {sorted(declared - names)}, unknown {sorted(names - declared)}"
+        )
+    return code, tuple(sorted((k, extra_text(k, v)) for k, v in extras))
+
+
+def _anchored(path: Any, anchors: Anchors, what: str) -> tuple[str, str]:
+    """``(anchor, relative path)`` of ``path`` once confined under a root."""
+    real = root_policy.confine(os.fspath(path), anchors, what=what)
+    found = anchors.anchor(real)
+    assert found is not None
+    return found
+
+
+def _anchored_dirs(
+    source: Source, include_dirs: tuple[Any, ...], anchors: Anchors
+) -> tuple[tuple[tuple[str, str], ...], tuple[str, str] | None]:
+    """The include dirs, anchored, and the source file's own directory (quoted includes
+    are looked for there first) when it was read from a file."""
+    incs = tuple(_anchored(d, anchors, "include dir") for d in include_dirs)
+    quote = None
+    if source.origin is not None:
+        origin = _anchored(source.origin, anchors, "source file")
+        quote = _anchored(os.path.dirname(anchors.expand(*origin) or ""), anchors, "source directory")
+    return incs, quote
 
 
 def _check_text(what: str, values: Any) -> None:

@@ -174,34 +174,67 @@ def run_argv(
     ``defines_header``: the bytes of :data:`DEFINES_HEADER`, which ``spec.argv`` names
     as :data:`DEFINES_SLOT`; ``check(templates, argv)``: the backend's last word on the
     argv once the roots are put in (it raises to refuse it), before anything runs."""
-    spec, workdir = ctx.spec, ctx.workdir
-    src = _source_path(workdir, spec)
-    out, obj = artifact_path(workdir, spec, ext), artifact_path(workdir, spec, "rel.o")
+    slots = _slots(ctx.workdir, ctx.spec, ext)
+    argv = _filled(ctx, slots, check)
+    _stage(ctx.spec, slots, argv, defines_header)
+    files, log, seconds = _run_steps(ctx, argv, slots)
+    return _collected(ctx, argv, slots, files, log, seconds)
+
+
+def _slots(workdir: str, spec: BuildSpec, ext: str) -> dict[str, str]:
+    """What each slot of ``spec.argv`` stands for in ``workdir``."""
     dep = depfile_path(workdir, spec)
-    header = os.path.join(workdir, DEFINES_HEADER)
-    # {DEPNAME}: the depfile by its name in the work dir (the compiler's cwd), for an option
-    # that a driver splits at commas (-Xcompiler), which the work dir's path may hold.
-    slots = {"{SRC}": src, "{OUT}": out, "{DEP}": dep, "{OBJ}": obj, "{DEPNAME}": os.path.basename(dep)}
-    slots[DEFINES_SLOT] = header
-    slots[PCH_GUARD] = _guard_path(workdir)
-    slots[DEBUG_MAP] = f"-fdebug-prefix-map={workdir}=."
-    argv = [slots.get(a) or ctx.expand(a) for a in spec.argv]
-    for template, arg in zip(spec.argv, argv, strict=True):
+    return {
+        "{SRC}": _source_path(workdir, spec),
+        "{OUT}": artifact_path(workdir, spec, ext),
+        "{DEP}": dep,
+        "{OBJ}": artifact_path(workdir, spec, "rel.o"),
+        # {DEPNAME}: the depfile by its name in the work dir (the compiler's cwd), for an option
+        # that a driver splits at commas (-Xcompiler), which the work dir's path may hold.
+        "{DEPNAME}": os.path.basename(dep),
+        DEFINES_SLOT: os.path.join(workdir, DEFINES_HEADER),
+        PCH_GUARD: _guard_path(workdir),
+        DEBUG_MAP: f"-fdebug-prefix-map={workdir}=.",
+    }
+
+
+def _filled(
+    ctx: CompileContext, slots: Mapping[str, str], check: Callable[[Sequence[str], Sequence[str]], None] | None
+) -> list[str]:
+    """``ctx.spec.argv`` with its slots filled and its anchored tokens expanded, once
+    refused where a root's path would change its meaning."""
+    templates = ctx.spec.argv
+    argv = [slots.get(a) or ctx.expand(a) for a in templates]
+    for template, arg in zip(templates, argv, strict=True):
         if template.startswith("-Wl,") and arg.count(",") != template.count(","):
             # A root with a comma in its path would split a linker argument in two.
             raise FlagPolicyError(f"{arg!r}: a root's path holds a comma", flag=template, reason="linker")
     if check is not None:
-        check(spec.argv, argv)
+        check(templates, argv)
+    return argv
+
+
+def _stage(spec: BuildSpec, slots: Mapping[str, str], argv: list[str], defines_header: bytes | None) -> None:
+    """Write the source, and the guard and defines header where the argv names them."""
     if (DEFINES_SLOT in spec.argv) != (defines_header is not None):
         raise CompileError(f"{spec.name}: the argv and the defines header disagree", argv=argv)
-    _write_source(src, spec.code)
+    _write_source(slots["{SRC}"], spec.code)
     if PCH_GUARD in spec.argv:
         _write_file(slots[PCH_GUARD], PCH_GUARD_TEXT)
     if defines_header is not None:
         try:
-            _write_file(header, defines_header)
+            _write_file(slots[DEFINES_SLOT], defines_header)
         except OSError as exc:
             raise CompileError(f"{spec.name}: cannot write {DEFINES_HEADER}: {exc}", argv=argv) from exc
+
+
+def _run_steps(
+    ctx: CompileContext, argv: list[str], slots: Mapping[str, str]
+) -> tuple[Mapping[str, bytes], str, float]:
+    """Run each step of ``argv`` (separated by ``--``): the files the last one's runner
+    read as they were closed, the steps' logs joined, and their seconds."""
+    spec, workdir = ctx.spec, ctx.workdir
+    dep, out = slots["{DEP}"], slots["{OUT}"]
     logs, seconds, start = [], 0.0, 0
     files: Mapping[str, bytes] = {}
     shown = display_paths(ctx)
@@ -230,12 +263,21 @@ def run_argv(
                 argv=step,
                 returncode=result.returncode,
             )
-    log = "\n".join(logs)
+    return files, "\n".join(logs), seconds
+
+
+def _collected(
+    ctx: CompileContext, argv: list[str], slots: Mapping[str, str], files: Mapping[str, bytes], log: str, seconds: float
+) -> ArgvBuild:
+    """The build's artifact, depfile deps and other tools' reads (from ``files`` where
+    the runner read them, else from the work dir); the intermediate object removed."""
+    spec, workdir = ctx.spec, ctx.workdir
+    out, obj = slots["{OUT}"], slots["{OBJ}"]
     try:
         artifact = files.get(out)
         if artifact is None:
             artifact = read_output(out)
-        deps, complete = depfile_deps(dep, spec, files.get(dep))
+        deps, complete = depfile_deps(slots["{DEP}"], spec, files.get(slots["{DEP}"]))
         lists = {p: files.get(p) for p in read_lists(workdir, argv)}
         for p in [p for p, data in lists.items() if data is None]:
             with contextlib.suppress(OSError):  # (written by an earlier step)

@@ -9,9 +9,10 @@ manifest. Readers take no lock. A leaf that is damaged — or a file or a symlin
 standing where a leaf or a build directory should be — is moved aside (quarantine)
 when its root is writable, and rebuilt.
 
-Lookup and publish stay in one module on purpose: they are one protocol, each half
-checked against the other. Work directories live in ``staging``, file primitives in
-``fsio``, the manifest and the closure check in ``leaf``.
+Lookup and publish stay in one module on purpose (hence its length, over the style's
+400 lines): they are one protocol, each half checked against the other. Work
+directories live in ``staging``, file primitives in ``fsio``, the manifest and the
+closure check in ``leaf``.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ are a :class:`ManifestError`, which callers treat as a miss), and a signature co
 every field of it. :func:`verify_closure` is shared by every tier that serves leaves
 built elsewhere: it rehashes the listed dependencies (or trusts an unchanged stat this
 user recorded, see ``statmemo``) and checks that every negative lookup is still absent.
+
+(Over the style's 400 lines: the manifest and its verification are one contract, what
+a leaf claims and how a reader holds it to that, and every tier imports both from here.)
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ directory file descriptors opened one component at a time with ``O_NOFOLLOW``
 symlink meanwhile makes the operation fail, never act outside ``<root>/v1``.
 Nothing at all is changed when ``v1`` itself is not a real directory.
 
-(Over the style's 400 lines: the walks, the verifier and the two removers share
-the descriptor helpers at the end, which must not leak into a public module.)
+The descriptor helpers are ``_walk``'s; usage records are read back by ``usage``
+(and re-exported here, with the other operations ``safejit`` runs on a root).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Final
 
 from ..outcomes import Miss
+from ._walk import closing, dirs, each_in, kind_of, read_at, real_layout, remove_at, sorted_entries
 from .disk import DiskTier
 from .layout import (
     MANIFEST,
@@ -44,7 +44,7 @@ from .layout import (
     is_real_dir,
 )
 from .leaf import MANIFEST_LIMIT, Manifest, Rejection, VerifiedLeaf, decode_manifest
-from .usage import RECORD_LIMIT, UsageError, UsageRecord, decode_usage
+from .usage import UsageEntry, read_usage, remove_usage
 
 __all__ = [
     "LeafInfo",
@@ -63,9 +63,6 @@ __all__ = [
     "verify_all",
 ]
 
-#: Open a directory, never through a symlink.
-#: Open a file to read, never through a symlink, never blocking on a FIFO or taking a tty.
-_O_READ: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 #: Hex digits of the build key, then of the deps key, in a leaf's short id.
 ID_BUILD, ID_DEPS = 8, 4
 
@@ -92,18 +89,12 @@ class LeafInfo:
         return leaf_id(self.build_key, self.deps_key)
 
 
-def _layout(root: str) -> CacheLayout:
-    """The layout of ``root`` as it really is (a root given through a symlink is fine;
-    a ``v1`` that is a symlink is not walked: see :func:`damaged`)."""
-    return CacheLayout(os.path.realpath(os.path.expanduser(root)))
-
-
 def _sound_base(layout: CacheLayout) -> bool:
     return is_real_dir(layout.base)
 
 
 def iter_leaves(root: str) -> Iterator[LeafInfo]:
-    layout = _layout(root)
+    layout = real_layout(root)
     if not _sound_base(layout):
         return
     for found in layout.leaves():
@@ -129,8 +120,8 @@ def read_manifest(info: LeafInfo) -> Manifest:
     """A leaf's manifest, decoded by the strict schema (``ManifestError``, or
     ``OSError`` when it cannot be read); not verified against the leaf's files."""
     parents = (info.tenant, info.backend, info.build_key[:2], f"build-{info.build_key}", f"deps-{info.deps_key}")
-    with _layout(info.root).open_dir(*parents) as leaf:
-        return decode_manifest(_read_at(leaf, MANIFEST, MANIFEST_LIMIT))
+    with real_layout(info.root).open_dir(*parents) as leaf:
+        return decode_manifest(read_at(leaf, MANIFEST, MANIFEST_LIMIT))
 
 
 def damaged(root: str) -> list[tuple[str, str]]:
@@ -138,35 +129,35 @@ def damaged(root: str) -> list[tuple[str, str]]:
     (``v1``, one of its own directories, a tenant, backend, shard, build dir or leaf
     replaced by a file, a symlink or a FIFO), and of entries that belong nowhere in the
     leaf tree."""
-    layout = _layout(root)
+    layout = real_layout(root)
     if os.path.lexists(layout.base) and not _sound_base(layout):
         return [(layout.base, "the cache's v1 directory is not a directory (a symlink?)")]
     out: list[tuple[str, str]] = []
-    for entry in _entries(layout.base):
+    for entry in sorted_entries(layout.base):
         if entry.is_dir(follow_symlinks=False):
             continue
         what = f"the cache's {entry.name} directory" if entry.name in RESERVED else "a tenant directory"
-        out.append((entry.path, f"{what} that is not a directory ({_kind(entry)})"))
-    for tenant in _dirs(layout.base, skip=RESERVED):
-        for backend in _entries(tenant.path):
+        out.append((entry.path, f"{what} that is not a directory ({kind_of(entry)})"))
+    for tenant in dirs(layout.base, skip=RESERVED):
+        for backend in sorted_entries(tenant.path):
             if not backend.is_dir(follow_symlinks=False):
-                out.append((backend.path, f"a backend directory that is not a directory ({_kind(backend)})"))
+                out.append((backend.path, f"a backend directory that is not a directory ({kind_of(backend)})"))
                 continue
-            for shard in _entries(backend.path):
+            for shard in sorted_entries(backend.path):
                 if not shard.is_dir(follow_symlinks=False):
-                    out.append((shard.path, f"a shard directory that is not a directory ({_kind(shard)})"))
+                    out.append((shard.path, f"a shard directory that is not a directory ({kind_of(shard)})"))
     for _, _, build in layout.build_dirs():
         if build_key_of(build.name) is None:
             out.append((build.path, "not a build directory"))
             continue
         if not build.is_dir(follow_symlinks=False):
-            out.append((build.path, f"a build directory that is not a directory ({_kind(build)})"))
+            out.append((build.path, f"a build directory that is not a directory ({kind_of(build)})"))
             continue
-        for entry in _entries(build.path):
+        for entry in sorted_entries(build.path):
             if deps_key_of(entry.name) is None:
                 out.append((entry.path, "stray entry in a build directory"))
             elif not entry.is_dir(follow_symlinks=False):
-                out.append((entry.path, f"a leaf that is not a directory ({_kind(entry)})"))
+                out.append((entry.path, f"a leaf that is not a directory ({kind_of(entry)})"))
     return out
 
 
@@ -174,7 +165,7 @@ def verify_all(root: str, *, fix: bool = False) -> Iterator[tuple[LeafInfo, Reje
     """Integrity of every leaf (marker, manifest, name, artifact bytes); with ``fix``,
     damaged leaves — and whatever stands where a leaf or build dir should be — are
     moved to quarantine (the entry itself, never followed)."""
-    layout = _layout(root)
+    layout = real_layout(root)
     for path, why in damaged(root):
         if fix and path != layout.base:
             layout.set_aside(path)
@@ -211,83 +202,12 @@ def count_entries(root: str, name: str) -> int | None:
     """How many entries ``<root>/v1/<name>`` holds (``tmp``, ``quarantine``...): 0 when
     it is absent, None when it is not a real directory."""
     try:
-        with _layout(root).open_dir(name) as fd:
+        with real_layout(root).open_dir(name) as fd:
             return len(os.listdir(fd))
     except FileNotFoundError:
         return 0
     except OSError:
         return None
-
-
-# -- usage records --------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class UsageEntry:
-    """A usage record as found: decoded, or the ``problem`` that kept it from being."""
-
-    tenant: str
-    path: str
-    record: UsageRecord | None
-    problem: str = ""
-
-
-def read_usage(root: str) -> Iterator[UsageEntry]:
-    """Every usage record under ``root`` (``<root>/v1/usage/<tenant>/*.json``), each
-    decoded by the strict schema or reported with its problem (a symlink, a FIFO, a
-    file too large, JSON that does not match); a writer's temporary (``.``) is skipped."""
-    layout = _layout(root)
-    try:
-        usage = layout.open_dirs(("usage",))
-    except OSError:
-        return  # absent; or not a directory: damaged() reports it
-    try:
-        for tenant in entries(usage):
-            where = os.path.join(layout.usage, tenant.name)
-            if not tenant.is_dir(follow_symlinks=False):
-                yield UsageEntry(tenant.name, where, None, f"not a directory ({_kind(tenant)})")
-                continue
-            try:
-                fd = os.open(tenant.name, O_DIR, dir_fd=usage)
-            except OSError as exc:
-                yield UsageEntry(tenant.name, where, None, f"cannot be read: {exc.strerror}")
-                continue
-            try:
-                yield from _records_at(fd, tenant.name, where)
-            finally:
-                os.close(fd)
-    finally:
-        os.close(usage)
-
-
-def _records_at(fd: int, tenant: str, where: str) -> Iterator[UsageEntry]:
-    for entry in entries(fd):
-        if entry.name.startswith("."):
-            continue
-        path = os.path.join(where, entry.name)
-        try:
-            record = decode_usage(_read_at(fd, entry.name, RECORD_LIMIT))
-        except OSError as exc:
-            yield UsageEntry(tenant, path, None, f"cannot be read: {exc.strerror or exc}")
-            continue
-        except UsageError as exc:
-            yield UsageEntry(tenant, path, None, f"not a usage record: {exc}")
-            continue
-        yield UsageEntry(tenant, path, record)
-
-
-def remove_usage(root: str, entry: UsageEntry) -> bool:
-    """Delete a usage record :func:`read_usage` found bad — or whatever stands in a
-    record's or a tenant directory's place — relative to descriptors, never followed."""
-    layout = _layout(root)
-    try:
-        if os.path.dirname(entry.path) == layout.usage:  # the tenant's entry itself
-            with layout.open_dir("usage") as fd:
-                os.unlink(entry.tenant, dir_fd=fd)  # (a directory it could not open stays: EISDIR)
-        else:
-            with layout.open_dir("usage", entry.tenant) as fd:
-                _remove_at(fd, os.path.basename(entry.path))
-    except OSError:
-        return False
-    return True
 
 
 # -- prune ----------------------------------------------------------------------
@@ -315,7 +235,7 @@ def _discard_leaf(layout: CacheLayout, info: LeafInfo) -> bool:
             with contextlib.suppress(OSError):
                 os.rmdir(build, dir_fd=shard_fd)  # the build dir, once empty
             with contextlib.suppress(OSError):  # (what is left is staging residue: gc's)
-                _remove_at(tmp, trash)
+                remove_at(tmp, trash)
     except OSError:
         return False  # already gone, or not ours to move
     return True
@@ -341,7 +261,7 @@ def prune(
     """
     if keep_per_build is not None and keep_per_build < 1:
         raise ValueError("keep_per_build must be at least 1")
-    layout = _layout(root)
+    layout = real_layout(root)
     clock = time.time() if now is None else now
     infos = list(iter_leaves(root))
     doomed: dict[str, LeafInfo] = {}
@@ -385,7 +305,7 @@ def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -
     whatever their age), and move aside whatever stands where a leaf or a build dir
     should be. Never follows symlinks; never leaves ``<root>/v1`` (nothing at all when
     ``v1`` is not a real directory)."""
-    layout = _layout(root)
+    layout = real_layout(root)
     clock = time.time() if now is None else now
     counts = {"staging": 0, "quarantine": 0, "usage": 0, "locks": 0, "damaged": 0, "obsolete": 0}
     if not _sound_base(layout):
@@ -400,21 +320,21 @@ def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -
     for path, _ in damaged(root):
         counts["damaged"] += layout.set_aside(path)
     for kind, name in (("staging", "tmp"), ("quarantine", "quarantine")):
-        for fd, entry in _each_in(layout, name):
+        for fd, entry in each_in(layout, name):
             if old(fd, entry):
                 try:
-                    _remove_at(fd, entry.name)
+                    remove_at(fd, entry.name)
                 except OSError:
                     continue  # a writer is still busy in it: next time
                 counts[kind] += 1
-    for fd, tenant in _each_in(layout, "usage"):
-        with contextlib.suppress(OSError), _fd(os.open(tenant.name, O_DIR, dir_fd=fd)) as records:
+    for fd, tenant in each_in(layout, "usage"):
+        with contextlib.suppress(OSError), closing(os.open(tenant.name, O_DIR, dir_fd=fd)) as records:
             for entry in entries(records):
                 if old(records, entry) and entry.is_file(follow_symlinks=False):
                     with contextlib.suppress(OSError):
                         os.unlink(entry.name, dir_fd=records)
                         counts["usage"] += 1
-    for fd, entry in _each_in(layout, "locks"):
+    for fd, entry in each_in(layout, "locks"):
         if old(fd, entry) and _remove_idle_lock(fd, entry.name):
             counts["locks"] += 1
     counts["obsolete"] = _remove_obsolete(layout)
@@ -462,78 +382,3 @@ def _remove_idle_lock(locks: int, name: str) -> bool:
         return False
     finally:
         os.close(fd)
-
-
-# -- directories by descriptor ----------------------------------------------------
-@contextlib.contextmanager
-def _fd(fd: int) -> Iterator[int]:
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
-def _each_in(layout: CacheLayout, name: str) -> Iterator[tuple[int, os.DirEntry[str]]]:
-    """``(descriptor of <root>/v1/<name>, entry)`` for each entry; none when it is
-    absent or not a real directory."""
-    try:
-        fd = layout.open_dirs((name,))
-    except OSError:
-        return
-    with _fd(fd):
-        for entry in entries(fd):
-            yield fd, entry
-
-
-def _remove_at(fd: int, name: str) -> None:
-    """Delete the entry ``name`` of the directory ``fd``: a directory with everything in
-    it (``shutil.rmtree`` by descriptors, which never follows a symlink), else the entry."""
-    if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
-        shutil.rmtree(name, dir_fd=fd)
-    else:
-        os.unlink(name, dir_fd=fd)
-
-
-def _read_at(fd: int, name: str, limit: int) -> bytes:
-    """A regular file of the directory ``fd``, at most ``limit`` bytes (a symlink, a
-    FIFO, a device or a larger file is an ``OSError``)."""
-    with _fd(os.open(name, _O_READ, dir_fd=fd)) as f:
-        st = os.fstat(f)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        if st.st_size > limit:
-            raise OSError(errno.EFBIG, f"larger than {limit} bytes")
-        chunks, left = [], limit + 1
-        while left > 0:
-            chunk = os.read(f, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
-        if len(data) > limit:
-            raise OSError(errno.EFBIG, f"larger than {limit} bytes")
-        return data
-
-
-def _kind(entry: os.DirEntry[str]) -> str:
-    try:
-        mode = entry.stat(follow_symlinks=False).st_mode
-    except OSError:
-        return "unreadable"
-    for test, what in ((stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return what
-    return "a file" if stat.S_ISREG(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "?"
-
-
-def _entries(path: str) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(path) as it:
-            return sorted(it, key=lambda e: e.name)
-    except OSError:
-        return []
-
-
-def _dirs(path: str, *, skip: frozenset[str] = frozenset()) -> list[os.DirEntry[str]]:
-    return [e for e in _entries(path) if e.name not in skip and e.is_dir(follow_symlinks=False)]

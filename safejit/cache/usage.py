@@ -9,7 +9,7 @@ A record is hostile input when read back (others write the shared root): it is
 decoded by one strict schema, :class:`UsageRecord` — counters are bounded
 non-negative integers, latencies bounded non-negative seconds, the file at most
 :data:`RECORD_LIMIT` bytes — and anything else is a :class:`UsageError`, which
-``safejit stats`` reports as a finding (``maintenance.read_usage``). Fields a newer
+``safejit stats`` reports as a finding (:func:`read_usage`). Fields a newer
 writer adds are ignored, so mixed versions can share a root.
 """
 
@@ -19,19 +19,24 @@ import contextlib
 import os
 import socket
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Final
 
 import msgspec
 
-from .layout import VERSION
+from ._walk import kind_of, read_at, real_layout, remove_at
+from .layout import O_DIR, VERSION, entries
 
 __all__ = [
     "MAX_SAMPLES",
     "RECORD_LIMIT",
+    "UsageEntry",
     "UsageError",
     "UsageRecord",
     "decode_usage",
+    "read_usage",
+    "remove_usage",
     "usage_name",
     "write_usage",
 ]
@@ -118,3 +123,74 @@ def _made_dirs(root: str, parts: tuple[str, ...]) -> int:
         os.close(fd)
         raise
     return fd
+
+
+# -- reading records back ------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class UsageEntry:
+    """A usage record as found: decoded, or the ``problem`` that kept it from being."""
+
+    tenant: str
+    path: str
+    record: UsageRecord | None
+    problem: str = ""
+
+
+def read_usage(root: str) -> Iterator[UsageEntry]:
+    """Every usage record under ``root`` (``<root>/v1/usage/<tenant>/*.json``), each
+    decoded by the strict schema or reported with its problem (a symlink, a FIFO, a
+    file too large, JSON that does not match); a writer's temporary (``.``) is skipped."""
+    layout = real_layout(root)
+    try:
+        usage = layout.open_dirs(("usage",))
+    except OSError:
+        return  # absent; or not a directory: damaged() reports it
+    try:
+        for tenant in entries(usage):
+            where = os.path.join(layout.usage, tenant.name)
+            if not tenant.is_dir(follow_symlinks=False):
+                yield UsageEntry(tenant.name, where, None, f"not a directory ({kind_of(tenant)})")
+                continue
+            try:
+                fd = os.open(tenant.name, O_DIR, dir_fd=usage)
+            except OSError as exc:
+                yield UsageEntry(tenant.name, where, None, f"cannot be read: {exc.strerror}")
+                continue
+            try:
+                yield from _records_at(fd, tenant.name, where)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(usage)
+
+
+def _records_at(fd: int, tenant: str, where: str) -> Iterator[UsageEntry]:
+    for entry in entries(fd):
+        if entry.name.startswith("."):
+            continue
+        path = os.path.join(where, entry.name)
+        try:
+            record = decode_usage(read_at(fd, entry.name, RECORD_LIMIT))
+        except OSError as exc:
+            yield UsageEntry(tenant, path, None, f"cannot be read: {exc.strerror or exc}")
+            continue
+        except UsageError as exc:
+            yield UsageEntry(tenant, path, None, f"not a usage record: {exc}")
+            continue
+        yield UsageEntry(tenant, path, record)
+
+
+def remove_usage(root: str, entry: UsageEntry) -> bool:
+    """Delete a usage record :func:`read_usage` found bad — or whatever stands in a
+    record's or a tenant directory's place — relative to descriptors, never followed."""
+    layout = real_layout(root)
+    try:
+        if os.path.dirname(entry.path) == layout.usage:  # the tenant's entry itself
+            with layout.open_dir("usage") as fd:
+                os.unlink(entry.tenant, dir_fd=fd)  # (a directory it could not open stays: EISDIR)
+        else:
+            with layout.open_dir("usage", entry.tenant) as fd:
+                remove_at(fd, os.path.basename(entry.path))
+    except OSError:
+        return False
+    return True

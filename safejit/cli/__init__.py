@@ -58,7 +58,7 @@ def _version() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    """Every command and option, declared once (over the style's 40 lines: a table)."""
+    """Every command and option, declared once (a subcommand group per function)."""
     p = argparse.ArgumentParser(
         prog="safejit",
         description="Run-time kernel compilation with a verified, shared cache.",
@@ -91,6 +91,19 @@ def _parser() -> argparse.ArgumentParser:
     child = sub.add_parser("_demo-child", parents=[cache])  # (no help: hidden from the list)
     child.add_argument("nonce")
 
+    _cache_parsers(command, js)
+    _diagnosis_parsers(command, js)
+    _warm_parser(command, js)
+    _remote_parser(sub, js)
+    return p
+
+
+#: Makes one subcommand: ``command(name, help, *parent parsers)`` (each takes --cache-dir).
+_Command = Callable[..., argparse.ArgumentParser]
+
+
+def _cache_parsers(command: _Command, js: argparse.ArgumentParser) -> None:
+    """``safejit ls|stats|verify|prune|gc``: the local cache's contents and upkeep."""
     ls = command("ls", "list the cache's leaves: short id, kernel, tenant, backend, size, age", js)
     ls.add_argument("--tenant", help="only this tenant's leaves")
     ls.add_argument("--backend", help="only this backend's leaves (host, cuda, ascend, fake)")
@@ -125,6 +138,9 @@ def _parser() -> argparse.ArgumentParser:
         "--older-than", type=parse_age, default="1d", metavar="AGE", help="remove what is older than AGE: 30m, 12h, 1d"
     )
 
+
+def _diagnosis_parsers(command: _Command, js: argparse.ArgumentParser) -> None:
+    """``safejit explain|inspect``: whether a compile would hit, and what a leaf holds."""
     e = command(
         "explain", "would compiling SOURCE hit the cache? On a miss, say why (exit 0 on a hit, 1 on a miss)", js
     )
@@ -159,13 +175,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help='a declared extra; VALUE as JSON (132, true, "text"); repeatable',
     )
-    e.add_argument(
-        "--source-root",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="a declared source root (default: SAFEJIT_SOURCE_ROOTS); repeatable",
-    )
+    _source_roots(e)
     e.add_argument("--backend", help="host, cuda, ascend or fake (default: SAFEJIT_BACKEND, else host)")
     e.add_argument("--arch", help="target architecture, as compile(arch=...): sm_90 (default: the device's)")
     e.add_argument("--tenant", help="the tenant namespace (default: SAFEJIT_TENANT, else default)")
@@ -176,6 +186,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     i.add_argument("--deps", action="store_true", help="list every dependency and absent path (default: a summary)")
 
+
+def _warm_parser(command: _Command, js: argparse.ArgumentParser) -> None:
+    """``safejit warm``: build an inventory ahead of time."""
     w = command("warm", "build an inventory's requests in parallel processes, skipping what verifies", js)
     w.add_argument("inventory", help="a JSON-lines inventory (Config.inventory / SAFEJIT_INVENTORY)")
     w.add_argument(
@@ -194,15 +207,17 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument(
         "-j", "--jobs", type=positive_int, default=os.cpu_count() or 2, metavar="N", help="parallel processes"
     )
-    w.add_argument(
+    _source_roots(w)
+
+
+def _source_roots(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--source-root",
         action="append",
         default=[],
         metavar="DIR",
         help="a declared source root (default: SAFEJIT_SOURCE_ROOTS); repeatable",
     )
-    _remote_parser(sub, js)
-    return p
 
 
 def _remote_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], js: argparse.ArgumentParser) -> None:

@@ -68,52 +68,99 @@ def record_closure(
     def allowed(real: str) -> bool:
         return any(is_under(real, r) for r in roots)
 
-    deps: list[Dep] = []
-    states: list[DepState] = []
-    too_new: list[str] = []
-    probes: list[tuple[str, str, str]] = [(kind, name, "") for kind, name in has_include_probes(source)]
+    reads = _Reads(anchors, allowed, started_ns, trust_stat)
+    reads.probes = [(kind, name, "") for kind, name in has_include_probes(source)]
     dirs: dict[str, str] = {}
-    lexicals: list[str] = []
-    quoted: list[str] = []
     for path in paths:
-        if ("/" + os.path.normpath(path).lstrip("/")).startswith(_PER_PROCESS):  # ("//proc" too)
-            # /proc/self/cwd/... named the compiler's own view, which the scan cannot share.
-            raise UndeclaredDependencyError(
-                f"the compiler read {path!r}, a per-process path; include files by their own path",
-                path=path,
-                resolved=path,
-            )
-        head, tail = os.path.split(path)
-        real_dir = dirs.get(head)
-        if real_dir is None:
-            real_dir = dirs[head] = real_path(head)
-        real = os.path.join(real_dir, tail)
-        if os.path.islink(real):
-            real = os.path.realpath(real)
-        if not allowed(real):
-            raise _outside(path, real)
-        # A ".." after a symlinked directory does not mean what normpath thinks:
-        # such a path is recorded by its resolved form, the file actually read.
-        dotdot = "/../" in path or path.endswith("/..")
-        anchored = (None if dotdot else anchors.anchor(path)) or anchors.anchor(real)
-        if linker:  # anchored where a verification confines it as the linker's read again
-            anchored = (
-                (None if dotdot else anchors.anchor_in(path, LINK_ANCHOR))
-                or anchors.anchor_in(real, LINK_ANCHOR)
-                or anchored
-            )
-        if anchored is None:  # pragma: no cover - real is under a root, so it anchors
-            raise UndeclaredDependencyError(f"{path!r} cannot be anchored", path=path)
-        lexical = anchors.expand(*anchored) or real
+        real = _confined(path, dirs, allowed)
+        reads.add(path, real, _anchored(path, real, anchors, linker=linker), includes=includes)
+    if absent is not None:
+        # Recorded: each was looked up and not found (shadowing, __has_include, .gch and
+        # all). One that is there now appeared since: the build shows what was not there.
+        present: list[str] = []
+        missing: list[str] = []
+        for cand in absent:
+            (reads.too_new if os.path.lexists(cand) else missing).append(cand)
+    else:
+        present, missing = reads.derived_lookups(search_dirs)
+        reads.add_precompiled(present)
+    # A header where the compiler would have looked first, there now yet not read, may
+    # have appeared during the compile: then what the compiler saw is unknown. So may a
+    # directory on the way to a file read have been swapped (a symlink put in and taken
+    # out again): its entries changed during the compile.
+    reads.add_if_changed([*present, *_directories(reads.lexicals, anchors)])
+    negatives, negative_paths = _anchored_negatives(missing, anchors)
+    return Closure(reads.deps, reads.states, reads.too_new, negatives, negative_paths)
+
+
+def _confined(path: str, dirs: dict[str, str], allowed: Callable[[str], bool]) -> str:
+    """The real path of a file the compiler read, which must lie under a root
+    (``dirs``: the real paths of directories seen so far, filled in)."""
+    if ("/" + os.path.normpath(path).lstrip("/")).startswith(_PER_PROCESS):  # ("//proc" too)
+        # /proc/self/cwd/... named the compiler's own view, which the scan cannot share.
+        raise UndeclaredDependencyError(
+            f"the compiler read {path!r}, a per-process path; include files by their own path",
+            path=path,
+            resolved=path,
+        )
+    head, tail = os.path.split(path)
+    real_dir = dirs.get(head)
+    if real_dir is None:
+        real_dir = dirs[head] = real_path(head)
+    real = os.path.join(real_dir, tail)
+    if os.path.islink(real):
+        real = os.path.realpath(real)
+    if not allowed(real):
+        raise _outside(path, real)
+    return real
+
+
+def _anchored(path: str, real: str, anchors: Anchors, *, linker: bool) -> tuple[str, str]:
+    """``(anchor, relative path)`` of a confined file: by the name the compiler gave
+    where it can be, the linker's roots first for what the linker read."""
+    # A ".." after a symlinked directory does not mean what normpath thinks:
+    # such a path is recorded by its resolved form, the file actually read.
+    dotdot = "/../" in path or path.endswith("/..")
+    anchored = (None if dotdot else anchors.anchor(path)) or anchors.anchor(real)
+    if linker:  # anchored where a verification confines it as the linker's read again
+        anchored = (
+            (None if dotdot else anchors.anchor_in(path, LINK_ANCHOR))
+            or anchors.anchor_in(real, LINK_ANCHOR)
+            or anchored
+        )
+    if anchored is None:  # pragma: no cover - real is under a root, so it anchors
+        raise UndeclaredDependencyError(f"{path!r} cannot be anchored", path=path)
+    return anchored
+
+
+class _Reads:
+    """What the files read hold, gathered a file at a time: their deps and states, those
+    too new to vouch for, and what their sources probe and include by quoted name."""
+
+    def __init__(self, anchors: Anchors, allowed: Callable[[str], bool], started_ns: int, trust_stat: bool) -> None:
+        self.anchors = anchors
+        self.allowed = allowed
+        self.started_ns = started_ns
+        self.trust_stat = trust_stat
+        self.deps: list[Dep] = []
+        self.states: list[DepState] = []
+        self.too_new: list[str] = []
+        self.lexicals: list[str] = []
+        self.probes: list[tuple[str, str, str]] = []
+        self.quoted: list[str] = []
+
+    def add(self, path: str, real: str, anchored: tuple[str, str], *, includes: bool) -> None:
+        """Hash (and, with ``includes``, scan) one confined file the compiler read as ``path``."""
+        lexical = self.anchors.expand(*anchored) or real
         try:
-            scanned = scan_file(lexical, allowed, trust_stat)
+            scanned = scan_file(lexical, self.allowed, self.trust_stat)
         except OSError:
             if includes:
                 raise
             # Gone, or no regular file now (a .file directive's name, or a file the tool
             # read and someone swapped since): what it held is unknown. Built, not vouched for.
-            too_new.append(lexical)
-            continue
+            self.too_new.append(lexical)
+            return
         if scanned is None:  # swapped for a way out after the check above
             raise _outside(path, "(outside)")
         if scanned.nlink > 1 and anchored[0].startswith("s"):
@@ -126,51 +173,53 @@ def record_closure(
             )
         if includes:
             here = os.path.dirname(lexical)
-            probes += [(kind, name, here) for kind, name in scanned.probes]
+            self.probes += [(kind, name, here) for kind, name in scanned.probes]
             for name in scanned.quoted:  # "x.h" is looked for next to its includer first
                 if not os.path.isabs(name) and ".." not in name.split("/"):
-                    quoted.append(os.path.join(here, name))
-        if changed_since(scanned.snap, started_ns):
-            too_new.append(lexical)
-        deps.append(Dep(anchored[0], anchored[1], scanned.digest))
-        states.append((lexical, scanned.snap, scanned.digest))
-        lexicals.append(lexical)
-    present: list[str] = []
-    missing: list[str] = []
-    if absent is not None:
-        # Recorded: each was looked up and not found (shadowing, __has_include, .gch and
-        # all). One that is there now appeared since: the build shows what was not there.
-        for cand in absent:
-            (too_new if os.path.lexists(cand) else missing).append(cand)
-    else:
-        read = set(lexicals)
-        missing, present = negative_lookups(lexicals, search_dirs, [name for _, name, _ in probes])
-        for q in quoted:
+                    self.quoted.append(os.path.join(here, name))
+        self._keep(lexical, anchored, scanned)
+        self.lexicals.append(lexical)
+
+    def _keep(self, lexical: str, anchored: tuple[str, str], scanned: Scanned) -> None:
+        if changed_since(scanned.snap, self.started_ns):
+            self.too_new.append(lexical)
+        self.deps.append(Dep(anchored[0], anchored[1], scanned.digest))
+        self.states.append((lexical, scanned.snap, scanned.digest))
+
+    def add_if_changed(self, paths: Sequence[str]) -> None:
+        """Count as too new each of ``paths`` (not read) that changed since the start."""
+        for cand in paths:
+            with contextlib.suppress(OSError):
+                if changed_since(snapshot_of(os.lstat(cand)), self.started_ns):
+                    self.too_new.append(cand)
+
+    def derived_lookups(self, search_dirs: Sequence[str]) -> tuple[list[str], list[str]]:
+        """``(present, missing)``: where the compiler looked for what the sources include
+        and probe, without reading it, derived from ``search_dirs``."""
+        read = set(self.lexicals)
+        missing, present = negative_lookups(self.lexicals, search_dirs, [name for _, name, _ in self.probes])
+        for q in self.quoted:
             for cand in (q, q + PCH_SUFFIX):
                 if cand not in read:
                     (present if os.path.lexists(cand) else missing).append(cand)
-        for cand in _probes_by_path(probes, search_dirs, anchors, allowed):
+        for cand in _probes_by_path(self.probes, search_dirs, self.anchors, self.allowed):
             if cand not in read:
                 (present if os.path.lexists(cand) else missing).append(cand)
-        # A precompiled header there may have been used in place of its header, and the
-        # depfile then names the header alone: it is part of the closure, by its bytes.
+        return present, missing
+
+    def add_precompiled(self, present: Sequence[str]) -> None:
+        """A precompiled header there may have been used in place of its header, and the
+        depfile then names the header alone: it is part of the closure, by its bytes."""
         for cand in [c for c in present if c.endswith(PCH_SUFFIX)]:
-            anchored = anchors.anchor(cand)
-            scanned = _scan_pch(cand, allowed, trust_stat)
+            anchored = self.anchors.anchor(cand)
+            scanned = _scan_pch(cand, self.allowed, self.trust_stat)
             if anchored is None or scanned is None:
                 raise _outside(cand, "(outside)")
-            deps.append(Dep(anchored[0], anchored[1], scanned.digest))
-            states.append((cand, scanned.snap, scanned.digest))
-            if changed_since(scanned.snap, started_ns):
-                too_new.append(cand)
-    # A header where the compiler would have looked first, there now yet not read, may
-    # have appeared during the compile: then what the compiler saw is unknown. So may a
-    # directory on the way to a file read have been swapped (a symlink put in and taken
-    # out again): its entries changed during the compile.
-    for cand in [*present, *_directories(lexicals, anchors)]:
-        with contextlib.suppress(OSError):
-            if changed_since(snapshot_of(os.lstat(cand)), started_ns):
-                too_new.append(cand)
+            self._keep(cand, anchored, scanned)
+
+
+def _anchored_negatives(missing: Sequence[str], anchors: Anchors) -> tuple[list[tuple[str, str]], list[str]]:
+    """The anchored negative lookups, and their paths (those under no root are not recorded)."""
     negative_paths = []
     negatives = []
     for cand in sorted(set(missing)):
@@ -178,7 +227,7 @@ def record_closure(
         if anchored_cand is not None:
             negatives.append(anchored_cand)
             negative_paths.append(cand)
-    return Closure(deps, states, too_new, negatives, negative_paths)
+    return negatives, negative_paths
 
 
 def _scan_pch(path: str, allowed: Callable[[str], bool], trust_stat: bool) -> Scanned | None:

@@ -75,6 +75,9 @@ def wait_for_exit(
     cannot name another process that took its pid) wakes the wait when it exits; and
     each round also asks whether it has exited (or been reaped by someone else),
     without reaping it and without Popen's lock, where there is no pidfd."""
+    # (Long: one poll loop over four sources (the output, the shim's status socket, the
+    # close watcher, the pidfd) that share one deadline, one poller and the status bytes
+    # read so far; which one ends the wait depends on the order they are looked at in.)
     deadline = time.monotonic() + timeout
     credit = timeout
 

@@ -24,12 +24,18 @@ b'...artifact...'
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .breaker import Breaker, BreakerPolicy, Transition
 from .layout import Layout
 from .lease import LeaseKeeper
 from .settings import RemoteSettings
 from .store import REASONS, SCAN_KINDS, Lease, OpObserver, Put, Reason, RemoteError, RemoteStore, ScanKind, Scanned
 from .url import RemoteURL, Secret, parse_url
+
+if TYPE_CHECKING:
+    from .redis import RedisStore
+    from .s3 import S3Store
 
 __all__ = [
     "REASONS",
@@ -65,14 +71,11 @@ def open_store(
 ) -> RemoteStore:
     """The engine for ``settings.url`` (no I/O: connections open on first use). A missing
     client library is a ``ConfigError`` naming the extra to install."""
+    engine: type[S3Store | RedisStore]
     if settings.engine == "s3":
-        from .s3 import S3Store
-
-        return S3Store(
-            settings, tenant=tenant, backend=backend, breaker=breaker, on_transition=on_transition, observer=observer
-        )
-    from .redis import RedisStore
-
-    return RedisStore(
+        from .s3 import S3Store as engine
+    else:
+        from .redis import RedisStore as engine
+    return engine(
         settings, tenant=tenant, backend=backend, breaker=breaker, on_transition=on_transition, observer=observer
     )

@@ -16,21 +16,19 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import threading
 import time
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Final, cast
 
 from ... import faults
 from ...errors import ConfigError
 from . import codec
-from ._guard import Guard, os_reason
-from .breaker import Breaker, Transition
-from .layout import Layout, is_hex
+from ._engine import Engine
+from ._guard import os_reason
+from .layout import is_hex
 from .settings import RemoteSettings
 from .store import (
     Lease,
-    OpObserver,
     PendingBlob,
     Put,
     Reason,
@@ -109,21 +107,14 @@ def classify(exc: BaseException) -> Reason:
     return "error"
 
 
-class RedisStore:
+class RedisStore(Engine["_redis.Redis"]):
     """A :class:`~safejit.cache.remote.store.RemoteStore` on a Redis-protocol server."""
 
-    engine: Final = "redis"
+    engine: ClassVar[str] = "redis"
 
-    def __init__(
-        self,
-        settings: RemoteSettings,
-        *,
-        tenant: str,
-        backend: str,
-        breaker: Breaker | None = None,
-        on_transition: Transition | None = None,
-        observer: OpObserver | None = None,
-    ) -> None:
+    _classify = staticmethod(classify)
+
+    def _open(self, settings: RemoteSettings) -> None:
         if settings.engine != "redis":
             raise ConfigError(f"RedisStore needs a redis://, rediss:// or unix:// URL, got {settings.url}")
         try:
@@ -131,33 +122,14 @@ class RedisStore:
         except ImportError:
             raise ConfigError(f"the remote {settings.url} needs redis-py: pip install 'safejit[redis]'") from None
         self._redis = redis
-        self.settings = settings
-        self.layout = Layout(tenant, backend)
-        self.tenant = tenant
-        self.backend = backend
-        self.breaker = breaker or Breaker(settings.breaker, on_transition=on_transition)
-        self._guard = Guard("redis", settings, self.breaker, classify, observer)
-        self._lock = threading.Lock()
-        self._clients: dict[float, _redis.Redis] = {}
         self._connection_class = _connection_class(redis, settings)
-
-    def __repr__(self) -> str:
-        return f"RedisStore({self.settings.url}, tenant={self.tenant!r}, backend={self.backend!r})"
 
     # -- connections ---------------------------------------------------------
 
     def client(self, nbytes: int = 0) -> _redis.Redis:
         """The client whose sockets wait at most the deadline of an ``nbytes`` transfer
         (also what the benchmark uses for its raw GETs)."""
-        bucket = self.settings.deadline_class(nbytes)
-        found = self._clients.get(bucket)
-        if found is not None:
-            return found
-        with self._lock:
-            found = self._clients.get(bucket)
-            if found is None:
-                found = self._clients[bucket] = self._make_client(bucket)
-        return found
+        return self._pooled(nbytes, self._make_client)
 
     def _make_client(self, timeout: float) -> _redis.Redis:
         redis = self._redis
@@ -191,9 +163,7 @@ class RedisStore:
         )
 
     def close(self) -> None:
-        with self._lock:
-            clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
+        for client in self._drop_pools():
             client.close()
             client.connection_pool.disconnect()
 
@@ -221,8 +191,7 @@ class RedisStore:
         key = self.layout.redis_idx(build_key)
         if not is_hex(deps_key):
             raise ValueError(f"remote deps key must be 64 lowercase hex digits, got {deps_key!r:.80}")
-        if len(manifest) > self.settings.max_manifest_bytes:
-            raise RemoteError("oversize", "publish", f"manifest of {len(manifest)} bytes", engine=self.engine)
+        self._check_manifest_size(manifest)
         self._guard.admit("publish")
         client = self.client(len(manifest))
         cap = self.settings.index_cap
@@ -251,9 +220,7 @@ class RedisStore:
     def start_blob(self, digest: str, *, size: int | None = None) -> PendingBlob:
         self._guard.admit("get_blob")
         key = self.layout.redis_cas(digest)
-        cap = self.settings.max_bytes if size is None else size
-        if cap > self.settings.max_bytes or cap < 0:
-            raise RemoteError("oversize", "get_blob", f"{cap} bytes > {self.settings.max_bytes}", engine=self.engine)
+        cap = self._read_cap(size)
         return _PendingGet(self, key, cap)
 
     def _decoded(self, head: bytes, payload: bytes, cap: int) -> memoryview | None:
@@ -267,8 +234,7 @@ class RedisStore:
     def put_blob(self, digest: str, data: bytes) -> Put:
         key = self.layout.redis_cas(digest)
         settings = self.settings
-        if len(data) > settings.max_bytes:
-            raise RemoteError("oversize", "put_blob", f"{len(data)} bytes > {settings.max_bytes}", engine=self.engine)
+        self._check_put_size(data)
         self._guard.admit("put_blob")
         if len(data) >= settings.compress_min_bytes and self._exists(key):
             return Put.EXISTS  # SET NX would ship the whole value only to be refused

@@ -24,23 +24,21 @@ import itertools
 import json
 import math
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
 
 from ... import faults
 from ...errors import ConfigError
 from . import codec
-from ._guard import Guard, os_reason
-from .breaker import Breaker, Transition
-from .layout import Layout, is_hex
+from ._engine import Engine
+from ._guard import os_reason
+from .layout import is_hex
 from .settings import RemoteSettings
 from .store import (
     Deferred,
     Lease,
-    OpObserver,
     PendingBlob,
     Put,
     Reason,
@@ -98,21 +96,14 @@ def classify(exc: BaseException) -> Reason:
     return os_reason(exc) or "error"
 
 
-class S3Store:
+class S3Store(Engine[Any]):
     """A :class:`~safejit.cache.remote.store.RemoteStore` on S3-compatible object storage."""
 
-    engine: Final = "s3"
+    engine: ClassVar[str] = "s3"
 
-    def __init__(
-        self,
-        settings: RemoteSettings,
-        *,
-        tenant: str,
-        backend: str,
-        breaker: Breaker | None = None,
-        on_transition: Transition | None = None,
-        observer: OpObserver | None = None,
-    ) -> None:
+    _classify = staticmethod(classify)
+
+    def _open(self, settings: RemoteSettings) -> None:
         if settings.engine != "s3":
             raise ConfigError(f"S3Store needs an s3:// URL, got {settings.url}")
         try:
@@ -120,33 +111,14 @@ class S3Store:
         except ImportError:
             raise ConfigError(f"the remote {settings.url} needs obstore: pip install 'safejit[s3]'") from None
         self._obstore = obstore
-        self.settings = settings
-        self.layout = Layout(tenant, backend)
-        self.tenant = tenant
-        self.backend = backend
-        self.breaker = breaker or Breaker(settings.breaker, on_transition=on_transition)
-        self._guard = Guard("s3", settings, self.breaker, classify, observer)
-        self._lock = threading.Lock()
-        self._stores: dict[float, Any] = {}
         self._connected = False
-
-    def __repr__(self) -> str:
-        return f"S3Store({self.settings.url}, tenant={self.tenant!r}, backend={self.backend!r})"
 
     # -- plumbing ------------------------------------------------------------
 
     def _store(self, nbytes: int = 0) -> Any:
         """The obstore store whose requests time out at the deadline of an ``nbytes``
         transfer (one HTTP client per deadline class: obstore fixes it per store)."""
-        bucket = self.settings.deadline_class(nbytes)
-        found = self._stores.get(bucket)
-        if found is not None:
-            return found
-        with self._lock:
-            found = self._stores.get(bucket)
-            if found is None:
-                found = self._stores[bucket] = self._make_store(bucket)
-        return found
+        return self._pooled(nbytes, self._make_store)
 
     def _make_store(self, timeout: float) -> Any:
         from obstore.store import S3Store as _ObStore
@@ -226,8 +198,7 @@ class S3Store:
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        with self._lock:
-            self._stores = {}
+        self._drop_pools()
 
     # -- index ---------------------------------------------------------------
 
@@ -257,8 +228,7 @@ class S3Store:
 
     def publish_manifest(self, build_key: str, deps_key: str, manifest: bytes) -> Put:
         path = self.layout.s3_idx(build_key, deps_key)
-        if len(manifest) > self.settings.max_manifest_bytes:
-            raise RemoteError("oversize", "publish", f"manifest of {len(manifest)} bytes", engine=self.engine)
+        self._check_manifest_size(manifest)
         prefix = self.layout.s3_idx_dir(build_key)
         self._guard.admit("publish")
         store = self._store(len(manifest))
@@ -305,10 +275,7 @@ class S3Store:
 
     def _blob_cap(self, size: int | None) -> int:
         self._guard.admit("get_blob")
-        cap = self.settings.max_bytes if size is None else size
-        if cap > self.settings.max_bytes or cap < 0:
-            raise RemoteError("oversize", "get_blob", f"{cap} bytes > {self.settings.max_bytes}", engine=self.engine)
-        return cap
+        return self._read_cap(size)
 
     def _get_blob(self, digest: str, cap: int) -> memoryview | None:
         path = self.layout.s3_cas(digest)
@@ -327,8 +294,7 @@ class S3Store:
     def put_blob(self, digest: str, data: bytes) -> Put:
         path = self.layout.s3_cas(digest)
         settings = self.settings
-        if len(data) > settings.max_bytes:
-            raise RemoteError("oversize", "put_blob", f"{len(data)} bytes > {settings.max_bytes}", engine=self.engine)
+        self._check_put_size(data)
         self._guard.admit("put_blob")
         if len(data) >= settings.compress_min_bytes and self._exists(path):
             return Put.EXISTS

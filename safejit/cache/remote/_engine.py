@@ -1,0 +1,94 @@
+"""What the two engines share: their identity and breaker, the one :class:`Guard` every
+operation crosses, a client per deadline class (made on first use), and the size checks
+on blobs made before anything is sent."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import ClassVar, Generic, TypeVar
+
+from ._guard import Guard
+from .breaker import Breaker, Transition
+from .layout import Layout
+from .settings import RemoteSettings
+from .store import OpObserver, Reason, RemoteError
+
+__all__ = ["Engine"]
+
+C = TypeVar("C")
+
+
+class Engine(Generic[C]):
+    """The base of an engine whose client (``C``) is fixed per deadline class."""
+
+    engine: ClassVar[str]
+
+    def __init__(
+        self,
+        settings: RemoteSettings,
+        *,
+        tenant: str,
+        backend: str,
+        breaker: Breaker | None = None,
+        on_transition: Transition | None = None,
+        observer: OpObserver | None = None,
+    ) -> None:
+        self._open(settings)
+        self.settings = settings
+        self.layout = Layout(tenant, backend)
+        self.tenant = tenant
+        self.backend = backend
+        self.breaker = breaker or Breaker(settings.breaker, on_transition=on_transition)
+        self._guard = Guard(self.engine, settings, self.breaker, self._classify, observer)
+        self._lock = threading.Lock()
+        self._pools: dict[float, C] = {}
+
+    def _open(self, settings: RemoteSettings) -> None:
+        """Check that ``settings`` are for this engine and import its client library: a
+        ConfigError (naming the extra to install) before anything else is made."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _classify(exc: BaseException) -> Reason:
+        """The reason for an exception of the engine's client library."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.settings.url}, tenant={self.tenant!r}, backend={self.backend!r})"
+
+    def _pooled(self, nbytes: int, make: Callable[[float], C]) -> C:
+        """The client for the deadline class of an ``nbytes`` transfer, made by ``make``
+        (given that deadline) the first time it is asked for."""
+        bucket = self.settings.deadline_class(nbytes)
+        found = self._pools.get(bucket)
+        if found is not None:
+            return found
+        with self._lock:
+            found = self._pools.get(bucket)
+            if found is None:
+                found = self._pools[bucket] = make(bucket)
+        return found
+
+    def _drop_pools(self) -> list[C]:
+        """Forget every client made so far; the caller closes them."""
+        with self._lock:
+            clients, self._pools = list(self._pools.values()), {}
+        return clients
+
+    def _read_cap(self, size: int | None) -> int:
+        """The most bytes a blob read may return: ``size`` when given, never over ``max_bytes``."""
+        cap = self.settings.max_bytes if size is None else size
+        if cap > self.settings.max_bytes or cap < 0:
+            raise RemoteError("oversize", "get_blob", f"{cap} bytes > {self.settings.max_bytes}", engine=self.engine)
+        return cap
+
+    def _check_put_size(self, data: bytes) -> None:
+        if len(data) > self.settings.max_bytes:
+            raise RemoteError(
+                "oversize", "put_blob", f"{len(data)} bytes > {self.settings.max_bytes}", engine=self.engine
+            )
+
+    def _check_manifest_size(self, manifest: bytes) -> None:
+        if len(manifest) > self.settings.max_manifest_bytes:
+            raise RemoteError("oversize", "publish", f"manifest of {len(manifest)} bytes", engine=self.engine)
