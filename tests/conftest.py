@@ -93,12 +93,14 @@ def make_runtime(cache_dir: Path) -> Iterator[Callable[..., safejit.Runtime]]:
 
 
 def settle() -> None:
-    """Step past one coarse clock tick after editing a file: an edit within a tick of a
+    """Step past the coarse clock's lag after editing a file: an edit within it of a
     compile makes the builder compile twice (see runtime/builder.py), which would
     change exact compile counts."""
     import time
 
-    time.sleep(0.02)
+    from safejit.closure.scan import COARSE_NS
+
+    time.sleep(COARSE_NS / 1e9 + 0.008)
 
 
 def assert_cache_sound(root: Path | str) -> None:

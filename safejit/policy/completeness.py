@@ -241,7 +241,7 @@ def _scan_pch(path: str, allowed: Callable[[str], bool], trust_stat: bool) -> Sc
 
 def changed_since(snap: Snapshot, started_ns: int) -> bool:
     """Whether a file (or directory) whose stat is ``snap`` may have changed after
-    ``started_ns``, or within the coarse clock tick before it (a change then can carry
+    ``started_ns``, or within the coarse clock's lag before it (a change then can carry
     a timestamp just before the start: see ``scan.COARSE_NS``).
 
     The ctime alone says when a file last changed: the kernel sets it on every write,
@@ -254,7 +254,7 @@ def changed_since(snap: Snapshot, started_ns: int) -> bool:
     A ctime ahead of this host's clock (a file server whose clock runs ahead) cannot
     be ordered against the start: it counts as changed, and the build is not vouched
     for until the clocks agree. One behind it (the server's clock lags this host's
-    by more than a tick) can hide a change made during the compile: shared source
+    by more than that lag) can hide a change made during the compile: shared source
     trees need synchronised clocks, as ``make`` and ccache do.
     """
     return snap[4] > started_ns - COARSE_NS
