@@ -204,7 +204,7 @@ FLAGGED = {
     # (flags, source, reason): refused by what they make. (What flags make the same —
     # -Wl,-z,execstack, -Wl,-rpath, -Wl,-soname — the flag policy refuses before any
     # compile: test_the_flags_that_make_such_objects_never_reach_the_compiler below;
-    # tests/unit/test_load_time.py shows the check names what they would make.)
+    # tests/unit/backends/test_load_time.py shows the check names what they would make.)
     "executable_stack_by_asm": (
         (),
         '__asm__(".section .note.GNU-stack,\\"x\\",@progbits\\n.text\\n");\n',

@@ -23,7 +23,7 @@ pytest.importorskip("cuda.bindings.nvrtc")
 pytest.importorskip("cuda.core")
 CC = shutil.which("cc")
 pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler for the fake driver")
-FAKE_DIR = Path(__file__).resolve().parents[1] / "fakecuda"
+FAKE_DIR = Path(__file__).resolve().parents[3] / "fakecuda"
 
 KERNELS = """
 extern "C" __global__ void scale(float* x, float a, int n) {

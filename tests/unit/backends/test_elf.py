@@ -19,7 +19,7 @@ from safejit.backends.cuda.cubin import cubin_frame_sizes, cubin_kernels
 from safejit.backends.host import elf_exported_functions
 from safejit.errors import LoadError
 from tests._elf_build import STB_GLOBAL, STB_LOCAL, STB_WEAK, STT_FUNC, STT_OBJECT, tiny_elf
-from tests.unit import _elf_before as before
+from tests.unit.backends import _elf_before as before
 
 C_SOURCE = """
 #include <math.h>

@@ -22,7 +22,7 @@ from tests.conftest import settle
 
 pytest.importorskip("cuda.bindings.nvrtc")
 HAVE_NVCC = shutil.which("nvcc", path="/usr/local/cuda/bin:/usr/bin") is not None
-KERNEL = (Path(__file__).parent.parent / "data" / "cute_sgemm.cu").read_text()
+KERNEL = (Path(__file__).resolve().parents[3] / "data" / "cute_sgemm.cu").read_text()
 #: In cute/arch/mma.hpp, UniversalFMA::fma: the FMA every thread of the SGEMM runs.
 FMA_CALL = "    fma(d, a, b, c);\n"
 FMA_EDITED = "    fma(d, a, b, c);\n    d = d + D(1);\n"
