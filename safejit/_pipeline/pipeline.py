@@ -140,12 +140,10 @@ class Pipeline:
         got: VerifiedLeaf | Any = remote.lookup(key, resolved.anchors)
         lease = None
         if not isinstance(got, VerifiedLeaf):
-            lease = remote.take_lease(key)
-            if lease is None and remote.leased_elsewhere(key):
-                deadline = time.monotonic() + self.config.compile_timeout_s + self.config.remote_lease_ttl_s
-                got = remote.wait(key, resolved.anchors, deadline=deadline, take=lambda: remote.take_lease(key))
-                if not isinstance(got, VerifiedLeaf):
-                    lease = got
+            deadline = time.monotonic() + self.config.compile_timeout_s + self.config.remote_lease_ttl_s
+            got = remote.claim(key, resolved.anchors, deadline=deadline)
+            if not isinstance(got, VerifiedLeaf):
+                lease = got
         if isinstance(got, VerifiedLeaf):
             self.counters.add("remote_hits")
             background().submit(self._backfill, root, key, got, lock)

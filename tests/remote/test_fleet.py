@@ -12,6 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+import safejit
+from safejit.cache.remote.store import RemoteError
+
 CHILD = r"""
 import json, sys
 import safejit
@@ -85,3 +88,51 @@ def test_the_lease_holder_killed_mid_compile_costs_exactly_one_more_compile(tmp_
                 proc.wait()
     assert len(results) == 7 and [r["value"] for r in results] == [41] * 7
     assert sum(r["compiles"] for r in results) == 1  # the one that took over; the rest got its leaf
+
+
+def _tier(rt):
+    return rt._init()[0].remote
+
+
+def test_a_lease_let_go_between_a_nodes_try_and_its_look_is_a_hit_not_a_compile(node, project, monkeypatch):
+    """Node b looked before a's upload (a miss) and tried the lease while a held it; a
+    then published and let go. b must look again and use a's leaf, not compile (the
+    race cost a fleet of 8 a second compile on a loaded machine)."""
+    src, inc = safejit.Source('#include "inner.h"\n', "k"), (str(project / "include"),)
+    a = node("a")
+    a.compile(src, include_dirs=inc)
+    assert a.flush_uploads().done
+    b = node("b")
+    tier = _tier(b)
+    real_lookup = tier.lookup
+    looks: list[str] = []
+
+    def first_look_misses(key, anchors):
+        looks.append(key)  # (the first: before a's upload was there)
+        return real_lookup(key if len(looks) > 1 else "0" * len(key), anchors)
+
+    monkeypatch.setattr(tier, "lookup", first_look_misses)
+    monkeypatch.setattr(tier, "take_lease", lambda key: None)  # (a still held it then)
+    assert b.compile(src, include_dirs=inc).kernel("INNER")() == 41
+    assert b.stats()["compiles"] == 0 and b.stats()["remote_hits"] == 1
+
+
+def test_a_wait_on_a_lease_ends_when_the_remote_cannot_be_asked(node, project, monkeypatch):
+    """Waiting on another node's lease, the remote goes away: this node compiles at
+    once, not after polling a dead remote until the wait's deadline."""
+    src, inc = safejit.Source('#include "inner.h"\n', "k"), (str(project / "include"),)
+    b = node("b", compile_timeout_s=5, remote_lease_ttl_s=5)
+    tier = _tier(b)
+    asked: list[str] = []
+
+    def holder(key):
+        asked.append(key)
+        if len(asked) == 1:
+            return "node-a"
+        raise RemoteError("refused", "lease_holder", "connection refused")
+
+    monkeypatch.setattr(tier, "take_lease", lambda key: None)
+    monkeypatch.setattr(tier.store, "lease_holder", holder)
+    assert b.compile(src, include_dirs=inc).kernel("INNER")() == 41
+    assert b.stats()["compiles"] == 1
+    assert len(asked) == 2  # held, then cannot say: no polling

@@ -293,11 +293,29 @@ class RemoteTier:
             logger.debug("lease on %s not taken: %s", build_key[:16], exc)
             return None
 
-    def leased_elsewhere(self, build_key: str) -> bool:
+    def _held(self, build_key: str) -> bool | None:
+        """Whether a node holds the build key's lease; None when the remote cannot say."""
         try:
             return self.store.lease_holder(build_key) is not None
         except RemoteError:
-            return False
+            return None
+
+    def claim(self, build_key: str, anchors: Anchors, *, deadline: float) -> VerifiedLeaf | Lease | None:
+        """This node's turn to compile ``build_key`` (the lease), or the leaf another
+        node published while this one asked; None: compile without a lease (the remote
+        cannot be asked, or the wait ran to ``deadline``). A lease held elsewhere is
+        waited on (``wait``). One let go between this node's try and its look (the
+        holder just published) is looked for again, never taken for a free one."""
+        lease = self.take_lease(build_key)
+        if lease is not None:
+            return lease
+        held = self._held(build_key)
+        if held:
+            return self.wait(build_key, anchors, deadline=deadline, take=lambda: self.take_lease(build_key))
+        if held is None or not self.writable:
+            return None
+        found = self._lookup(build_key, anchors)
+        return found if isinstance(found, VerifiedLeaf) else self.take_lease(build_key)
 
     def keep(self, lease: Lease) -> LeaseKeeper:
         """A heartbeat that keeps ``lease`` while this node compiles (started)."""
@@ -321,7 +339,11 @@ class RemoteTier:
                 if isinstance(found, VerifiedLeaf):
                     s.set_attribute(ATTR.RESULT, "published")
                     return found
-                if not self.leased_elsewhere(build_key):
+                held = self._held(build_key)
+                if held is None:  # (the remote went away: this node compiles)
+                    s.set_attribute(ATTR.RESULT, "unavailable")
+                    return None
+                if not held:
                     lease = take()
                     if lease is not None:
                         s.set_attribute(ATTR.RESULT, "taken over")
