@@ -13,6 +13,7 @@ import pytest
 
 import safejit
 from safejit.cache.remote import RemoteSettings, RemoteStore, open_store
+from tests.conftest import settle
 
 from ._servers import BUCKET, Moto, Valkey, s3_admin, start_moto, start_valkey
 
@@ -106,6 +107,7 @@ def project(tmp_path: Path) -> Path:
     root = tmp_path / "project"
     (root / "include").mkdir(parents=True)
     (root / "include" / "inner.h").write_text("#define INNER 41\n")
+    settle()  # (a compile right away must not see it as written during it)
     return root
 
 

@@ -50,6 +50,7 @@ def cute_tree(tmp_path: Path) -> Path:
     for part in ("cute", "cutlass"):
         shutil.copytree(CUTLASS / part, root / "include" / part)
     (root / "early").mkdir()
+    settle()  # (a compile right away must not see the copies as written during it)
     return root
 
 
