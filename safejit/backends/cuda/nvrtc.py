@@ -149,15 +149,49 @@ def compile_with_headers(
     Returns the result and ``{header name: absolute path}`` of what was handed over.
     """
     deadline = time.monotonic() + timeout
-    headers: dict[str, bytes] = {}
-    paths: dict[str, str] = {}  # header name -> file
+    given = _HandedOver(name, search_dirs, confine, isolated, max_headers)
     main = f"{PROGRAM_DIR}/{name}.cu"
+    given.scan(code, None)
+    for _ in range(_MAX_ROUNDS):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise CompileTimeout(f"NVRTC compile of {name} ran past {timeout:g}s", log="", timeout=timeout)
+        result = compile_once(NvrtcRequest(code, name, options, name_expressions, dict(given.headers)), left)
+        if result.ok or not result.missing:
+            return result, given.paths
+        progressed = False
+        for includer, header in result.missing:
+            includer_file = None if includer == main else given.paths.get(includer)
+            # (NVRTC adds "no directories in search list" to an angled include it has not got)
+            kind = "<" if f'"{header}" (no directories in search list)' in result.log else '"'
+            if header in given.paths:
+                continue
+            if not given.hand_over(includer_file, kind, header):
+                return result, given.paths  # genuinely missing: the compile error stands
+            progressed = True
+        if not progressed:
+            return result, given.paths
+    raise CompileError(f"NVRTC kept asking for headers after {_MAX_ROUNDS} rounds", log="")
 
-    def hand_over(includer_file: str | None, kind: str, header: str) -> bool:
-        path = _resolve(header, kind, includer_file, search_dirs, confine)
+
+class _HandedOver:
+    """The headers handed to in-memory NVRTC so far: ``headers`` (name: bytes) and
+    ``paths`` (name: the confined file each was read from)."""
+
+    def __init__(
+        self, name: str, search_dirs: Sequence[str], confine: Callable[[str], str], isolated: bool, max_headers: int
+    ) -> None:
+        self.name, self.search_dirs, self.confine = name, search_dirs, confine
+        self.isolated, self.max_headers = isolated, max_headers
+        self.headers: dict[str, bytes] = {}
+        self.paths: dict[str, str] = {}
+
+    def hand_over(self, includer_file: str | None, kind: str, header: str) -> bool:
+        """Resolve, confine, read and scan ``header``; False when it resolves nowhere."""
+        path = _resolve(header, kind, includer_file, self.search_dirs, self.confine)
         if path is None:
             return False
-        known = paths.get(header)
+        known = self.paths.get(header)
         if known is not None and known != path:
             raise CompileError(
                 f"header name {header!r} resolves to two files ({known}, {path}); NVRTC "
@@ -165,21 +199,22 @@ def compile_with_headers(
                 log="",
             )
         if known is None:
-            if len(paths) >= max_headers:
+            if len(self.paths) >= self.max_headers:
                 raise LimitExceededError(
-                    f"{name}: more than {max_headers} headers exceed the limit of dependencies", limit=max_headers
+                    f"{self.name}: more than {self.max_headers} headers exceed the limit of dependencies",
+                    limit=self.max_headers,
                 )
             try:
                 data, _ = read_file(path)  # (a FIFO there would block this process for good)
             except OSError as exc:
                 raise CompileError(f"cannot read header {path}: {exc}", log=str(exc)) from exc
-            headers[header], paths[header] = data, path
-            scan(data, path)
+            self.headers[header], self.paths[header] = data, path
+            self.scan(data, path)
         return True
 
-    def scan(data: bytes, file: str | None) -> None:
+    def scan(self, data: bytes, file: str | None) -> None:
         names, computed = include_names(data)
-        if computed and not isolated:
+        if computed and not self.isolated:
             raise PathConfinementError(
                 "a computed #include can make in-process NVRTC read the filesystem; compile this source "
                 "with Config(nvrtc_worker=True)"
@@ -188,30 +223,8 @@ def compile_with_headers(
             risky = os.path.isabs(header) or ".." in header.split("/")
             # Absolute and ".." names would reach the filesystem if not handed over: resolve them now
             # (or refuse). Plain names are resolved on demand, when NVRTC asks.
-            if risky and header not in paths and not hand_over(file, kind, header):
+            if risky and header not in self.paths and not self.hand_over(file, kind, header):
                 raise PathConfinementError(f"#include {header!r} does not resolve under a declared root", path=header)
-
-    scan(code, None)
-    for _ in range(_MAX_ROUNDS):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise CompileTimeout(f"NVRTC compile of {name} ran past {timeout:g}s", log="", timeout=timeout)
-        result = compile_once(NvrtcRequest(code, name, options, name_expressions, dict(headers)), left)
-        if result.ok or not result.missing:
-            return result, paths
-        progressed = False
-        for includer, header in result.missing:
-            includer_file = None if includer == main else paths.get(includer)
-            # (NVRTC adds "no directories in search list" to an angled include it has not got)
-            kind = "<" if f'"{header}" (no directories in search list)' in result.log else '"'
-            if header in paths:
-                continue
-            if not hand_over(includer_file, kind, header):
-                return result, paths  # genuinely missing: the compile error stands
-            progressed = True
-        if not progressed:
-            return result, paths
-    raise CompileError(f"NVRTC kept asking for headers after {_MAX_ROUNDS} rounds", log="")
 
 
 def _resolve(
