@@ -440,16 +440,16 @@ def verify_throughput(results: dict[str, Any], quick: bool) -> None:
 def prune_throughput(results: dict[str, Any], quick: bool) -> None:
     """``prune`` over many leaves (laid out directly on tmpfs when there is one)."""
     from safejit.cache import maintenance
-    from safejit.cache.disk import DiskCache
+    from safejit.cache.layout import CacheLayout
 
     n = 10_000 if quick else 100_000
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     with tempfile.TemporaryDirectory(dir=shm) as cache:
-        disk = DiskCache((cache,), tenant="default", backend="host")
+        layout = CacheLayout(cache)
         (Path(cache) / "v1" / "tmp").mkdir(parents=True)
         for i in range(n):
             key = f"{i:064x}"
-            leaf = Path(disk.build_dir(cache, key)) / f"deps-{key}"
+            leaf = Path(layout.leaf("default", "host", key, key))
             leaf.mkdir(parents=True)
             for name in ("artifact.so", "manifest.json", ".committed"):
                 (leaf / name).write_bytes(b"x")
