@@ -372,12 +372,20 @@ print(json.dumps(rt.stats()["compiles"]))
 def fleet(results: dict[str, Any], url: str, admin: Any) -> None:
     admin.flushall()
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "inner.h").write_text("#define INNER 1\n")
+        # The source root apart from the nodes' disk roots: a node making its cache dir
+        # inside the root would change a directory on the compile's way (compiled again).
+        src = Path(tmp) / "src"
+        src.mkdir()
+        (src / "inner.h").write_text("#define INNER 1\n")
+        time.sleep(0.05)  # (older than the window in which a change counts as during a compile)
         env = {k: v for k, v in os.environ.items() if not k.startswith("SAFEJIT_")}
         env.update(SAFEJIT_REMOTE=url, SAFEJIT_FAULTS="compiler.spawn=delay:0.5")
         procs = [
             subprocess.Popen(
-                [sys.executable, "-c", FLEET_CHILD, f"{tmp}/node-{i}", tmp], env=env, stdout=subprocess.PIPE, text=True
+                [sys.executable, "-c", FLEET_CHILD, f"{tmp}/node-{i}", str(src)],
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
             )
             for i in range(8)
         ]
