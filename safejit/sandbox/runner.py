@@ -132,7 +132,7 @@ class Sandbox:
         self.limits = limits or Limits()
         self._state = state
         self._cc = cc
-        self._ids = unprivileged_ids() if os.geteuid() == 0 and mode != "off" else None
+        self._ids_known: tuple[tuple[int, int] | None] | None = None  # (looked up at the first run)
         self._exe: tuple[list[str], tuple[int, ...]] | None = None
         self._exe_lock = threading.Lock()
         self._walls: Walls | None = None
@@ -145,6 +145,15 @@ class Sandbox:
         self._spare_lock = threading.Lock()
         self._closed = False
         weakref.finalize(self, _retire_all, self._spares, self._spare_lock)
+
+    @property
+    def ids(self) -> tuple[int, int] | None:
+        """The unprivileged ids a root caller's compiler runs as (None: the caller's own).
+        Looked up (NSS: the passwd and group files) when a run first needs them, not when
+        the Runtime is set up: a cache hit runs nothing."""
+        if self._ids_known is None:
+            self._ids_known = (unprivileged_ids() if os.geteuid() == 0 and self.mode != "off" else None,)
+        return self._ids_known[0]
 
     # -- what runs get ----------------------------------------------------------------
     @property
@@ -177,7 +186,7 @@ class Sandbox:
             return self._described[1]
         parts = [f"landlock-v{self._landlock_abi()}"] if self.landlock else []
         parts += [name for name, on in (("seccomp", w.seccomp), ("userns", w.userns), ("tmpfs", w.scratch)) if on]
-        if self._ids is not None:
+        if self.ids is not None:
             parts.append(f"uid-{w.uid}")
         if w.nproc:
             parts.append("nproc")
@@ -233,8 +242,8 @@ class Sandbox:
             return opts
         lim = self.limits
         opts += ["-U", "-T", str(lim.scratch_bytes), "-i", str(lim.scratch_inodes)]
-        if self._ids is not None:
-            opts += ["-u", str(self._ids[0]), "-g", str(self._ids[1])]
+        if self.ids is not None:
+            opts += ["-u", str(self.ids[0]), "-g", str(self.ids[1])]
         program = seccomp_program()
         if program is not None:
             opts += ["-S", program]
@@ -245,14 +254,14 @@ class Sandbox:
         ``"auto"``, after trying once more without namespaces, the scratch and seccomp)."""
         prefix, fds = self._executable()
         try:
-            shim = launch([*prefix, *self._ahead_options()], pass_fds=fds, owner=self._ids)
+            shim = launch([*prefix, *self._ahead_options()], pass_fds=fds, owner=self.ids)
         except ShimStartError as exc:
             if self.mode != "auto" or self._degraded:
                 raise SandboxUnavailableError(str(exc), missing=list(REQUIRED)) from exc
             logger.warning("%s; running compilers with fewer walls", exc)
             self._degraded = True
             try:
-                shim = launch([*prefix, *self._ahead_options()], pass_fds=fds, owner=self._ids)
+                shim = launch([*prefix, *self._ahead_options()], pass_fds=fds, owner=self.ids)
             except ShimStartError as again:
                 raise SandboxUnavailableError(str(again), missing=list(REQUIRED)) from again
         if self._walls is None or self._degraded:
@@ -316,7 +325,7 @@ class Sandbox:
             opts.append("-N")
         if shim.scratch is not None and cwd in write_roots:
             opts += ["-M", cwd]
-        elif self._ids is not None and shim.walls.uid != 0 and cwd in write_roots:
+        elif self.ids is not None and shim.walls.uid != 0 and cwd in write_roots:
             opts += ["-H", cwd]  # (root without the scratch tmpfs: the work dir is handed over)
         return [*opts, "-C", cwd, *_env_options(env), "--", *argv], landlocked
 
