@@ -55,6 +55,7 @@ COUNTER_MEANINGS: Final = {
     "evictions": "memory entries dropped for room",
     "memory_entries": "kernels held in memory now",
     "memory_bytes": "bytes of those kernels",
+    "remote_hits": "found in the remote tier, verified here",
 }
 
 

@@ -546,3 +546,9 @@ def test_warm_says_why_requests_were_skipped_and_fails(tmp_path, kernel):
     out = run("warm", str(inventory), "-j", "1", "--cache-dir", str(tmp_path / "c2"), env={"SAFEJIT_BACKEND": "fake"})
     assert out.returncode == 1 and "1 requests: skipped 1" in out.stdout
     assert "a root it names is not declared here" in out.stdout
+
+
+def test_every_stats_counter_has_a_meaning_in_the_demo_table(make_runtime):
+    from safejit.cli.demo import COUNTER_MEANINGS
+
+    assert set(make_runtime().stats()) <= set(COUNTER_MEANINGS)
