@@ -103,6 +103,19 @@ def settle() -> None:
     time.sleep(COARSE_NS / 1e9 + 0.008)
 
 
+def names_under(root: Path | str, pattern: str = "*") -> list[Path]:
+    """Entries under ``root`` whose name matches ``pattern``, once this process's
+    background work is done. Unlike ``Path.rglob``, a directory removed during the walk
+    (a spare work dir let go) is skipped, not an error."""
+    import fnmatch
+
+    spares.settle()
+    found = []
+    for parent, dirs, files in os.walk(root):
+        found += [Path(parent, name) for name in (*dirs, *files) if fnmatch.fnmatch(name, pattern)]
+    return found
+
+
 def assert_cache_sound(root: Path | str) -> None:
     """The cache check every fault and security test ends with."""
     assert maintenance.check(str(root)) == []
