@@ -129,11 +129,10 @@ class CudaBackend:
             return tc
 
     def _include_dir(self) -> list[str]:
-        """The toolkit's include dir (cuda_runtime_api.h, ...) and CCCL's (cuda/std/...),
-        searched in that order, as nvcc's profile has them. CUDA 13 keeps CCCL in
-        ``include/cccl`` and its users may name ``<cccl/cuda/std/...>`` (CUTLASS 4 does),
-        so the dir above CCCL's is searched too, as nvcc's ``-I$(TARGET_DIR)/include``
-        has it, even when the runtime's headers were found elsewhere (a pip wheel's)."""
+        """The toolkit's include dir (cuda_runtime_api.h, ...) and CCCL's (cuda/std/...), in
+        nvcc's profile's order. CUDA 13 keeps CCCL in ``include/cccl``, named so by its
+        users too (CUTLASS 4: ``<cccl/cuda/std/...>``): the dir above CCCL's is searched
+        as well, even when the runtime's headers were found elsewhere (a pip wheel's)."""
         dirs = []
         for name in ("cudart", "cccl"):
             try:
