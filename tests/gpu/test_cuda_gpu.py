@@ -7,13 +7,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import safejit
 from tests.conftest import assert_cache_sound, leaves
+from tests.gpu._together import run_together
 
 SAXPY = """#include "scale.h"
 extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {
@@ -140,28 +140,7 @@ print(json.dumps({"ok": bool((y == 3.0).all()), "compiles": rt.stats()["compiles
 
 def test_eight_processes_cold_start_one_kernel_and_compile_once(cuda_root, cache_dir, tmp_path):
     pytest.importorskip("torch")
-    go = tmp_path / "go"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", COLD_CHILD, str(go), str(cuda_root), str(cache_dir), SAXPY],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(8)
-    ]
-    try:
-        time.sleep(3)
-        go.touch()
-        reports = []
-        for p in procs:
-            out, err = p.communicate(timeout=300)
-            assert p.returncode == 0, err
-            reports.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    reports = run_together(COLD_CHILD, tmp_path / "go", str(cuda_root), str(cache_dir), SAXPY)
     assert all(r["ok"] for r in reports)
     assert sum(r["compiles"] for r in reports) == 1
     assert len(leaves(cache_dir)) == 1

@@ -5,17 +5,14 @@ header changes what runs; 8 processes cold-starting it compile once."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import safejit
 from tests.conftest import assert_cache_sound, leaves, settle
+from tests.gpu._together import run_together
 
 KERNEL = (Path(__file__).parent.parent / "data" / "cute_sgemm.cu").read_text()
 FMA_CALL = "    fma(d, a, b, c);\n"
@@ -106,28 +103,7 @@ print(json.dumps({"ok": bool((c == 8.0).all()), "compiles": rt.stats()["compiles
 
 def test_eight_processes_cold_start_the_cute_sgemm_and_compile_once(cute_root, cache_dir, tmp_path):
     pytest.importorskip("torch")
-    go = tmp_path / "go"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", COLD_CHILD, str(go), str(cute_root), str(cache_dir), KERNEL],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(8)
-    ]
-    try:
-        time.sleep(3)
-        go.touch()
-        reports = []
-        for p in procs:
-            out, err = p.communicate(timeout=300)
-            assert p.returncode == 0, err
-            reports.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    reports = run_together(COLD_CHILD, tmp_path / "go", str(cute_root), str(cache_dir), KERNEL)
     assert all(r["ok"] for r in reports)
     assert sum(r["compiles"] for r in reports) == 1
     assert len(leaves(cache_dir)) == 1
