@@ -11,6 +11,11 @@ source every round, in a rotating order (paired by round):
   plain      ... with none of it: no recorder, no Landlock, no address-space limit,
              default malloc, this process's environment (the process boundary alone)
   env        plain, in the worker's environment (LC_ALL=C, TZ, PATH)
+  p+limit    plain, with the worker's address-space limit
+  p+malloc   plain, with the worker's malloc tunables
+  p+landlock plain, under Landlock
+  p+landall  plain, under Landlock that lets it read everything (its cost without its denials)
+  p+nnp      plain, with no_new_privs set (as Landlock and the recorder set it)
   utf8       worker, with LC_ALL=C.UTF-8 for LC_ALL=C
   keep       worker, with the variables named by --keep taken from this process's environment
   pad        worker, its environment padded to the size of this process's (the stack starts
@@ -27,17 +32,15 @@ was started again. Prints medians and the paired CPU ratio against bare.
 
     python bench/nvrtc_worker_cost.py [--rounds 7] [--only bare,plain,env,worker] [--keep NAME,...]
 
-Seen on the H200 machine (Intel Xeon, 16 cores; 4 runs, 5-7 rounds; CPU per compile
-varies 3-7 s there, so read ratios as +-0.1): system CPU is 0.01-0.04 s for every
-variant (the ~4,100 SIGSYS traps of a compile cost nothing that shows), minor faults
-are ~0 after a worker's first CuTe compile, no worker was started again, and SSBD is
-not forced on the seccomp-filtered worker. plain ~ bare (0.99, 1.04, 1.06, 1.11);
-env 1.34; every variant with safejit's worker environment 1.13-1.50 (worker 1.25-1.42,
-norec 1.13-1.50, nolandlock 1.36, malloc 1.27, specallow 1.43, utf8 1.24); bare-c 0.96,
-bare-tz 1.01. So the extra CPU follows the worker's minimal environment, not the
-recorder, Landlock or the malloc settings; which part of the environment (a variable
-the image sets, or only its size, which moves the stack) is for --keep and pad to say.
-Here (AMD, 2 cores, a small environment) worker ~ bare (1.02-1.06).
+Seen on the H200 machine (Intel Xeon, 16 cores; CPU per compile varies 3-7 s there,
+so one run's ratios are +-0.1; 8 rounds each): system CPU is 0.01-0.04 s for every
+variant, minor faults ~0 after a worker's first CuTe compile, no worker started again.
+plain ~ bare (0.94-1.06); worker 1.23-1.43. Adding one part of the worker to plain at a
+time: p+limit 0.89, p+malloc 0.99, p+nnp 1.00, p+landlock 1.16-1.19, and p+landall
+(Landlock that denies nothing) 1.19. keep (the whole environment back) 1.22 and pad 1.29,
+so it is not the environment (an earlier run's env 1.34 was noise). The extra CPU is
+Landlock's own, whatever its rules: user time, not system time; the recorder adds the
+rest. Here (AMD, 2 cores) worker ~ bare (1.02-1.06).
 """
 
 from __future__ import annotations
@@ -66,13 +69,17 @@ from safejit.sandbox.statedir import state_dir
 
 KERNEL = (Path(__file__).resolve().parent.parent / "tests" / "data" / "cute_sgemm.cu").read_text()
 VARIANTS = ("bare", "safejit", "worker", "norec", "nolandlock", "malloc", "plain", "env", "specallow", "utf8")
-VARIANTS += ("bare-c", "bare-tz", "thp", "keep", "pad")
+VARIANTS += ("bare-c", "bare-tz", "thp", "keep", "pad", "p+limit", "p+malloc", "p+landlock", "p+landall", "p+nnp")
+PLAIN_PLUS = ("p+limit", "p+malloc", "p+landlock", "p+landall", "p+nnp")
 DIRECT = ("worker", "norec", "nolandlock", "malloc", "plain", "env", "specallow", "utf8", "thp", "keep", "pad")
+DIRECT += PLAIN_PLUS
 KEEP: list[str] = []
-UNRECORDED = ("norec", "plain", "env")
+UNRECORDED = ("norec", "plain", "env", *PLAIN_PLUS)
 TICK = os.sysconf("SC_CLK_TCK")
 NO_LANDLOCK = "import safejit.sandbox.landlock as L; L.restrict = lambda *a, **k: None; "
 NO_LIMIT = "import resource; resource.setrlimit = lambda *a: None; "
+LAND_ALL = "import safejit.sandbox.landlock as L; r = L.restrict; L.restrict = lambda p, *a, **k: r(['/'], *a, **k); "
+NNP = "import ctypes; ctypes.CDLL(None).prctl(38, 1, 0, 0, 0); "  # PR_SET_NO_NEW_PRIVS
 
 
 def cutlass_include() -> str:
@@ -164,12 +171,14 @@ def started_as(variant: str) -> Iterator[None]:
     tunables, popen = nv._WORKER_MALLOC, subprocess.Popen
 
     def patched(argv: list[str], **kw: Any) -> Any:
-        boot = {"nolandlock": NO_LANDLOCK, "plain": NO_LANDLOCK + NO_LIMIT, "env": NO_LANDLOCK + NO_LIMIT}.get(
-            variant, ""
-        )
+        boot = {
+            "nolandlock": NO_LANDLOCK, "plain": NO_LANDLOCK + NO_LIMIT, "env": NO_LANDLOCK + NO_LIMIT,
+            "p+limit": NO_LANDLOCK, "p+malloc": NO_LANDLOCK + NO_LIMIT, "p+landlock": NO_LIMIT,
+            "p+landall": LAND_ALL + NO_LIMIT, "p+nnp": NO_LANDLOCK + NO_LIMIT + NNP,
+        }.get(variant, "")  # fmt: skip
         argv = [*argv[:3], argv[3].replace("from safejit.backends", boot + "from safejit.backends"), *argv[4:]]
-        if variant == "plain":
-            kw["env"] = dict(os.environ)
+        if variant in ("plain", *PLAIN_PLUS):
+            kw["env"] = dict(os.environ) if variant != "p+malloc" else {**os.environ, "GLIBC_TUNABLES": tunables}
         if variant == "utf8":
             kw["env"] = {**kw["env"], "LC_ALL": "C.UTF-8"}
         if variant == "keep":
@@ -181,7 +190,7 @@ def started_as(variant: str) -> Iterator[None]:
         return popen(argv, **kw)
 
     try:
-        if variant in ("malloc", "plain", "env"):
+        if variant in ("malloc", "plain", "env", *PLAIN_PLUS):
             nv._WORKER_MALLOC = ""  # type: ignore[misc]
         if variant == "thp":
             nv._WORKER_MALLOC = tunables + ":glibc.malloc.hugetlb=1"  # type: ignore[misc]
