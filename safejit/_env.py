@@ -6,7 +6,6 @@ bad value raises :class:`~safejit.errors.ConfigError` naming the variable.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -246,8 +245,9 @@ def state_dir_candidates() -> tuple[str, ...]:
     xdg = os.environ.get("XDG_STATE_HOME")
     if xdg and os.path.isabs(xdg):
         found.append(os.path.join(xdg, "safejit"))
-    with contextlib.suppress(KeyError, RuntimeError):  # (no HOME and no passwd entry)
-        found.append(str(Path.home() / ".local" / "state" / "safejit"))
+    home = os.path.expanduser("~")  # ("~" itself when there is no HOME and no passwd entry)
+    if home != "~":
+        found.append(os.path.join(home, ".local", "state", "safejit"))
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if not (runtime and os.path.isabs(runtime)):
         runtime = f"/run/user/{os.geteuid()}"

@@ -31,9 +31,11 @@ conversion). A kernel the debug info does not describe is refused unless
 ``argtypes=`` and ``restype=`` declare it; it is then checked against that
 declaration. A declaration given for a kernel the build describes must agree with it.
 
-The call itself is a function generated once per kernel from fixed templates (no
-text of the build or the caller enters it): per argument an exact-class test and a
-range test, the slow converters only for what those let through.
+A kernel's first calls convert every argument through its slow converter, which
+checks it; after ``WARM_CALLS`` calls the call is a function generated for the kernel
+from fixed templates (no text of the build or the caller enters it): per argument an
+exact-class test and a range test, the slow converters only for what those let
+through. Both raise the same errors: the generated call falls back to the converters.
 """
 
 from __future__ import annotations
@@ -158,15 +160,49 @@ def _build(
         ns[f"s{p.position}"] = slow(where, p, ns)
         argtype, fast[p.position] = _fast(p, ns)
         argtypes.append(argtype)
-    numpy_fast_path(ns)
     fn.argtypes = argtypes
     fn.restype = _restype(ret[0], restype)
     ns["closed"] = lambda: _closed(name)
     ns["arity"] = lambda given, extra: _arity(where, params, sum(v is not _MISSING for v in given) + len(extra))
     ns["failed"] = lambda exc: _ctypes_failed(where, params, exc)
     ns["M"] = _MISSING
-    exec(_source(params, fast), ns)  # noqa: S102 (fixed templates: the only values are indices and int bounds)
-    return Prepared(ns["call"], text)
+    return Prepared(_first_calls(name, where, params, ns, fast), text)
+
+
+#: Calls a kernel makes through its first, generic call before its own is generated:
+#: generating one (``exec``) costs ~0.3 ms in a new process, ~300 generic calls.
+WARM_CALLS = 64
+
+
+def _first_calls(
+    name: str, where: Where, params: list[Param], ns: dict[str, Any], fast: dict[int, str]
+) -> Callable[..., Any]:
+    """The call a kernel starts with: every argument through its slow converter (the
+    checks the generated call makes, and the same errors); after ``WARM_CALLS`` calls
+    it generates the kernel's own call and puts it in the kernel's class."""
+    state, fn, count = ns["state"], ns["fn"], len(params)
+    convert = [ns[f"s{p.position}"] if p.position in fast else None for p in params]
+    calls = 0
+
+    def call(self: Any, *args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls > WARM_CALLS:
+            numpy_fast_path(ns)
+            exec(_source(params, fast), ns)  # noqa: S102 (fixed templates: the only values are indices and int bounds)
+            type(self).__call__ = ns["call"]  # each kernel has a class of its own
+            return ns["call"](self, *args)
+        if state.closed:
+            raise _closed(name)
+        if len(args) != count:
+            raise _arity(where, params, len(args))
+        values = [a if c is None else c(a) for c, a in zip(convert, args, strict=True)]
+        try:
+            return fn(*values)
+        except ctypes.ArgumentError as exc:
+            raise _ctypes_failed(where, params, exc)  # noqa: B904 (as the generated call raises it)
+
+    return call
 
 
 def _fast(p: Param, ns: dict[str, Any]) -> tuple[Any, str]:

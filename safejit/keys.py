@@ -3,8 +3,9 @@
 The encoding is versioned and length-framed: every value is a one-byte type
 tag, an 8-byte big-endian length and the payload, so no two different values
 encode alike. Sets and dicts are refused: their iteration order must never
-reach a hash. A closure's rows (thousands, hashed on every disk lookup) are
-encoded as MessagePack instead, in one C call: as typed and length-prefixed.
+reach a hash. A closure's rows (thousands, hashed on every disk lookup) and a
+toolchain (hundreds of values, encoded again in every new process) are encoded as
+MessagePack instead, in one C call: as typed and length-prefixed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .spec import NOT_IN_KEY, BuildSpec, Toolchain
 
 __all__ = ["KEY_SCHEMA", "build_key", "deps_encoding", "deps_key", "encode"]
 
-KEY_SCHEMA: Final = 2  # 2: the closure is encoded as MessagePack
+KEY_SCHEMA: Final = 3  # 2: the closure is encoded as MessagePack; 3: the toolchain too
 _LEN = struct.Struct(">Q")
 
 
@@ -90,11 +91,18 @@ def portable(value: Any, prefix: str) -> Any:
 _ENCODED: dict[Any, bytes] = {}
 
 
+_TOOLCHAIN = msgspec.msgpack.Encoder()
+
+
 def _encode_toolchain(value: Toolchain) -> bytes:
     """A toolchain's encoding, computed once per (frozen, hashable) Toolchain: it is the
     same for every compile, and its version text and roots are the bulk of a key. Paths
     under its install prefix are encoded relative to it; the prefix itself is not
-    encoded (its binaries' digests and version text say which toolchain it is)."""
+    encoded (its binaries' digests and version text say which toolchain it is).
+
+    MessagePack, tagged ``M``: its fields are text, tuples of text, booleans, ints and
+    a :class:`~safejit.spec.LoadBaseline` of ints and text (a map in field order),
+    all typed and length-prefixed; ~0.15 ms less than :func:`encode` in a new process."""
     found = _ENCODED.get(value)
     if found is None:
         if len(_ENCODED) >= 256:
@@ -103,7 +111,7 @@ def _encode_toolchain(value: Toolchain) -> bytes:
         items = [
             (f.name, portable(getattr(value, f.name), prefix)) for f in dataclasses.fields(value) if f.name != "prefix"
         ]
-        found = _ENCODED[value] = _frame(b"D", encode((type(value).__name__, items)))
+        found = _ENCODED[value] = _frame(b"M", _TOOLCHAIN.encode((type(value).__name__, items)))
     return found
 
 

@@ -15,7 +15,7 @@ from .. import _env
 from ..backends import Backend, get_backend
 from ..backends.base import Runner, RunOutcome
 from ..cache.disk import DiskTier
-from ..cache.staging import Staging, memory_scratch, settle
+from ..cache.staging import Staging, settle
 from ..cache.statmemo import StatMemo
 from ..closure.anchors import Anchors
 from ..config import Config
@@ -64,7 +64,7 @@ class Parts:
         )
         # A compiler process works in a scratch dir; one in this process (NVRTC) writes none.
         scratch = self.backend.needs_workdir
-        in_memory = scratch and config.scratch == "memory" and memory_scratch() is not None
+        in_memory = scratch and config.scratch == "memory"  # (where /dev/shm allows: Staging sees)
         signer = signer_of(config.signing_key) if config.signing_key else None
         self.disk = DiskTier(
             dirs,

@@ -14,10 +14,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ..closure.hashing import Snapshot, digest_bytes, hash_file, is_racy
 from ..errors import ConfigError
-from ..keys import encode
 from ..sandbox import SYSTEM_PATH
+from ..sandbox.statedir import open_private_file
 from ..spec import LoadBaseline, Toolchain
 from .base import Runner
 
@@ -129,6 +131,9 @@ def compiler_search_dirs(verbose: str) -> list[str]:
     return dirs
 
 
+_IDENT = msgspec.msgpack.Encoder()
+
+
 class ProbeCache:
     """Probed toolchains, one JSON file each, keyed by the driver's identity. The other
     programs a probe found (cc1, as, ld) are recorded by the name the driver gave and
@@ -140,19 +145,18 @@ class ProbeCache:
     def __init__(self, state_dir: str | None) -> None:
         self._dir = state_dir
 
-    def _path(self, ident: list[Any]) -> Path | None:
-        return Path(self._dir) / f"probe-{digest_bytes(encode(ident))[:32]}.json" if self._dir else None
+    def _path(self, ident: list[Any]) -> str | None:
+        # (``ident``: text and ints, MessagePack-encoded: typed and length-prefixed)
+        return os.path.join(self._dir, f"probe-{digest_bytes(_IDENT.encode(ident))[:32]}.json") if self._dir else None
 
     def get(self, ident: list[Any]) -> Toolchain | None:
         path = self._path(ident)
         if path is None:
             return None
         try:
-            st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-                return None
-            data = json.loads(path.read_text())
-            if data.get("ident") != ident:
+            with open(open_private_file(path), "rb") as fh:  # (ours, regular, no link)
+                data = msgspec.json.decode(fh.read())
+            if not isinstance(data, dict) or data.get("ident") != ident:
                 return None
             for name, *ident_of in data["tools"]:
                 # The file the name reaches now (through symlinks, "..", the fixed PATH),
@@ -205,14 +209,14 @@ class ProbeCache:
             "tools": [[name, real, *snap] for name, real, snap in tools],
             "dirs": [list(d) for d in dirs],
         }
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
         try:
-            tmp.write_text(json.dumps(data))
+            Path(tmp).write_text(json.dumps(data))
             os.chmod(tmp, 0o600)
             os.replace(tmp, path)
         except OSError:
             with contextlib.suppress(OSError):
-                tmp.unlink()
+                os.unlink(tmp)
 
 
 def _baseline_from(value: object) -> LoadBaseline | None:

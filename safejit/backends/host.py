@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from .. import faults
 from .._proc import alive
+from ..closure.anchors import real_path
 from ..closure.depfiles import parse_listing
 from ..closure.hashing import hash_file, read_output
 from ..errors import ConfigError, LoadError, LoadTimeCodeError
@@ -83,7 +84,7 @@ class HostBackend:
             raise ConfigError(f"no {language} compiler found on {SYSTEM_PATH}; set Config.host_cc/host_cxx")
         if not os.path.isabs(found):
             raise ConfigError(f"host compiler {found!r} must be an absolute path")
-        return os.path.realpath(found)
+        return real_path(found)  # (through the kernel: one lstat per component is ~40 us more)
 
     def toolchain(self, source: Source, run: Runner) -> Toolchain:
         language = self.language(source)
@@ -324,10 +325,22 @@ def _loader_dir() -> str:
             shm = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else None
             prefix = f"safejit-load-u{os.geteuid()}-p"
             _sweep_loader_dirs(shm or tempfile.gettempdir(), prefix)
-            path = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=shm)
+            path = _private_dir(shm or tempfile.gettempdir(), f"{prefix}{os.getpid()}-")
             atexit.register(_remove_empty_dir, path, os.getpid())
             _loader = (os.getpid(), path)
         return _loader[1]
+
+
+def _private_dir(parent: str, prefix: str) -> str:
+    """A new directory of ours (0700) under ``parent``, by an unguessable name: what
+    ``tempfile.mkdtemp`` makes, at a sixth of its cost in a new process."""
+    while True:
+        path = os.path.join(parent, prefix + os.urandom(8).hex())
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        return path
 
 
 def _sweep_loader_dirs(parent: str, prefix: str) -> None:

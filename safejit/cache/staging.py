@@ -292,16 +292,26 @@ class Staging:
     left. ``artifact_file``: the leaf's artifact name, '' when no leaf is prepared."""
 
     def __init__(self, artifact_file: str, *, scratch: bool = True, memory: bool = False) -> None:
-        self._spares = Spares(artifact_file, scratch=scratch and not memory) if artifact_file else None
-        self._memory = memory
+        self._spares = Spares(artifact_file, scratch=scratch) if artifact_file else None
+        #: Whether the scratch is in memory: asked for (``memory``), and seen at the first
+        #: compile (a process that only hits the cache never looks at /dev/shm).
+        self._memory: bool | None = None if memory else False
+
+    def _in_memory(self) -> bool:
+        if self._memory is None:
+            self._memory = memory_scratch() is not None
+            if self._memory and self._spares is not None:
+                self._spares.scratch = False  # (compilers work in memory: no src/ or .tmp/ in spares)
+        return self._memory
 
     def workdir(self, root: str) -> Workdir:
         """A work directory for one compile and its publish, prepared ahead when possible,
         with its scratch in memory when asked."""
         base = CacheLayout(root).tmp
+        in_memory = self._in_memory()
         wd = self._spares.take(base) if self._spares is not None else make(base, "", prepared=False)
         try:
-            return with_scratch(wd, memory_scratch() if self._memory else None)
+            return with_scratch(wd, memory_scratch() if in_memory else None)
         except OSError as exc:
             logger.debug("no scratch in memory (%s); compiling in the cache root", exc)
             return wd

@@ -32,6 +32,7 @@ import weakref
 from collections.abc import Sequence
 
 from .. import _env
+from ..closure.anchors import is_under, real_path
 
 __all__ = ["StateDir", "open_private_file", "private_file", "state_dir"]
 
@@ -129,12 +130,8 @@ def _open_private(path: str, *, create: bool) -> int | None:
 
 
 def _inside(path: str, roots: Sequence[str]) -> bool:
-    real = os.path.realpath(path)
-    for root in roots:
-        top = os.path.realpath(root)
-        if real == top or real.startswith(top.rstrip("/") + "/"):
-            return True
-    return False
+    real = real_path(path)
+    return any(is_under(real, real_path(root)) for root in roots)
 
 
 _lock = threading.Lock()

@@ -19,7 +19,7 @@ from safejit.spec import BuildSpec
 
 from .strategies import build_specs, dep_tuples
 
-STABLE_DEPS_KEY = "15380c3abf2ecfe60990f2b818d025e01fe6bd3822b36bbadad1a4d2678bf326"
+STABLE_DEPS_KEY = "baddf3be3530e1b8cbdbf18474c61ef2abd5d617258bfc80b654c5f208f1cb36"  # KEY_SCHEMA 3
 
 SEEDS = ("0", "12345")
 

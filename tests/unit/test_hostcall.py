@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import safejit
-from safejit import ArgumentTypeError, ArgumentValueError
+from safejit import ArgumentTypeError, ArgumentValueError, _hostcall
 
 np = pytest.importorskip("numpy")
 
@@ -43,15 +43,25 @@ int mangled(int a, double b) { return a + (int)b; }
 """
 
 
+@pytest.fixture(scope="module", autouse=True, params=["first calls", "generated call"])
+def tier(request):
+    """Every test twice: through a kernel's first (generic) calls, and through the call
+    generated for it (from its first call on)."""
+    saved = _hostcall.WARM_CALLS
+    _hostcall.WARM_CALLS = 10**9 if request.param == "first calls" else 0
+    yield request.param
+    _hostcall.WARM_CALLS = saved
+
+
 @pytest.fixture(scope="module")
-def mod(tmp_path_factory):
+def mod(tmp_path_factory, tier):
     rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(tmp_path_factory.mktemp("calls")),)))
     yield rt.compile(safejit.Source(KERNELS_C, "kernels"))
     rt.close()
 
 
 @pytest.fixture(scope="module")
-def cxx(tmp_path_factory):
+def cxx(tmp_path_factory, tier):
     rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(tmp_path_factory.mktemp("calls-cxx")),)))
     yield rt.compile(safejit.Source(KERNELS_CXX, "kernels", filename="kernels.cpp"))
     rt.close()
@@ -114,6 +124,18 @@ def test_nothing_is_called_when_an_argument_is_wrong(mod):
     with pytest.raises(ArgumentValueError):
         mod.kernel("scale")(x, 2**63, 2.0)
     assert (x == 1).all()
+
+
+def test_a_kernel_generates_its_call_after_its_first_calls(mod, monkeypatch):
+    monkeypatch.setattr(_hostcall, "WARM_CALLS", 3)
+    k = mod.kernel("add", restype=ctypes.c_int)  # (a declaration: a new kernel, not the cached one)
+    first = type(k).__call__
+    assert [k(i, 1) for i in range(3)] == [1, 2, 3] and type(k).__call__ is first
+    assert k(3, 1) == 4 and type(k).__call__ is not first
+    assert type(k).__call__.__code__.co_filename == "<string>"  # generated
+    with pytest.raises(ArgumentValueError, match="2147483648 does not fit") as info:
+        k(2**31, 1)
+    assert info.value.param == "'a'" and k(2, 3) == 5
 
 
 # -- right arguments -------------------------------------------------------------------------
