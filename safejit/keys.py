@@ -3,9 +3,9 @@
 The encoding is versioned and length-framed: every value is a one-byte type
 tag, an 8-byte big-endian length and the payload, so no two different values
 encode alike. Sets and dicts are refused: their iteration order must never
-reach a hash. A closure's rows (thousands, hashed on every disk lookup) and a
-toolchain (hundreds of values, encoded again in every new process) are encoded as
-MessagePack instead, in one C call: as typed and length-prefixed.
+reach a hash. The two keys — a closure's rows (thousands, hashed on every disk
+lookup) and a build spec (hundreds of values, encoded again in every new process) —
+are encoded as MessagePack instead, in one C call: as typed and length-prefixed.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .spec import NOT_IN_KEY, BuildSpec, Toolchain
 
 __all__ = ["KEY_SCHEMA", "build_key", "deps_encoding", "deps_key", "encode"]
 
-KEY_SCHEMA: Final = 3  # 2: the closure is encoded as MessagePack; 3: the toolchain too
+KEY_SCHEMA: Final = 3  # 2: the closure is encoded as MessagePack; 3: the build key too
 _LEN = struct.Struct(">Q")
 
 
@@ -59,16 +59,29 @@ def _encode_dataclass(value: Any) -> bytes:
     return _frame(b"D", encode((type(value).__name__, items)))
 
 
+_KEY = msgspec.msgpack.Encoder()
+
+
 def build_key(spec: BuildSpec) -> str:
     """Hash of every BuildSpec field not in ``NOT_IN_KEY``. Portable: the toolchain's
-    install prefix enters it as a token (:func:`portable`), in the toolchain and argv."""
+    install prefix enters it as a token (:func:`portable`), in the toolchain and argv.
+
+    MessagePack (typed and length-prefixed), in one C call: a spec's fields are text,
+    ints, None and tuples of these (their types, checked by mypy, are all it holds: no
+    dict or set reaches a key), and the toolchain as :func:`_toolchain_msgpack` gives it."""
     prefix = install_prefix(spec.toolchain)
-    fields = [
-        (f.name, portable(getattr(spec, f.name), prefix) if f.name == "argv" else getattr(spec, f.name))
-        for f in dataclasses.fields(spec)
-        if f.name not in NOT_IN_KEY
-    ]
-    return digest_bytes(encode(("safejit.build_key", KEY_SCHEMA, fields)))
+    fields: list[tuple[str, Any]] = []
+    for name in _KEY_FIELDS:
+        value = getattr(spec, name)
+        if name == "toolchain":
+            value = msgspec.Raw(_toolchain_msgpack(value))
+        elif name == "argv":
+            value = portable(value, prefix)
+        fields.append((name, value))
+    return digest_bytes(_KEY.encode(("safejit.build_key", KEY_SCHEMA, fields)))
+
+
+_KEY_FIELDS: Final = tuple(f.name for f in dataclasses.fields(BuildSpec) if f.name not in NOT_IN_KEY)
 
 
 _PREFIX_MARK: Final = "{toolchain-prefix}"
@@ -89,20 +102,23 @@ def portable(value: Any, prefix: str) -> Any:
 
 
 _ENCODED: dict[Any, bytes] = {}
-
-
 _TOOLCHAIN = msgspec.msgpack.Encoder()
 
 
 def _encode_toolchain(value: Toolchain) -> bytes:
+    """:func:`encode` of a toolchain: its MessagePack (:func:`_toolchain_msgpack`), tagged ``M``."""
+    return _frame(b"M", _toolchain_msgpack(value))
+
+
+def _toolchain_msgpack(value: Toolchain) -> bytes:
     """A toolchain's encoding, computed once per (frozen, hashable) Toolchain: it is the
     same for every compile, and its version text and roots are the bulk of a key. Paths
     under its install prefix are encoded relative to it; the prefix itself is not
     encoded (its binaries' digests and version text say which toolchain it is).
 
-    MessagePack, tagged ``M``: its fields are text, tuples of text, booleans, ints and
-    a :class:`~safejit.spec.LoadBaseline` of ints and text (a map in field order),
-    all typed and length-prefixed; ~0.15 ms less than :func:`encode` in a new process."""
+    MessagePack: its fields are text, tuples of text, booleans, ints and a
+    :class:`~safejit.spec.LoadBaseline` of ints and text (a map in field order), all
+    typed and length-prefixed; ~0.15 ms less than :func:`encode` in a new process."""
     found = _ENCODED.get(value)
     if found is None:
         if len(_ENCODED) >= 256:
@@ -111,7 +127,7 @@ def _encode_toolchain(value: Toolchain) -> bytes:
         items = [
             (f.name, portable(getattr(value, f.name), prefix)) for f in dataclasses.fields(value) if f.name != "prefix"
         ]
-        found = _ENCODED[value] = _frame(b"M", _TOOLCHAIN.encode((type(value).__name__, items)))
+        found = _ENCODED[value] = _TOOLCHAIN.encode((type(value).__name__, items))
     return found
 
 

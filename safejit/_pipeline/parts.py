@@ -44,10 +44,9 @@ class Parts:
         # user's private directory outside every cache root: a cache is data, never code.
         self.state = state_dir(avoid=dirs)
         private = self.state.path
-        # The shim is built by the system compiler, never by a configured one: a
-        # configured compiler is what the sandbox is there to contain.
-        cc = shutil.which("cc", path=SYSTEM_PATH)
-        self.sandbox = Sandbox(config.sandbox, state=self.state, cc=cc)
+        # The shim is built by the system compiler (Sandbox's default), never by a
+        # configured one: a configured compiler is what the sandbox is there to contain.
+        self.sandbox = Sandbox(config.sandbox, state=self.state)
         self.sandbox.check_available()
         self.backend: Backend = get_backend(
             config.backend,

@@ -26,6 +26,7 @@ import grp
 import logging
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import sys
@@ -120,11 +121,12 @@ class Sandbox:
     ``mode`` is ``"auto"`` (every wall this system offers), ``"required"`` (raise
     :class:`SandboxUnavailableError`, before anything runs, when one of
     :data:`REQUIRED` is missing) or ``"off"`` (rlimits and process hygiene only;
-    the compiler runs as the caller).
+    the compiler runs as the caller). ``cc`` builds the exec shim: by default the
+    system's ``cc`` on the fixed PATH; None: the Python shim.
     """
 
     def __init__(
-        self, mode: str, *, state: StateDir | None = None, cc: str | None, limits: Limits | None = None
+        self, mode: str, *, state: StateDir | None = None, cc: str | None = "", limits: Limits | None = None
     ) -> None:
         if mode not in ("auto", "required", "off"):
             raise ConfigError(f"sandbox mode {mode!r}")
@@ -226,7 +228,10 @@ class Sandbox:
             with self._exe_lock:
                 if self._exe is None:
                     state = self._state if self._state is not None else state_dir()
-                    fd = _ensure_shim(state, self._cc)
+                    # The shim is built by the system compiler (by default: ``cc`` on the
+                    # fixed PATH, looked up now), never by a configured one.
+                    cc = shutil.which("cc", path=SYSTEM_PATH) if self._cc == "" else self._cc
+                    fd = _ensure_shim(state, cc)
                     if fd is None:
                         logger.warning("using the Python sandbox shim (slower start) in place of the C one")
                         self._exe = ([sys.executable, "-I", "-S", str(_PYSHIM)], ())
