@@ -66,6 +66,8 @@ def argument_error(call: str, **arguments: Any) -> ConfigError:
 def _strings(call: str, name: str, value: Any, *, paths: bool = False) -> None:
     """The sequence itself; its items are the resolver's and the flag policy's to judge
     (a flag that is no string is a FlagPolicyError, counted as a policy violation)."""
+    if type(value) in (tuple, list):  # (what nearly every call passes: no ABC checks, ~50 us in a new process)
+        return
     what = "paths" if paths else "strings"
     if isinstance(value, (str, bytes, os.PathLike)):
         raise ConfigError(
@@ -82,7 +84,7 @@ def _strings(call: str, name: str, value: Any, *, paths: bool = False) -> None:
 def _mapping(call: str, name: str, value: Any, *, none_ok: bool) -> None:
     if value is None:
         return
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         raise ConfigError(
             f"{call}({name}=...) must be a mapping (a dict of name to value), got {type(value).__name__}",
             argument=name,
