@@ -29,12 +29,12 @@ from . import fastpath
 from .cubin import KernelParams, cubin_frame_sizes, cubin_kernels
 from .launch import CudaLibrary, device_arch
 from .nvcc_shell import check_argv, defines_header, header_args, split_macros
-from .nvrtc import NvrtcWorker, compile_with_headers, nvrtc_compile_once
+from .nvrtc import NvrtcWorker, compile_with_headers, library_path, nvrtc_compile_once
 from .recorded import compile_recorded, recorded_options
 
 try:  # imported with the backend (only when backend="cuda" is asked for), not on the compile path
     from cuda.bindings import nvrtc as _nvrtc
-    from cuda.pathfinder import find_nvidia_header_directory, load_nvidia_dynamic_lib
+    from cuda.pathfinder import find_nvidia_header_directory
 except ImportError:  # pragma: no cover - reported when the backend is used
     _nvrtc = None
 
@@ -166,12 +166,12 @@ class CudaBackend:
     def _probe_nvrtc(self) -> Toolchain:
         if _nvrtc is None:
             raise ConfigError("the CUDA backend needs cuda-python: pip install 'safejit[cuda]'")
-        lib = os.path.realpath(load_nvidia_dynamic_lib("nvrtc").abs_path)
-        _, major, minor = _nvrtc.nvrtcVersion()
+        lib = library_path()  # (not loaded on a probe's hit)
         ident = [*file_ident(lib), _PROBE_SCHEMA, "nvrtc"]
         cached = self._probes.get(ident)
         if cached is not None:
             return cached
+        _, major, minor = _nvrtc.nvrtcVersion()
         includes = self._include_dir()
         # NVRTC's built-in headers live in a library of their own, which it loads from
         # its own directory: every such file there is part of the toolchain.

@@ -38,7 +38,7 @@ from ...closure.hashing import read_file
 from ...errors import CompileError, CompileTimeout, LimitExceededError, PathConfinementError
 from ...sandbox import SYSTEM_PATH
 
-__all__ = ["NvrtcRequest", "NvrtcResult", "NvrtcWorker", "compile_with_headers", "nvrtc_compile_once"]
+__all__ = ["NvrtcRequest", "NvrtcResult", "NvrtcWorker", "compile_with_headers", "library_path", "nvrtc_compile_once"]
 
 #: The name NVRTC is given for the main source: in a directory that does not
 #: exist, so a relative include can never be found next to it on disk.
@@ -381,3 +381,24 @@ class NvrtcWorker:
     def close(self) -> None:
         with self._lock:
             self._kill()
+
+
+def library_path() -> str:
+    """The NVRTC library this process loads, resolved. Found as cuda.pathfinder finds it
+    first (pip wheels, conda) without loading it, when none is loaded yet: a cache hit
+    then skips the dlopen of NVRTC (~12 ms here; a compile loads it). Else, or where
+    pathfinder's internals are not those of the versions this knows, loaded through
+    its public API, which says from where."""
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+
+    with contextlib.suppress(Exception):  # (pathfinder's private modules: another version may differ)
+        from cuda.pathfinder._dynamic_libs.lib_descriptor import LIB_DESCRIPTORS
+        from cuda.pathfinder._dynamic_libs.platform_loader import LOADER
+        from cuda.pathfinder._dynamic_libs.search_steps import EARLY_FIND_STEPS, SearchContext, run_find_steps
+
+        desc = LIB_DESCRIPTORS["nvrtc"]
+        loaded = LOADER.check_if_already_loaded_from_elsewhere(desc)
+        found = run_find_steps(SearchContext(desc), EARLY_FIND_STEPS) if loaded is None else None
+        if found is not None and os.path.isfile(found.abs_path):
+            return os.path.realpath(str(found.abs_path))
+    return os.path.realpath(str(load_nvidia_dynamic_lib("nvrtc").abs_path))

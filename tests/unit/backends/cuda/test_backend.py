@@ -467,6 +467,40 @@ def test_nvrtcs_builtin_headers_library_is_part_of_its_toolchain(make_runtime, c
     assert manifest["toolchain"]["digest"].split(":") == [hash_file(p)[0] for p in (lib, *map(str, builtins))]
 
 
+HIT_WITHOUT_NVRTC = r"""
+import json, sys
+import safejit, safejit.backends.cuda.backend
+cache, root = sys.argv[1:3]
+maps = lambda: "libnvrtc.so" in open("/proc/self/maps").read()
+loaded_at_import = maps()
+rt = safejit.Runtime(config=safejit.Config(backend="cuda", cache_dirs=(cache,), source_roots=(root,)))
+rt.build(safejit.Source(sys.argv[3], "saxpy"), include_dirs=(root + "/include",), arch="sm_90")
+from cuda.pathfinder import load_nvidia_dynamic_lib
+from safejit.backends.cuda.nvrtc import library_path
+import os
+found, loaded_by_hit = library_path(), maps()
+print(json.dumps({"hits": rt.stats()["disk_hits"], "at_import": loaded_at_import, "by_hit": loaded_by_hit,
+                  "same": found == os.path.realpath(load_nvidia_dynamic_lib("nvrtc").abs_path)}))
+"""
+
+
+def test_a_fresh_processs_hit_does_not_load_nvrtc(make_runtime, cuda_project, cache_dir):
+    # NVRTC's library is found where cuda.pathfinder would load it from, without loading
+    # it (~12 ms): a process that only hits the cache never maps it.
+    import subprocess
+    import sys
+
+    _rt(make_runtime, cuda_project, "nvrtc").build(
+        safejit.Source(SAXPY, "saxpy"), include_dirs=(str(cuda_project / "include"),), arch="sm_90"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", HIT_WITHOUT_NVRTC, str(cache_dir), str(cuda_project), SAXPY],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    report = json.loads(out.stdout)
+    assert report == {"hits": 1, "at_import": False, "by_hit": False, "same": True}, out.stderr[-2000:]
+
+
 # -- NVRTC's search path: recorded in the worker, headers in memory in process -------------
 NVRTC_MODES = [pytest.param(True, id="worker-recorded"), pytest.param(False, id="in-process-in-memory")]
 ANGLED = '#include <scale.h>\nextern "C" __global__ void k(float* y) { y[0] = SCALE; }\n'
