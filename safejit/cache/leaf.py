@@ -15,6 +15,7 @@ a leaf claims and how a reader holds it to that, and every tier imports both fro
 from __future__ import annotations
 
 import math
+import operator
 import os
 import stat
 from collections.abc import Callable, Sequence
@@ -24,7 +25,7 @@ from typing import Annotated, Any, Final, Protocol
 import msgspec
 
 from ..closure.anchors import LINK_ANCHOR, Anchors, is_under
-from ..closure.hashing import Snapshot, digest_bytes, hash_opened, is_racy, snapshot_of
+from ..closure.hashing import Snapshot, digest_bytes, hash_opened, is_racy
 from ..closure.scan import Absence, DepState
 from ..outcomes import Miss
 from .layout import MANIFEST, MARKER
@@ -55,6 +56,9 @@ MANIFEST_SCHEMA: Final = 2
 MANIFEST_LIMIT: Final = 64 << 20
 
 Hex64 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+#: A dependency's digest: 64 characters here, lowercase hex checked by
+#: :func:`decode_manifest` for all rows at once (a pattern per row: ~0.75 us each).
+Digest64 = Annotated[str, msgspec.Meta(min_length=64, max_length=64)]
 Text = Annotated[str, msgspec.Meta(max_length=1 << 16)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=1 << 40)]
 
@@ -135,7 +139,7 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     backend: Text
     tenant: Text
     name: Text
-    deps: tuple[tuple[Text, Text, Hex64], ...]
+    deps: tuple[tuple[Text, Text, Digest64], ...]
     negatives: tuple[tuple[Text, Text], ...]
     artifact: ArtifactInfo
     kernels: tuple[Text, ...]
@@ -178,7 +182,13 @@ def decode_manifest(raw: bytes) -> Manifest:
         raise ManifestError(f"schema {man.schema}, expected {MANIFEST_SCHEMA}")
     if not math.isfinite(man.created) or not all(math.isfinite(v) for v in man.timings.values()):
         raise ManifestError("a number is not finite")
+    if "".join(map(_DIGEST, man.deps)).translate(_NOT_HEX):
+        raise ManifestError("a dependency's digest is not lowercase hex")
     return man
+
+
+_DIGEST: Final = operator.itemgetter(2)
+_NOT_HEX: Final = str.maketrans("", "", "0123456789abcdef")  # (what is left is not hex)
 
 
 def encode_manifest(man: Manifest) -> bytes:
@@ -393,11 +403,15 @@ def _trusted_deps(man: Manifest, recorded: MemoRecord) -> tuple[DepState, ...] |
     try:
         # lstat: a dependency replaced by a symlink is a changed one (its target is not
         # what was confined when it was hashed).
-        if [snapshot_of(os.lstat(p)) for p in paths] != snaps:
+        if list(map(_SNAPSHOT, map(os.lstat, paths))) != snaps:  # (in C: ~1.3 us a row less)
             return None
     except (OSError, ValueError):
         return None
     return tuple(zip(paths, snaps, (d[2] for d in man.deps), strict=True))
+
+
+#: ``snapshot_of``, as one C call.
+_SNAPSHOT: Final = operator.attrgetter("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
 
 
 def _dir_snap(path: str) -> Snapshot:
