@@ -391,14 +391,22 @@ def library_path() -> str:
     its public API, which says from where."""
     from cuda.pathfinder import load_nvidia_dynamic_lib
 
-    with contextlib.suppress(Exception):  # (pathfinder's private modules: another version may differ)
-        from cuda.pathfinder._dynamic_libs.lib_descriptor import LIB_DESCRIPTORS
-        from cuda.pathfinder._dynamic_libs.platform_loader import LOADER
-        from cuda.pathfinder._dynamic_libs.search_steps import EARLY_FIND_STEPS, SearchContext, run_find_steps
-
-        desc = LIB_DESCRIPTORS["nvrtc"]
-        loaded = LOADER.check_if_already_loaded_from_elsewhere(desc)
-        found = run_find_steps(SearchContext(desc), EARLY_FIND_STEPS) if loaded is None else None
-        if found is not None and os.path.isfile(found.abs_path):
-            return os.path.realpath(str(found.abs_path))
+    if _finder is not None:
+        with contextlib.suppress(Exception):  # (pathfinder's private modules: another version may differ)
+            descriptors, loader, steps, context, run_steps = _finder
+            desc = descriptors["nvrtc"]
+            loaded = loader.check_if_already_loaded_from_elsewhere(desc)
+            found = run_steps(context(desc), steps) if loaded is None else None
+            if found is not None and os.path.isfile(found.abs_path):
+                return os.path.realpath(str(found.abs_path))
     return os.path.realpath(str(load_nvidia_dynamic_lib("nvrtc").abs_path))
+
+
+try:  # (with the module, as cuda.pathfinder itself: not on a compile's path)
+    from cuda.pathfinder._dynamic_libs.lib_descriptor import LIB_DESCRIPTORS
+    from cuda.pathfinder._dynamic_libs.platform_loader import LOADER
+    from cuda.pathfinder._dynamic_libs.search_steps import EARLY_FIND_STEPS, SearchContext, run_find_steps
+
+    _finder: tuple[Any, ...] | None = (LIB_DESCRIPTORS, LOADER, EARLY_FIND_STEPS, SearchContext, run_find_steps)
+except Exception:  # (absent, or another version's layout: the public load is used)
+    _finder = None
