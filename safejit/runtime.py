@@ -74,6 +74,8 @@ class Runtime:
             trace_hits=cfg.trace_memory_hits,
             attrs=self._attrs,
         )
+        #: The memory hit's one call on the owner, bound once (an attribute lookup less per hit).
+        self._memory_get = self._memory.get
         self._counters = Counters()
         self._usage_name = usage_name()
         self._inventory = InventoryWriter(cfg.inventory) if cfg.inventory else None
@@ -121,7 +123,7 @@ class Runtime:
                 arch,
                 tuple(name_expressions),
             )
-            found = self._memory.get(req, now)
+            found = self._memory_get(req, now)
         except (AttributeError, TypeError):  # (a request that cannot even be built or hashed)
             raise argument_error(
                 "compile", include_dirs=include_dirs, defines=defines, flags=flags, extras=extras, arch=arch,
