@@ -223,7 +223,7 @@ class RedisStore(Engine["_redis.Redis"]):
         cap = self._read_cap(size)
         return _PendingGet(self, key, cap)
 
-    def _decoded(self, head: bytes, payload: bytes, cap: int) -> memoryview | None:
+    def _decoded(self, head: bytes, payload: bytes | memoryview, cap: int) -> memoryview | None:
         if not head:
             return None  # absent (a stored value always has its codec byte)
         if len(payload) > cap:
@@ -360,12 +360,14 @@ class _PendingGet:
             self.cancel()  # only when the replies were not read (the fault point raised first)
         return self._store._decoded(head, payload, self._cap)
 
-    def _read(self) -> tuple[bytes, bytes]:
+    def _read(self) -> tuple[bytes, bytes | memoryview]:
         if self._error is not None:
             raise self._error
         conn, self._conn = self._conn, None
         try:
-            return cast("bytes", conn.read_response()), cast("bytes", conn.read_response())
+            replies = _Replies(self._store._redis, conn)
+            head = bytes(replies.bulk(1, expect=1))
+            return head, replies.bulk(self._cap + 1, expect=self._cap)
         except BaseException:
             conn.disconnect()  # an error reply to the first leaves the second unread
             raise
@@ -378,6 +380,90 @@ class _PendingGet:
             with contextlib.suppress(Exception):
                 conn.disconnect()  # the reply is dropped unread, with the connection carrying it
             self._pool.release(conn)
+
+
+#: The longest first line of a reply to a blob read that is read (an error's text is longer
+#: than a bulk string's header, but not by this much).
+_LINE_LIMIT: Final = 4096
+#: A bulk string this short is asked for with its header (one ``recv`` for the codec byte).
+_SMALL: Final = 64
+
+
+class _Replies:
+    """Bulk-string replies read straight off a connection's socket, not through redis-py's
+    parser (which reads 64 KiB at a time, copies each piece into its own buffer, then the
+    whole value into a bytes object): a value's bytes are received into the object handed
+    back, in one ``recv`` when they are all there. Used only on a connection that carries
+    nothing but the commands whose replies are read here (redis-py's parser holds no byte
+    of them); any failure leaves the connection to be dropped."""
+
+    __slots__ = ("_errors", "_left", "_sock")
+
+    def __init__(self, redis: Any, conn: Any) -> None:
+        self._errors = redis.exceptions
+        self._sock = conn._sock
+        if self._sock is None:
+            raise self._errors.ConnectionError("Connection closed by server.")
+        self._left = b""  # bytes received past the last reply or line read
+
+    def bulk(self, limit: int, *, expect: int) -> bytes | memoryview:
+        """The next reply, a bulk string of at most ``limit`` bytes (read-only when not
+        ``bytes``); an error reply is raised as redis-py's ``ResponseError``. ``expect``: the
+        length it likely has (what it likely spans is asked for at once, and no byte past it)."""
+        header = len(b"$%d\r\n" % expect)
+        line = self._line(header + expect + 2 if expect <= _SMALL else header)
+        kind, rest = line[:1], line[1:]
+        if kind == b"-":
+            raise self._errors.ResponseError(rest.decode("utf-8", "replace"))
+        if line == b"$-1":
+            return b""  # (a nil bulk string: GETRANGE answers "" instead, but either says absent)
+        size = int(rest) if kind == b"$" and rest.isdigit() and len(rest) <= 20 else -1
+        if not 0 <= size <= limit:
+            raise self._errors.InvalidResponse(f"unexpected reply to GETRANGE: {line[:40]!r}")
+        value = self._exactly(size)
+        if bytes(self._exactly(2)) != b"\r\n":
+            raise self._errors.InvalidResponse("a bulk string not ended by CRLF")
+        return value
+
+    def _recv(self, n: int) -> bytes:
+        got: bytes = self._sock.recv(n)
+        if not got:
+            raise self._errors.ConnectionError("Connection closed by server.")
+        return got
+
+    def _line(self, guess: int) -> bytes:
+        """The next line, without its CRLF. ``guess``: its likely length with the CRLF, asked
+        for at once (so that, when right, nothing past it is received)."""
+        buf = self._left
+        while (end := buf.find(b"\r\n")) < 0:
+            if len(buf) > _LINE_LIMIT:
+                raise self._errors.InvalidResponse("a reply line over 4096 bytes")
+            buf += self._recv(guess - len(buf) if guess > len(buf) else 256)
+        self._left = buf[end + 2 :]
+        return buf[:end]
+
+    def _exactly(self, n: int) -> bytes | memoryview:
+        """The next ``n`` bytes: the bytes object ``recv`` made when it got them all at once,
+        else a read-only view of a buffer they were received into."""
+        left = self._left
+        if len(left) >= n:
+            self._left = left[n:]
+            return left[:n]
+        self._left = b""
+        if not left:
+            left = self._recv(n)
+            if len(left) == n:
+                return left
+        buf = bytearray(n)
+        with memoryview(buf) as view:
+            have = len(left)
+            view[:have] = left
+            while have < n:
+                got = self._sock.recv_into(view[have:])
+                if not got:
+                    raise self._errors.ConnectionError("Connection closed by server.")
+                have += got
+        return memoryview(buf).toreadonly()
 
 
 @functools.cache
