@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import redis
 
+from safejit.cache.remote import redis as redis_engine
 from safejit.cache.remote.redis import _Replies, classify
 
 
@@ -29,10 +30,10 @@ def replies(sock: socket.socket) -> _Replies:
     return _Replies(redis, SimpleNamespace(_sock=sock))
 
 
-def blob_read(sock: socket.socket, cap: int) -> tuple[bytes, bytes | memoryview]:
+def blob_read(sock: socket.socket, cap: int) -> tuple[bytes, bytes]:
     """What ``_PendingGet`` reads: the codec byte, then up to ``cap + 1`` bytes."""
     got = replies(sock)
-    return bytes(got.bulk(1, expect=1)), got.bulk(cap + 1, expect=cap)
+    return got.bulk(1, expect=1), got.bulk(cap + 1, expect=cap)
 
 
 def test_a_value_there_whole_is_the_bytes_received(pair):
@@ -58,8 +59,17 @@ def test_a_value_in_pieces_is_read_whole(pair):
     writer.start()
     head, payload = blob_read(ours, len(data))
     writer.join()
-    assert head == b"\x01" and payload == data
-    assert isinstance(payload, bytes) or payload.readonly
+    assert head == b"\x01" and type(payload) is bytes and payload == data
+
+
+def test_a_value_over_what_is_asked_for_at_once_comes_in_pieces(pair, monkeypatch):
+    monkeypatch.setattr(redis_engine, "_AT_ONCE", 1000)
+    monkeypatch.setattr(redis_engine, "_PIECE", 300)
+    ours, theirs = pair
+    data = bytes(range(256)) * 20
+    theirs.sendall(b"$1\r\n\x00\r\n$%d\r\n%b\r\n+PONG\r\n" % (len(data), data))
+    assert blob_read(ours, len(data)) == (b"\x00", data)
+    assert ours.recv(100) == b"+PONG\r\n"  # nothing past the replies was read
 
 
 def test_a_header_of_another_length_than_expected(pair):

@@ -223,7 +223,7 @@ class RedisStore(Engine["_redis.Redis"]):
         cap = self._read_cap(size)
         return _PendingGet(self, key, cap)
 
-    def _decoded(self, head: bytes, payload: bytes | memoryview, cap: int) -> memoryview | None:
+    def _decoded(self, head: bytes, payload: bytes, cap: int) -> memoryview | None:
         if not head:
             return None  # absent (a stored value always has its codec byte)
         if len(payload) > cap:
@@ -360,13 +360,13 @@ class _PendingGet:
             self.cancel()  # only when the replies were not read (the fault point raised first)
         return self._store._decoded(head, payload, self._cap)
 
-    def _read(self) -> tuple[bytes, bytes | memoryview]:
+    def _read(self) -> tuple[bytes, bytes]:
         if self._error is not None:
             raise self._error
         conn, self._conn = self._conn, None
         try:
             replies = _Replies(self._store._redis, conn)
-            head = bytes(replies.bulk(1, expect=1))
+            head = replies.bulk(1, expect=1)
             return head, replies.bulk(self._cap + 1, expect=self._cap)
         except BaseException:
             conn.disconnect()  # an error reply to the first leaves the second unread
@@ -387,13 +387,18 @@ class _PendingGet:
 _LINE_LIMIT: Final = 4096
 #: A bulk string this short is asked for with its header (one ``recv`` for the codec byte).
 _SMALL: Final = 64
+#: A value up to this size is asked for whole (one ``recv``, into the bytes object handed back,
+#: when it has all arrived); what is still missing after that, a piece of at most _PIECE at a time.
+_AT_ONCE: Final = 32 << 20
+_PIECE: Final = 1 << 20
 
 
 class _Replies:
     """Bulk-string replies read straight off a connection's socket, not through redis-py's
     parser (which reads 64 KiB at a time, copies each piece into its own buffer, then the
     whole value into a bytes object): a value's bytes are received into the object handed
-    back, in one ``recv`` when they are all there. Used only on a connection that carries
+    back, in one ``recv`` when they are all there, else joined once from the pieces received
+    (never more than the value's length is allocated). Used only on a connection that carries
     nothing but the commands whose replies are read here (redis-py's parser holds no byte
     of them); any failure leaves the connection to be dropped."""
 
@@ -406,10 +411,10 @@ class _Replies:
             raise self._errors.ConnectionError("Connection closed by server.")
         self._left = b""  # bytes received past the last reply or line read
 
-    def bulk(self, limit: int, *, expect: int) -> bytes | memoryview:
-        """The next reply, a bulk string of at most ``limit`` bytes (read-only when not
-        ``bytes``); an error reply is raised as redis-py's ``ResponseError``. ``expect``: the
-        length it likely has (what it likely spans is asked for at once, and no byte past it)."""
+    def bulk(self, limit: int, *, expect: int) -> bytes:
+        """The next reply, a bulk string of at most ``limit`` bytes; an error reply is raised
+        as redis-py's ``ResponseError``. ``expect``: the length it likely has (what it likely
+        spans is asked for at once, and no byte past it)."""
         header = len(b"$%d\r\n" % expect)
         line = self._line(header + expect + 2 if expect <= _SMALL else header)
         kind, rest = line[:1], line[1:]
@@ -421,7 +426,7 @@ class _Replies:
         if not 0 <= size <= limit:
             raise self._errors.InvalidResponse(f"unexpected reply to GETRANGE: {line[:40]!r}")
         value = self._exactly(size)
-        if bytes(self._exactly(2)) != b"\r\n":
+        if self._exactly(2) != b"\r\n":
             raise self._errors.InvalidResponse("a bulk string not ended by CRLF")
         return value
 
@@ -442,28 +447,21 @@ class _Replies:
         self._left = buf[end + 2 :]
         return buf[:end]
 
-    def _exactly(self, n: int) -> bytes | memoryview:
-        """The next ``n`` bytes: the bytes object ``recv`` made when it got them all at once,
-        else a read-only view of a buffer they were received into."""
+    def _exactly(self, n: int) -> bytes:
+        """The next ``n`` bytes: the bytes object ``recv`` made when they were all there at
+        once, else the pieces received joined (one copy)."""
         left = self._left
         if len(left) >= n:
             self._left = left[n:]
             return left[:n]
         self._left = b""
-        if not left:
-            left = self._recv(n)
-            if len(left) == n:
-                return left
-        buf = bytearray(n)
-        with memoryview(buf) as view:
-            have = len(left)
-            view[:have] = left
-            while have < n:
-                got = self._sock.recv_into(view[have:])
-                if not got:
-                    raise self._errors.ConnectionError("Connection closed by server.")
-                have += got
-        return memoryview(buf).toreadonly()
+        parts = [left] if left else []
+        have = len(left)
+        while have < n:
+            got = self._recv(n - have if not parts and n <= _AT_ONCE else min(n - have, _PIECE))
+            parts.append(got)
+            have += len(got)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 @functools.cache
