@@ -6,7 +6,9 @@ Deadlines: redis-py bounds each socket wait by the connection's ``socket_timeout
 connections are pooled per deadline class (the floor, doubling up to the cap): a
 transfer that needs 300 ms runs on a pool whose sockets wait at most 400 ms, a lookup
 on one that waits at most the floor. Blob reads use ``GETRANGE key 0 cap`` so a value
-over the cap is never read whole.
+over the cap is never read whole, and their replies are read straight off the socket,
+the value received into the bytes object handed back (``_Replies``); a lookup's index
+read sends its one command on a pooled connection without the client's machinery.
 
 redis-py is imported when a store is made, never by ``import safejit``.
 """
