@@ -144,3 +144,11 @@ def test_a_server_that_stops_answering_is_a_timeout(pair):
 def test_a_closed_connection_is_refused_before_reading():
     with pytest.raises(redis.exceptions.ConnectionError):
         _Replies(redis, SimpleNamespace(_sock=None))
+
+
+def test_an_index_reply_is_field_value_pairs_or_invalid():
+    assert redis_engine._pairs([b"a", b"1", b"b", b"2"]) == [(b"a", b"1"), (b"b", b"2")]
+    assert redis_engine._pairs([]) == []
+    for bad in ([b"a"], [b"a", 1], [b"a", [b"x"]], {b"a": b"1"}, b"a"):
+        with pytest.raises(redis.exceptions.InvalidResponse):
+            redis_engine._pairs(bad)

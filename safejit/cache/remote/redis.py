@@ -175,15 +175,15 @@ class RedisStore(Engine["_redis.Redis"]):
         self._guard.admit("index")
         key = self.layout.redis_idx(build_key)
         pool = self.client().connection_pool
-        flat = self._guard.run(
+        pairs = self._guard.run(
             "index",
             "remote.get",
-            lambda: cast("list[bytes]", _command(pool, "HGETALL", key)),
-            received=lambda r: sum(len(v) for v in r[1::2]),
+            lambda: _pairs(_command(pool, "HGETALL", key)),
+            received=lambda r: sum(len(v) for _, v in r),
         )
         limit = self.settings.max_manifest_bytes
         out: dict[str, bytes] = {}
-        for field, value in zip(flat[::2], flat[1::2], strict=True):
+        for field, value in pairs:
             name = field.decode("ascii", "replace")
             if is_hex(name) and len(value) <= limit:
                 out[name] = value
@@ -478,6 +478,15 @@ def _command(pool: _redis.ConnectionPool, *args: Any) -> Any:
         raise
     finally:
         pool.release(conn)
+
+
+def _pairs(reply: Any) -> list[tuple[bytes, bytes]]:
+    """HGETALL's flat reply as (field, value) pairs; anything else is an invalid response."""
+    import redis
+
+    if not isinstance(reply, list) or len(reply) % 2 or not all(isinstance(x, bytes) for x in reply):
+        raise redis.exceptions.InvalidResponse(f"unexpected reply to HGETALL: {type(reply).__name__}")
+    return list(zip(reply[::2], reply[1::2], strict=True))
 
 
 @functools.cache
