@@ -27,6 +27,7 @@ Keys written (targets in parentheses):
                                   BLAKE3) / a raw GET of the same stored bytes, same client, interleaved,
                                   p50 / p50 (<= 1.3)
   remote_hit_1mb_us               the verified hit itself
+  remote_hit_1mb_raw_get_us       its peer, the raw GET of the same run
   fleet8_compiles                 compiles, summed over 8 processes (own disk roots, one server) cold at once (1)
   upload_overhead_ratio           a cold host compile with uploads on / with the remote off, paired, p50 (<= 1.05)
 """
@@ -353,6 +354,7 @@ def tier_hit(results: dict[str, Any], url: str, quick: bool) -> None:
         store.close()
         _ = msgspec
     results["remote_hit_1mb_us"] = round(statistics.median(ours), 1)
+    results["remote_hit_1mb_raw_get_us"] = round(statistics.median(raw), 1)
     results["remote_hit_1mb_vs_raw_get"] = round(statistics.median(ours) / statistics.median(raw), 3)
     print(f"verified remote hit 1 MB: {statistics.median(ours):.0f} us vs raw GET {statistics.median(raw):.0f} us")
 

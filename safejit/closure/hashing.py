@@ -38,6 +38,9 @@ __all__ = [
 #: (git's "racily clean" problem). Such files are rehashed, never stat-trusted.
 RACY_WINDOW_NS: Final = 2_000_000_000
 
+#: From this size BLAKE3 hashes on every core (its tree mode). Not lower: on a 2-core machine
+#: a 1 MB hash took 112 us on threads in a tight loop but 245 us (against 170 on one) after
+#: the threads had parked, as between two remote hits.
 _PARALLEL_BYTES: Final = 1 << 20
 Snapshot = tuple[int, int, int, int, int]  # dev, ino, size, mtime_ns, ctime_ns
 

@@ -415,3 +415,20 @@ def test_s3_conditional_write_conflict_is_retried_once(s3_url, make_store):
     with pytest.raises(RemoteError) as info:
         store.put_blob(hexkey("d"), b"data")
     assert info.value.reason == "error" and len(calls) == 2
+
+
+def test_redis_keys_of_the_wrong_type_are_an_error_and_the_next_command_gets_its_own_reply(redis_server, make_store):
+    store = make_store(redis_server.url)
+    admin = redis_server.admin()
+    admin.set(f"sj:v1:t1:cuda:idx:{K}", b"not a hash")
+    blob = hexkey("hash-blob")
+    admin.hset(f"sj:v1:t1:cas:{blob}", "f", "v")
+    for _ in range(2):
+        with pytest.raises(RemoteError) as info:
+            store.index(K)
+        assert info.value.reason == "error" and "WRONGTYPE" in str(info.value)
+        with pytest.raises(RemoteError) as info:
+            store.get_blob(blob)
+        assert info.value.reason == "error" and "WRONGTYPE" in str(info.value)
+        store.publish_manifest(D1, D2, b"m")
+        assert dict(store.index(D1)) == {D2: b"m"}

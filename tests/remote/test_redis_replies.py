@@ -1,0 +1,154 @@
+"""The blob read's replies, read straight off the socket (``redis._Replies``): what a server
+may send — the value whole or in pieces, absent, an error, too much, garbage, nothing, a
+closed connection — gives the value or the error redis-py's parser would have raised."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import pytest
+import redis
+
+from safejit.cache.remote import redis as redis_engine
+from safejit.cache.remote.redis import _Replies, classify
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    ours, theirs = socket.socketpair()
+    ours.settimeout(5.0)
+    yield ours, theirs
+    ours.close()
+    theirs.close()
+
+
+def replies(sock: socket.socket) -> _Replies:
+    return _Replies(redis, SimpleNamespace(_sock=sock))
+
+
+def blob_read(sock: socket.socket, cap: int) -> tuple[bytes, bytes]:
+    """What ``_PendingGet`` reads: the codec byte, then up to ``cap + 1`` bytes."""
+    got = replies(sock)
+    return got.bulk(1, expect=1), got.bulk(cap + 1, expect=cap)
+
+
+def test_a_value_there_whole_is_the_bytes_received(pair):
+    ours, theirs = pair
+    theirs.sendall(b"$1\r\n\x00\r\n$5\r\nhello\r\n")
+    head, payload = blob_read(ours, 5)
+    assert head == b"\x00" and type(payload) is bytes and payload == b"hello"
+    theirs.sendall(b"+PONG\r\n")  # nothing past the replies was read
+    assert ours.recv(100) == b"+PONG\r\n"
+
+
+def test_a_value_in_pieces_is_read_whole(pair):
+    ours, theirs = pair
+    data = bytes(range(256)) * 400
+    wire = b"$1\r\n\x01\r\n$%d\r\n%b\r\n" % (len(data), data)
+
+    def trickle() -> None:
+        for i in range(0, len(wire), 7000):
+            theirs.sendall(wire[i : i + 7000])
+            time.sleep(0.001)
+
+    writer = threading.Thread(target=trickle)
+    writer.start()
+    head, payload = blob_read(ours, len(data))
+    writer.join()
+    assert head == b"\x01" and type(payload) is bytes and payload == data
+
+
+def test_a_value_over_what_is_asked_for_at_once_comes_in_pieces(pair, monkeypatch):
+    monkeypatch.setattr(redis_engine, "_AT_ONCE", 1000)
+    monkeypatch.setattr(redis_engine, "_PIECE", 300)
+    ours, theirs = pair
+    data = bytes(range(256)) * 20
+    theirs.sendall(b"$1\r\n\x00\r\n$%d\r\n%b\r\n+PONG\r\n" % (len(data), data))
+    assert blob_read(ours, len(data)) == (b"\x00", data)
+    assert ours.recv(100) == b"+PONG\r\n"  # nothing past the replies was read
+
+
+def test_a_header_of_another_length_than_expected(pair):
+    ours, theirs = pair
+    theirs.sendall(b"$1\r\n\x01\r\n$3\r\nabc\r\n")  # (shorter than the 100000 asked for: zstd)
+    assert blob_read(ours, 100_000) == (b"\x01", b"abc")
+    theirs.sendall(b"$1\r\n\x00\r\n$11\r\nhello world\r\n")  # longer: over the cap of 9
+    with pytest.raises(redis.exceptions.InvalidResponse):
+        blob_read(ours, 9)
+
+
+def test_one_byte_over_the_cap_is_read_for_the_caller_to_refuse(pair):
+    ours, theirs = pair
+    theirs.sendall(b"$1\r\n\x00\r\n$6\r\nhello!\r\n")
+    assert blob_read(ours, 5) == (b"\x00", b"hello!")
+
+
+def test_an_absent_value(pair):
+    ours, theirs = pair
+    theirs.sendall(b"$0\r\n\r\n$0\r\n\r\n")
+    assert blob_read(ours, 1000) == (b"", b"")
+    theirs.sendall(b"$-1\r\n$-1\r\n")
+    assert blob_read(ours, 1000) == (b"", b"")
+
+
+def test_an_error_reply_is_a_response_error_with_its_reason(pair):
+    ours, theirs = pair
+    theirs.sendall(b"-NOPERM User sj-t1-reader has no permissions to run the 'getrange' command\r\n")
+    with pytest.raises(redis.exceptions.ResponseError) as info:
+        blob_read(ours, 1000)
+    assert classify(info.value) == "denied" and "getrange" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"+OK\r\n",
+        b":5\r\n",
+        b"$x1\r\n",
+        b"$1\r\n\x00\r\n$-5\r\n",
+        b"$1\r\n\x00\r\n$3\r\nabcXY",  # not ended by CRLF
+        b"$1\r\n\x00\r\n$" + b"9" * 30 + b"\r\n",
+        b"$" + b"1" * 5000,  # a line that never ends
+    ],
+)
+def test_anything_else_is_an_invalid_response(pair, wire):
+    ours, theirs = pair
+    theirs.sendall(wire)
+    with pytest.raises(redis.exceptions.InvalidResponse):
+        blob_read(ours, 1000)
+    assert classify(redis.exceptions.InvalidResponse("x")) == "error"
+
+
+def test_a_connection_closed_midway(pair):
+    ours, theirs = pair
+    theirs.sendall(b"$1\r\n\x00\r\n$100\r\n" + b"a" * 50)
+    theirs.close()
+    with pytest.raises(redis.exceptions.ConnectionError) as info:
+        blob_read(ours, 100)
+    assert classify(info.value) == "error"
+
+
+def test_a_server_that_stops_answering_is_a_timeout(pair):
+    ours, theirs = pair
+    ours.settimeout(0.05)
+    theirs.sendall(b"$1\r\n\x00\r\n$100\r\n" + b"a" * 50)
+    with pytest.raises(TimeoutError) as info:
+        blob_read(ours, 100)
+    assert classify(info.value) == "timeout"
+
+
+def test_a_closed_connection_is_refused_before_reading():
+    with pytest.raises(redis.exceptions.ConnectionError):
+        _Replies(redis, SimpleNamespace(_sock=None))
+
+
+def test_an_index_reply_is_field_value_pairs_or_invalid():
+    assert redis_engine._pairs([b"a", b"1", b"b", b"2"]) == [(b"a", b"1"), (b"b", b"2")]
+    assert redis_engine._pairs([]) == []
+    for bad in ([b"a"], [b"a", 1], [b"a", [b"x"]], {b"a": b"1"}, b"a"):
+        with pytest.raises(redis.exceptions.InvalidResponse):
+            redis_engine._pairs(bad)
