@@ -96,7 +96,7 @@ def _open_private(path: str, *, create: bool) -> int | None:
     # (links on the way lead somewhere; where they lead is walked and checked. The
     # directory itself must be no link.)
     head, name = os.path.split(os.path.abspath(path))
-    parts = [p for p in os.path.realpath(head).split("/") if p] + [name]
+    parts = [p for p in real_path(head).split("/") if p] + [name]
     if not parts:
         return None
     fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
