@@ -501,6 +501,22 @@ def test_a_fresh_processs_hit_does_not_load_nvrtc(make_runtime, cuda_project, ca
     assert report == {"hits": 1, "at_import": False, "by_hit": False, "same": True}, out.stderr[-2000:]
 
 
+def test_nvrtcs_library_is_the_one_pathfinder_loads_whichever_way_it_is_found(monkeypatch):
+    # Found without loading where pathfinder's finder is known; else (another layout, or
+    # none) loaded through the public API: the same file either way.
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+
+    from safejit.backends.cuda import nvrtc
+
+    want = os.path.realpath(load_nvidia_dynamic_lib("nvrtc").abs_path)
+    assert nvrtc.library_path() == want
+    monkeypatch.setattr(nvrtc, "_finder", None)
+    assert nvrtc.library_path() == want
+    broken = (None, None, None, None, None)  # (a finder whose parts fail: the public load)
+    monkeypatch.setattr(nvrtc, "_finder", broken)
+    assert nvrtc.library_path() == want
+
+
 # -- NVRTC's search path: recorded in the worker, headers in memory in process -------------
 NVRTC_MODES = [pytest.param(True, id="worker-recorded"), pytest.param(False, id="in-process-in-memory")]
 ANGLED = '#include <scale.h>\nextern "C" __global__ void k(float* y) { y[0] = SCALE; }\n'
