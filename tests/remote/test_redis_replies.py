@@ -1,4 +1,4 @@
-"""The blob read's replies, read straight off the socket (``redis._Replies``): what a server
+"""The blob read's replies, read straight off the socket (``_resp.Replies``): what a server
 may send — the value whole or in pieces, absent, an error, too much, garbage, nothing, a
 closed connection — gives the value or the error redis-py's parser would have raised."""
 
@@ -13,8 +13,9 @@ from types import SimpleNamespace
 import pytest
 import redis
 
-from safejit.cache.remote import redis as redis_engine
-from safejit.cache.remote.redis import _Replies, classify
+from safejit.cache.remote import _resp
+from safejit.cache.remote._resp import Replies
+from safejit.cache.remote.redis import classify
 
 
 @pytest.fixture
@@ -26,8 +27,8 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     theirs.close()
 
 
-def replies(sock: socket.socket) -> _Replies:
-    return _Replies(redis, SimpleNamespace(_sock=sock))
+def replies(sock: socket.socket) -> Replies:
+    return Replies(redis, SimpleNamespace(_sock=sock))
 
 
 def blob_read(sock: socket.socket, cap: int) -> tuple[bytes, bytes]:
@@ -63,8 +64,8 @@ def test_a_value_in_pieces_is_read_whole(pair):
 
 
 def test_a_value_over_what_is_asked_for_at_once_comes_in_pieces(pair, monkeypatch):
-    monkeypatch.setattr(redis_engine, "_AT_ONCE", 1000)
-    monkeypatch.setattr(redis_engine, "_PIECE", 300)
+    monkeypatch.setattr(_resp, "_AT_ONCE", 1000)
+    monkeypatch.setattr(_resp, "_PIECE", 300)
     ours, theirs = pair
     data = bytes(range(256)) * 20
     theirs.sendall(b"$1\r\n\x00\r\n$%d\r\n%b\r\n+PONG\r\n" % (len(data), data))
@@ -143,12 +144,12 @@ def test_a_server_that_stops_answering_is_a_timeout(pair):
 
 def test_a_closed_connection_is_refused_before_reading():
     with pytest.raises(redis.exceptions.ConnectionError):
-        _Replies(redis, SimpleNamespace(_sock=None))
+        Replies(redis, SimpleNamespace(_sock=None))
 
 
 def test_an_index_reply_is_field_value_pairs_or_invalid():
-    assert redis_engine._pairs([b"a", b"1", b"b", b"2"]) == [(b"a", b"1"), (b"b", b"2")]
-    assert redis_engine._pairs([]) == []
+    assert _resp.hash_pairs([b"a", b"1", b"b", b"2"]) == [(b"a", b"1"), (b"b", b"2")]
+    assert _resp.hash_pairs([]) == []
     for bad in ([b"a"], [b"a", 1], [b"a", [b"x"]], {b"a": b"1"}, b"a"):
         with pytest.raises(redis.exceptions.InvalidResponse):
-            redis_engine._pairs(bad)
+            _resp.hash_pairs(bad)
