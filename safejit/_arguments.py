@@ -1,7 +1,8 @@
 """The arguments of ``Runtime.compile``/``build``/``explain``, checked as ``Config``
 checks its fields: a bare string where a sequence of strings belongs, a non-mapping
-``defines``/``extras``, an unknown keyword — each a :class:`ConfigError` naming the
-argument.
+``defines``/``extras`` — each a :class:`ConfigError` naming the argument. (An unknown
+keyword is Python's own TypeError, which names it: a ``**`` catch-all on ``compile``
+would cost every memory hit a dict.)
 
 ``compile`` calls this on the slow path only (the first compile of a request, or
 when building the request failed): an invalid request is never stored, so it never
@@ -14,22 +15,21 @@ reaches the memory tier, and a memory hit pays nothing for the checks::
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from .errors import ConfigError
+from .spec import Source
 
-__all__ = ["ARGUMENTS", "argument_error", "check_arguments"]
+__all__ = ["argument_error", "check_arguments"]
 
-#: The keyword arguments the compile calls take.
-ARGUMENTS: Final = ("include_dirs", "defines", "flags", "extras", "arch", "name_expressions")
 _VALUES: Final = (str, int, float, bool)
 
 
 def check_arguments(
     call: str,
+    source: Any,
     *,
     include_dirs: Any = (),
     defines: Any = None,
@@ -37,13 +37,10 @@ def check_arguments(
     extras: Any = None,
     arch: Any = None,
     name_expressions: Any = (),
-    unknown: Mapping[str, Any] | None = None,
 ) -> None:
     """Raise :class:`ConfigError` naming the first argument of ``call`` that is wrong."""
-    for name in unknown or ():
-        near = difflib.get_close_matches(name, ARGUMENTS, n=1)
-        hint = f"; did you mean {near[0]!r}?" if near else f"; it takes {', '.join(ARGUMENTS)}"
-        raise ConfigError(f"{call}() got an unknown argument {name!r}{hint}", argument=name)
+    if not isinstance(source, Source):
+        raise ConfigError(f"{call}(source) must be a safejit.Source, got {type(source).__name__}", argument="source")
     _strings(call, "include_dirs", include_dirs, paths=True)
     _strings(call, "flags", flags)
     _strings(call, "name_expressions", name_expressions)
@@ -53,11 +50,11 @@ def check_arguments(
         raise ConfigError(f"{call}(arch=...) must be a str or None, got {type(arch).__name__}", argument="arch")
 
 
-def argument_error(call: str, **arguments: Any) -> ConfigError:
+def argument_error(call: str, source: Any, **arguments: Any) -> ConfigError:
     """The error for a request that could not be made into a cache key: the argument at
     fault, else what could not be hashed."""
     try:
-        check_arguments(call, **arguments)
+        check_arguments(call, source, **arguments)
     except ConfigError as exc:
         return exc
     return ConfigError(f"{call}(): the source and arguments must be hashable values (str, int, float, bool)")

@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 __all__ = ["Explanation", "Runtime"]
 
 logger = logging.getLogger(__name__)
+#: The memory hit's clock, one global load (``time.monotonic`` is two).
+_monotonic = time.monotonic
 
 
 class Runtime:
@@ -102,41 +104,43 @@ class Runtime:
         extras: Mapping[str, Any] | None = None,
         arch: str | None = None,
         name_expressions: Sequence[str] = (),
-        **unknown: Any,
     ) -> Module:
         """Compile (or find) ``source`` and return its loaded :class:`Module`. Thread-safe.
 
         ``name_expressions`` (CUDA, NVRTC) name template instantiations to compile
         and look up by name, e.g. ``("scale<float>",)``. A wrong argument (a bare str
-        for a sequence, a non-mapping ``defines``, an unknown keyword) is a ConfigError.
+        for a sequence, a non-mapping ``defines``) is a ConfigError naming it; an unknown
+        keyword, Python's TypeError naming it (a ``**`` catch-all would cost every hit).
         """
-        now = time.monotonic()
+        now = _monotonic()
         try:
-            # The memory hit's path: the request tuple is built here, inline, as _request
-            # builds it (a call more is a share of a 0.7 µs hit); arguments are checked on a miss.
-            req = (
-                source,
-                tuple(include_dirs),
+            # The memory hit's path: the memory tier's key is the request tuple _request
+            # builds, built here inline (a call more is a share of a 0.4 µs hit; so is
+            # tuple() of an empty default), with the source's fields in place of the
+            # Source (hashed in C). Arguments are checked on a miss.
+            key = (
+                source._key,
+                tuple(include_dirs) if include_dirs else (),
                 tuple((k, v.__class__, v) for k, v in defines.items()) if defines else (),
-                tuple(flags),
+                tuple(flags) if flags else (),
                 tuple((k, v.__class__, v) for k, v in extras.items()) if extras else (),
                 arch,
-                tuple(name_expressions),
+                tuple(name_expressions) if name_expressions else (),
             )
-            found = self._memory_get(req, now)
-        except (AttributeError, TypeError):  # (a request that cannot even be built or hashed)
+            found = self._memory_get(key, now)
+        except (AttributeError, TypeError, ValueError):  # (a request that cannot be built or hashed)
             raise argument_error(
-                "compile", include_dirs=include_dirs, defines=defines, flags=flags, extras=extras, arch=arch,
-                name_expressions=name_expressions, unknown=unknown,
+                "compile", source, include_dirs=include_dirs, defines=defines, flags=flags, extras=extras,
+                arch=arch, name_expressions=name_expressions,
             ) from None  # fmt: skip
-        if found is not None and not unknown:
+        if found is not None:
             return found
         # The slow path: an invalid request is never stored, so it never hits.
         check_arguments(
-            "compile", include_dirs=include_dirs, defines=defines, flags=flags, extras=extras, arch=arch,
-            name_expressions=name_expressions, unknown=unknown,
+            "compile", source, include_dirs=include_dirs, defines=defines, flags=flags, extras=extras, arch=arch,
+            name_expressions=name_expressions,
         )  # fmt: skip
-        return self._compile_slow(req, now)
+        return self._compile_slow(source, key, now)
 
     def build(
         self,
@@ -148,12 +152,9 @@ class Runtime:
         extras: Mapping[str, Any] | None = None,
         arch: str | None = None,
         name_expressions: Sequence[str] = (),
-        **unknown: Any,
     ) -> Artifact:
         """Compile and cache ``source`` without loading it."""
-        req = _request(
-            source, include_dirs, defines, flags, extras, arch, name_expressions, checked_for="build", unknown=unknown
-        )
+        req = _request(source, include_dirs, defines, flags, extras, arch, name_expressions, checked_for="build")
         with span(SPAN.COMPILE, {**self._attrs, ATTR.KERNEL: name_of(source)}):
             _, resolver, pipeline = self._init()
             obtained = pipeline.obtain(resolver.resolve(req))
@@ -229,12 +230,9 @@ class Runtime:
         extras: Mapping[str, Any] | None = None,
         arch: str | None = None,
         name_expressions: Sequence[str] = (),
-        **unknown: Any,
     ) -> Explanation:
         """Say whether a compile would hit the disk tier and, if not, why."""
-        req = _request(
-            source, include_dirs, defines, flags, extras, arch, name_expressions, checked_for="explain", unknown=unknown
-        )
+        req = _request(source, include_dirs, defines, flags, extras, arch, name_expressions, checked_for="explain")
         parts, resolver, _ = self._init()
         resolved = resolver.resolve(req)
         found = parts.disk.lookup(resolved.key, resolved.anchors, quiet=True)
@@ -286,16 +284,17 @@ class Runtime:
         self.close()
 
     # -- the data path -------------------------------------------------------
-    def _compile_slow(self, req: Request, now: float) -> Module:
-        with span(SPAN.COMPILE, {**self._attrs, ATTR.KERNEL: name_of(req[0])}) as root_span:
-            found = self._memory.find(req, now)
+    def _compile_slow(self, source: Source, key: Request, now: float) -> Module:
+        """``compile`` past a memory hit: ``key`` is its memory key (``source._key`` first)."""
+        with span(SPAN.COMPILE, {**self._attrs, ATTR.KERNEL: name_of(source)}) as root_span:
+            found = self._memory.find(key, now)
             if isinstance(found, Module):
                 root_span.set_attribute(ATTR.TIER, Tier.MEMORY)
                 return found
             if found is Miss.STALE:
                 self._counters.add(Miss.STALE.value)
-                logger.info("memory entry for %s is stale; looking again", name_of(req[0]))
-            module = self._memory.produce(req, lambda: self._produce(req), now)
+                logger.info("memory entry for %s is stale; looking again", name_of(source))
+            module = self._memory.produce(key, lambda: self._produce((source, *key[1:])), now)
             root_span.set_attribute(ATTR.TIER, module.artifact.tier)
             return module
 
@@ -366,16 +365,15 @@ def _request(
     name_expressions: Sequence[str],
     *,
     checked_for: str | None = None,
-    unknown: Mapping[str, Any] | None = None,
 ) -> Request:
     """The hashable request (the same tuple ``compile`` builds inline on its hot path).
     Value types are part of it: ``1``, ``1.0`` and ``True`` compare equal but compile differently.
     ``checked_for``: the public call (``build``, ``explain``) whose arguments are checked
-    first, a wrong one (or one of ``unknown``) a ConfigError naming it."""
+    first, a wrong one a ConfigError naming it."""
     if checked_for is not None:
         check_arguments(
-            checked_for, include_dirs=include_dirs, defines=defines, flags=flags, extras=extras, arch=arch,
-            name_expressions=name_expressions, unknown=unknown,
+            checked_for, source, include_dirs=include_dirs, defines=defines, flags=flags, extras=extras, arch=arch,
+            name_expressions=name_expressions,
         )  # fmt: skip
     return (
         source,

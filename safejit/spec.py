@@ -49,7 +49,12 @@ class Source:
     name: str
     filename: str | None = None
     origin: str | None = None
-    #: Computed once: a Source is hashed on every memory-tier lookup.
+    #: What it is compared by, as one tuple: the memory tier's keys hold it rather than
+    #: the Source (a tuple hashes in C; a class's ``__hash__`` is a Python call).
+    _key: tuple[str, str, str | None, str | None] = field(
+        init=False, repr=False, compare=False, default=("", "", None, None)
+    )
+    #: Computed once.
     _hash: int = field(init=False, repr=False, compare=False, default=0)
 
     def __hash__(self) -> int:
@@ -71,7 +76,9 @@ class Source:
             raise ConfigError(f"Source.name {self.name!r} must match [A-Za-z_][A-Za-z0-9_]{{0,127}}")
         if self.filename is not None and not _FILENAME.match(Path(self.filename).name):
             raise ConfigError(f"Source.filename {self.filename!r} has unsafe characters")
-        object.__setattr__(self, "_hash", hash((self.code, self.name, self.filename, self.origin)))
+        key = (self.code, self.name, self.filename, self.origin)
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_hash", hash(key))
 
     @classmethod
     def from_file(cls, path: str | Path, *, name: str | None = None, max_bytes: int = 4 << 20) -> Source:

@@ -90,6 +90,7 @@ class MemoryTier(Generic[T]):
         self.max_bytes = max_bytes
         self.max_staleness_s = max_staleness_s
         self.entries: OrderedDict[Hashable, Entry[T]] = OrderedDict()
+        self._lookup = self.entries.get  # (the hot path's, bound once; ``entries`` is never replaced)
         self.bytes = 0
         self.evictions = 0
         #: Hits, counted in a plain int on the hot path (``safejit.cache.memory.hits``).
@@ -109,7 +110,7 @@ class MemoryTier(Generic[T]):
         """The value of ``key`` if its closure was checked within the window before
         ``now`` (the call's time), else None: then :meth:`find`. Raises ``TypeError``
         for an unhashable key."""
-        entry = self.entries.get(key)
+        entry = self._lookup(key)
         if entry is not None and now - entry.checked < self._window:
             entry.ref = True
             self.hits += 1
