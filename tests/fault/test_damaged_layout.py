@@ -80,6 +80,7 @@ def test_a_leaf_or_build_dir_replaced_is_quarantined_and_rebuilt(fake, cache_dir
 @pytest.mark.parametrize("what", ["leaf", "build"])
 def test_verify_fix_and_gc_clear_a_damaged_entry_without_following_it(fake, cache_dir, tmp_path, what, how):
     fake().compile(SRC)
+    settle()  # (the build dir made ahead in the background would find the damage first and move it aside)
     leaf = _only_leaf(cache_dir)
     target = leaf if what == "leaf" else leaf.parent
     elsewhere = _elsewhere(tmp_path)
