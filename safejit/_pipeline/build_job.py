@@ -21,6 +21,7 @@ from ..backends.base import CompileContext, CompileOutput, Products
 from ..cache.leaf import Manifest, Negatives, VerifiedLeaf, negative_dirs
 from ..closure import scan
 from ..closure.anchors import LINK_ANCHOR, Anchors
+from ..closure.hashing import Snapshot
 from ..closure.scan import Closure
 from ..config import Config
 from ..errors import CompileError, LimitExceededError, PolicyError, SafejitError
@@ -65,6 +66,8 @@ class _Held:
     manifest: Manifest | None
     #: When the check that found the closure unchanged began (``time.monotonic()``).
     checked: float
+    #: The directories that vouch for the negatives (``cache.leaf.negative_dirs``).
+    dirs: list[tuple[str, Snapshot]]
 
 
 class BuildJob:
@@ -134,7 +137,8 @@ class BuildJob:
             # until its artifact was complete).
             products = None if closure.too_new else self.parts.backend.products(data)
             manifest = None if products is None else self._manifest(closure, data, products, self._elapsed())
-            self._held = _Held(early[1], data, tool_reads, closure, manifest, checked)
+            dirs = negative_dirs(closure.negative_paths) or []  # (None: one is there now; the late check says so)
+            self._held = _Held(early[1], data, tool_reads, closure, manifest, checked, dirs)
             if self._on_artifact is not None:  # staged once all it was made of is known to be confined
                 self._on_artifact(data, manifest)
 
@@ -143,7 +147,7 @@ class BuildJob:
         """Compile in ``workdir`` and record the closure."""
         self._started_ns, self._started = time.time_ns(), time.perf_counter()
         out = self._compile(workdir, events=True)
-        closure, manifest, checked = self._closure_of(out)
+        closure, manifest, checked, dirs = self._closure_of(out)
         if closure.too_new:
             # A dependency changed within a clock tick of the compile: what the compiler read
             # is unknown. Once the tick has passed, compile again; vouch only for a clean run.
@@ -153,12 +157,14 @@ class BuildJob:
             out = self._compile(workdir, events=False)
             checked = time.monotonic()
             closure = scan.merged(self._closure(out.deps, absent=out.absent), self._tools_closure(out.tool_reads))
-            manifest = None
+            manifest, dirs = None, None
         # The staleness clock starts when the check that vouches for the closure began,
         # however long the driver then took to exit or the manifest to be made (DESIGN §6).
         if manifest is None:
             manifest = self._manifest(closure, out.artifact, (out.kernels, out.meta), out.seconds)
-        negatives = Negatives(paths=closure.negative_paths, dirs=negative_dirs(closure.negative_paths))
+        if dirs is None:
+            dirs = negative_dirs(closure.negative_paths) or []
+        negatives = Negatives(paths=closure.negative_paths, dirs=dirs)
         leaf = VerifiedLeaf("", "", manifest, out.artifact, tuple(closure.states), negatives, checked=checked)
         if out.complete and not closure.too_new:
             return Built(leaf, True)
@@ -173,10 +179,13 @@ class BuildJob:
         instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: Outcome.SKIPPED})
         return Built(dataclasses.replace(leaf, dep_states=unvouched, closure_known=out.complete), False)
 
-    def _closure_of(self, out: CompileOutput) -> tuple[Closure, Manifest | None, float]:
+    def _closure_of(
+        self, out: CompileOutput
+    ) -> tuple[Closure, Manifest | None, float, list[tuple[str, Snapshot]] | None]:
         """The closure of the finished compile: the one checked at the close that made
         these very bytes, when there was one; else scanned now. With the manifest made
-        for those bytes (None: not made yet) and when the check that vouches began."""
+        for those bytes (None: not made yet), when the check that vouches began, and
+        the directories that vouch for its negatives (None: not recorded yet)."""
         held = self._held
         early = self._early
         if (
@@ -190,13 +199,13 @@ class BuildJob:
             manifest = held.manifest
             if manifest is not None and (manifest.kernels, manifest.meta) != (out.kernels, backend_meta(out.meta)):
                 manifest = None
-            return held.closure, manifest, held.checked
+            return held.closure, manifest, held.checked, held.dirs
         checked = time.monotonic()
         closure = early[1] if early is not None and early[0] == out.deps and scan.unchanged(early[1]) else None
         if closure is None:
             checked = time.monotonic()
             closure = self._closure(out.deps, absent=out.absent)
-        return scan.merged(closure, self._tools_closure(out.tool_reads)), None, checked
+        return scan.merged(closure, self._tools_closure(out.tool_reads)), None, checked, None
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self._started

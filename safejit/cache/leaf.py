@@ -281,11 +281,11 @@ class Negatives:
                     return True
             except OSError:
                 pass
-        absent = Absence()
         paths = self.paths()
-        if not all(p != "\0" and absent(p) for p in paths):
+        dirs = None if "\0" in paths else negative_dirs(paths)
+        if dirs is None:
             return False
-        self._dirs = negative_dirs(paths)
+        self._dirs = dirs
         return True
 
     def first_present(self) -> str:
@@ -421,10 +421,21 @@ def _dir_snap(path: str) -> Snapshot:
     return (st.st_dev, st.st_ino, 0, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def negative_dirs(paths: Sequence[str]) -> list[tuple[str, Snapshot]]:
-    """The deepest existing directory above each path (all absent), with its identity
-    and last change. Empty when one changed within the racy window: what it holds may
-    still change within the same timestamp tick, so its stat cannot vouch for it."""
+def negative_dirs(paths: Sequence[str]) -> list[tuple[str, Snapshot]] | None:
+    """The deepest existing directory above each path, with its identity and last
+    change — if every path is absent (else None). The directories are recorded first
+    and the paths found absent after: an entry added since either was seen here or
+    changed a recorded directory, however long the two steps took. Empty when a
+    directory changed within the racy window (what it holds may still change within
+    the same timestamp tick, so its stat cannot vouch for it), or none exists above."""
+    found = _deepest_dirs(paths)
+    absent = Absence()
+    if not all(absent(p) for p in paths):
+        return None
+    return list(found.items()) if found is not None else []
+
+
+def _deepest_dirs(paths: Sequence[str]) -> dict[str, Snapshot] | None:
     found: dict[str, Snapshot] = {}
     missing: set[str] = set()
     for path in paths:
@@ -439,13 +450,13 @@ def negative_dirs(paths: Sequence[str]) -> list[tuple[str, Snapshot]]:
                 missing.add(parent)
                 up = os.path.dirname(parent)
                 if up == parent:
-                    return []
+                    return None
                 parent = up
                 continue
             if is_racy(snap):
-                return []
+                return None
             found[parent] = snap
-    return list(found.items())
+    return found
 
 
 def _rehash(anchors: Anchors, anchor: str, rel: str, rehashed: Rehashed) -> DepState | Miss:
