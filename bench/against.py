@@ -47,7 +47,8 @@ KEYS = (
 
 
 def side(tree: Path) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    # (the tree first; what the path held after it: packages installed outside the environment)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)}
     out = subprocess.run(
         [sys.executable, "-c", DRIVER, str(tree / "bench" / "cache_tiers.py")],
         cwd=tree,

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from ..backends.base import CompileContext, CompileOutput, Products
-from ..cache.leaf import Manifest, Negatives, VerifiedLeaf, negative_dirs
+from ..cache.leaf import Manifest, Negatives, VerifiedLeaf
 from ..closure import scan
 from ..closure.anchors import LINK_ANCHOR, Anchors
 from ..closure.hashing import Snapshot
@@ -66,7 +66,7 @@ class _Held:
     manifest: Manifest | None
     #: When the check that found the closure unchanged began (``time.monotonic()``).
     checked: float
-    #: The directories that vouch for the negatives (``cache.leaf.negative_dirs``).
+    #: The directories that vouch for the negatives (``scan.negative_dirs``).
     dirs: list[tuple[str, Snapshot]]
 
 
@@ -100,8 +100,9 @@ class BuildJob:
         self._search_dirs = search_dirs(spec, anchors)
         self._started_ns = 0
         self._started = 0.0
-        #: The compiler's own listing, and its closure, as scanned early.
-        self._early: tuple[tuple[str, ...], Closure] | None = None
+        #: The compiler's own listing, its closure as scanned early, and the directories
+        #: that vouch for its negatives (``scan.negative_dirs``).
+        self._early: tuple[tuple[str, ...], Closure, list[tuple[str, Snapshot]]] | None = None
         self._held: _Held | None = None
 
     # -- events from the compile (CompileEvents) ----------------------------------
@@ -120,7 +121,11 @@ class BuildJob:
         self._held = None
         if complete:
             with contextlib.suppress(OSError, ValueError, SafejitError):
-                self._early = (deps, self._closure(deps, early=True))
+                closure = self._closure(deps, early=True)
+                # (None: a negative is there already; the late scan says what it means)
+                dirs = scan.negative_dirs(closure.negative_paths)
+                if dirs is not None:
+                    self._early = (deps, closure, dirs)
 
     def closed_artifact(self, data: bytes, tool_reads: Mapping[str, tuple[str, ...]] | None) -> None:
         """Whatever the compiler read went into these bytes before it closed them: if the
@@ -129,7 +134,7 @@ class BuildJob:
         self._held = None
         early = self._early
         checked = time.monotonic()  # (an edit from here on may have been missed by the check)
-        if early is None or tool_reads is None or not scan.unchanged(early[1]):
+        if early is None or tool_reads is None or not scan.unchanged(early[1], early[2]):
             return
         with contextlib.suppress(OSError, ValueError, SafejitError):
             closure = scan.merged(early[1], self._tools_closure(tool_reads))
@@ -137,8 +142,7 @@ class BuildJob:
             # until its artifact was complete).
             products = None if closure.too_new else self.parts.backend.products(data)
             manifest = None if products is None else self._manifest(closure, data, products, self._elapsed())
-            dirs = negative_dirs(closure.negative_paths) or []  # (None: one is there now; the late check says so)
-            self._held = _Held(early[1], data, tool_reads, closure, manifest, checked, dirs)
+            self._held = _Held(early[1], data, tool_reads, closure, manifest, checked, early[2])
             if self._on_artifact is not None:  # staged once all it was made of is known to be confined
                 self._on_artifact(data, manifest)
 
@@ -163,7 +167,7 @@ class BuildJob:
         if manifest is None:
             manifest = self._manifest(closure, out.artifact, (out.kernels, out.meta), out.seconds)
         if dirs is None:
-            dirs = negative_dirs(closure.negative_paths) or []
+            dirs = scan.negative_dirs(closure.negative_paths) or []
         negatives = Negatives(paths=closure.negative_paths, dirs=dirs)
         leaf = VerifiedLeaf("", "", manifest, out.artifact, tuple(closure.states), negatives, checked=checked)
         if out.complete and not closure.too_new:
@@ -201,10 +205,10 @@ class BuildJob:
                 manifest = None
             return held.closure, manifest, held.checked, held.dirs
         checked = time.monotonic()
-        closure = early[1] if early is not None and early[0] == out.deps and scan.unchanged(early[1]) else None
-        if closure is None:
-            checked = time.monotonic()
-            closure = self._closure(out.deps, absent=out.absent)
+        if early is not None and early[0] == out.deps and scan.unchanged(early[1], early[2]):
+            return scan.merged(early[1], self._tools_closure(out.tool_reads)), None, checked, early[2]
+        checked = time.monotonic()
+        closure = self._closure(out.deps, absent=out.absent)
         return scan.merged(closure, self._tools_closure(out.tool_reads)), None, checked, None
 
     def _elapsed(self) -> float:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import operator
 import os
-import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Final, Protocol
@@ -25,8 +24,8 @@ from typing import Annotated, Any, Final, Protocol
 import msgspec
 
 from ..closure.anchors import LINK_ANCHOR, Anchors, is_under
-from ..closure.hashing import Snapshot, digest_bytes, hash_opened, is_racy
-from ..closure.scan import Absence, DepState
+from ..closure.hashing import Snapshot, digest_bytes, hash_opened
+from ..closure.scan import Absence, DepState, dirs_unchanged, negative_dirs
 from ..outcomes import Miss
 from .layout import MANIFEST, MARKER
 
@@ -275,12 +274,8 @@ class Negatives:
     def hold(self) -> bool:
         """Whether every path is still absent (re-recording the directories when they
         had to be checked path by path)."""
-        if self._dirs:
-            try:
-                if all(_dir_snap(d) == snap for d, snap in self._dirs):
-                    return True
-            except OSError:
-                pass
+        if self._dirs and dirs_unchanged(self._dirs):
+            return True
         paths = self.paths()
         dirs = None if "\0" in paths else negative_dirs(paths)
         if dirs is None:
@@ -412,51 +407,6 @@ def _trusted_deps(man: Manifest, recorded: MemoRecord) -> tuple[DepState, ...] |
 
 #: ``snapshot_of``, as one C call.
 _SNAPSHOT: Final = operator.attrgetter("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
-
-
-def _dir_snap(path: str) -> Snapshot:
-    st = os.stat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise NotADirectoryError(path)
-    return (st.st_dev, st.st_ino, 0, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def negative_dirs(paths: Sequence[str]) -> list[tuple[str, Snapshot]] | None:
-    """The deepest existing directory above each path, with its identity and last
-    change — if every path is absent (else None). The directories are recorded first
-    and the paths found absent after: an entry added since either was seen here or
-    changed a recorded directory, however long the two steps took. Empty when a
-    directory changed within the racy window (what it holds may still change within
-    the same timestamp tick, so its stat cannot vouch for it), or none exists above."""
-    found = _deepest_dirs(paths)
-    absent = Absence()
-    if not all(absent(p) for p in paths):
-        return None
-    return list(found.items()) if found is not None else []
-
-
-def _deepest_dirs(paths: Sequence[str]) -> dict[str, Snapshot] | None:
-    found: dict[str, Snapshot] = {}
-    missing: set[str] = set()
-    for path in paths:
-        parent = os.path.dirname(path)
-        while parent not in found:
-            if parent in missing:
-                parent = os.path.dirname(parent)
-                continue
-            try:
-                snap = _dir_snap(parent)
-            except OSError:
-                missing.add(parent)
-                up = os.path.dirname(parent)
-                if up == parent:
-                    return None
-                parent = up
-                continue
-            if is_racy(snap):
-                return None
-            found[parent] = snap
-    return found
 
 
 def _rehash(anchors: Anchors, anchor: str, rel: str, rehashed: Rehashed) -> DepState | Miss:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -24,9 +25,12 @@ __all__ = [
     "Dep",
     "DepState",
     "Scanned",
+    "dir_snapshot",
+    "dirs_unchanged",
     "has_include_names",
     "has_include_probes",
     "merged",
+    "negative_dirs",
     "negative_lookups",
     "quoted_includes",
     "scan_file",
@@ -229,17 +233,83 @@ def merged(first: Closure, second: Closure) -> Closure:
     )
 
 
-def unchanged(closure: Closure) -> bool:
+def dir_snapshot(path: str) -> Snapshot:
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(path)
+    return (st.st_dev, st.st_ino, 0, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def negative_dirs(paths: Sequence[str]) -> list[tuple[str, Snapshot]] | None:
+    """The deepest existing directory above each path, with its identity and last
+    change — if every path is absent (else None). The directories are recorded first
+    and the paths found absent after: an entry added since either was seen here or
+    changed a recorded directory, however long the two steps took. Empty when a
+    directory changed within the racy window (what it holds may still change within
+    the same timestamp tick, so its stat cannot vouch for it), or none exists above."""
+    found = _deepest_dirs(paths)
+    absent = Absence()
+    if not all(absent(p) for p in paths):
+        return None
+    return list(found.items()) if found is not None else []
+
+
+def _deepest_dirs(paths: Sequence[str]) -> dict[str, Snapshot] | None:
+    """The deepest existing directory above each path, with its stat (None: a racy one,
+    or none at all). Each parent is resolved once, however many paths it holds."""
+    found: dict[str, Snapshot] = {}
+    deepest: dict[str, str] = {}  # a parent -> the deepest existing directory at or above it
+    for path in paths:
+        parent = path[: path.rfind("/")] or "/"  # (os.path.dirname, less a call: paths are absolute)
+        if parent in deepest:
+            continue
+        walked = []
+        while True:
+            if parent in deepest:
+                top = deepest[parent]
+                break
+            walked.append(parent)
+            try:
+                snap = dir_snapshot(parent)
+            except OSError:
+                up = os.path.dirname(parent)
+                if up == parent:
+                    return None
+                parent = up
+                continue
+            if is_racy(snap):
+                return None
+            found[parent] = snap
+            top = parent
+            break
+        for d in walked:
+            deepest[d] = top
+    return found
+
+
+def dirs_unchanged(dirs: Iterable[tuple[str, Snapshot]]) -> bool:
+    """Whether each directory :func:`negative_dirs` recorded still has that stat (no
+    entry added, removed or renamed in it since)."""
+    try:
+        return all(dir_snapshot(d) == snap for d, snap in dirs)
+    except OSError:
+        return False
+
+
+def unchanged(closure: Closure, dirs: Sequence[tuple[str, Snapshot]] = ()) -> bool:
     """Whether every file of ``closure`` still has the stat it was hashed with and every
-    negative is still absent. A scan made while the compiler ran (cf. ``scan_early`` in
-    the builder) holds only if so when it has ended: nvcc, for one, reads the headers
-    again after writing its depfile. A file that passed the scan has a ctime from before
-    the compile; any write since gives it a later one."""
+    negative is still absent: ``dirs`` (:func:`negative_dirs` of its negatives, when it
+    vouched) unchanged, else each path looked for. A scan made while the compiler ran
+    (cf. ``listed`` in the build job) holds only if so when it has ended: nvcc, for one,
+    reads the headers again after writing its depfile. A file that passed the scan has
+    a ctime from before the compile; any write since gives it a later one."""
     try:
         for path, snap, _ in closure.states:
             if snapshot_of(os.stat(path)) != snap:
                 return False
     except OSError:
         return False
+    if dirs:
+        return dirs_unchanged(dirs)
     absent = Absence()
     return all(absent(path) for path in closure.negative_paths)
