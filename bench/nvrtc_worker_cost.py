@@ -15,6 +15,8 @@ source every round, in a rotating order (paired by round):
   p+malloc   plain, with the worker's malloc tunables
   p+landlock plain, under Landlock
   p+landall  plain, under Landlock that lets it read everything (its cost without its denials)
+  p+landrw   plain, under Landlock that lets it read and write everything (denies nothing at all)
+  p+landtmp  plain, under the worker's Landlock plus writes under /tmp
   p+nnp      plain, with no_new_privs set (as Landlock and the recorder set it)
   utf8       worker, with LC_ALL=C.UTF-8 for LC_ALL=C
   keep       worker, with the variables named by --keep taken from this process's environment
@@ -70,7 +72,8 @@ from safejit.sandbox.statedir import state_dir
 KERNEL = (Path(__file__).resolve().parent.parent / "tests" / "data" / "cute_sgemm.cu").read_text()
 VARIANTS = ("bare", "safejit", "worker", "norec", "nolandlock", "malloc", "plain", "env", "specallow", "utf8")
 VARIANTS += ("bare-c", "bare-tz", "thp", "keep", "pad", "p+limit", "p+malloc", "p+landlock", "p+landall", "p+nnp")
-PLAIN_PLUS = ("p+limit", "p+malloc", "p+landlock", "p+landall", "p+nnp")
+VARIANTS += ("p+landrw", "p+landtmp")
+PLAIN_PLUS = ("p+limit", "p+malloc", "p+landlock", "p+landall", "p+nnp", "p+landrw", "p+landtmp")
 DIRECT = ("worker", "norec", "nolandlock", "malloc", "plain", "env", "specallow", "utf8", "thp", "keep", "pad")
 DIRECT += PLAIN_PLUS
 KEEP: list[str] = []
@@ -79,6 +82,9 @@ TICK = os.sysconf("SC_CLK_TCK")
 NO_LANDLOCK = "import safejit.sandbox.landlock as L; L.restrict = lambda *a, **k: None; "
 NO_LIMIT = "import resource; resource.setrlimit = lambda *a: None; "
 LAND_ALL = "import safejit.sandbox.landlock as L; r = L.restrict; L.restrict = lambda p, *a, **k: r(['/'], *a, **k); "
+_LAND = "import safejit.sandbox.landlock as L; r = L.restrict; L.restrict = "
+LAND_RW = _LAND + "lambda p, w, **k: r(['/'], ['/'], **k); "
+LAND_TMP = _LAND + "lambda p, w, **k: r(p, [*w, '/tmp'], **k); "
 NNP = "import ctypes; ctypes.CDLL(None).prctl(38, 1, 0, 0, 0); "  # PR_SET_NO_NEW_PRIVS
 
 
@@ -175,6 +181,7 @@ def started_as(variant: str) -> Iterator[None]:
             "nolandlock": NO_LANDLOCK, "plain": NO_LANDLOCK + NO_LIMIT, "env": NO_LANDLOCK + NO_LIMIT,
             "p+limit": NO_LANDLOCK, "p+malloc": NO_LANDLOCK + NO_LIMIT, "p+landlock": NO_LIMIT,
             "p+landall": LAND_ALL + NO_LIMIT, "p+nnp": NO_LANDLOCK + NO_LIMIT + NNP,
+            "p+landrw": LAND_RW + NO_LIMIT, "p+landtmp": LAND_TMP + NO_LIMIT,
         }.get(variant, "")  # fmt: skip
         argv = [*argv[:3], argv[3].replace("from safejit.backends", boot + "from safejit.backends"), *argv[4:]]
         if variant in ("plain", *PLAIN_PLUS):
