@@ -177,8 +177,9 @@ def run_argv(
     slots = _slots(ctx.workdir, ctx.spec, ext)
     argv = _filled(ctx, slots, check)
     _stage(ctx.spec, slots, argv, defines_header)
-    files, log, seconds = _run_steps(ctx, argv, slots)
-    return _collected(ctx, argv, slots, files, log, seconds)
+    watcher = _Closes(ctx, slots["{DEP}"], slots["{OUT}"])
+    files, log, seconds = _run_steps(ctx, argv, slots, watcher)
+    return _collected(ctx, argv, slots, files, log, seconds, watcher)
 
 
 def _slots(workdir: str, spec: BuildSpec, ext: str) -> dict[str, str]:
@@ -229,7 +230,7 @@ def _stage(spec: BuildSpec, slots: Mapping[str, str], argv: list[str], defines_h
 
 
 def _run_steps(
-    ctx: CompileContext, argv: list[str], slots: Mapping[str, str]
+    ctx: CompileContext, argv: list[str], slots: Mapping[str, str], watcher: _Closes
 ) -> tuple[Mapping[str, bytes], str, float]:
     """Run each step of ``argv`` (separated by ``--``): the files the last one's runner
     read as they were closed, the steps' logs joined, and their seconds."""
@@ -238,7 +239,6 @@ def _run_steps(
     logs, seconds, start = [], 0.0, 0
     files: Mapping[str, bytes] = {}
     shown = display_paths(ctx)
-    watcher = _Closes(ctx, dep, out)
     for end in [i for i, a in enumerate(argv) if a == "--"] + [len(argv)]:
         step = argv[start:end]
         start = end + 1
@@ -267,17 +267,24 @@ def _run_steps(
 
 
 def _collected(
-    ctx: CompileContext, argv: list[str], slots: Mapping[str, str], files: Mapping[str, bytes], log: str, seconds: float
-) -> ArgvBuild:
+    ctx: CompileContext, argv: list[str], slots: Mapping[str, str], files: Mapping[str, bytes], log: str,
+    seconds: float, watcher: _Closes,
+) -> ArgvBuild:  # fmt: skip
     """The build's artifact, depfile deps and other tools' reads (from ``files`` where
-    the runner read them, else from the work dir); the intermediate object removed."""
+    the runner read them, else from the work dir; as ``watcher`` made them of the same
+    bytes at their close, when it did); the intermediate object removed."""
     spec, workdir = ctx.spec, ctx.workdir
     out, obj = slots["{OUT}"], slots["{OBJ}"]
     try:
         artifact = files.get(out)
         if artifact is None:
             artifact = read_output(out)
-        deps, complete = depfile_deps(slots["{DEP}"], spec, files.get(slots["{DEP}"]))
+        data = files.get(slots["{DEP}"])
+        parsed = watcher.parsed
+        if parsed is not None and data is not None and parsed[0] == data:
+            deps, complete = parsed[1], parsed[2]
+        else:
+            deps, complete = depfile_deps(slots["{DEP}"], spec, data)
         lists = {p: files.get(p) for p in read_lists(workdir, argv)}
         for p in [p for p, data in lists.items() if data is None]:
             with contextlib.suppress(OSError):  # (written by an earlier step)
@@ -286,6 +293,9 @@ def _collected(
             os.unlink(obj)  # intermediates are not kept
     except OSError as exc:
         raise CompileError(f"{spec.name}: compiler output missing: {exc}", log=log, argv=argv) from exc
+    memo = watcher.reads
+    if memo is not None and memo[0] == deps and memo[1] == lists:
+        return ArgvBuild(artifact, deps, complete, memo[2], log, tuple(argv), seconds)
     try:
         reads = tool_reads(workdir, deps, lists, spec.toolchain.link_inputs)
     except ValueError as exc:
@@ -339,6 +349,10 @@ class _Closes:
         self.artifact = artifact
         self.lists: dict[str, bytes | None] = {}
         self.deps: tuple[str, ...] | None = None
+        #: What was made of the depfile's bytes, and of the lists at the artifact's close
+        #: (``_collected`` takes them when the files it ends with are the same).
+        self.parsed: tuple[bytes, tuple[str, ...], bool] | None = None
+        self.reads: tuple[tuple[str, ...], dict[str, bytes | None], dict[str, tuple[str, ...]]] | None = None
 
     def __call__(self, path: str, data: bytes) -> None:
         events = self.ctx.events
@@ -347,17 +361,18 @@ class _Closes:
         if path in self.lists:
             self.lists[path] = data
         elif path == self.depfile:
-            self.deps = None
+            self.deps = self.parsed = None
             with contextlib.suppress(OSError, ValueError):
                 deps, complete = depfile_deps(self.depfile, self.ctx.spec, data)
-                self.deps = deps
+                self.deps, self.parsed = deps, (data, deps, complete)
                 events.listed(deps, complete)
         elif path == self.artifact:
-            reads = None
+            reads = self.reads = None
             if self.deps is not None and None not in self.lists.values():
                 with contextlib.suppress(ValueError):
                     workdir = os.path.dirname(self.artifact)
                     reads = tool_reads(workdir, self.deps, self.lists, self.ctx.spec.toolchain.link_inputs)
+                    self.reads = (self.deps, dict(self.lists), reads)
             events.closed_artifact(data, reads)
 
 

@@ -7,6 +7,7 @@ reads the baseline from the toolchain's empty link and remembers it."""
 from __future__ import annotations
 
 import ctypes
+import inspect
 import json
 import struct
 import subprocess
@@ -19,6 +20,7 @@ import safejit
 from safejit.backends._elf import PT_DYNAMIC, PT_GNU_STACK, Elf
 from safejit.backends._load_time import baseline_of, load_time_code
 from safejit.backends.host import refuse_load_time_code
+from tests.conftest import leaves
 
 SHARED = ("-shared", "-fPIC", "-O2", "-fno-lto")
 
@@ -247,6 +249,53 @@ def test_a_toolchain_without_a_baseline_refuses_every_kernel(plain, baselines):
     refuse_load_time_code(spec, plain)  # type: ignore[arg-type]
     with pytest.raises(safejit.LoadError):
         refuse_load_time_code(spec, b"\x7fELF garbage")  # type: ignore[arg-type]
+
+
+def test_a_pass_is_remembered_only_for_the_same_bytes_and_baseline(plain, baselines, monkeypatch):
+    from safejit.backends import host
+
+    calls = []
+    real = host.load_time_code
+    monkeypatch.setattr(host, "load_time_code", lambda data, base: calls.append(1) or real(data, base))
+    monkeypatch.setattr(host, "_passed", None)  # (what earlier tests left)
+    spec = SimpleNamespace(name="k", toolchain=SimpleNamespace(load_baseline=baselines["c"]))
+    refuse_load_time_code(spec, plain)  # type: ignore[arg-type]
+    refuse_load_time_code(spec, bytes(plain))  # type: ignore[arg-type]  # (equal bytes, another object)
+    assert len(calls) == 1
+    spec.toolchain.load_baseline = baselines["c++"]
+    refuse_load_time_code(spec, plain)  # type: ignore[arg-type]
+    assert len(calls) == 2
+    with pytest.raises(safejit.LoadTimeCodeError):  # (a refusal is never remembered as a pass)
+        for _ in range(2):
+            refuse_load_time_code(spec, _patch_segment(plain, PT_GNU_STACK, flags=7))  # type: ignore[arg-type]
+
+
+def test_a_compile_checks_its_artifact_once_at_its_close(make_runtime, monkeypatch):
+    from safejit.backends import host
+
+    seen = []
+    real = host.load_time_code
+
+    def looked(data, base):
+        seen.append(any(f.function == "closed_artifact" for f in inspect.stack(0)))
+        return real(data, base)
+
+    monkeypatch.setattr(host, "load_time_code", looked)
+    rt = make_runtime()
+    for i in range(2):
+        assert rt.compile(safejit.Source(f"int k{i}(void) {{ return {i}; }}\n", f"k{i}")).kernel(f"k{i}")() == i
+    assert seen == [True, True]  # (one look each, made at the close while the driver exited; none after)
+
+
+def test_an_artifact_refused_at_its_close_is_refused_after_it(make_runtime, cache_dir):
+    rt = make_runtime()
+    code = (
+        "static int x;\n__attribute__((constructor)) static void at_load(void) { x = 1; }\nint k(void) { return x; }\n"
+    )
+    for _ in range(2):
+        with pytest.raises(safejit.LoadTimeCodeError, match=r"initialisers \(DT_INIT_ARRAY\)"):
+            rt.compile(safejit.Source(code, "k"))
+    assert leaves(cache_dir) == []  # nothing published
 
 
 def test_the_probe_keeps_the_baseline_in_the_toolchain_and_its_cache(make_runtime, private_state, baselines):
