@@ -8,8 +8,7 @@ transfer that needs 300 ms runs on a pool whose sockets wait at most 400 ms, a l
 on one that waits at most the floor. Blob reads use ``GETRANGE key 0 cap`` so a value
 over the cap is never read whole, and their replies are read straight off the socket,
 the value received into the bytes object handed back (``_resp.Replies``); a lookup's index
-read likewise. Both send their commands on connections of the pool kept apart from the
-client's machinery (``_lane.Lane``).
+read likewise, on a connection kept apart from the pool's machinery (``_lane.Lane``).
 
 redis-py is imported when a store is made, never by ``import safejit``.
 """
@@ -130,7 +129,7 @@ class RedisStore(Engine["_redis.Redis"]):
             raise ConfigError(f"the remote {settings.url} needs redis-py: pip install 'safejit[redis]'") from None
         self._redis = redis
         self._connection_class = _connection_class(redis, settings)
-        self._lanes: dict[float, Lane] = {}
+        self._lanes: dict[tuple[float, bool], Lane] = {}
 
     # -- connections ---------------------------------------------------------
 
@@ -165,19 +164,20 @@ class RedisStore(Engine["_redis.Redis"]):
                 kwargs["ssl_ca_certs"] = url.ca_certs
         kwargs.update(_no_client_info(self._connection_class))
         pool = redis.ConnectionPool(**kwargs)
-        self._lanes[timeout] = Lane(pool)
+        self._lanes[timeout, True] = Lane(pool, keep=True)
+        self._lanes[timeout, False] = Lane(pool, keep=False)
         # The client's own retry policy is the one redis-py applies to commands.
         return cast(
             "_redis.Redis", redis.Redis(connection_pool=pool, retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0))
         )
 
-    def _lane(self, nbytes: int = 0) -> Lane:
+    def _lane(self, nbytes: int, *, keep: bool) -> Lane:
         """The hot reads' connections of the client for an ``nbytes`` transfer."""
-        bucket = self.settings.deadline_class(nbytes)
-        lane = self._lanes.get(bucket)
+        key = (self.settings.deadline_class(nbytes), keep)
+        lane = self._lanes.get(key)
         if lane is None:
-            self.client(nbytes)  # (made with its lane)
-            lane = self._lanes[bucket]
+            self.client(nbytes)  # (made with its lanes)
+            lane = self._lanes[key]
         return lane
 
     def close(self) -> None:
@@ -206,7 +206,7 @@ class RedisStore(Engine["_redis.Redis"]):
 
     def _exchange(self, request: bytes, read: Callable[[Replies], T]) -> T:
         """``request`` sent on a lane's connection, and ``read`` of its replies."""
-        lane = self._lane()
+        lane = self._lane(0, keep=True)
         conn = lane.take()
         try:
             conn._sock.sendall(request)
@@ -356,7 +356,7 @@ class RedisStore(Engine["_redis.Redis"]):
 class _PendingGet:
     """``GETRANGE key 0 0`` and ``GETRANGE key 1 cap+1`` (the codec byte, then the rest: a raw
     artifact arrives as one bytes object of its own, not to be copied out of the value),
-    sent together on a lane's connection; the replies are read by :meth:`result` (the bytes
+    sent together on a connection of the pool; the replies are read by :meth:`result` (the bytes
     arrive meanwhile) or dropped with the connection by :meth:`cancel`. The range ends one
     byte past the cap: a larger value is ``oversize`` and never read whole."""
 
@@ -365,7 +365,7 @@ class _PendingGet:
     def __init__(self, store: RedisStore, key: str, cap: int) -> None:
         self._store = store
         self._cap = cap
-        self._lane = store._lane(cap + 1)
+        self._lane = store._lane(cap + 1, keep=False)
         self._conn: Any = None
         self._error: Exception | None = None
         self._start = time.perf_counter()
