@@ -73,11 +73,16 @@ class StatMemo:
             return None
         try:
             fd = os.open(self._path(leaf), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            with open(fd, "rb") as fh:
+            try:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
                     return None
-                data = _DECODER.decode(fh.read())
+                # One read of the size stat gave (a record is replaced by rename, never
+                # rewritten in place: a short read is a torn record, refused by the decoder).
+                raw = os.read(fd, st.st_size)
+            finally:
+                os.close(fd)
+            data = _DECODER.decode(raw)
         except (OSError, msgspec.DecodeError):
             return None
         if (data.leaf, data.deps_key, data.roots) != (leaf, deps_key, roots) or len(data.paths) != len(data.snaps):

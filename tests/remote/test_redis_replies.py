@@ -1,6 +1,7 @@
-"""The blob read's replies, read straight off the socket (``_resp.Replies``): what a server
-may send — the value whole or in pieces, absent, an error, too much, garbage, nothing, a
-closed connection — gives the value or the error redis-py's parser would have raised."""
+"""The blob and index reads' replies, read straight off the socket (``_resp.Replies``): what
+a server may send — the value whole or in pieces, absent, an error, too much, garbage,
+nothing, a closed connection — gives the value or the error redis-py's parser would have
+raised; and the commands, packed as redis-py packs them (``_resp.pack``)."""
 
 from __future__ import annotations
 
@@ -147,9 +148,71 @@ def test_a_closed_connection_is_refused_before_reading():
         Replies(redis, SimpleNamespace(_sock=None))
 
 
-def test_an_index_reply_is_field_value_pairs_or_invalid():
-    assert _resp.hash_pairs([b"a", b"1", b"b", b"2"]) == [(b"a", b"1"), (b"b", b"2")]
-    assert _resp.hash_pairs([]) == []
-    for bad in ([b"a"], [b"a", 1], [b"a", [b"x"]], {b"a": b"1"}, b"a"):
-        with pytest.raises(redis.exceptions.InvalidResponse):
-            _resp.hash_pairs(bad)
+def test_an_index_reply_is_its_field_value_pairs(pair):
+    ours, theirs = pair
+    theirs.sendall(b"*4\r\n$1\r\na\r\n$1\r\n1\r\n$2\r\nbb\r\n$0\r\n\r\n")
+    got = replies(ours)
+    assert got.pairs(100) == [(b"a", b"1"), (b"bb", b"")] and got.drained
+    theirs.sendall(b"*0\r\n")
+    assert replies(ours).pairs(100) == []
+
+
+def test_an_index_reply_in_pieces_is_read_whole(pair):
+    ours, theirs = pair
+    value = bytes(range(256)) * 300
+    wire = b"*2\r\n$64\r\n%b\r\n$%d\r\n%b\r\n" % (b"f" * 64, len(value), value)
+
+    def trickle() -> None:
+        for i in range(0, len(wire), 5000):
+            theirs.sendall(wire[i : i + 5000])
+            time.sleep(0.001)
+
+    writer = threading.Thread(target=trickle)
+    writer.start()
+    got = replies(ours)
+    assert got.pairs(len(value)) == [(b"f" * 64, value)] and got.drained
+    writer.join()
+
+
+def test_an_index_value_over_the_limit_is_received_and_not_kept(pair, monkeypatch):
+    monkeypatch.setattr(_resp, "_PIECE", 100)
+    ours, theirs = pair
+    big = b"x" * 1000
+    theirs.sendall(b"*4\r\n$1\r\na\r\n$1000\r\n%b\r\n$1\r\nb\r\n$2\r\nok\r\n" % big)
+    got = replies(ours)
+    assert got.pairs(10) == [(b"a", None), (b"b", b"ok")] and got.drained
+    theirs.sendall(b"+PONG\r\n")  # nothing past the reply was read
+    assert ours.recv(100) == b"+PONG\r\n"
+
+
+def test_an_error_reply_to_an_index_read_is_a_response_error(pair):
+    ours, theirs = pair
+    theirs.sendall(b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n")
+    with pytest.raises(redis.exceptions.ResponseError):
+        replies(ours).pairs(100)
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"*1\r\n$1\r\na\r\n",  # a field without its value
+        b"*-1\r\n",
+        b"$1\r\na\r\n",
+        b"*2\r\n:1\r\n:2\r\n",
+        b"*2\r\n$1\r\naXY$1\r\nb\r\n",  # not ended by CRLF
+        b"*2\r\n*1\r\n$1\r\na\r\n$1\r\nb\r\n",  # nested
+    ],
+)
+def test_any_other_index_reply_is_an_invalid_response(pair, wire):
+    ours, theirs = pair
+    theirs.sendall(wire)
+    with pytest.raises(redis.exceptions.InvalidResponse):
+        replies(ours).pairs(100)
+
+
+@pytest.mark.parametrize(
+    "args", [("HGETALL", "sj:t1:cuda:idx:" + "ab" * 32), ("GETRANGE", "k", 0, 0), ("GETRANGE", "k\u00e9", 1, 1 << 40)]
+)
+def test_a_command_is_packed_as_redis_py_packs_it(args):
+    encoder = redis.connection.Encoder("utf-8", "strict", decode_responses=False)
+    assert _resp.pack(*args) == b"".join(redis.connection.PythonRespSerializer(1 << 20, encoder.encode).pack(*args))

@@ -1,24 +1,23 @@
 """RESP replies read off a redis-py connection without redis-py's parser or command
 machinery (``redis.py``'s hot reads): a blob read's bulk strings received straight into
-the bytes handed back (:class:`Replies`), and one command's reply on a pooled connection
-(:func:`command`). redis-py is passed in or imported when called, never at import."""
+the bytes handed back, an index read's field-value pairs (:class:`Replies`), and the
+commands they answer, packed here (:func:`pack`). redis-py is passed in, never imported."""
 
 from __future__ import annotations
 
 import functools
 import inspect
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
-if TYPE_CHECKING:
-    import redis as _redis
-
-__all__ = ["Replies", "command", "command_name", "hash_pairs"]
+__all__ = ["Replies", "command_name", "pack"]
 
 #: The longest first line of a reply to a blob read that is read (an error's text is longer
 #: than a bulk string's header, but not by this much).
 _LINE_LIMIT: Final = 4096
 #: A bulk string this short is asked for with its header (one ``recv`` for the codec byte).
 _SMALL: Final = 64
+#: What an index read asks for at once (its reply is a few KB a leaf: one ``recv`` takes it).
+_INDEX_GUESS: Final = 64 << 10
 #: A value up to this size is asked for whole (one ``recv``, into the bytes object handed back,
 #: when it has all arrived); what is still missing after that, a piece of at most _PIECE at a time.
 _AT_ONCE: Final = 32 << 20
@@ -43,24 +42,62 @@ class Replies:
             raise self._errors.ConnectionError("Connection closed by server.")
         self._left = b""  # bytes received past the last reply or line read
 
+    @property
+    def drained(self) -> bool:
+        """Whether no byte past the replies read was received (the connection may carry
+        the next command; else it is dropped)."""
+        return not self._left
+
     def bulk(self, limit: int, *, expect: int) -> bytes:
         """The next reply, a bulk string of at most ``limit`` bytes; an error reply is raised
         as redis-py's ``ResponseError``. ``expect``: the length it likely has (what it likely
         spans is asked for at once, and no byte past it)."""
         header = len(b"$%d\r\n" % expect)
         line = self._line(header + expect + 2 if expect <= _SMALL else header)
-        kind, rest = line[:1], line[1:]
-        if kind == b"-":
-            raise self._errors.ResponseError(rest.decode("utf-8", "replace"))
         if line == b"$-1":
             return b""  # (a nil bulk string: GETRANGE answers "" instead, but either says absent)
-        size = int(rest) if kind == b"$" and rest.isdigit() and len(rest) <= 20 else -1
-        if not 0 <= size <= limit:
+        size = self._count(line, b"$", "GETRANGE")
+        if size > limit:
             raise self._errors.InvalidResponse(f"unexpected reply to GETRANGE: {line[:40]!r}")
-        value = self._exactly(size)
+        return self._ended(self._exactly(size))
+
+    def pairs(self, limit: int) -> list[tuple[bytes | None, bytes | None]]:
+        """The next reply, HGETALL's: its (field, value) pairs. A value (or field) over
+        ``limit`` bytes is not kept (None): its bytes are received and dropped."""
+        line = self._line(_INDEX_GUESS)
+        n = self._count(line, b"*", "HGETALL")
+        if n % 2:
+            raise self._errors.InvalidResponse(f"unexpected reply to HGETALL: {line[:40]!r}")
+        flat: list[bytes | None] = []
+        for _ in range(n):
+            size = self._count(self._line(_INDEX_GUESS), b"$", "HGETALL")
+            if size <= limit:
+                flat.append(self._ended(self._exactly(size)))
+            else:
+                self._skip(size)
+                flat.append(None)
+        return list(zip(flat[::2], flat[1::2], strict=True))
+
+    def _count(self, line: bytes, kind: bytes, command: str) -> int:
+        """The length a reply's first line gives for a reply of ``kind`` (``$``, ``*``); an
+        error reply is raised as redis-py's ``ResponseError``, anything else is invalid."""
+        if line[:1] == b"-":
+            raise self._errors.ResponseError(line[1:].decode("utf-8", "replace"))
+        rest = line[1:]
+        if line[:1] != kind or not rest.isdigit() or len(rest) > 20:
+            raise self._errors.InvalidResponse(f"unexpected reply to {command}: {line[:40]!r}")
+        return int(rest)
+
+    def _ended(self, value: bytes) -> bytes:
         if self._exactly(2) != b"\r\n":
             raise self._errors.InvalidResponse("a bulk string not ended by CRLF")
         return value
+
+    def _skip(self, size: int) -> None:
+        """Receive a bulk string's ``size`` bytes and its CRLF, keeping none of them."""
+        left = size + 2
+        while left > 0:
+            left -= len(self._exactly(min(left, _PIECE)))
 
     def _recv(self, n: int) -> bytes:
         got: bytes = self._sock.recv(n)
@@ -96,27 +133,14 @@ class Replies:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def command(pool: _redis.ConnectionPool, *args: Any) -> Any:
-    """One command's raw reply, on a connection of ``pool`` (a lookup's index read: redis-py's
-    client adds its command machinery, about 20 us a lookup here, and nothing this needs)."""
-    conn: Any = pool.get_connection(*command_name(type(pool)))
-    try:
-        conn.send_command(*args)
-        return conn.read_response()
-    except BaseException:
-        conn.disconnect()  # (a reply left unread would be the next command's)
-        raise
-    finally:
-        pool.release(conn)
-
-
-def hash_pairs(reply: Any) -> list[tuple[bytes, bytes]]:
-    """HGETALL's flat reply as (field, value) pairs; anything else is an invalid response."""
-    import redis
-
-    if not isinstance(reply, list) or len(reply) % 2 or not all(isinstance(x, bytes) for x in reply):
-        raise redis.exceptions.InvalidResponse(f"unexpected reply to HGETALL: {type(reply).__name__}")
-    return list(zip(reply[::2], reply[1::2], strict=True))
+def pack(*args: str | int) -> bytes:
+    """One command as RESP, an array of bulk strings (as redis-py packs it: text as UTF-8,
+    numbers in decimal)."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = str(arg).encode()
+        parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    return b"".join(parts)
 
 
 @functools.cache

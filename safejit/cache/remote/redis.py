@@ -8,7 +8,7 @@ transfer that needs 300 ms runs on a pool whose sockets wait at most 400 ms, a l
 on one that waits at most the floor. Blob reads use ``GETRANGE key 0 cap`` so a value
 over the cap is never read whole, and their replies are read straight off the socket,
 the value received into the bytes object handed back (``_resp.Replies``); a lookup's index
-read sends its one command on a pooled connection without the client's machinery.
+read likewise, on a connection kept apart from the pool's machinery (``_lane.Lane``).
 
 redis-py is imported when a store is made, never by ``import safejit``.
 """
@@ -19,15 +19,16 @@ import contextlib
 import functools
 import inspect
 import time
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Final, cast
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar, cast
 
 from ... import faults
 from ...errors import ConfigError
 from . import codec
 from ._engine import Engine
 from ._guard import os_reason
-from ._resp import Replies, command, command_name, hash_pairs
+from ._lane import Lane
+from ._resp import Replies, pack
 from .layout import is_hex
 from .settings import RemoteSettings
 from .store import (
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     import redis as _redis
 
 __all__ = ["RedisStore"]
+
+T = TypeVar("T")
 
 #: Write-once manifest, capped per build key: 1 created, 0 exists, -1 full.
 _PUBLISH: Final = """
@@ -126,6 +129,7 @@ class RedisStore(Engine["_redis.Redis"]):
             raise ConfigError(f"the remote {settings.url} needs redis-py: pip install 'safejit[redis]'") from None
         self._redis = redis
         self._connection_class = _connection_class(redis, settings)
+        self._lanes: dict[tuple[float, bool], Lane] = {}
 
     # -- connections ---------------------------------------------------------
 
@@ -160,12 +164,24 @@ class RedisStore(Engine["_redis.Redis"]):
                 kwargs["ssl_ca_certs"] = url.ca_certs
         kwargs.update(_no_client_info(self._connection_class))
         pool = redis.ConnectionPool(**kwargs)
+        self._lanes[timeout, True] = Lane(pool, keep=True)
+        self._lanes[timeout, False] = Lane(pool, keep=False)
         # The client's own retry policy is the one redis-py applies to commands.
         return cast(
             "_redis.Redis", redis.Redis(connection_pool=pool, retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0))
         )
 
+    def _lane(self, nbytes: int, *, keep: bool) -> Lane:
+        """The hot reads' connections of the client for an ``nbytes`` transfer."""
+        key = (self.settings.deadline_class(nbytes), keep)
+        lane = self._lanes.get(key)
+        if lane is None:
+            self.client(nbytes)  # (made with its lanes)
+            lane = self._lanes[key]
+        return lane
+
     def close(self) -> None:
+        self._lanes = {}
         for client in self._drop_pools():
             client.close()
             client.connection_pool.disconnect()
@@ -174,21 +190,36 @@ class RedisStore(Engine["_redis.Redis"]):
 
     def index(self, build_key: str) -> Mapping[str, bytes]:
         self._guard.admit("index")
-        key = self.layout.redis_idx(build_key)
-        pool = self.client().connection_pool
+        limit = self.settings.max_manifest_bytes
+        request = pack("HGETALL", self.layout.redis_idx(build_key))
         pairs = self._guard.run(
             "index",
             "remote.get",
-            lambda: hash_pairs(command(pool, "HGETALL", key)),
-            received=lambda r: sum(len(v) for _, v in r),
+            lambda: self._exchange(request, lambda replies: replies.pairs(limit)),
+            received=lambda r: sum(len(v or b"") for _, v in r),
         )
-        limit = self.settings.max_manifest_bytes
         out: dict[str, bytes] = {}
         for field, value in pairs:
-            name = field.decode("ascii", "replace")
-            if is_hex(name) and len(value) <= limit:
+            if field is not None and value is not None and is_hex(name := field.decode("ascii", "replace")):
                 out[name] = value
         return out
+
+    def _exchange(self, request: bytes, read: Callable[[Replies], T]) -> T:
+        """``request`` sent on a lane's connection, and ``read`` of its replies."""
+        lane = self._lane(0, keep=True)
+        conn = lane.take()
+        try:
+            conn._sock.sendall(request)
+            replies = Replies(self._redis, conn)
+            got = read(replies)
+        except BaseException:
+            lane.drop(conn)  # (a reply left unread would be the next command's)
+            raise
+        if replies.drained:
+            lane.give(conn)
+        else:
+            lane.drop(conn)
+        return got
 
     def publish_manifest(self, build_key: str, deps_key: str, manifest: bytes) -> Put:
         key = self.layout.redis_idx(build_key)
@@ -325,32 +356,29 @@ class RedisStore(Engine["_redis.Redis"]):
 class _PendingGet:
     """``GETRANGE key 0 0`` and ``GETRANGE key 1 cap+1`` (the codec byte, then the rest: a raw
     artifact arrives as one bytes object of its own, not to be copied out of the value),
-    sent together on a connection taken from the pool; the replies are read by
-    :meth:`result` (the bytes arrive meanwhile) or dropped with the connection by
-    :meth:`cancel`. The range ends one byte past the cap: a larger value is ``oversize`` and
-    never read whole."""
+    sent together on a connection of the pool; the replies are read by :meth:`result` (the bytes
+    arrive meanwhile) or dropped with the connection by :meth:`cancel`. The range ends one
+    byte past the cap: a larger value is ``oversize`` and never read whole."""
 
-    __slots__ = ("_cap", "_conn", "_error", "_pool", "_start", "_store")
+    __slots__ = ("_cap", "_conn", "_error", "_lane", "_start", "_store")
 
     def __init__(self, store: RedisStore, key: str, cap: int) -> None:
         self._store = store
         self._cap = cap
-        self._pool = store.client(cap + 1).connection_pool
+        self._lane = store._lane(cap + 1, keep=False)
         self._conn: Any = None
         self._error: Exception | None = None
         self._start = time.perf_counter()
         try:
-            # Connects if need be (the pool takes it back on a failure).
-            conn: Any = self._pool.get_connection(*command_name(type(self._pool)))
+            conn = self._lane.take()  # (connects if need be; the pool takes back one that fails)
         except Exception as exc:
             self._error = exc
             return
         try:
-            conn.send_packed_command(conn.pack_commands([("GETRANGE", key, 0, 0), ("GETRANGE", key, 1, cap + 1)]))
+            conn._sock.sendall(pack("GETRANGE", key, 0, 0) + pack("GETRANGE", key, 1, cap + 1))
         except Exception as exc:
             self._error = exc
-            conn.disconnect()
-            self._pool.release(conn)
+            self._lane.drop(conn)
             return
         self._conn = conn
 
@@ -369,20 +397,21 @@ class _PendingGet:
         conn, self._conn = self._conn, None
         try:
             replies = Replies(self._store._redis, conn)
-            head = replies.bulk(1, expect=1)
-            return head, replies.bulk(self._cap + 1, expect=self._cap)
+            got = replies.bulk(1, expect=1), replies.bulk(self._cap + 1, expect=self._cap)
         except BaseException:
-            conn.disconnect()  # an error reply to the first leaves the second unread
+            self._lane.drop(conn)  # an error reply to the first leaves the second unread
             raise
-        finally:
-            self._pool.release(conn)
+        if replies.drained:
+            self._lane.give(conn)
+        else:
+            self._lane.drop(conn)
+        return got
 
     def cancel(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
-                conn.disconnect()  # the reply is dropped unread, with the connection carrying it
-            self._pool.release(conn)
+                self._lane.drop(conn)  # the reply is dropped unread, with the connection carrying it
 
 
 def _no_client_info(connection_class: type) -> dict[str, Any]:

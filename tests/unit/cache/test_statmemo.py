@@ -89,3 +89,15 @@ def test_records_are_private_files_per_boot(memo: StatMemo, monkeypatch: pytest.
     none.record("/other", KEY, ROOTS, _record())
     assert none.lookup(LEAF, KEY, ROOTS) is None
     assert sorted(os.listdir(tmp_path / "state")) == [path.parent.name]
+
+
+def test_a_lookup_leaves_no_descriptor_open(memo: StatMemo) -> None:
+    memo.record(LEAF, KEY, ROOTS, _record())
+    path = Path(memo._path(LEAF))
+    before = len(os.listdir("/proc/self/fd"))
+    assert memo.lookup(LEAF, KEY, ROOTS) is not None
+    path.chmod(0o666)  # others may write it: refused after it was opened
+    assert memo.lookup(LEAF, KEY, ROOTS) is None
+    path.unlink()
+    assert memo.lookup(LEAF, KEY, ROOTS) is None
+    assert len(os.listdir("/proc/self/fd")) == before

@@ -1,0 +1,105 @@
+"""The hot reads' connections (``_lane.Lane``) on a real Valkey: the index read's is kept, one
+connection serving read after read; the blob read's goes back to the client's pool, for
+its other reads; one the server closed, one left with a reply unread, one that read an
+error are never used again; a forked child makes its own; a closed store closes them."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from safejit.cache.remote import RemoteError
+
+from .conftest import hexkey
+
+K = hexkey("build")
+D = hexkey("deps")
+BLOB = hexkey("blob")
+
+
+def connections(server) -> int:
+    """Connections the server has accepted so far (the admin's own included)."""
+    return int(server.admin().info("stats")["total_connections_received"])
+
+
+@pytest.fixture
+def store(redis_server, make_store):
+    store = make_store(redis_server.url)
+    store.publish_manifest(K, D, b'{"m": 1}')
+    store.put_blob(BLOB, b"artifact bytes")
+    return store
+
+
+def test_index_and_blob_reads_keep_their_connections(redis_server, store):
+    assert dict(store.index(K)) == {D: b'{"m": 1}'}
+    assert bytes(store.get_blob(BLOB, size=14)) == b"artifact bytes"
+    before = connections(redis_server)
+    for _ in range(5):
+        assert dict(store.index(K)) == {D: b'{"m": 1}'}
+        assert bytes(store.get_blob(BLOB, size=14)) == b"artifact bytes"
+    assert connections(redis_server) == before + 1  # (the admin's, asking)
+
+
+def test_a_blob_read_hands_its_connection_back_to_the_clients_pool(redis_server, store):
+    assert dict(store.index(K)) == {D: b'{"m": 1}'}
+    assert bytes(store.get_blob(BLOB, size=14)) == b"artifact bytes"
+    before = connections(redis_server)
+    assert store.client(15).get(store.layout.redis_cas(BLOB)) == b"\x00artifact bytes"
+    assert connections(redis_server) == before + 1  # (the admin's, asking): the blob read's, warm
+
+
+def test_a_kept_connection_the_server_closed_is_replaced(redis_server, store):
+    assert dict(store.index(K)) == {D: b'{"m": 1}'}
+    assert bytes(store.get_blob(BLOB, size=14)) == b"artifact bytes"
+    redis_server.admin().execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    assert dict(store.index(K)) == {D: b'{"m": 1}'}
+    assert bytes(store.get_blob(BLOB, size=14)) == b"artifact bytes"
+
+
+def test_a_connection_with_a_reply_left_unread_is_not_kept(redis_server, store):
+    store.index(K)
+    store.start_blob(BLOB, size=14).cancel()  # (its replies unread)
+    before = connections(redis_server)
+    assert dict(store.index(K)) == {D: b'{"m": 1}'}
+    assert bytes(store.get_blob(BLOB, size=14)) == b"artifact bytes"
+    assert connections(redis_server) == before + 2  # a new one for the blob read (and the admin's)
+
+
+def test_an_error_reply_drops_the_connection_and_the_next_read_is_its_own(redis_server, store):
+    redis_server.admin().set(store.layout.redis_idx(hexkey("not a hash")), b"a string")
+    with pytest.raises(RemoteError) as info:
+        store.index(hexkey("not a hash"))
+    assert info.value.reason == "error" and "WRONGTYPE" in str(info.value)
+    assert dict(store.index(K)) == {D: b'{"m": 1}'}
+
+
+def test_a_forked_child_reads_on_its_own_connection(redis_server, store):
+    assert dict(store.index(K)) == {D: b'{"m": 1}'}
+    before = connections(redis_server)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        ok = dict(store.index(K)) == {D: b'{"m": 1}'}
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert connections(redis_server) == before + 2  # the child's (and the admin's)
+    assert dict(store.index(K)) == {D: b'{"m": 1}'}  # the parent's still carries its own replies
+
+
+def test_a_closed_store_closes_its_kept_connections(redis_server, store):
+    admin = redis_server.admin()
+    store.index(K)
+    store.get_blob(BLOB, size=14)
+
+    def clients() -> int:
+        return int(admin.info("clients")["connected_clients"])
+
+    before = clients()
+    store.close()
+    deadline = time.monotonic() + 2.0
+    while clients() > before - 2 and time.monotonic() < deadline:  # (the server sees them go)
+        time.sleep(0.01)
+    assert clients() == before - 2  # the index read's kept one, and the pool's (the writes, the blob read)
+    assert dict(store.index(K)) == {D: b'{"m": 1}'}  # (a closed store connects again when used)
