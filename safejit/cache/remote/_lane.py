@@ -1,16 +1,15 @@
 """The connections of the hot reads (``redis.py``'s index and blob reads), taken from a
-redis-py pool. An index read's connection is kept, between reads, in a list of its own,
-not handed back through the pool's per-call machinery (its lock, its metrics, its checks:
-about 30 us a read here). A blob read's is handed back: a connection's receive buffer
-grows with what it carries (TCP autotuning: the first 1 MB reads of a fresh one took 3.9,
-2.0, 1.4 ms here, later ones 0.5), so 1 MB reads go on the pool's warm connection, the one
-the client's other reads use too, not on one kept apart.
+redis-py pool and kept, between reads, in a list of their own: not handed back through
+the pool's per-call machinery (its lock, its metrics, its checks: about 30 us a read
+here). A kept connection stays warm: its receive buffer grows with what it carries (TCP
+autotuning: the first 1 MB reads of a fresh one took 3.9, 2.0, 1.4 ms here, later ones
+0.5).
 
 What the pool checks when it hands out a connection is checked for a kept one too: one
 with a byte to read (the server closed it, or left a reply) is dropped for a fresh one. A
-connection is kept or handed back only after an exchange read to its end; anything else
-drops it with the connection (its reply unread). The pool still makes, counts and closes
-every connection: ``disconnect`` reaches the kept ones too."""
+connection is kept only after an exchange read to its end; anything else drops it with
+the connection (its reply unread). The pool still makes, counts and closes every
+connection: ``disconnect`` reaches the kept ones too."""
 
 from __future__ import annotations
 
@@ -23,14 +22,12 @@ __all__ = ["Lane"]
 
 
 class Lane:
-    """The hot reads' connections of one redis-py ``pool``: kept apart (``keep``) or handed
-    back to the pool after each read."""
+    """The hot reads' connections of one redis-py ``pool``, kept apart from it."""
 
-    __slots__ = ("_idle", "_keep", "_pid", "_pool")
+    __slots__ = ("_idle", "_pid", "_pool")
 
-    def __init__(self, pool: Any, *, keep: bool) -> None:
+    def __init__(self, pool: Any) -> None:
         self._pool = pool
-        self._keep = keep
         self._idle: list[Any] = []
         self._pid = os.getpid()
 
@@ -59,11 +56,8 @@ class Lane:
             return False
 
     def give(self, conn: Any) -> None:
-        """``conn``'s exchange was read to its end: keep it for the next read, or hand it back."""
-        if self._keep:
-            self._idle.append(conn)
-        else:
-            self._pool.release(conn)
+        """``conn``'s exchange was read to its end: keep it for the next read."""
+        self._idle.append(conn)
 
     def drop(self, conn: Any) -> None:
         """Close ``conn`` (a reply left unread goes with it) and hand it back to the pool."""

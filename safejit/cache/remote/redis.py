@@ -8,7 +8,7 @@ transfer that needs 300 ms runs on a pool whose sockets wait at most 400 ms, a l
 on one that waits at most the floor. Blob reads use ``GETRANGE key 0 cap`` so a value
 over the cap is never read whole, and their replies are read straight off the socket,
 the value received into the bytes object handed back (``_resp.Replies``); a lookup's index
-read likewise, on a connection kept apart from the pool's machinery (``_lane.Lane``).
+read likewise. Both go on connections kept apart from the pool's machinery (``_lane.Lane``).
 
 redis-py is imported when a store is made, never by ``import safejit``.
 """
@@ -129,7 +129,7 @@ class RedisStore(Engine["_redis.Redis"]):
             raise ConfigError(f"the remote {settings.url} needs redis-py: pip install 'safejit[redis]'") from None
         self._redis = redis
         self._connection_class = _connection_class(redis, settings)
-        self._lanes: dict[tuple[float, bool], Lane] = {}
+        self._lanes: dict[float, Lane] = {}
 
     # -- connections ---------------------------------------------------------
 
@@ -164,16 +164,15 @@ class RedisStore(Engine["_redis.Redis"]):
                 kwargs["ssl_ca_certs"] = url.ca_certs
         kwargs.update(_no_client_info(self._connection_class))
         pool = redis.ConnectionPool(**kwargs)
-        self._lanes[timeout, True] = Lane(pool, keep=True)
-        self._lanes[timeout, False] = Lane(pool, keep=False)
+        self._lanes[timeout] = Lane(pool)
         # The client's own retry policy is the one redis-py applies to commands.
         return cast(
             "_redis.Redis", redis.Redis(connection_pool=pool, retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0))
         )
 
-    def _lane(self, nbytes: int, *, keep: bool) -> Lane:
+    def _lane(self, nbytes: int) -> Lane:
         """The hot reads' connections of the client for an ``nbytes`` transfer."""
-        key = (self.settings.deadline_class(nbytes), keep)
+        key = self.settings.deadline_class(nbytes)
         lane = self._lanes.get(key)
         if lane is None:
             self.client(nbytes)  # (made with its lanes)
@@ -206,7 +205,7 @@ class RedisStore(Engine["_redis.Redis"]):
 
     def _exchange(self, request: bytes, read: Callable[[Replies], T]) -> T:
         """``request`` sent on a lane's connection, and ``read`` of its replies."""
-        lane = self._lane(0, keep=True)
+        lane = self._lane(0)
         conn = lane.take()
         try:
             conn._sock.sendall(request)
@@ -365,7 +364,7 @@ class _PendingGet:
     def __init__(self, store: RedisStore, key: str, cap: int) -> None:
         self._store = store
         self._cap = cap
-        self._lane = store._lane(cap + 1, keep=False)
+        self._lane = store._lane(cap + 1)
         self._conn: Any = None
         self._error: Exception | None = None
         self._start = time.perf_counter()
