@@ -19,6 +19,19 @@ from safejit.cache.remote._resp import Replies
 from safejit.cache.remote.redis import classify
 
 
+def _trickle(sock: socket.socket, wire: bytes, step: int) -> threading.Thread:
+    """A writer sending ``wire`` in pieces of ``step`` bytes, a millisecond apart (started)."""
+
+    def run() -> None:
+        for i in range(0, len(wire), step):
+            sock.sendall(wire[i : i + step])
+            time.sleep(0.001)
+
+    writer = threading.Thread(target=run)
+    writer.start()
+    return writer
+
+
 @pytest.fixture
 def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     ours, theirs = socket.socketpair()
@@ -51,14 +64,7 @@ def test_a_value_in_pieces_is_read_whole(pair):
     ours, theirs = pair
     data = bytes(range(256)) * 400
     wire = b"$1\r\n\x01\r\n$%d\r\n%b\r\n" % (len(data), data)
-
-    def trickle() -> None:
-        for i in range(0, len(wire), 7000):
-            theirs.sendall(wire[i : i + 7000])
-            time.sleep(0.001)
-
-    writer = threading.Thread(target=trickle)
-    writer.start()
+    writer = _trickle(theirs, wire, 7000)
     head, payload = blob_read(ours, len(data))
     writer.join()
     assert head == b"\x01" and type(payload) is bytes and payload == data
@@ -161,14 +167,7 @@ def test_an_index_reply_in_pieces_is_read_whole(pair):
     ours, theirs = pair
     value = bytes(range(256)) * 300
     wire = b"*2\r\n$64\r\n%b\r\n$%d\r\n%b\r\n" % (b"f" * 64, len(value), value)
-
-    def trickle() -> None:
-        for i in range(0, len(wire), 5000):
-            theirs.sendall(wire[i : i + 5000])
-            time.sleep(0.001)
-
-    writer = threading.Thread(target=trickle)
-    writer.start()
+    writer = _trickle(theirs, wire, 5000)
     got = replies(ours)
     assert got.pairs(len(value)) == [(b"f" * 64, value)] and got.drained
     writer.join()
