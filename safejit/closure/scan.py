@@ -12,10 +12,12 @@ import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 from .anchors import BAD_REL
 from .hashing import Snapshot, digest_bytes, is_racy, read_beneath, snapshot_of
+
+T = TypeVar("T")
 
 __all__ = [
     "COARSE_NS",
@@ -184,21 +186,38 @@ def negative_lookups(
     Over-approximates where the include name is ambiguous (nested search
     dirs): a spurious entry can only cause a rebuild, never a stale hit.
     """
-    dirs = [d.rstrip("/") for d in search_dirs]
-    out: set[str] = set()
-    present: set[str] = set()
-    found: set[str] = set(deps)
+    cands = _candidates(deps, search_dirs, probes)
+    known = _LOOKUPS.get(cands)
+    if known is not None and dirs_unchanged(known[2]):
+        return list(known[0]), list(known[1])
+    # The directories first, the paths looked for after (see negative_dirs).
+    vouching = _deepest_dirs(cands)
     absent = Absence()
+    out: list[str] = []
+    present: list[str] = []
+    for path in cands:
+        (out if absent(path) else present).append(path)
+    out.sort()
+    present.sort()
+    if vouching:
+        _remember(_LOOKUPS, cands, (out, present, list(vouching.items())))
+    return list(out), list(present)
+
+
+def _candidates(deps: Sequence[str], search_dirs: Sequence[str], probes: Iterable[str]) -> tuple[str, ...]:
+    """Every path :func:`negative_lookups` looks for, once each, in order."""
+    dirs = [d.rstrip("/") for d in search_dirs]
+    found: set[str] = set(deps)
+    cands: dict[str, None] = {}
 
     def looked_for(cand: str) -> None:
         for path in (cand, cand + PCH_SUFFIX):
             if path not in found:
-                (out if absent(path) else present).add(path)
+                cands[path] = None
 
     for path in deps:
-        looked_for_pch = path + PCH_SUFFIX
-        if looked_for_pch not in found:
-            (out if absent(looked_for_pch) else present).add(looked_for_pch)
+        if path + PCH_SUFFIX not in found:
+            cands[path + PCH_SUFFIX] = None
         for n, d in enumerate(dirs):
             if not path.startswith(d + "/"):
                 continue
@@ -208,12 +227,27 @@ def negative_lookups(
     for name in probes:
         if not name or name.startswith("/") or BAD_REL.search(name):
             continue
-        cands = [f"{d}/{name}" for d in dirs]
-        if any(c in found for c in cands):
+        named = [f"{d}/{name}" for d in dirs]
+        if any(c in found for c in named):
             continue  # resolved: shadowing is covered above
-        for c in cands:
+        for c in named:
             looked_for(c)
-    return sorted(out), sorted(present)
+    return tuple(cands)
+
+
+#: Process-local: what was found of a set of paths, with the directories recorded just
+#: before (their deepest existing ones, none racy). While each is unchanged no entry was
+#: added, removed or renamed in it, so what was absent still is and what was there still
+#: is: a warm process compiling kernels of the same headers looks each up once.
+_LOOKUPS: dict[tuple[str, ...], tuple[list[str], list[str], list[tuple[str, Snapshot]]]] = {}
+_VOUCHED: dict[tuple[str, ...], list[tuple[str, Snapshot]]] = {}
+_MEMO_MAX: Final = 1024
+
+
+def _remember(memo: dict[tuple[str, ...], T], key: tuple[str, ...], value: T) -> None:
+    if len(memo) >= _MEMO_MAX:
+        memo.clear()
+    memo[key] = value
 
 
 #: What gcc looks for beside a header before the header itself (a precompiled one).
@@ -247,11 +281,19 @@ def negative_dirs(paths: Sequence[str]) -> list[tuple[str, Snapshot]] | None:
     changed a recorded directory, however long the two steps took. Empty when a
     directory changed within the racy window (what it holds may still change within
     the same timestamp tick, so its stat cannot vouch for it), or none exists above."""
+    key = tuple(paths)
+    known = _VOUCHED.get(key)
+    if known is not None and dirs_unchanged(known):
+        return list(known)
     found = _deepest_dirs(paths)
     absent = Absence()
     if not all(absent(p) for p in paths):
         return None
-    return list(found.items()) if found is not None else []
+    if not found:
+        return []
+    vouching = list(found.items())
+    _remember(_VOUCHED, key, vouching)
+    return list(vouching)
 
 
 def _deepest_dirs(paths: Sequence[str]) -> dict[str, Snapshot] | None:

@@ -1,8 +1,12 @@
 """Facts about a closure (``safejit.closure.scan``): the directories that vouch for
 negatives are recorded before the paths are found absent, never after; a closure
-scanned while the compiler ran holds only while its files and negatives are as scanned."""
+scanned while the compiler ran holds only while its files and negatives are as scanned;
+what a process looked up is looked up again once a directory that vouched for it moved."""
 
 from __future__ import annotations
+
+import os
+import time
 
 import pytest
 
@@ -86,3 +90,86 @@ def test_an_early_closure_stops_holding_once_a_file_changes(tmp_path, settled):
     assert unchanged(closure, [])
     (tmp_path / "inc" / "one.h").write_text("#define ONE 22\n")  # (a size of its own: the same tick may pass)
     assert not unchanged(closure, [])
+
+
+# -- the process-local memo of what was looked for ------------------------------------------
+
+
+def _aged(*dirs) -> None:
+    """Directories last changed long ago (mtime): an entry made now changes them visibly."""
+    old = time.time() - 100
+    for d in dirs:
+        os.utime(d, (old, old))
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    calls = []
+    real = os.path.lexists
+    monkeypatch.setattr(scan.os.path, "lexists", lambda p: calls.append(p) or real(p))
+    return calls
+
+
+def _tree(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    dep = second / "one.h"
+    dep.write_text("#define ONE 1\n")
+    _aged(first, second, tmp_path)
+    return first, second, dep
+
+
+def test_lookups_of_the_same_paths_are_looked_up_once_while_their_directories_stand(tmp_path, settled, counted):
+    first, second, dep = _tree(tmp_path)
+    args = ([str(dep)], [str(first), str(second)], ["maybe.h"])
+    got = scan.negative_lookups(*args)
+    assert str(first / "one.h") in got[0] and str(first / "maybe.h") in got[0] and got[1] == []
+    assert counted
+    counted.clear()
+    assert scan.negative_lookups(*args) == got and counted == []  # (their directories' stat only)
+    (first / "maybe.h").write_text("")  # a probe that now resolves
+    again = scan.negative_lookups(*args)
+    assert str(first / "maybe.h") in again[1] and str(first / "maybe.h") not in again[0] and counted
+
+
+def test_a_shadowing_header_made_since_is_seen_by_the_next_lookups(tmp_path, settled):
+    first, second, dep = _tree(tmp_path)
+    args = ([str(dep)], [str(first), str(second)], [])
+    assert str(first / "one.h") in scan.negative_lookups(*args)[0]
+    (first / "one.h").write_text("#define ONE 2\n")
+    missing, present = scan.negative_lookups(*args)
+    assert str(first / "one.h") in present and str(first / "one.h") not in missing
+
+
+def test_a_directory_made_since_on_the_way_is_seen_by_the_next_lookups(tmp_path, settled):
+    first, second, _ = _tree(tmp_path)
+    (second / "sub").mkdir()
+    deep = second / "sub" / "two.h"
+    deep.write_text("")
+    _aged(second, second / "sub")
+    args = ([str(deep)], [str(first), str(second)], [])
+    assert str(first / "sub" / "two.h") in scan.negative_lookups(*args)[0]
+    (first / "sub").mkdir()  # (first/ gains an entry: first/sub/two.h may follow)
+    (first / "sub" / "two.h").write_text("")
+    assert str(first / "sub" / "two.h") in scan.negative_lookups(*args)[1]
+
+
+def test_negative_dirs_of_the_same_paths_is_recorded_once_while_they_stand(tmp_path, settled, counted):
+    (tmp_path / "inc").mkdir()
+    _aged(tmp_path / "inc")
+    paths = [str(tmp_path / "inc" / "a.h"), str(tmp_path / "inc" / "b.h")]
+    dirs = negative_dirs(paths)
+    assert dirs and counted
+    counted.clear()
+    assert negative_dirs(paths) == dirs and counted == []
+    (tmp_path / "inc" / "b.h").write_text("")
+    assert negative_dirs(paths) is None
+
+
+def test_racy_directories_are_never_remembered(tmp_path, counted):
+    (tmp_path / "inc").mkdir()  # (changed just now: its stat cannot vouch)
+    paths = [str(tmp_path / "inc" / "a.h")]
+    assert negative_dirs(paths) == []
+    counted.clear()
+    assert negative_dirs(paths) == [] and counted  # looked up again
