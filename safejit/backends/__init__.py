@@ -5,6 +5,7 @@
 - ``cuda/``: NVRTC and nvcc to cubins; ``ascend/``: bisheng + ld.lld, CANN's runtime.
 - ``fake``: no compiler at all — for tests of the pipeline and of users' own code.
 - ``_argv``: running a compiler argv in a work dir (the work dir's file names);
+  ``_toolreads``: what the assembler and the linker read, from the lists they write;
   ``_toolchain``: probing toolchains, remembered per user.
 """
 

@@ -31,7 +31,7 @@ from ..closure.hashing import hash_file, read_output
 from ..errors import ConfigError, LoadError, LoadTimeCodeError, SafejitError
 from ..sandbox import SYSTEM_PATH
 from ..spec import BuildSpec, LoadBaseline, Source, Toolchain
-from ._argv import ASM_DEP_FLAG, LD_DEP_FLAG, PCH_GUARD, run_argv
+from ._argv import PCH_GUARD, run_argv
 from ._elf import ElfError, dynsym_functions
 from ._load_time import baseline_of, load_time_code
 from ._native import resolve_native
@@ -46,6 +46,7 @@ from ._toolchain import (
     program_dirs,
     run_text,
 )
+from ._toolreads import ASM_DEP_FLAG, LD_DEP_FLAG
 from .base import CompileContext, CompileEvents, CompileOutput, Products, Runner, macro_flags
 
 __all__ = ["HostBackend", "HostLibrary", "elf_exported_functions", "refuse_load_time_code"]

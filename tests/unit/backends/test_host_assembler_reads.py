@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import safejit
-from safejit.backends._argv import ASM_DEP_FLAG, tool_reads
+from safejit.backends._toolreads import ASM_DEP_FLAG, tool_reads
 from safejit.cache.leaf import Manifest, decode_manifest
 from tests.conftest import settle
 from tests.security._support import write_failing_wrapper

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import safejit
-from safejit.backends._argv import LD_DEP_FLAG, tool_reads
+from safejit.backends._toolreads import LD_DEP_FLAG, tool_reads
 from safejit.cache.leaf import decode_manifest
 from safejit.closure.hashing import hash_file
 from safejit.policy import completeness
