@@ -18,6 +18,10 @@ source every round, in a rotating order (paired by round):
   p+landrw   plain, under Landlock that lets it read and write everything (denies nothing at all)
   p+landtmp  plain, under the worker's Landlock plus writes under /tmp
   p+nnp      plain, with no_new_privs set (as Landlock and the recorder set it)
+  p+r/NAME   plain, under Landlock that lets it read everything and use the right NAME
+             (write, mk, rm, refer, trunc, ioctl) anywhere (which denial costs)
+  p+w/DIR    plain, under Landlock that lets it read everything and do anything under DIR
+  NAME#N     the variant NAME again, in a worker of its own (how far two alike differ)
   utf8       worker, with LC_ALL=C.UTF-8 for LC_ALL=C
   keep       worker, with the variables named by --keep taken from this process's environment
   pad        worker, its environment padded to the size of this process's (the stack starts
@@ -35,14 +39,21 @@ was started again. Prints medians and the paired CPU ratio against bare.
     python bench/nvrtc_worker_cost.py [--rounds 7] [--only bare,plain,env,worker] [--keep NAME,...]
 
 Seen on the H200 machine (Intel Xeon, 16 cores; CPU per compile varies 3-7 s there,
-so one run's ratios are +-0.1; 8 rounds each): system CPU is 0.01-0.04 s for every
-variant, minor faults ~0 after a worker's first CuTe compile, no worker started again.
-plain ~ bare (0.94-1.06); worker 1.23-1.43. Adding one part of the worker to plain at a
-time: p+limit 0.89, p+malloc 0.99, p+nnp 1.00, p+landlock 1.16-1.19, and p+landall
-(Landlock that denies nothing) 1.19. keep (the whole environment back) 1.22 and pad 1.29,
-so it is not the environment (an earlier run's env 1.34 was noise). The extra CPU is
-Landlock's own, whatever its rules: user time, not system time; the recorder adds the
-rest. Here (AMD, 2 cores) worker ~ bare (1.02-1.06).
+so one run's ratios are +-0.1; 4-8 rounds each, --pin 3/5/7 from 2026-12-01 on): system
+CPU is 0.01-0.04 s for every variant, minor faults ~0 after a worker's first CuTe
+compile, no worker started again. plain ~ bare (0.94-1.06); worker 1.11-1.55. Adding one
+part of the worker to plain at a time: p+limit 0.89, p+malloc 0.99, p+nnp 1.00,
+p+landlock 1.16-1.38. keep (the whole environment back) 1.22 and pad 1.29, so it is not
+the environment. The extra CPU is Landlock's: user time, not system time. Which rules:
+p+landall (read anything, write nothing) 1.22-1.31 in five runs, two workers of it alike
+(1.30, 1.26); p+landrw (every right everywhere) 0.86-0.98 in five runs, two alike (0.88,
+0.86); a standalone process under the same two rulesets (no worker) 1.22 against 0.99.
+Granting one more right everywhere (p+r/write, p+r/ioctl) or every right under /dev
+(p+w/dev, p+w/dev/null) leaves 1.23-1.31. Not seen: here (AMD, 2 cores, the same
+kernel release) worker ~ bare (1.02-1.06) and strace shows the same failing syscalls
+(none EACCES) under both rulesets; on the H200 machine an open, a failed stat, a 1 MB
+malloc+memset and a Python loop cost the same under none, either ruleset; HOME moved
+elsewhere changes nothing (no cache written there). The cause is open.
 """
 
 from __future__ import annotations
@@ -85,6 +96,7 @@ LAND_ALL = "import safejit.sandbox.landlock as L; r = L.restrict; L.restrict = l
 _LAND = "import safejit.sandbox.landlock as L; r = L.restrict; L.restrict = "
 LAND_RW = _LAND + "lambda p, w, **k: r(['/'], ['/'], **k); "
 LAND_TMP = _LAND + "lambda p, w, **k: r(p, [*w, '/tmp'], **k); "
+RIGHTS = {"write": 1 << 1, "rm": 0x30, "mk": 0x1FC0, "refer": 1 << 13, "trunc": 1 << 14, "ioctl": 1 << 15}
 NNP = "import ctypes; ctypes.CDLL(None).prctl(38, 1, 0, 0, 0); "  # PR_SET_NO_NEW_PRIVS
 
 
@@ -175,6 +187,7 @@ def workers() -> set[int]:
 def started_as(variant: str) -> Iterator[None]:
     """NvrtcWorker._start, for one variant's worker."""
     tunables, popen = nv._WORKER_MALLOC, subprocess.Popen
+    variant = variant.partition("#")[0]
 
     def patched(argv: list[str], **kw: Any) -> Any:
         boot = {
@@ -183,6 +196,10 @@ def started_as(variant: str) -> Iterator[None]:
             "p+landall": LAND_ALL + NO_LIMIT, "p+nnp": NO_LANDLOCK + NO_LIMIT + NNP,
             "p+landrw": LAND_RW + NO_LIMIT, "p+landtmp": LAND_TMP + NO_LIMIT,
         }.get(variant, "")  # fmt: skip
+        if variant.startswith("p+r/"):
+            boot = f"{_LAND}lambda p, w, **k: r(['/'], [], **k); L.READ_EXECUTE |= {RIGHTS[variant[4:]]}; {NO_LIMIT}"
+        if variant.startswith("p+w/"):
+            boot = f"{_LAND}lambda p, w, **k: r(['/'], [{variant[3:]!r}], **k); {NO_LIMIT}"
         argv = [*argv[:3], argv[3].replace("from safejit.backends", boot + "from safejit.backends"), *argv[4:]]
         if variant in ("plain", *PLAIN_PLUS):
             kw["env"] = dict(os.environ) if variant != "p+malloc" else {**os.environ, "GLIBC_TUNABLES": tunables}
@@ -219,6 +236,13 @@ def main() -> None:
     if args.pin is not None:
         os.sched_setaffinity(0, {args.pin})
     variants = args.only.split(",")
+    global PLAIN_PLUS, DIRECT, UNRECORDED
+    extra = tuple(v for v in variants if v.startswith(("p+r/", "p+w/")))
+    PLAIN_PLUS, DIRECT, UNRECORDED = PLAIN_PLUS + extra, DIRECT + extra, UNRECORDED + extra
+    again = [v for v in variants if v.partition("#")[2]]
+    PLAIN_PLUS += tuple(v for v in again if v.partition("#")[0] in PLAIN_PLUS)
+    DIRECT += tuple(v for v in again if v.partition("#")[0] in DIRECT)
+    UNRECORDED += tuple(v for v in again if v.partition("#")[0] in UNRECORDED)
     KEEP.extend(k for k in args.keep.split(",") if k)
     from cuda.bindings import nvrtc
 
