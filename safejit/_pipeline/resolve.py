@@ -91,8 +91,6 @@ class Resolver:
         machine = functools.partial(backend.resolve_machine_flags, toolchain=toolchain, language=language, run=run)
         checked_flags = flag_policy.check_flags(flags, token, family=backend.flag_family, machine=machine)
         arch = backend.resolve_arch(arch)
-        if any(not isinstance(e, str) or not e or "\0" in e for e in name_expressions):
-            raise ConfigError("name_expressions must be non-empty strings")
         checked_defines = flag_policy.check_defines(dict(defines))
         argv = backend.argv(
             toolchain=toolchain,
@@ -145,6 +143,8 @@ def _checked_inputs(
     _check_text("flags", flags)
     _check_text("defines", [k for k, _ in defines] + [v for _, v in defines if isinstance(v, str)])
     _check_text("extras", [v for _, v in extras if isinstance(v, str)])
+    if any(not isinstance(e, str) or not e or "\0" in e for e in name_expressions):
+        raise ConfigError("name_expressions must be non-empty strings")
     _check_text("name_expressions", name_expressions)
     code = source.code.encode("utf-8")
     if len(code) > cfg.max_source_bytes:

@@ -76,3 +76,21 @@ def test_lists_and_mappings_are_fine(make_runtime):
 
 def test_the_defaults_are_valid():
     _arguments.check_arguments("compile", ADD)
+
+
+@pytest.mark.parametrize("expression", ["", "scale<\0float>", 3])
+def test_a_bad_name_expression_is_refused_before_any_toolchain_is_probed(
+    make_runtime, cache_dir, monkeypatch, expression
+):
+    """An empty name expression, one holding NUL or one that is not a str says so before
+    the compiler is asked anything (as the other arguments' checks do)."""
+    from safejit.backends.host import HostBackend
+
+    def probed(*args, **kwargs):
+        raise AssertionError("the toolchain was probed")
+
+    rt = make_runtime()
+    monkeypatch.setattr(HostBackend, "toolchain", probed)
+    with pytest.raises(safejit.ConfigError, match="name_expressions must be non-empty strings"):
+        rt.build(ADD, name_expressions=(expression,))
+    assert rt.stats()["compiles"] == 0 and not any(cache_dir.iterdir())
