@@ -96,12 +96,19 @@ def restrict(read: Sequence[str], write: Sequence[str], *, deny_net: bool, requi
     """Restrict this process for good: read (and execute) under ``read``, anything under
     ``write``, nothing else; no TCP with ``deny_net`` (ABI >= 4); no signals to, or
     abstract sockets of, processes outside (ABI >= 6). Returns whether Landlock was
-    applied; raises :class:`LandlockError` when it must be (``required``) and cannot."""
+    applied; raises :class:`LandlockError` when it must be (``required``) and cannot.
+    Only a single-threaded process is restricted (Landlock binds the calling thread)."""
     libc = _libc()
     version = abi()
     if version < 1:
         if required:
             raise LandlockError("Landlock is unavailable")
+        return False
+    if _threads() > 1:
+        # landlock_restrict_self restricts the calling thread only: the process's other
+        # threads (a library's pool, started before) would go on reading unconfined.
+        if required:
+            raise LandlockError("this process runs other threads, which Landlock would leave unconfined")
         return False
     handled = handled_access(version)
     net = NET_BIND_TCP | NET_CONNECT_TCP if deny_net and version >= 4 else 0
@@ -122,6 +129,14 @@ def restrict(read: Sequence[str], write: Sequence[str], *, deny_net: bool, requi
     finally:
         os.close(ruleset)
     return True
+
+
+def _threads() -> int:
+    """This process's threads (0: unknown, without /proc)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0
 
 
 def _add_path(libc: ctypes.CDLL, ruleset: int, path: str, access: int) -> None:

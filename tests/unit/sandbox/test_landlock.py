@@ -4,7 +4,11 @@ Python shim and the C shim keep copies, pinned here."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from importlib import resources
+
+import pytest
 
 from safejit.sandbox import _pyshim, landlock
 
@@ -41,3 +45,44 @@ def test_the_c_shim_uses_the_same_numbers_and_masks() -> None:
         shift = re.fullmatch(r"1ULL << (\d+)", defines[name])
         assert shift is not None and 1 << int(shift.group(1)) == value, name
     assert defines["FS_ALL_V1"] == "(1ULL << 13) - 1" and landlock.FS_ALL_V1 == (1 << 13) - 1
+
+
+_THREADED = r"""
+import os, sys, threading
+from safejit.sandbox import landlock
+gate = threading.Event()
+threading.Thread(target=gate.wait, daemon=True).start()  # another thread, running
+try:
+    applied = landlock.restrict([], [], deny_net=True, required=sys.argv[1] == "required")
+    print("applied" if applied else "not applied")
+except landlock.LandlockError as exc:
+    print("refused:", exc)
+with open(sys.argv[2]) as fh:  # read anywhere still: nothing was restricted
+    print("read", fh.read())
+gate.set()
+"""
+
+
+@pytest.mark.skipif(landlock.abi() == 0, reason="this kernel offers no Landlock")
+@pytest.mark.parametrize("mode", ["required", "best-effort"])
+def test_a_process_running_other_threads_is_not_restricted_halfway(tmp_path, mode) -> None:
+    """landlock_restrict_self binds only the calling thread: with another thread running
+    (a pool a library started), restrict refuses (required) or applies nothing and says
+    so; the process, every thread of it, is left as it was."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("still readable")
+    out = subprocess.run(
+        [sys.executable, "-c", _THREADED, mode, str(outside)], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    said = "refused: this process runs other threads" if mode == "required" else "not applied"
+    assert out[0].startswith(said) and out[1] == "read still readable", out
+
+
+@pytest.mark.skipif(landlock.abi() == 0, reason="this kernel offers no Landlock")
+def test_a_single_threaded_process_is_restricted(tmp_path) -> None:
+    """The control: the same script with no other thread is restricted, and the read fails."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("x")
+    script = _THREADED.replace("threading.Thread(target=gate.wait, daemon=True).start()", "pass")
+    done = subprocess.run([sys.executable, "-c", script, "required", str(outside)], capture_output=True, text=True)
+    assert done.stdout.splitlines()[0] == "applied" and done.returncode != 0 and "PermissionError" in done.stderr
