@@ -21,6 +21,8 @@ source every round, in a rotating order (paired by round):
   p+r/NAME   plain, under Landlock that lets it read everything and use the right NAME
              (write, mk, rm, refer, trunc, ioctl) anywhere (which denial costs)
   p+w/DIR    plain, under Landlock that lets it read everything and do anything under DIR
+  p+h/NAME   plain, under Landlock that handles only reading and the right NAME (none: reading
+             only), lets it read everything and denies NAME everywhere (which denial costs)
   NAME#N     the variant NAME again, in a worker of its own (how far two alike differ)
   utf8       worker, with LC_ALL=C.UTF-8 for LC_ALL=C
   keep       worker, with the variables named by --keep taken from this process's environment
@@ -198,6 +200,10 @@ def started_as(variant: str) -> Iterator[None]:
         }.get(variant, "")  # fmt: skip
         if variant.startswith("p+r/"):
             boot = f"{_LAND}lambda p, w, **k: r(['/'], [], **k); L.READ_EXECUTE |= {RIGHTS[variant[4:]]}; {NO_LIMIT}"
+        if variant.startswith("p+h/"):
+            mask = RIGHTS.get(variant[4:], 0)
+            boot = f"{_LAND}lambda p, w, **k: r(['/'], [], **k); L.handled_access = lambda v: L.READ_EXECUTE | {mask}; "
+            boot += NO_LIMIT
         if variant.startswith("p+w/"):
             boot = f"{_LAND}lambda p, w, **k: r(['/'], [{variant[3:]!r}], **k); {NO_LIMIT}"
         argv = [*argv[:3], argv[3].replace("from safejit.backends", boot + "from safejit.backends"), *argv[4:]]
@@ -237,7 +243,7 @@ def main() -> None:
         os.sched_setaffinity(0, {args.pin})
     variants = args.only.split(",")
     global PLAIN_PLUS, DIRECT, UNRECORDED
-    extra = tuple(v for v in variants if v.startswith(("p+r/", "p+w/")))
+    extra = tuple(v for v in variants if v.startswith(("p+r/", "p+w/", "p+h/")))
     PLAIN_PLUS, DIRECT, UNRECORDED = PLAIN_PLUS + extra, DIRECT + extra, UNRECORDED + extra
     again = [v for v in variants if v.partition("#")[2]]
     PLAIN_PLUS += tuple(v for v in again if v.partition("#")[0] in PLAIN_PLUS)
