@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import safejit
+from safejit.cache.staging import settle
 from safejit.keys import digest_bytes
 from tests.conftest import ADD_C, assert_cache_sound, leaves
 from tests.security._support import SECRET_TOKEN, assert_no_secret, assert_nothing_published, write_wrapper
@@ -135,6 +136,7 @@ def test_leaf_copied_from_another_tenant_is_not_used(make_runtime, cache_dir):
     assert b_key != art.build_key  # tenants never share a key
     # Copy team-a's leaf to where team-b would look for its own key.
     b_leaf_dir = cache_dir / "v1" / "team-b" / "host" / b_key[:2] / f"build-{b_key}"
+    settle()  # (the compiles' background work is done: nothing races the removal)
     shutil.rmtree(b_leaf_dir)
     b_leaf_dir.mkdir(parents=True)
     shutil.copytree(art.path, b_leaf_dir / Path(art.path).name)
@@ -150,6 +152,7 @@ def test_cache_root_swapped_for_a_symlink_between_calls(make_runtime, tmp_path, 
     rt = make_runtime(cache_dirs=(str(root),))
     rt.compile(ADD)
     moved = tmp_path / "moved"
+    settle()  # (the spare work dirs made after a compile go with the rest, not to a root made again)
     root.rename(moved)
     root.symlink_to(outside)  # now "cache-root" points at the outside dir
     with pytest.raises(safejit.CacheError):
