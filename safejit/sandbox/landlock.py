@@ -97,19 +97,18 @@ def restrict(read: Sequence[str], write: Sequence[str], *, deny_net: bool, requi
     ``write``, nothing else; no TCP with ``deny_net`` (ABI >= 4); no signals to, or
     abstract sockets of, processes outside (ABI >= 6). Returns whether Landlock was
     applied; raises :class:`LandlockError` when it must be (``required``) and cannot.
-    Only a single-threaded process is restricted (Landlock binds the calling thread)."""
+    Landlock binds the calling thread only: a process running other threads is refused
+    when ``required`` (they would read unconfined); best effort restricts this thread."""
     libc = _libc()
     version = abi()
     if version < 1:
         if required:
             raise LandlockError("Landlock is unavailable")
         return False
-    if _threads() > 1:
+    if required and _threads() > 1:
         # landlock_restrict_self restricts the calling thread only: the process's other
         # threads (a library's pool, started before) would go on reading unconfined.
-        if required:
-            raise LandlockError("this process runs other threads, which Landlock would leave unconfined")
-        return False
+        raise LandlockError("this process runs other threads, which Landlock would leave unconfined")
     handled = handled_access(version)
     net = NET_BIND_TCP | NET_CONNECT_TCP if deny_net and version >= 4 else 0
     scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if version >= 6 else 0
