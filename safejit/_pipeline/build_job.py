@@ -250,6 +250,8 @@ class BuildJob:
             finally:
                 self.started()  # (a compile that failed before starting its process)
             s.set_attribute(ATTR.BYTES, len(out.artifact))
+            if out.walls is not None:  # (NVRTC: its worker's walls, not the sandbox's runs')
+                s.set_attribute(ATTR.SANDBOX, out.walls)
             if out.log:
                 s.add_event("compiler.log", {"safejit.log": out.log[:LOG_EVENT_CAP]})
         instruments.compile_duration.record(out.seconds, self._attrs)

@@ -124,6 +124,10 @@ class CompileOutput:
     #: (NVRTC in its worker): the negative dependencies, exactly. None: not recorded (a
     #: depfile names only what was found); they are then derived from the search path.
     absent: tuple[str, ...] | None = None
+    #: What the compile ran within, where that is not the sandbox's runs
+    #: (``Sandbox.describe``): NVRTC's worker (``NvrtcWorker.walls``), or NVRTC in this
+    #: process (``in-process``). None: the sandbox's.
+    walls: str | None = None
 
 
 class LoadedLibrary(Protocol):

@@ -303,12 +303,13 @@ class CudaBackend:
         spec = ctx.spec
         started = time.perf_counter()
         options = recorded_options(spec.argv[1:], ctx.search_dirs, ctx.expand)
+        worker = self._worker_client(spec.arch, ctx.read_roots)
         result, reads = compile_recorded(
             spec.code,
             spec.name,
             options,
             list(spec.name_expressions),
-            compile_once=self._worker_client(spec.arch, ctx.read_roots).compile_once,
+            compile_once=worker.compile_once,
             timeout=ctx.timeout,
             max_deps=ctx.max_deps,
             confine=ctx.confine,
@@ -329,6 +330,7 @@ class CudaBackend:
             not reads.unknown,
             meta=self._meta(kernels, result.lowered),
             absent=reads.absent,
+            walls=worker.walls,
         )
 
     def _compile_in_memory(
@@ -344,7 +346,8 @@ class CudaBackend:
                     f"{option.split(chr(0))[0]!r} needs NVRTC's lookups recorded (the worker, and a C compiler)",
                     flag=option.split("\0")[0],
                 )
-        once = self._worker_client(spec.arch, ()).compile_once if self._worker_wanted else nvrtc_compile_once
+        worker = self._worker_client(spec.arch, ()) if self._worker_wanted else None
+        once = worker.compile_once if worker is not None else nvrtc_compile_once
         result, headers = compile_with_headers(
             spec.code,
             spec.name,
@@ -369,6 +372,7 @@ class CudaBackend:
             time.perf_counter() - started,
             True,
             meta=self._meta(kernels, result.lowered),
+            walls=worker.walls if worker is not None else "in-process",
         )
 
     def _compile_nvcc(self, ctx: CompileContext) -> CompileOutput:

@@ -37,6 +37,7 @@ from typing import Any, Final
 from ...closure.hashing import read_file
 from ...errors import CompileError, CompileTimeout, LimitExceededError, PathConfinementError
 from ...sandbox import SYSTEM_PATH
+from ...sandbox.landlock import abi as landlock_abi
 
 __all__ = ["NvrtcRequest", "NvrtcResult", "NvrtcWorker", "compile_with_headers", "library_path", "nvrtc_compile_once"]
 
@@ -267,6 +268,9 @@ class NvrtcWorker:
         #: Whether the running worker records lookups (its hello says), and if not, why.
         self.recording = False
         self.why = ""
+        #: The Landlock ABI confining the running worker (its hello says whether it is
+        #: confined); 0 when none is.
+        self.landlock = 0
 
     def _start(self, timeout: float) -> subprocess.Popen[bytes]:
         # Isolated mode ignores the environment; the parent's import path is handed over
@@ -297,7 +301,16 @@ class NvrtcWorker:
             self._kill()
             raise CompileError("the NVRTC worker died while starting", log="")
         self.recording, self.why = bool(hello.get("recording")), str(hello.get("why", ""))
+        self.landlock = landlock_abi() if hello.get("landlock") is True else 0
         return proc
+
+    @property
+    def walls(self) -> str:
+        """What the running worker compiles within, as ``safejit.sandbox`` says it:
+        ``nvrtc-worker``, then ``landlock-v<ABI>`` when Landlock confines it, and
+        ``rlimits`` (its address-space limit)."""
+        landlock = [f"landlock-v{self.landlock}"] if self.landlock else []
+        return "+".join(["nvrtc-worker", *landlock, "rlimits"])
 
     def compile_once(self, req: NvrtcRequest, timeout: float = 300.0) -> NvrtcResult:
         """One compile in the worker, started if need be; ``CompileTimeout`` (and the

@@ -7,7 +7,7 @@ away its own filesystem and network access (Landlock, when the kernel offers it;
 With ``--lookups LIBRARY`` it then installs the lookup recorder
 (``safejit.sandbox.lookups``), and a request that asks for it gets back every path
 NVRTC looked up while compiling, found or not. It first writes a hello
-(``{"recording": bool, "why": str}``), then serves compile requests on stdin/stdout
+(``{"recording": bool, "why": str, "landlock": bool}``), then serves compile requests on stdin/stdout
 as length-prefixed JSON. Replies carry no pickles, so a compromised worker cannot
 run code in the parent.
 """
@@ -106,7 +106,7 @@ def main(argv: list[str]) -> int:
     cwd = tempfile.mkdtemp(prefix="safejit-nvrtc-")
     os.chdir(cwd)
     recorder = Recorder(library) if library else None  # (loaded while it can still be read)
-    landlock_restrict(roots, [], deny_net=True, required=required)
+    landlocked = landlock_restrict(roots, [], deny_net=True, required=required)
     why = "" if library else "no recorder"
     if recorder is not None:
         try:
@@ -115,7 +115,7 @@ def main(argv: list[str]) -> int:
             recorder, why = None, str(exc)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write to the reply channel
-    _write(stdout, {"recording": recorder is not None, "why": why})
+    _write(stdout, {"recording": recorder is not None, "why": why, "landlock": landlocked})
     while True:
         msg = _read(stdin)
         if msg is None:

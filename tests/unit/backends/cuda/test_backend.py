@@ -18,6 +18,7 @@ from safejit.backends.cuda.args import encode_argument
 from safejit.backends.cuda.backend import SpillWarning
 from safejit.backends.cuda.cubin import cubin_kernels
 from safejit.backends.cuda.launch import CudaKernel, has_cuda_device, stream_handle
+from safejit.sandbox.landlock import abi as landlock_abi
 from tests.conftest import assert_cache_sound, leaves, settle
 
 pytest.importorskip("cuda.bindings.nvrtc")
@@ -78,6 +79,19 @@ def test_nvrtc_closure_names_every_handed_over_header(make_runtime, cuda_project
 
     deps = json.loads((Path(art.path) / "manifest.json").read_text())["deps"]
     assert sorted(rel for _, rel, _ in deps) == ["include/detail.h", "include/scale.h"]
+
+
+@pytest.mark.parametrize("worker", [True, False])
+def test_the_compiler_run_span_says_what_nvrtc_ran_within(make_runtime, cuda_project, spans, worker):
+    """``safejit.sandbox`` on an NVRTC compile names what NVRTC ran within: its worker
+    (confined by Landlock where the kernel offers it, as the worker's hello says), or this
+    very process; never the exec sandbox's walls, which NVRTC's compile is not in."""
+    rt = _rt(make_runtime, cuda_project, "nvrtc", nvrtc_worker=worker)
+    rt.build(safejit.Source(SAXPY, "saxpy"), include_dirs=(str(cuda_project / "include"),), arch="sm_90")
+    runs = [s for s in spans.get_finished_spans() if s.name == "safejit.compiler.run"]
+    abi = landlock_abi()
+    expected = ("nvrtc-worker+" + (f"landlock-v{abi}+" if abi else "") + "rlimits") if worker else "in-process"
+    assert runs and all(run.attributes["safejit.sandbox"] == expected for run in runs)  # (a header just made: twice)
 
 
 def test_nvrtc_template_kernels_through_name_expressions(make_runtime, cuda_project):
