@@ -29,7 +29,7 @@ from . import fastpath
 from .cubin import KernelParams, cubin_frame_sizes, cubin_kernels
 from .launch import CudaLibrary, device_arch
 from .nvcc_shell import check_argv, defines_header, header_args, split_macros
-from .nvrtc import NvrtcWorker, compile_with_headers, library_path, nvrtc_compile_once
+from .nvrtc import NvrtcWorker, compile_with_headers, library_path, nvrtc_compile_once, nvrtc_failed
 from .recorded import compile_recorded, recorded_options
 
 try:  # imported with the backend (only when backend="cuda" is asked for), not on the compile path
@@ -316,7 +316,7 @@ class CudaBackend:
             roots=ctx.read_roots,
         )
         if not result.ok:
-            raise _nvrtc_failed(spec.name, result.log, options, ctx.search_dirs)
+            raise nvrtc_failed(spec.name, result.log, options, ctx.search_dirs)
         kernels = cubin_kernels(result.cubin)
         if reads.unknown:
             logger.warning("%s: NVRTC did what a closure cannot hold: %s", spec.name, reads.unknown[0])
@@ -361,7 +361,7 @@ class CudaBackend:
             max_headers=max_deps,
         )
         if not result.ok:
-            raise _nvrtc_failed(spec.name, result.log, options, search_dirs)
+            raise nvrtc_failed(spec.name, result.log, options, search_dirs)
         kernels = cubin_kernels(result.cubin)
         return CompileOutput(
             result.cubin,
@@ -443,12 +443,3 @@ class CudaBackend:
     def close(self) -> None:
         if self._worker is not None:
             self._worker.close()
-
-
-def _nvrtc_failed(name: str, log: str, options: Sequence[str], search_dirs: Sequence[str]) -> CompileError:
-    """NVRTC's failure; a header it could not find is named with the dirs searched."""
-    text = f"{name}: NVRTC failed\n{log}"
-    if "open source file" in log:
-        searched = "\n".join(f"  {d}" for d in search_dirs) or "  (none)"
-        text += f"\ninclude dirs searched, in order:\n{searched}"
-    return CompileError(text, log=log, argv=list(options))

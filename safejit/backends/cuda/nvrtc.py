@@ -39,7 +39,15 @@ from ...errors import CompileError, CompileTimeout, LimitExceededError, PathConf
 from ...sandbox import SYSTEM_PATH
 from ...sandbox.landlock import abi as landlock_abi
 
-__all__ = ["NvrtcRequest", "NvrtcResult", "NvrtcWorker", "compile_with_headers", "library_path", "nvrtc_compile_once"]
+__all__ = [
+    "NvrtcRequest",
+    "NvrtcResult",
+    "NvrtcWorker",
+    "compile_with_headers",
+    "library_path",
+    "nvrtc_compile_once",
+    "nvrtc_failed",
+]
 
 #: The name NVRTC is given for the main source: in a directory that does not
 #: exist, so a relative include can never be found next to it on disk.
@@ -423,3 +431,12 @@ try:  # (with the module, as cuda.pathfinder itself: not on a compile's path)
     _finder: tuple[Any, ...] | None = (LIB_DESCRIPTORS, LOADER, EARLY_FIND_STEPS, SearchContext, run_find_steps)
 except Exception:  # (absent, or another version's layout: the public load is used)
     _finder = None
+
+
+def nvrtc_failed(name: str, log: str, options: Sequence[str], search_dirs: Sequence[str]) -> CompileError:
+    """NVRTC's failure; a header it could not find is named with the dirs searched."""
+    text = f"{name}: NVRTC failed\n{log}"
+    if "open source file" in log:
+        searched = "\n".join(f"  {d}" for d in search_dirs) or "  (none)"
+        text += f"\ninclude dirs searched, in order:\n{searched}"
+    return CompileError(text, log=log, argv=list(options))
