@@ -403,6 +403,29 @@ def test_the_nvrtc_worker_keeps_its_heap_between_compiles():
     assert faults < 3 * 200, f"{faults} page faults in three compiles"
 
 
+@pytest.mark.skipif(landlock_abi() == 0, reason="this kernel offers no Landlock")
+def test_the_nvrtc_worker_restricts_itself_whole_when_landlock_is_required(tmp_path):
+    """The worker loads NVRTC and compiles once before Landlock restricts it; Landlock binds
+    one thread, so a required restriction is refused if NVRTC has started any other by then.
+    NVRTC starts none: the worker comes up confined, and reads nothing outside its roots."""
+    from safejit.backends.cuda.nvrtc import NvrtcRequest, NvrtcWorker, nvrtc_compile_once
+
+    outside = tmp_path / "outside.h"
+    outside.write_text("#define OUTSIDE 1\n")
+    worker = NvrtcWorker("sm_90", require_landlock=True)
+    code = f'#include "{outside}"\nextern "C" __global__ void k(int* x) {{ *x = OUTSIDE; }}\n'
+    try:
+        plain = NvrtcRequest(b'extern "C" __global__ void k() {}\n', "k", ["--gpu-architecture=sm_90"], [])
+        assert worker.compile_once(plain).ok
+        assert worker.landlock == landlock_abi() and worker.walls == f"nvrtc-worker+landlock-v{landlock_abi()}+rlimits"
+        reads = NvrtcRequest(code.encode(), "k", ["--gpu-architecture=sm_90"], [])
+        assert nvrtc_compile_once(reads).ok  # (the control: unconfined, this process reads it)
+        denied = worker.compile_once(reads)
+        assert not denied.ok and "open source file" in denied.log, denied.log
+    finally:
+        worker.close()
+
+
 @pytest.mark.parametrize("worker", [True, False])
 def test_nvrtc_header_swapped_for_a_fifo_is_an_error_not_a_hang(make_runtime, cuda_project, cache_dir, worker):
     """Headers are read in this process to be handed to NVRTC: a FIFO must not block it
