@@ -155,12 +155,10 @@ class Pipeline:
             if keeper is not None:
                 keeper.stop()  # (releases the lease: another node may compile it)
             raise
-        if keeper is not None:
-            keeper.stop(release=False)
         if obtained.leaf.path and obtained.tier is not Tier.BYPASS:
-            remote.offer(key, obtained.leaf, None if keeper is None or keeper.lost else lease)
-        elif lease is not None:
-            remote.release(lease)
+            remote.offer(key, obtained.leaf, keeper)  # (it keeps the lease until the leaf is there)
+        elif keeper is not None:
+            keeper.stop()
         return obtained, lock
 
     def _backfill(self, root: str, key: str, leaf: VerifiedLeaf, lock: Any) -> None:

@@ -71,12 +71,14 @@ UPLOAD_QUEUE: Final = 32
 
 @dataclass(frozen=True, slots=True)
 class Upload:
-    """A clean, locally published leaf to copy to the remote, and the lease to let go
-    once it is there (the fleet's waiters then find the index entry)."""
+    """A clean, locally published leaf to copy to the remote, and the heartbeat that
+    keeps the build's lease until it is there (stopped then: the lease is let go and the
+    fleet's waiters find the index entry; a lease let lapse before would let one of them
+    compile the key again)."""
 
     build_key: str
     leaf: VerifiedLeaf
-    lease: Lease | None
+    keeper: LeaseKeeper | None
     #: Skip it when the remote's index holds the leaf already (a disk hit offered by warm).
     unless_present: bool = False
 
@@ -321,10 +323,6 @@ class RemoteTier:
         """A heartbeat that keeps ``lease`` while this node compiles (started)."""
         return LeaseKeeper(self.store, lease).start()
 
-    def release(self, lease: Lease) -> None:
-        with contextlib.suppress(RemoteError):
-            self.store.release_lease(lease)
-
     def wait(
         self, build_key: str, anchors: Anchors, *, deadline: float, take: Callable[[], Lease | None]
     ) -> VerifiedLeaf | Lease | None:
@@ -335,14 +333,18 @@ class RemoteTier:
         pause = 0.005
         with span(SPAN.REMOTE_LEASE_WAIT, {ATTR.BUILD_KEY: build_key, **self._attrs}) as s:
             while time.monotonic() < deadline:
-                found = self._lookup(build_key, anchors)
-                if isinstance(found, VerifiedLeaf):
-                    s.set_attribute(ATTR.RESULT, "published")
-                    return found
+                # Whether it is held, then the index: a holder publishes before it lets go,
+                # so a lease seen free here and nothing in the index after means nothing
+                # was published. (The other order took a leaf published between the look
+                # and the ask for a dead holder's, and compiled it again.)
                 held = self._held(build_key)
                 if held is None:  # (the remote went away: this node compiles)
                     s.set_attribute(ATTR.RESULT, "unavailable")
                     return None
+                found = self._lookup(build_key, anchors)
+                if isinstance(found, VerifiedLeaf):
+                    s.set_attribute(ATTR.RESULT, "published")
+                    return found
                 if not held:
                     lease = take()
                     if lease is not None:
@@ -354,20 +356,26 @@ class RemoteTier:
         return None
 
     # -- uploads -----------------------------------------------------------------
-    def offer(self, build_key: str, leaf: VerifiedLeaf, lease: Lease | None, *, unless_present: bool = False) -> None:
-        """Upload a clean, locally published ``leaf`` in the background (the lease, if
-        any, is let go once it is there). A full queue drops it: counted, and the lease
-        let go now. ``unless_present``: look at the index first, and send nothing when
-        the leaf is there (``safejit warm --remote`` offers its disk hits so)."""
+    def offer(
+        self, build_key: str, leaf: VerifiedLeaf, keeper: LeaseKeeper | None, *, unless_present: bool = False
+    ) -> None:
+        """Upload a clean, locally published ``leaf`` in the background; ``keeper``, if
+        any, goes on renewing the build's lease until the leaf is there, and is stopped
+        then (letting the lease go). A full queue drops it: counted, and the lease let
+        go now. ``unless_present``: look at the index first, and send nothing when the
+        leaf is there (``safejit warm --remote`` offers its disk hits so)."""
+        item = Upload(build_key, leaf, keeper, unless_present)
         if not self.writable:
+            if keeper is not None:
+                keeper.stop()
             return
         try:
-            self._uploads.put_nowait(Upload(build_key, leaf, lease, unless_present))
+            self._uploads.put_nowait(item)
         except queue.Full:
             self.dropped += 1
-            self._done(Upload(build_key, leaf, lease), Outcome.UPLOAD_DROPPED, "the upload queue was full")
-            if lease is not None:
-                self.release(lease)
+            self._done(item, Outcome.UPLOAD_DROPPED, "the upload queue was full")
+            if keeper is not None:
+                keeper.stop()
             return
         self._ensure_worker()
 
@@ -424,8 +432,8 @@ class RemoteTier:
                 logger.info("uploading %s failed: %s", man.name, exc)
                 outcome, detail, reason = Outcome.UPLOAD_FAILED, str(exc), exc.reason
             finally:
-                if item.lease is not None:
-                    self.release(item.lease)
+                if item.keeper is not None:
+                    item.keeper.stop()
         if outcome is Outcome.UPLOADED:
             self.uploaded += 1
         self._done(item, outcome, detail, reason)
