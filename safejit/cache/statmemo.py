@@ -25,6 +25,7 @@ or that others may write, is never read.
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import stat
 import time
@@ -49,13 +50,34 @@ class _Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     leaf: str
     deps_key: str
     roots: str
-    paths: list[str]
-    snaps: list[tuple[int, int, int, int, int]]
+    #: The dependencies' paths, NUL-separated (no path holds one), and the digest of their
+    #: stats: one string and one digest to decode, where lists took 0.5-1.5 ms for a
+    #: thousand headers (the stats are compared by digest, against theirs now).
+    paths: str
+    snaps: str
     dirs: list[tuple[str, tuple[int, int, int, int, int]]]
 
 
 _DECODER = msgspec.json.Decoder(_Record)
 _ENCODER = msgspec.json.Encoder()
+_SNAPS = msgspec.msgpack.Encoder()
+#: ``snapshot_of``, as one C call.
+_SNAPSHOT = operator.attrgetter("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
+
+
+def _digest(snaps: list[Snapshot]) -> str:
+    return digest_bytes(_SNAPS.encode(snaps))
+
+
+def _unchanged(paths: list[str], recorded: str) -> list[Snapshot] | None:
+    """The stats of ``paths`` now, if they are as recorded; None if one moved or is gone.
+    lstat: a dependency replaced by a symlink is a changed one (its target is not what
+    was confined when it was hashed)."""
+    try:
+        now = list(map(_SNAPSHOT, map(os.lstat, paths)))  # (in C: ~1.3 us a row less)
+    except (OSError, ValueError):
+        return None
+    return now if _digest(now) == recorded else None
 
 
 class StatMemo:
@@ -85,22 +107,24 @@ class StatMemo:
             data = _DECODER.decode(raw)
         except (OSError, msgspec.DecodeError):
             return None
-        if (data.leaf, data.deps_key, data.roots) != (leaf, deps_key, roots) or len(data.paths) != len(data.snaps):
+        if (data.leaf, data.deps_key, data.roots) != (leaf, deps_key, roots):
             return None
-        return MemoRecord(data.paths, data.snaps, data.dirs)
+        paths = data.paths.split("\0") if data.paths else []
+        return MemoRecord(paths, _unchanged(paths, data.snaps), data.dirs)
 
     def record(self, leaf: str, deps_key: str, roots: str, record: MemoRecord) -> None:
         if not self.directory:
             return
         now = time.time_ns()
-        if any(is_racy(s, now) for s in record.snaps):
+        snaps = record.snaps
+        if snaps is None or len(snaps) != len(record.paths) or any(is_racy(s, now) for s in snaps):
             return
         dirs: list[tuple[str, Snapshot]] = [] if any(is_racy(s, now) for _, s in record.dirs) else record.dirs
         path = self._path(leaf)
         tmp = f"{path}.{os.getpid()}.tmp"
         with contextlib.suppress(OSError):
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            data = _Record(leaf, deps_key, roots, record.paths, record.snaps, dirs)
+            data = _Record(leaf, deps_key, roots, "\0".join(record.paths), _digest(snaps), dirs)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             with open(fd, "wb") as fh:
                 fh.write(_ENCODER.encode(data))
