@@ -97,16 +97,22 @@ def _tier(rt):
     return rt._init()[0].remote
 
 
-def test_a_lease_let_go_between_a_nodes_try_and_its_look_is_a_hit_not_a_compile(node, project, monkeypatch):
-    """Node b looked before a's upload (a miss) and tried the lease while a held it; a
-    then published and let go. b must look again and use a's leaf, not compile (the
-    race cost a fleet of 8 a second compile on a loaded machine)."""
+def _published_then_b(node, project):
+    """Node a compiled and uploaded the kernel; node b, which has not looked yet: the
+    request, b, and b's remote tier."""
     src, inc = safejit.Source('#include "inner.h"\n', "k"), (str(project / "include"),)
     a = node("a")
     a.compile(src, include_dirs=inc)
     assert a.flush_uploads().done
     b = node("b")
-    tier = _tier(b)
+    return (src, inc), b, _tier(b)
+
+
+def test_a_lease_let_go_between_a_nodes_try_and_its_look_is_a_hit_not_a_compile(node, project, monkeypatch):
+    """Node b looked before a's upload (a miss) and tried the lease while a held it; a
+    then published and let go. b must look again and use a's leaf, not compile (the
+    race cost a fleet of 8 a second compile on a loaded machine)."""
+    (src, inc), b, tier = _published_then_b(node, project)
     real_lookup = tier.lookup
     looks: list[str] = []
 
@@ -145,12 +151,7 @@ def test_a_leaf_published_between_a_waiters_look_and_its_ask_is_a_hit_not_a_comp
     """Node b waits on a's lease. a publishes and lets go just after b looked in the index
     and before b asks whether the lease is held: b must use a's leaf, not take the free
     lease and compile again (a fleet of 8 on a loaded machine compiled twice so)."""
-    src, inc = safejit.Source('#include "inner.h"\n', "k"), (str(project / "include"),)
-    a = node("a")
-    a.compile(src, include_dirs=inc)
-    assert a.flush_uploads().done
-    b = node("b")
-    tier = _tier(b)
+    (src, inc), b, tier = _published_then_b(node, project)
     real_lookup, real_take = tier._lookup, tier.take_lease
     asked: list[str] = []  # (a publishes, then lets go, once b has asked once)
 
