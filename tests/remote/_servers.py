@@ -191,6 +191,7 @@ class BlackHole:
         self.sock.listen(64)
         self.port = int(self.sock.getsockname()[1])
         self._held: list[socket.socket] = []
+        self._received = 0
         self._closed = False
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
@@ -202,6 +203,14 @@ class BlackHole:
             except OSError:
                 return
             self._held.append(conn)
+
+    def traffic(self) -> tuple[int, int]:
+        """Connections made to it and bytes sent over them so far (read, never answered)."""
+        for conn in list(self._held):
+            with contextlib.suppress(BlockingIOError, InterruptedError):
+                while chunk := conn.recv(65536, socket.MSG_DONTWAIT):
+                    self._received += len(chunk)
+        return len(self._held), self._received
 
     def close(self) -> None:
         self._closed = True
