@@ -15,6 +15,7 @@ from pathlib import Path
 
 import safejit
 from safejit.cache.remote.store import RemoteError
+from safejit.outcomes import Outcome
 
 CHILD = r"""
 import json, sys
@@ -198,3 +199,35 @@ def test_the_lease_is_kept_until_the_upload_is_there(node, project, monkeypatch)
     assert a.flush_uploads().done
     assert tier.store.lease_holder(key) is None  # let go once the leaf was there
     assert b.take_lease(key) is not None
+
+
+def test_closing_lets_the_leases_of_uploads_not_sent_go_at_once(node, project, monkeypatch):
+    """A node closed while its uploads wait (the remote slow) drops those still queued,
+    counted, and lets their leases go: another node compiles them now, not after a TTL.
+    The upload under way when it closed is not one of them."""
+    rt = node("a", remote_lease_ttl_s=30)
+    tier = _tier(rt)
+    sending, go = threading.Event(), threading.Event()
+    real_put = tier.store.put_blob
+
+    def held_put(*args, **kwargs):
+        sending.set()
+        assert go.wait(30)
+        return real_put(*args, **kwargs)
+
+    monkeypatch.setattr(tier.store, "put_blob", held_put)
+    inc = (str(project / "include"),)
+    first, second = (safejit.Source(f'#include "inner.h"\n#define V{i} 1\n', "k") for i in (1, 2))
+    rt.compile(first, include_dirs=inc)
+    assert sending.wait(30)  # the first upload is under way, held
+    rt.compile(second, include_dirs=inc)
+    key = rt.explain(second, include_dirs=inc).build_key
+    b = _tier(node("b"))
+    assert b.take_lease(key) is None  # (a holds it while its upload waits)
+    try:
+        tier.close(timeout=0.2)
+        assert b.take_lease(key) is not None, "the lease of an upload never sent was kept"
+        assert tier.dropped == 1
+        assert [(r.build_key, r.outcome) for r in tier.drain(0).results] == [(key, Outcome.UPLOAD_DROPPED)]
+    finally:
+        go.set()

@@ -445,8 +445,22 @@ class RemoteTier:
             time.sleep(0.005)
         return not self._uploads.unfinished_tasks
 
-    def close(self) -> None:
-        self.flush(timeout=5.0)
+    def close(self, timeout: float = 5.0) -> None:
+        """Wait (at most ``timeout`` seconds) for the queued uploads. Those still queued
+        then are dropped (counted) and their leases let go now: another node compiles
+        the key at once, not after the lease's TTL. Then the store is closed."""
+        self.flush(timeout)
+        with contextlib.suppress(queue.Empty):
+            while True:
+                item = self._uploads.get_nowait()
+                try:
+                    if item is not None:
+                        self.dropped += 1
+                        self._done(item, Outcome.UPLOAD_DROPPED, "closed before it was sent")
+                        if item.keeper is not None:
+                            item.keeper.stop()
+                finally:
+                    self._uploads.task_done()
         with contextlib.suppress(queue.Full):
             self._uploads.put_nowait(None)
         self.store.close()
