@@ -98,6 +98,21 @@ def _tier(rt):
     return rt._init()[0].remote
 
 
+def _hold_uploads(tier, monkeypatch):
+    """Hold ``tier``'s uploads at their first send: set ``sending`` when one reaches it,
+    let them on when ``go`` is set."""
+    sending, go = threading.Event(), threading.Event()
+    real_put = tier.store.put_blob
+
+    def held_put(*args, **kwargs):
+        sending.set()
+        assert go.wait(30)
+        return real_put(*args, **kwargs)
+
+    monkeypatch.setattr(tier.store, "put_blob", held_put)
+    return sending, go
+
+
 def _published_then_b(node, project):
     """Node a compiled and uploaded the kernel; node b, which has not looked yet: the
     request, b, and b's remote tier."""
@@ -177,16 +192,7 @@ def test_the_lease_is_kept_until_the_upload_is_there(node, project, monkeypatch)
     src, inc = safejit.Source('#include "inner.h"\n', "k"), (str(project / "include"),)
     a = node("a", remote_lease_ttl_s=0.3)
     tier = _tier(a)
-    sending = threading.Event()
-    go = threading.Event()
-    real_put = tier.store.put_blob
-
-    def slow_put(*args, **kwargs):
-        sending.set()
-        assert go.wait(30)
-        return real_put(*args, **kwargs)
-
-    monkeypatch.setattr(tier.store, "put_blob", slow_put)
+    sending, go = _hold_uploads(tier, monkeypatch)
     a.compile(src, include_dirs=inc)
     key = a.explain(src, include_dirs=inc).build_key
     assert sending.wait(30)
@@ -207,15 +213,7 @@ def test_closing_lets_the_leases_of_uploads_not_sent_go_at_once(node, project, m
     The upload under way when it closed is not one of them."""
     rt = node("a", remote_lease_ttl_s=30)
     tier = _tier(rt)
-    sending, go = threading.Event(), threading.Event()
-    real_put = tier.store.put_blob
-
-    def held_put(*args, **kwargs):
-        sending.set()
-        assert go.wait(30)
-        return real_put(*args, **kwargs)
-
-    monkeypatch.setattr(tier.store, "put_blob", held_put)
+    sending, go = _hold_uploads(tier, monkeypatch)
     inc = (str(project / "include"),)
     first, second = (safejit.Source(f'#include "inner.h"\n#define V{i} 1\n', "k") for i in (1, 2))
     rt.compile(first, include_dirs=inc)
