@@ -385,7 +385,7 @@ import safejit
 cache, root = sys.argv[1], sys.argv[2]
 rt = safejit.Runtime(config=safejit.Config.from_env(cache_dirs=(cache,), source_roots=(root,), backend="fake"))
 rt.compile(safejit.Source('#include "inner.h"\n', "k"), include_dirs=(root,))
-rt._init()[0].remote.flush()
+rt._init()[0].remote.uploads.flush()
 print(json.dumps(rt.stats()["compiles"]))
 """
 
@@ -436,7 +436,7 @@ def upload_overhead(results: dict[str, Any], url: str, quick: bool) -> None:
             with_up = next(d for is_on, d in pair if is_on)
             without = next(d for is_on, d in pair if not is_on)
             ratios.append(with_up / without)
-            on._init()[0].remote.flush()
+            on._init()[0].remote.uploads.flush()
         on.close()
         off.close()
     results["upload_overhead_ratio"] = round(statistics.median(ratios), 3)

@@ -41,7 +41,7 @@ from .spec import Source
 from .telemetry import ATTR, SPAN, instruments, span
 
 if TYPE_CHECKING:
-    from .cache.remote.tier import Uploads
+    from .cache.remote.uploads import Uploads
 
 __all__ = ["Explanation", "Runtime"]
 
@@ -207,10 +207,10 @@ class Runtime:
         and say what became of those finished since the last call (``Uploads``: ``done``,
         and one ``UploadResult`` per upload: build key, deps key, outcome, detail).
         Nothing to wait for without a remote."""
-        from .cache.remote.tier import Uploads
+        from .cache.remote.uploads import Uploads
 
         remote = self._wired[0].remote if self._wired is not None else None
-        return remote.drain(timeout) if remote is not None else Uploads(True, ())
+        return remote.uploads.drain(timeout) if remote is not None else Uploads(True, ())
 
     def stats(self) -> Mapping[str, int]:
         out = self._counters.snapshot()

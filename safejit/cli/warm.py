@@ -72,7 +72,7 @@ def _warm_one(
 def _upload_of(rt: Runtime) -> dict[str, Any]:
     """``{upload, upload_reason, upload_detail}`` of the request's leaf, once the upload
     queue has drained (``upload`` None: nothing was offered, as for a remote hit)."""
-    from ..cache.remote.tier import PRESENT
+    from ..cache.remote.uploads import PRESENT
 
     uploads = rt.flush_uploads(UPLOAD_WAIT_S)
     if not uploads.results:

@@ -24,7 +24,7 @@ cache, root = sys.argv[1], sys.argv[2]
 rt = safejit.Runtime(config=safejit.Config.from_env(cache_dirs=(cache,), source_roots=(root,), backend="fake"))
 mod = rt.compile(safejit.Source('#include "inner.h"\n', "k"), include_dirs=(root + "/include",))
 value = mod.kernel("INNER")()
-rt._init()[0].remote.flush()
+rt._init()[0].remote.uploads.flush()
 print(json.dumps({"compiles": rt.stats()["compiles"], "tier": str(mod.artifact.tier), "value": value}))
 rt.close()
 """
@@ -225,7 +225,7 @@ def test_closing_lets_the_leases_of_uploads_not_sent_go_at_once(node, project, m
     try:
         tier.close(timeout=0.2)
         assert b.take_lease(key) is not None, "the lease of an upload never sent was kept"
-        assert tier.dropped == 1
-        assert [(r.build_key, r.outcome) for r in tier.drain(0).results] == [(key, Outcome.UPLOAD_DROPPED)]
+        assert tier.uploads.dropped == 1
+        assert [(r.build_key, r.outcome) for r in tier.uploads.drain(0).results] == [(key, Outcome.UPLOAD_DROPPED)]
     finally:
         go.set()

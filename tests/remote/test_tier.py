@@ -32,7 +32,7 @@ def _inc(project: Path) -> tuple[str, ...]:
 
 def _published(rt: safejit.Runtime, project: Path) -> safejit.Module:
     mod = rt.compile(SRC, include_dirs=_inc(project))
-    rt._init()[0].remote.flush()  # the upload is asynchronous
+    rt._init()[0].remote.uploads.flush()  # the upload is asynchronous
     return mod
 
 
@@ -55,7 +55,7 @@ def test_the_host_backend_round_trips_a_real_shared_object(node, project):
     src = safejit.Source("int add(int a, int b) { return a + b; }\n", "add")
     a = node("a", backend="host")
     a.compile(src)
-    a._init()[0].remote.flush()
+    a._init()[0].remote.uploads.flush()
     mod = node("b", backend="host").compile(src)
     assert mod.artifact.tier == "remote" and mod.kernel("add")(2, 3) == 5
 
@@ -207,7 +207,7 @@ def test_an_unsigned_or_foreign_signed_leaf_is_a_miss_under_verify_keys(node, pr
     assert reader.explain(SRC, include_dirs=_inc(project)).result == "miss"  # (disk: nothing there)
     mod = reader.compile(SRC, include_dirs=_inc(project))
     assert mod.artifact.tier == "compiled"
-    reader._init()[0].remote.flush()  # (its own upload: done before the keyspace is emptied)
+    reader._init()[0].remote.uploads.flush()  # (its own upload: done before the keyspace is emptied)
     # The builder's own leaf is trusted (readers hold the public key only):
     redis_server.admin().flushall()
     _published(node("c", signing_key=builder.private_pem()), project)
@@ -223,7 +223,7 @@ def test_a_negative_header_present_locally_makes_the_remote_leaf_a_miss(node, pr
     dirs = (str(first), str(second))
     a = node("a")
     a.compile(SRC, include_dirs=dirs)
-    a._init()[0].remote.flush()
+    a._init()[0].remote.uploads.flush()
     (first / "inner.h").write_text("#define INNER 1\n")  # shadows the one in `second`, here
     mod = node("b").compile(SRC, include_dirs=dirs)
     assert mod.artifact.tier == "compiled" and mod.kernel("INNER")() == 1
@@ -242,7 +242,7 @@ def test_a_read_only_user_cannot_publish_and_a_tenant_cannot_read_another(node, 
 
     reader = node("r", tenant="t1", remote=url("t1", "reader"))
     assert reader.compile(SRC, include_dirs=_inc(project)).kernel("INNER")() == 41  # works; its upload is denied
-    reader._init()[0].remote.flush()
+    reader._init()[0].remote.uploads.flush()
     assert admin.keys("sj:v1:t1:*:idx:*") == []
     writer = node("w", tenant="t1", remote=url("t1", "writer"))
     _published(writer, project)

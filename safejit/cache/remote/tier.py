@@ -6,32 +6,27 @@ build key and deps key matching; its signature (when keys are configured); its s
 within the limit — only then is its artifact asked for — then its closure rehashed
 against the local files (``leaf.verify_closure``, while the bytes travel) and its
 negatives absent here — only then are the bytes read, their BLAKE3 checked, and loaded
-from those bytes (on a closure miss they are dropped unread). Every failure is a miss with a reason
-(:class:`~safejit.outcomes.Miss`); nothing from the remote ever raises out of a tier
-call. Uploads happen after a clean local publish, on a bounded queue worked by one
-thread; what does not fit is dropped and counted. Leases make one node of a fleet
-compile a key while the others watch its index; they save work and decide nothing
-(write-once keys, content addressing and local verification decide).
+from those bytes (on a closure miss they are dropped unread). Every failure is a miss
+with a reason (:class:`~safejit.outcomes.Miss`); nothing from the remote ever raises
+out of a tier call. Uploads happen after a clean local publish (``uploads.py``).
+Leases make one node of a fleet compile a key while the others watch its index; they
+save work and decide nothing (write-once keys, content addressing and local
+verification decide).
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import logging
 import os
-import queue
 import socket
-import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Final
 
 from ...closure.anchors import Anchors
 from ...closure.hashing import digest_bytes
 from ...keys import deps_key as compute_deps_key
-from ...outcomes import Miss, Outcome, Tier
+from ...outcomes import Miss, Tier
 from ...telemetry import ATTR, SPAN, instruments, span
 from ..leaf import (
     ClosureMemo,
@@ -42,16 +37,13 @@ from ..leaf import (
     Verifier,
     check_signature,
     decode_manifest,
-    encode_manifest,
     verify_closure,
 )
 from .lease import LeaseKeeper
-from .store import Lease, PendingBlob, Put, RemoteError, RemoteStore
+from .store import Lease, PendingBlob, RemoteError, RemoteStore
+from .uploads import UploadQueue
 
-__all__ = ["INDEX_FULL", "MISS_OF", "PRESENT", "RemoteTier", "Upload", "UploadResult", "Uploads"]
-
-#: How long an upload waits before it starts (see ``_work``).
-_UPLOAD_GRACE_S = 0.002
+__all__ = ["MISS_OF", "RemoteTier"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,56 +57,6 @@ MISS_OF: Final[Mapping[str, Miss]] = {
     "error": Miss.REMOTE_ERROR,
     "circuit_open": Miss.CIRCUIT_OPEN,
 }
-#: Leaves waiting to be uploaded, at most (a burst of compiles beyond it drops uploads).
-UPLOAD_QUEUE: Final = 32
-
-
-@dataclass(frozen=True, slots=True)
-class Upload:
-    """A clean, locally published leaf to copy to the remote, and the heartbeat that
-    keeps the build's lease until it is there (stopped then: the lease is let go and the
-    fleet's waiters find the index entry; a lease let lapse before would let one of them
-    compile the key again)."""
-
-    build_key: str
-    leaf: VerifiedLeaf
-    keeper: LeaseKeeper | None
-    #: Skip it when the remote's index holds the leaf already (a disk hit offered by warm).
-    unless_present: bool = False
-
-
-#: An :class:`UploadResult`'s ``detail`` when the leaf was on the remote already.
-PRESENT: Final = "already on the remote"
-#: ... when the build key's index holds ``index_cap`` leaves.
-INDEX_FULL: Final = "the build key's index is full"
-
-
-@dataclass(frozen=True, slots=True)
-class UploadResult:
-    """What became of one offered upload: ``outcome`` is ``uploaded`` (``detail``
-    :data:`PRESENT` when another writer's copy was there first), ``upload_skipped``
-    (``detail``: :data:`PRESENT` or :data:`INDEX_FULL`), ``upload_failed`` (``reason``: the
-    remote's, from ``REASONS``; ``detail``: its error, redacted) or ``upload_dropped``
-    (the queue was full)."""
-
-    build_key: str
-    deps_key: str
-    outcome: Outcome
-    detail: str = ""
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Uploads:
-    """:meth:`RemoteTier.drain`'s answer: the uploads finished since it was last asked,
-    and whether none is still queued (``done``)."""
-
-    done: bool
-    results: tuple[UploadResult, ...]
-
-
-#: Finished uploads remembered for :meth:`RemoteTier.drain` (the oldest are forgotten).
-RESULTS_KEPT: Final = 4 * UPLOAD_QUEUE
 
 
 def _whole(view: memoryview) -> bytes:
@@ -154,12 +96,8 @@ class RemoteTier:
         self._max_bytes = min(max_artifact_bytes, store.settings.max_bytes)
         self._attrs = {**attrs, "safejit.remote.engine": store.engine}
         self._node = f"{socket.gethostname()}:{os.getpid()}"
-        self._uploads: queue.Queue[Upload | None] = queue.Queue(maxsize=UPLOAD_QUEUE)
-        self._worker: threading.Thread | None = None
-        self._worker_lock = threading.Lock()
-        self.dropped = 0
-        self.uploaded = 0
-        self._results: collections.deque[UploadResult] = collections.deque(maxlen=RESULTS_KEPT)
+        #: The uploads this node offers (``uploads.py``).
+        self.uploads = UploadQueue(store, self._attrs)
 
     # -- lookup ------------------------------------------------------------------
     def lookup(self, build_key: str, anchors: Anchors) -> VerifiedLeaf | Rejection:
@@ -359,108 +297,14 @@ class RemoteTier:
     def offer(
         self, build_key: str, leaf: VerifiedLeaf, keeper: LeaseKeeper | None, *, unless_present: bool = False
     ) -> None:
-        """Upload a clean, locally published ``leaf`` in the background; ``keeper``, if
-        any, goes on renewing the build's lease until the leaf is there, and is stopped
-        then (letting the lease go). A full queue drops it: counted, and the lease let
-        go now. ``unless_present``: look at the index first, and send nothing when the
-        leaf is there (``safejit warm --remote`` offers its disk hits so)."""
-        item = Upload(build_key, leaf, keeper, unless_present)
-        if not self.writable:
-            if keeper is not None:
-                keeper.stop()
-            return
-        try:
-            self._uploads.put_nowait(item)
-        except queue.Full:
-            self.dropped += 1
-            self._done(item, Outcome.UPLOAD_DROPPED, "the upload queue was full")
-            if keeper is not None:
-                keeper.stop()
-            return
-        self._ensure_worker()
-
-    def _done(self, item: Upload, outcome: Outcome, detail: str = "", reason: str = "") -> None:
-        self._results.append(UploadResult(item.build_key, item.leaf.manifest.deps_key, outcome, detail, reason))
-        instruments.remote_uploads.add(1, {**self._attrs, ATTR.OUTCOME: outcome})
-
-    def drain(self, timeout: float = 10.0) -> Uploads:
-        """Wait (at most ``timeout`` seconds) for the queued uploads, then hand over what
-        became of those finished since the last call."""
-        done = self.flush(timeout)
-        results = []
-        with contextlib.suppress(IndexError):
-            while True:
-                results.append(self._results.popleft())
-        return Uploads(done, tuple(results))
-
-    def _ensure_worker(self) -> None:
-        with self._worker_lock:
-            if self._worker is None or not self._worker.is_alive():
-                self._worker = threading.Thread(target=self._work, name="safejit-upload", daemon=True)
-                self._worker.start()
-
-    def _work(self) -> None:
-        while True:
-            item = self._uploads.get()
-            try:
-                if item is None:
-                    return
-                # The compile that offered it still has its kernel to hand back: an upload
-                # started now would take the GIL from it (+0.3-0.6 ms measured); uploads
-                # are asynchronous, 2 ms later is as good.
-                time.sleep(_UPLOAD_GRACE_S)
-                self._upload(item)
-            finally:
-                self._uploads.task_done()
-
-    def _upload(self, item: Upload) -> None:
-        man = item.leaf.manifest
-        outcome, detail, reason = Outcome.UPLOADED, "", ""
-        with span(SPAN.REMOTE_PUBLISH, {ATTR.BUILD_KEY: item.build_key, ATTR.BYTES: man.artifact_size, **self._attrs}):
-            try:
-                if item.unless_present and man.deps_key in self.store.index(item.build_key):
-                    outcome, detail = Outcome.UPLOAD_SKIPPED, PRESENT
-                else:
-                    # The artifact first: an index entry is never there before what it names.
-                    self.store.put_blob(man.artifact_digest, item.leaf.artifact)
-                    put = self.store.publish_manifest(item.build_key, man.deps_key, encode_manifest(man))
-                    if put is Put.FULL:
-                        outcome, detail = Outcome.UPLOAD_SKIPPED, INDEX_FULL
-                    elif put is Put.EXISTS:
-                        detail = PRESENT
-            except RemoteError as exc:
-                logger.info("uploading %s failed: %s", man.name, exc)
-                outcome, detail, reason = Outcome.UPLOAD_FAILED, str(exc), exc.reason
-            finally:
-                if item.keeper is not None:
-                    item.keeper.stop()
-        if outcome is Outcome.UPLOADED:
-            self.uploaded += 1
-        self._done(item, outcome, detail, reason)
-
-    def flush(self, timeout: float = 10.0) -> bool:
-        """Wait (at most ``timeout`` seconds) for the queued uploads; whether all are done."""
-        deadline = time.monotonic() + timeout
-        while self._uploads.unfinished_tasks and time.monotonic() < deadline:
-            time.sleep(0.005)
-        return not self._uploads.unfinished_tasks
+        """Upload a clean, locally published ``leaf`` in the background (``UploadQueue.offer``);
+        nothing on a read-only node, where ``keeper``, if any, is stopped now."""
+        if self.writable:
+            self.uploads.offer(build_key, leaf, keeper, unless_present=unless_present)
+        elif keeper is not None:
+            keeper.stop()
 
     def close(self, timeout: float = 5.0) -> None:
-        """Wait (at most ``timeout`` seconds) for the queued uploads. Those still queued
-        then are dropped (counted) and their leases let go now: another node compiles
-        the key at once, not after the lease's TTL. Then the store is closed."""
-        self.flush(timeout)
-        with contextlib.suppress(queue.Empty):
-            while True:
-                item = self._uploads.get_nowait()
-                try:
-                    if item is not None:
-                        self.dropped += 1
-                        self._done(item, Outcome.UPLOAD_DROPPED, "closed before it was sent")
-                        if item.keeper is not None:
-                            item.keeper.stop()
-                finally:
-                    self._uploads.task_done()
-        with contextlib.suppress(queue.Full):
-            self._uploads.put_nowait(None)
+        """Let the queued uploads go (``UploadQueue.close``), then close the store."""
+        self.uploads.close(timeout)
         self.store.close()

@@ -1,0 +1,204 @@
+"""The remote tier's uploads: clean, locally published leaves copied to the remote in
+the background, on a bounded queue worked by one thread (what does not fit is dropped
+and counted), each with the heartbeat that keeps its build's lease until it is there.
+What became of each is kept for ``Runtime.flush_uploads``.
+
+>>> uploads = UploadQueue(store, attrs={})                                     # doctest: +SKIP
+>>> uploads.offer(build_key, leaf, keeper)                                    # doctest: +SKIP
+>>> uploads.drain(10).results[0].outcome                                      # doctest: +SKIP
+<Outcome.UPLOADED: 'uploaded'>
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from ...outcomes import Outcome
+from ...telemetry import ATTR, SPAN, instruments, span
+from ..leaf import VerifiedLeaf, encode_manifest
+from .lease import LeaseKeeper
+from .store import Put, RemoteError, RemoteStore
+
+__all__ = ["INDEX_FULL", "PRESENT", "UPLOAD_QUEUE", "Upload", "UploadQueue", "UploadResult", "Uploads"]
+
+logger = logging.getLogger(__name__)
+
+#: How long an upload waits before it starts (see ``_work``).
+_UPLOAD_GRACE_S = 0.002
+
+#: Leaves waiting to be uploaded, at most (a burst of compiles beyond it drops uploads).
+UPLOAD_QUEUE: Final = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    """A clean, locally published leaf to copy to the remote, and the heartbeat that
+    keeps the build's lease until it is there (stopped then: the lease is let go and the
+    fleet's waiters find the index entry; a lease let lapse before would let one of them
+    compile the key again)."""
+
+    build_key: str
+    leaf: VerifiedLeaf
+    keeper: LeaseKeeper | None
+    #: Skip it when the remote's index holds the leaf already (a disk hit offered by warm).
+    unless_present: bool = False
+
+
+#: An :class:`UploadResult`'s ``detail`` when the leaf was on the remote already.
+PRESENT: Final = "already on the remote"
+#: ... when the build key's index holds ``index_cap`` leaves.
+INDEX_FULL: Final = "the build key's index is full"
+
+
+@dataclass(frozen=True, slots=True)
+class UploadResult:
+    """What became of one offered upload: ``outcome`` is ``uploaded`` (``detail``
+    :data:`PRESENT` when another writer's copy was there first), ``upload_skipped``
+    (``detail``: :data:`PRESENT` or :data:`INDEX_FULL`), ``upload_failed`` (``reason``: the
+    remote's, from ``REASONS``; ``detail``: its error, redacted) or ``upload_dropped``
+    (the queue was full)."""
+
+    build_key: str
+    deps_key: str
+    outcome: Outcome
+    detail: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Uploads:
+    """:meth:`RemoteTier.drain`'s answer: the uploads finished since it was last asked,
+    and whether none is still queued (``done``)."""
+
+    done: bool
+    results: tuple[UploadResult, ...]
+
+
+#: Finished uploads remembered for :meth:`RemoteTier.drain` (the oldest are forgotten).
+RESULTS_KEPT: Final = 4 * UPLOAD_QUEUE
+
+
+class UploadQueue:
+    """Uploads to ``store``, one at a time, off the compiles that offered them."""
+
+    def __init__(self, store: RemoteStore, attrs: Mapping[str, str]) -> None:
+        self.store = store
+        self._attrs = dict(attrs)
+        self._uploads: queue.Queue[Upload | None] = queue.Queue(maxsize=UPLOAD_QUEUE)
+        self._worker: threading.Thread | None = None
+        self._worker_lock = threading.Lock()
+        self.dropped = 0
+        self.uploaded = 0
+        self._results: collections.deque[UploadResult] = collections.deque(maxlen=RESULTS_KEPT)
+
+    def offer(
+        self, build_key: str, leaf: VerifiedLeaf, keeper: LeaseKeeper | None, *, unless_present: bool = False
+    ) -> None:
+        """Upload a clean, locally published ``leaf`` in the background; ``keeper``, if
+        any, goes on renewing the build's lease until the leaf is there, and is stopped
+        then (letting the lease go). A full queue drops it: counted, and the lease let
+        go now. ``unless_present``: look at the index first, and send nothing when the
+        leaf is there (``safejit warm --remote`` offers its disk hits so)."""
+        item = Upload(build_key, leaf, keeper, unless_present)
+        try:
+            self._uploads.put_nowait(item)
+        except queue.Full:
+            self.dropped += 1
+            self._done(item, Outcome.UPLOAD_DROPPED, "the upload queue was full")
+            if keeper is not None:
+                keeper.stop()
+            return
+        self._ensure_worker()
+
+    def _done(self, item: Upload, outcome: Outcome, detail: str = "", reason: str = "") -> None:
+        self._results.append(UploadResult(item.build_key, item.leaf.manifest.deps_key, outcome, detail, reason))
+        instruments.remote_uploads.add(1, {**self._attrs, ATTR.OUTCOME: outcome})
+
+    def drain(self, timeout: float = 10.0) -> Uploads:
+        """Wait (at most ``timeout`` seconds) for the queued uploads, then hand over what
+        became of those finished since the last call."""
+        done = self.flush(timeout)
+        results = []
+        with contextlib.suppress(IndexError):
+            while True:
+                results.append(self._results.popleft())
+        return Uploads(done, tuple(results))
+
+    def _ensure_worker(self) -> None:
+        with self._worker_lock:
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._work, name="safejit-upload", daemon=True)
+                self._worker.start()
+
+    def _work(self) -> None:
+        while True:
+            item = self._uploads.get()
+            try:
+                if item is None:
+                    return
+                # The compile that offered it still has its kernel to hand back: an upload
+                # started now would take the GIL from it (+0.3-0.6 ms measured); uploads
+                # are asynchronous, 2 ms later is as good.
+                time.sleep(_UPLOAD_GRACE_S)
+                self._upload(item)
+            finally:
+                self._uploads.task_done()
+
+    def _upload(self, item: Upload) -> None:
+        man = item.leaf.manifest
+        outcome, detail, reason = Outcome.UPLOADED, "", ""
+        with span(SPAN.REMOTE_PUBLISH, {ATTR.BUILD_KEY: item.build_key, ATTR.BYTES: man.artifact_size, **self._attrs}):
+            try:
+                if item.unless_present and man.deps_key in self.store.index(item.build_key):
+                    outcome, detail = Outcome.UPLOAD_SKIPPED, PRESENT
+                else:
+                    # The artifact first: an index entry is never there before what it names.
+                    self.store.put_blob(man.artifact_digest, item.leaf.artifact)
+                    put = self.store.publish_manifest(item.build_key, man.deps_key, encode_manifest(man))
+                    if put is Put.FULL:
+                        outcome, detail = Outcome.UPLOAD_SKIPPED, INDEX_FULL
+                    elif put is Put.EXISTS:
+                        detail = PRESENT
+            except RemoteError as exc:
+                logger.info("uploading %s failed: %s", man.name, exc)
+                outcome, detail, reason = Outcome.UPLOAD_FAILED, str(exc), exc.reason
+            finally:
+                if item.keeper is not None:
+                    item.keeper.stop()
+        if outcome is Outcome.UPLOADED:
+            self.uploaded += 1
+        self._done(item, outcome, detail, reason)
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait (at most ``timeout`` seconds) for the queued uploads; whether all are done."""
+        deadline = time.monotonic() + timeout
+        while self._uploads.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return not self._uploads.unfinished_tasks
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Wait (at most ``timeout`` seconds) for the queued uploads. Those still queued
+        then are dropped (counted) and their leases let go now: another node compiles
+        the key at once, not after the lease's TTL. (The store is the caller's to close.)"""
+        self.flush(timeout)
+        with contextlib.suppress(queue.Empty):
+            while True:
+                item = self._uploads.get_nowait()
+                try:
+                    if item is not None:
+                        self.dropped += 1
+                        self._done(item, Outcome.UPLOAD_DROPPED, "closed before it was sent")
+                        if item.keeper is not None:
+                            item.keeper.stop()
+                finally:
+                    self._uploads.task_done()
+        with contextlib.suppress(queue.Full):
+            self._uploads.put_nowait(None)
