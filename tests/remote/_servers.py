@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import select
 import shutil
 import signal
 import socket
@@ -205,7 +206,13 @@ class BlackHole:
             self._held.append(conn)
 
     def traffic(self) -> tuple[int, int]:
-        """Connections made to it and bytes sent over them so far (read, never answered)."""
+        """Connections made to it and bytes sent over them so far (read, never answered).
+        A connection the kernel has completed and the accepting thread not yet taken is
+        waited for (a second at most), so that none made before the call goes uncounted."""
+        deadline = time.monotonic() + 1.0
+        while select.select([self.sock], [], [], 0)[0] and time.monotonic() < deadline:
+            time.sleep(0.002)
+        time.sleep(0.01)  # (and the thread that took the last one, to keep it)
         for conn in list(self._held):
             with contextlib.suppress(BlockingIOError, InterruptedError):
                 while chunk := conn.recv(65536, socket.MSG_DONTWAIT):
