@@ -56,6 +56,17 @@ kernel release) worker ~ bare (1.02-1.06) and strace shows the same failing sysc
 (none EACCES) under both rulesets; on the H200 machine an open, a failed stat, a 1 MB
 malloc+memset and a Python loop cost the same under none, either ruleset; HOME moved
 elsewhere changes nothing (no cache written there). The cause is open.
+
+Seen there on 2026-12-02 (an LD_PRELOAD logger of open/fopen/mkdir; no strace there):
+in a bare process, nvrtcCompileProgram names a thread (pthread_setname_np: it writes
+/proc/self/task/TID/comm) and then brings up the CUDA driver (/dev/nvidiactl,
+/dev/nvidia-uvm, /dev/nvidia0 opened read-write, ~/.nv/ComputeCache/index opened "r+").
+Under a ruleset that denies writes the comm write fails (EACCES) and none of the driver's
+opens follow; granting writes under /proc/PID/task and /dev gives back the bare process's
+sequence. Whether that is the cost could not be told: the same compile's CPU time went
+from 3.1 to 7.4 s between processes minutes apart on the same pinned CPU, and the first
+process after an idle spell was the fastest whatever its variant. The worker keeps
+denying both (a compile has no business with the GPU or a cache shared by every user).
 """
 
 from __future__ import annotations
