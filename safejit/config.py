@@ -242,8 +242,10 @@ class Config:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(f"Config.{name} must be a finite number, got {value!r}")
-            if value < 0 or (name in positive and value == 0):
+            if name in positive and value <= 0:
                 raise ConfigError(f"Config.{name} must be positive, got {value!r}")
+            if value < 0:
+                raise ConfigError(f"Config.{name} must be 0 or more, got {value!r}")
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Config:

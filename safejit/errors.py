@@ -26,6 +26,7 @@ Errors carry structured attributes and pickle, so they cross process pools.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
@@ -113,13 +114,20 @@ class SandboxUnavailableError(SafejitError, RuntimeError):
 
 
 class CompileError(SafejitError, RuntimeError):
-    """The compiler failed. ``.log`` holds its (capped) output."""
+    """The compiler failed. ``.log`` holds its (capped) output ("" when none came);
+    ``.argv`` the command that ran, where one did (else None)."""
 
     log: str
+    argv: list[str] | None
+
+    def __init__(self, message: str, *, log: str = "", argv: Sequence[str] | None = None, **attrs: Any) -> None:
+        super().__init__(message, log=log, argv=None if argv is None else list(argv), **attrs)
 
 
 class CompileTimeout(CompileError, TimeoutError):
-    """The compiler ran past ``Config.compile_timeout_s`` and was killed."""
+    """The compiler ran past ``Config.compile_timeout_s`` (``.timeout``) and was killed."""
+
+    timeout: float
 
 
 class LoadError(SafejitError, RuntimeError):

@@ -71,6 +71,19 @@ def test_errors_inherit_root_and_builtin_and_pickle(error, builtin):
     assert back.log == "compiler said no" and back.path == "/x"
 
 
+def test_a_compile_error_always_has_its_log_and_argv():
+    """``.log`` and ``.argv`` are there whichever path raised it (some have no output
+    or no command): a handler that prints ``exc.log`` never meets an AttributeError."""
+    bare = safejit.CompileError("could not write the defines header")
+    assert bare.log == "" and bare.argv is None
+    ran = safejit.CompileError("failed", log="out", argv=("cc", "-c"))
+    assert ran.log == "out" and ran.argv == ["cc", "-c"]
+    late = safejit.CompileTimeout("ran past 1s", timeout=1.0)
+    assert late.log == "" and late.argv is None and late.timeout == 1.0
+    back = pickle.loads(pickle.dumps(ran))
+    assert back.log == "out" and back.argv == ["cc", "-c"]
+
+
 def test_compile_error_carries_the_log(make_runtime):
     rt = make_runtime()
     with pytest.raises(safejit.CompileError) as info:
@@ -121,6 +134,14 @@ def test_default_cache_dir_follows_xdg(monkeypatch, tmp_path):
 def test_config_rejects_bad_values(kwargs):
     with pytest.raises(safejit.ConfigError):
         safejit.Config(**kwargs)
+
+
+def test_config_range_errors_say_the_range():
+    with pytest.raises(safejit.ConfigError, match=r"max_staleness_s must be 0 or more, got -1"):
+        safejit.Config(max_staleness_s=-1)
+    with pytest.raises(safejit.ConfigError, match=r"memory_max_entries must be positive, got 0"):
+        safejit.Config(memory_max_entries=0)
+    assert safejit.Config(max_staleness_s=0).max_staleness_s == 0  # (0: every hit re-stats)
 
 
 @pytest.mark.parametrize("name", ["", "1abc", "a-b", "x" * 129, "a b"])
