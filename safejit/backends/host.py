@@ -81,12 +81,20 @@ class HostBackend:
 
     def compiler_path(self, language: str) -> str:
         given = self._compilers[language]
+        field = "host_cxx" if language == "c++" else "host_cc"
+        setting = f"Config.{field} (SAFEJIT_{field.upper()})"
         found = given or shutil.which("c++" if language == "c++" else "cc", path=SYSTEM_PATH)
         if not found:
-            raise ConfigError(f"no {language} compiler found on {SYSTEM_PATH}; set Config.host_cc/host_cxx")
+            raise ConfigError(
+                f"no {language} compiler found on the fixed PATH {SYSTEM_PATH} (the caller's PATH is not "
+                f"searched); set {setting} to its absolute path"
+            )
         if not os.path.isabs(found):
-            raise ConfigError(f"host compiler {found!r} must be an absolute path")
-        return real_path(found)  # (through the kernel: one lstat per component is ~40 us more)
+            raise ConfigError(f"{setting} must be an absolute path, got {found!r}")
+        real = real_path(found)  # (through the kernel: one lstat per component is ~40 us more)
+        if given and not (os.path.isfile(real) and os.access(real, os.X_OK)):
+            raise ConfigError(f"{setting} is {given!r}, which is no executable file")
+        return real
 
     def toolchain(self, source: Source, run: Runner) -> Toolchain:
         language = self.language(source)

@@ -144,3 +144,26 @@ def test_a_program_added_to_the_drivers_dirs_while_probing_is_noticed(tmp_path, 
     assert cache.get(["ident"]) is None
     cache.put(["ident"], tc, (), probe.dir_idents([str(bindir)]))
     assert cache.get(["ident"]) == tc
+
+
+@pytest.mark.parametrize("kind", ["missing", "not executable", "a directory"])
+def test_a_configured_compiler_that_cannot_run_names_the_setting(make_runtime, tmp_path, cache_dir, kind):
+    given = tmp_path / "cc"
+    if kind == "not executable":
+        given.write_text("#!/bin/sh\n")
+        given.chmod(0o644)
+    elif kind == "a directory":
+        given.mkdir()
+    rt = make_runtime(host_cc=str(given))
+    with pytest.raises(safejit.ConfigError, match=r"Config\.host_cc \(SAFEJIT_HOST_CC\) is .*no executable file"):
+        rt.compile(ONE)
+    assert rt.stats()["compiles"] == 0
+    assert not list(cache_dir.rglob("manifest.json"))  # nothing published
+
+
+def test_no_compiler_on_the_fixed_path_says_which_setting_to_use(monkeypatch, make_runtime):
+    from safejit.backends import host
+
+    monkeypatch.setattr(host.shutil, "which", lambda *a, **k: None)
+    with pytest.raises(safejit.ConfigError, match=r"caller's PATH is not searched.*SAFEJIT_HOST_CC"):
+        make_runtime().compile(ONE)
