@@ -84,6 +84,9 @@ class DiskTier:
         staging: Staging | None = None,
     ) -> None:
         self.roots = tuple(os.path.realpath(os.path.expanduser(r)) for r in roots)
+        for root in self.roots[1:]:  # (the first is made when it is missing)
+            if not os.path.isdir(root):
+                logger.warning("cache root %s is no directory (yet): nothing is read from it until it is", root)
         self.tenant = tenant
         self.backend = backend
         self._signer = signer
