@@ -231,14 +231,23 @@ class Runtime:
         arch: str | None = None,
         name_expressions: Sequence[str] = (),
     ) -> Explanation:
-        """Say whether a compile would hit the disk tier and, if not, why."""
+        """Say whether a compile would hit the disk tier and, if not, why; when no leaf
+        has the build key, which inputs differ from the nearest other build of the kernel
+        (a diagnostic: that walks the cache's leaves, so it costs more as the cache grows)."""
         req = _request(source, include_dirs, defines, flags, extras, arch, name_expressions, checked_for="explain")
         parts, resolver, _ = self._init()
         resolved = resolver.resolve(req)
         found = parts.disk.lookup(resolved.key, resolved.anchors, quiet=True)
         if isinstance(found, VerifiedLeaf):
             return Explanation.of(None, resolved.key, leaf=found.path)
-        return Explanation.of(found.reason, resolved.key, path=found.detail or None, leaf=found.leaf or None)
+        nearest = None
+        if found.reason is Miss.ABSENT:
+            from ._pipeline.nearest import nearest_build
+
+            nearest = nearest_build(parts.disk.roots, resolved.spec, self.config.backend)
+        return Explanation.of(
+            found.reason, resolved.key, path=found.detail or None, leaf=found.leaf or None, nearest=nearest
+        )
 
     def close(self) -> None:
         """Unload every cached module and release resources. Safe to call twice."""

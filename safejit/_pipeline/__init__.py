@@ -5,4 +5,5 @@
 - ``resolve``: a request becomes a confined, policy-checked BuildSpec and its key.
 - ``pipeline``: disk lookup, lock, compile, closure check, publish, bypass.
 - ``records``: explanations, manifests, artifacts, counters.
+- ``nearest``: for a request no leaf has the key of, the nearest other build and what differs.
 """

@@ -9,7 +9,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
@@ -24,6 +24,9 @@ from ..kernel import Artifact
 from ..keys import deps_key
 from ..outcomes import Miss, Outcome, Tier
 from ..spec import BuildSpec, Source
+
+if TYPE_CHECKING:
+    from .nearest import Nearest
 
 __all__ = [
     "LOG_EVENT_CAP",
@@ -45,7 +48,9 @@ class Explanation:
     """Why a lookup would hit or miss: ``result`` is ``hit`` or ``miss``, ``reason``
     says why in words, ``miss`` names it (a :class:`~safejit.outcomes.Miss`; None on a
     hit), ``path`` is the first changed dependency or shadowing header, ``leaf`` the
-    leaf concerned."""
+    leaf concerned. When no leaf has the build key (``absent``), ``nearest`` is the
+    other build of the kernel whose inputs differ least, and what differs (None when
+    there is none)."""
 
     result: str
     reason: str
@@ -53,16 +58,30 @@ class Explanation:
     path: str | None = None
     leaf: str | None = None
     miss: Miss | None = None
+    nearest: Nearest | None = None
 
     @classmethod
-    def of(cls, miss: Miss | None, build_key: str, *, path: str | None = None, leaf: str | None = None) -> Explanation:
+    def of(
+        cls,
+        miss: Miss | None,
+        build_key: str,
+        *,
+        path: str | None = None,
+        leaf: str | None = None,
+        nearest: Nearest | None = None,
+    ) -> Explanation:
         if miss is None:
             return cls("hit", "a leaf verifies", build_key, path, leaf)
-        return cls("miss", miss.text, build_key, path, leaf, miss)
+        return cls("miss", miss.text, build_key, path, leaf, miss, nearest)
 
     def __str__(self) -> str:
         where = f" ({self.path})" if self.path else ""
-        return f"{self.result}: {self.reason}{where} [build {self.build_key[:16]}]"
+        differs = ""
+        if self.nearest is not None:
+            differs = f"; the nearest build {self.nearest.id} differs in: " + "; ".join(
+                d.detail for d in self.nearest.differs
+            )
+        return f"{self.result}: {self.reason}{where} [build {self.build_key[:16]}]{differs}"
 
 
 def name_of(source: Any) -> str:

@@ -21,6 +21,7 @@ from safejit.cache import staging as spares
 from safejit.cache.disk import DiskTier
 from safejit.cache.leaf import ArtifactInfo, VerifiedLeaf
 from safejit.closure.depfiles import parse_depfile
+from safejit.outcomes import Miss
 from tests.conftest import ADD_C, KERNEL_WITH_HEADER, assert_cache_sound, leaves, settle, staging_residue
 
 
@@ -87,6 +88,22 @@ def test_explain_names_the_first_changed_dependency(make_runtime, project):
     explanation = rt.explain(_value_source(project), include_dirs=(str(project / "include"),))
     assert (explanation.result, explanation.path) == ("miss", str(inner))
     assert "dependency changed" in str(explanation)
+
+
+def test_explain_of_a_key_never_built_names_what_differs_from_the_nearest_build(make_runtime, tmp_path):
+    rt = make_runtime()
+    code = "REAL twice(REAL x) { return 2 * x; }\n"
+    rt.compile(safejit.Source(code, "twice"), defines={"REAL": "float"}, flags=("-O2",))
+    rt.compile(safejit.Source("int other(void) { return 0; }\n", "other"))  # (another kernel: not a candidate)
+    explanation = rt.explain(safejit.Source(code, "twice"), defines={"REAL": "double"}, flags=("-O2",))
+    assert (explanation.result, explanation.miss) == ("miss", Miss.ABSENT)
+    assert explanation.nearest is not None
+    assert [(d.input, d.detail) for d in explanation.nearest.differs] == [
+        ("defines", "define REAL: double here, float there")
+    ]
+    assert "differs in: define REAL: double here, float there" in str(explanation)
+    never = rt.explain(safejit.Source("int lone(void) { return 1; }\n", "lone"))
+    assert never.miss is Miss.ABSENT and never.nearest is None  # no other build of that kernel
 
 
 def test_reverting_an_edit_reuses_the_old_leaf_without_compiling(make_runtime, project, cache_dir):
