@@ -190,40 +190,52 @@ class BlackHole:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
+        self.sock.setblocking(False)
         self.port = int(self.sock.getsockname()[1])
         self._held: list[socket.socket] = []
         self._received = 0
         self._closed = False
+        # (taking a connection and keeping it happen under one lock, so that traffic()
+        # counts every connection the kernel completed before it was called)
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
+
+    def _take(self) -> bool:
+        """Accept one pending connection and keep it; False when none is pending."""
+        try:
+            conn, _ = self.sock.accept()
+        except BlockingIOError:
+            return False
+        self._held.append(conn)
+        return True
 
     def _accept(self) -> None:
         while not self._closed:
             try:
-                conn, _ = self.sock.accept()
-            except OSError:
+                select.select([self.sock], [], [], 0.05)
+                with self._lock:
+                    self._take()
+            except (OSError, ValueError):  # (closed)
                 return
-            self._held.append(conn)
 
     def traffic(self) -> tuple[int, int]:
-        """Connections made to it and bytes sent over them so far (read, never answered).
-        A connection the kernel has completed and the accepting thread not yet taken is
-        waited for (a second at most), so that none made before the call goes uncounted."""
-        deadline = time.monotonic() + 1.0
-        while select.select([self.sock], [], [], 0)[0] and time.monotonic() < deadline:
-            time.sleep(0.002)
-        time.sleep(0.01)  # (and the thread that took the last one, to keep it)
-        for conn in list(self._held):
-            with contextlib.suppress(BlockingIOError, InterruptedError):
-                while chunk := conn.recv(65536, socket.MSG_DONTWAIT):
-                    self._received += len(chunk)
-        return len(self._held), self._received
+        """Connections made to it and bytes sent over them so far (read, never answered)."""
+        with self._lock:
+            while self._take():
+                pass
+            for conn in self._held:
+                with contextlib.suppress(BlockingIOError, InterruptedError):
+                    while chunk := conn.recv(65536, socket.MSG_DONTWAIT):
+                        self._received += len(chunk)
+            return len(self._held), self._received
 
     def close(self) -> None:
         self._closed = True
         self.sock.close()
-        for conn in self._held:
-            conn.close()
+        with self._lock:
+            for conn in self._held:
+                conn.close()
 
 
 class Proxy:
