@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 import safejit
 from safejit.cache.remote.store import RemoteError
 from safejit.outcomes import Outcome
@@ -229,3 +231,27 @@ def test_closing_lets_the_leases_of_uploads_not_sent_go_at_once(node, project, m
         assert [(r.build_key, r.outcome) for r in tier.uploads.drain(0).results] == [(key, Outcome.UPLOAD_DROPPED)]
     finally:
         go.set()
+
+
+@pytest.mark.parametrize("closes", [1, 2])
+def test_a_compile_that_ends_after_its_node_closed_lets_its_lease_go(node, project, closes):
+    """A compile that finishes after the node's remote tier was closed (once, or twice as
+    Runtime.close() then __exit__ do) offers an upload that is never sent: it is dropped,
+    counted, and its lease let go at once. (After two closes it was left queued behind
+    the worker's stop, its lease renewed for as long as the process lived.)"""
+    rt = node("a", remote_lease_ttl_s=30)
+    tier = _tier(rt)
+    inc = (str(project / "include"),)
+    rt.compile(safejit.Source('#include "inner.h"\n#define V0 1\n', "k"), include_dirs=inc)
+    assert tier.uploads.flush(10)
+    for _ in range(closes):
+        tier.close(timeout=1.0)
+    late = safejit.Source('#include "inner.h"\n#define V1 1\n', "k")
+    rt.compile(late, include_dirs=inc)
+    key = rt.explain(late, include_dirs=inc).build_key
+    assert _tier(node("b")).take_lease(key) is not None, "the lease of the upload never sent was kept"
+    results = tier.uploads.drain(0).results
+    assert [(r.build_key, r.outcome, r.detail) for r in results][-1:] == [
+        (key, Outcome.UPLOAD_DROPPED, "the node was closed")
+    ]
+    assert tier.uploads.dropped == 1

@@ -94,7 +94,10 @@ class UploadQueue:
         self._attrs = dict(attrs)
         self._uploads: queue.Queue[Upload | None] = queue.Queue(maxsize=UPLOAD_QUEUE)
         self._worker: threading.Thread | None = None
-        self._worker_lock = threading.Lock()
+        # (offer and close: nothing is queued once closed, so no upload can be left behind
+        # the worker's stop with its lease renewed for as long as the process lives)
+        self._lock = threading.Lock()
+        self._closed = False
         self.dropped = 0
         self.uploaded = 0
         self._results: collections.deque[UploadResult] = collections.deque(maxlen=RESULTS_KEPT)
@@ -108,15 +111,34 @@ class UploadQueue:
         go now. ``unless_present``: look at the index first, and send nothing when the
         leaf is there (``safejit warm --remote`` offers its disk hits so)."""
         item = Upload(build_key, leaf, keeper, unless_present)
+        with self._lock:
+            why = self._enqueue(item)
+        if why:
+            self._drop(item, why)
+
+    def _enqueue(self, item: Upload) -> str:
+        """Queue ``item`` for the worker (started if need be); why not, else ""."""
+        if self._closed:
+            return "the node was closed"
+        if self._worker is None or not self._worker.is_alive():
+            worker = threading.Thread(target=self._work, name="safejit-upload", daemon=True)
+            try:
+                worker.start()
+            except RuntimeError as exc:  # (no new thread: the interpreter is shutting down)
+                return f"no upload worker could start: {exc}"
+            self._worker = worker
         try:
             self._uploads.put_nowait(item)
         except queue.Full:
-            self.dropped += 1
-            self._done(item, Outcome.UPLOAD_DROPPED, "the upload queue was full")
-            if keeper is not None:
-                keeper.stop()
-            return
-        self._ensure_worker()
+            return "the upload queue was full"
+        return ""
+
+    def _drop(self, item: Upload, why: str) -> None:
+        """Count ``item`` as dropped and let its lease go now."""
+        self.dropped += 1
+        self._done(item, Outcome.UPLOAD_DROPPED, why)
+        if item.keeper is not None:
+            item.keeper.stop()
 
     def _done(self, item: Upload, outcome: Outcome, detail: str = "", reason: str = "") -> None:
         self._results.append(UploadResult(item.build_key, item.leaf.manifest.deps_key, outcome, detail, reason))
@@ -131,12 +153,6 @@ class UploadQueue:
             while True:
                 results.append(self._results.popleft())
         return Uploads(done, tuple(results))
-
-    def _ensure_worker(self) -> None:
-        with self._worker_lock:
-            if self._worker is None or not self._worker.is_alive():
-                self._worker = threading.Thread(target=self._work, name="safejit-upload", daemon=True)
-                self._worker.start()
 
     def _work(self) -> None:
         while True:
@@ -187,18 +203,23 @@ class UploadQueue:
     def close(self, timeout: float = 5.0) -> None:
         """Wait (at most ``timeout`` seconds) for the queued uploads. Those still queued
         then are dropped (counted) and their leases let go now: another node compiles
-        the key at once, not after the lease's TTL. (The store is the caller's to close.)"""
+        the key at once, not after the lease's TTL; so is what is offered after.
+        (The store is the caller's to close.) A second call does nothing."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         self.flush(timeout)
         with contextlib.suppress(queue.Empty):
             while True:
                 item = self._uploads.get_nowait()
                 try:
                     if item is not None:
-                        self.dropped += 1
-                        self._done(item, Outcome.UPLOAD_DROPPED, "closed before it was sent")
-                        if item.keeper is not None:
-                            item.keeper.stop()
+                        self._drop(item, "closed before it was sent")
                 finally:
                     self._uploads.task_done()
-        with contextlib.suppress(queue.Full):
+        with self._lock:
+            worker = self._worker
+        if worker is not None and worker.is_alive():
+            # (nothing is queued after close: the stop is the last item the worker reads)
             self._uploads.put_nowait(None)
