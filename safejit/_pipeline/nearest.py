@@ -15,7 +15,10 @@ from ..cache.leaf import Manifest, ManifestError
 from ..closure.hashing import digest_bytes
 from ..spec import BuildSpec
 
-__all__ = ["Difference", "Nearest", "differences", "nearest_build"]
+__all__ = ["MAX_MANIFESTS", "Difference", "Nearest", "differences", "nearest_build"]
+
+#: The most manifests one search reads (a diagnostic's bound on a large cache).
+MAX_MANIFESTS: Final = 4096
 
 _TOKEN: Final = re.compile("\0([a-z][0-9]+)\0")
 
@@ -24,7 +27,8 @@ _TOKEN: Final = re.compile("\0([a-z][0-9]+)\0")
 class Difference:
     """One input of the build key that differs: ``input`` is ``source``, ``language``,
     ``arch``, ``flags``, ``defines``, ``include_dirs``, ``extras``, ``env``,
-    ``toolchain`` or ``other``; ``detail`` says how, for people."""
+    ``toolchain`` or ``other``; ``detail`` says how, for people (as the other build's
+    manifest has it: unverified text, to be escaped where it is shown)."""
 
     input: str
     detail: str
@@ -111,13 +115,16 @@ def differences(spec: BuildSpec, man: Manifest) -> list[Difference]:
 
 def nearest_build(roots: Iterable[str], spec: BuildSpec, backend: str) -> Nearest | None:
     """The other build of ``spec``'s kernel (same tenant and backend) in ``roots`` whose
-    inputs differ least from ``spec``'s; the newest of those. Unreadable manifests are
-    skipped."""
+    inputs differ least from ``spec``'s; the newest of those. Only this tenant's and
+    backend's directories are walked, and at most :data:`MAX_MANIFESTS` manifests read;
+    unreadable ones are skipped."""
     best: tuple[tuple[int, float], Nearest] | None = None
+    read = 0
     for root in roots:
-        for info in maintenance.iter_leaves(root):
-            if info.tenant != spec.tenant or info.backend != backend:
-                continue
+        for info in maintenance.iter_leaves(root, spec.tenant, backend):
+            if read >= MAX_MANIFESTS:
+                return best[1] if best is not None else None
+            read += 1
             try:
                 man = maintenance.read_manifest(info)
             except (OSError, ManifestError):

@@ -78,10 +78,16 @@ class Explanation:
         where = f" ({self.path})" if self.path else ""
         differs = ""
         if self.nearest is not None:
+            # (another build's manifest says these, unverified: its control characters escaped)
             differs = f"; the nearest build {self.nearest.id} differs in: " + "; ".join(
-                d.detail for d in self.nearest.differs
+                _printable(d.detail) for d in self.nearest.differs
             )
         return f"{self.result}: {self.reason}{where} [build {self.build_key[:16]}]{differs}"
+
+
+def _printable(text: str) -> str:
+    """``text`` with each control character (a newline, an escape sequence) escaped."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def name_of(source: Any) -> str:

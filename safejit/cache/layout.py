@@ -161,21 +161,27 @@ class CacheLayout:
         return True
 
     # -- walking ---------------------------------------------------------------
-    def build_dirs(self) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
+    def build_dirs(
+        self, tenant_only: str | None = None, backend_only: str | None = None
+    ) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
         """``(tenant, backend, entry)`` for every entry of the shard level — build dirs
-        and strays alike (the caller tells them apart with :func:`build_key_of`)."""
+        and strays alike (the caller tells them apart with :func:`build_key_of`); only
+        under ``tenant_only`` and ``backend_only`` when given."""
         for tenant in _dirs(self.base):
-            if tenant.name in RESERVED:
+            if tenant.name in RESERVED or tenant_only not in (None, tenant.name):
                 continue
             for backend in _dirs(tenant.path):
+                if backend_only not in (None, backend.name):
+                    continue
                 for shard in _dirs(backend.path):
                     for entry in entries(shard.path):
                         yield tenant.name, backend.name, entry
 
-    def leaves(self) -> Iterator[LeafPath]:
+    def leaves(self, tenant_only: str | None = None, backend_only: str | None = None) -> Iterator[LeafPath]:
         """Every ``deps-<D>`` directory of every ``build-<K>`` directory (real directories
-        only; a symlink standing in for either is not followed)."""
-        for tenant, backend, build in self.build_dirs():
+        only; a symlink standing in for either is not followed); only under
+        ``tenant_only`` and ``backend_only`` when given."""
+        for tenant, backend, build in self.build_dirs(tenant_only, backend_only):
             key = build_key_of(build.name)
             if key is None or not build.is_dir(follow_symlinks=False):
                 continue

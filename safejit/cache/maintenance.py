@@ -93,11 +93,12 @@ def _sound_base(layout: CacheLayout) -> bool:
     return is_real_dir(layout.base)
 
 
-def iter_leaves(root: str) -> Iterator[LeafInfo]:
+def iter_leaves(root: str, tenant: str | None = None, backend: str | None = None) -> Iterator[LeafInfo]:
+    """The leaves of ``root`` (only ``tenant``'s and ``backend``'s when given)."""
     layout = real_layout(root)
     if not _sound_base(layout):
         return
-    for found in layout.leaves():
+    for found in layout.leaves(tenant, backend):
         info = _info(layout.root, found)
         if info is not None:
             yield info

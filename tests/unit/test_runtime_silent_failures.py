@@ -106,6 +106,31 @@ def test_explain_of_a_key_never_built_names_what_differs_from_the_nearest_build(
     assert never.miss is Miss.ABSENT and never.nearest is None  # no other build of that kernel
 
 
+def test_explain_walks_only_its_tenant_and_shows_planted_text_escaped(make_runtime, monkeypatch):
+    """The nearest build is looked for in this tenant's and backend's leaves only (another
+    tenant's cannot slow it down), and what another build's manifest says (unverified
+    text) is shown with its control characters escaped."""
+    from safejit.cache import maintenance
+
+    code = "int f(void) { return X; }\n"
+    make_runtime(tenant="other").compile(safejit.Source(code, "f"), defines={"X": "1"})
+    rt = make_runtime(tenant="mine")
+    manifest = Path(rt.compile(safejit.Source(code, "f"), defines={"X": "1"}).artifact.path) / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["inputs"]["defines"] = [["X", "1\n\x1b[31mplanted"]]
+    manifest.write_text(json.dumps(data))
+    walked = []
+    real_info = maintenance._info
+    monkeypatch.setattr(maintenance, "_info", lambda root, found: walked.append(found.tenant) or real_info(root, found))
+    explanation = rt.explain(safejit.Source(code, "f"), defines={"X": "2"})
+    assert set(walked) == {"mine"}
+    assert explanation.nearest is not None
+    (detail,) = [d.detail for d in explanation.nearest.differs]
+    assert detail == "define X: 2 here, 1\n\x1b[31mplanted there"  # (the data, as the manifest has it)
+    assert "define X: 2 here, 1\\n\\x1b[31mplanted there" in str(explanation)  # (shown escaped)
+    assert "\n" not in str(explanation) and "\x1b" not in str(explanation)
+
+
 def test_reverting_an_edit_reuses_the_old_leaf_without_compiling(make_runtime, project, cache_dir):
     inner = project / "include" / "inner.h"
     original = inner.read_text()
