@@ -1,7 +1,8 @@
 """Backends, each behind the :class:`~safejit.backends.base.Backend` protocol.
 
 - ``base``: the protocol, ``CompileContext`` and what a compile returns.
-- ``host``: C/C++ through the system compiler, loaded with ctypes (the default).
+- ``host``: C/C++ through the system compiler, loaded with ctypes (the default);
+  ``_host_library``: loading its artifact from the verified bytes (sealed memfd, dlopen).
 - ``cuda/``: NVRTC and nvcc to cubins; ``ascend/``: bisheng + ld.lld, CANN's runtime.
 - ``fake``: no compiler at all — for tests of the pipeline and of users' own code.
 - ``_argv``: running a compiler argv in a work dir (the work dir's file names);

@@ -1,5 +1,6 @@
 """Host backend: C/C++ through the system compiler into a shared object,
-loaded from the verified bytes (memfd + dlopen) and called through ctypes.
+loaded from the verified bytes (memfd + dlopen: ``_host_library.py``) and called
+through ctypes.
 
 Calling a kernel runs the tenant's code in this process; loading one must not:
 an object that would run code of its own at ``dlopen`` (beyond what the
@@ -8,23 +9,17 @@ toolchain's own empty link runs, read by the probe) is refused with
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import ctypes
 import dataclasses
-import fcntl
 import logging
 import os
 import shutil
 import tempfile
 import threading
-import time
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from .. import faults
-from .._proc import alive
 from ..closure.anchors import real_path
 from ..closure.depfiles import parse_listing
 from ..closure.hashing import hash_file, read_output
@@ -33,6 +28,7 @@ from ..sandbox import SYSTEM_PATH
 from ..spec import BuildSpec, LoadBaseline, Source, Toolchain
 from ._argv import PCH_GUARD, run_argv
 from ._elf import ElfError, dynsym_functions
+from ._host_library import HostLibrary
 from ._load_time import baseline_of, load_time_code
 from ._native import resolve_native
 from ._signatures import host_products, signature_flags
@@ -53,7 +49,6 @@ __all__ = ["HostBackend", "HostLibrary", "elf_exported_functions", "refuse_load_
 
 logger = logging.getLogger(__name__)
 
-_SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
 _PROBE_SCHEMA: Final = 7
 
 
@@ -347,107 +342,3 @@ def elf_exported_functions(artifact: bytes) -> tuple[str, ...]:
         return dynsym_functions(artifact)
     except ElfError as exc:
         raise LoadError(f"artifact is not a readable ELF shared object: {exc}") from exc
-
-
-_loader_lock = threading.Lock()
-_loader: tuple[int, str] | None = None
-
-
-def _loader_dir() -> str:
-    """A private directory for the unique names libraries are loaded under (per process).
-
-    On tmpfs when there is one: only symlinks live here, each for the moment of a
-    dlopen (the bytes are a memfd), and creating them on a disk filesystem costs
-    ~0.3 ms each. It is removed at exit; those of processes that died are removed
-    by the next process that makes one.
-    """
-    global _loader
-    with _loader_lock:
-        if _loader is None or _loader[0] != os.getpid():
-            shm = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else None
-            prefix = f"safejit-load-u{os.geteuid()}-p"
-            _sweep_loader_dirs(shm or tempfile.gettempdir(), prefix)
-            path = _private_dir(shm or tempfile.gettempdir(), f"{prefix}{os.getpid()}-")
-            atexit.register(_remove_empty_dir, path, os.getpid())
-            _loader = (os.getpid(), path)
-        return _loader[1]
-
-
-def _private_dir(parent: str, prefix: str) -> str:
-    """A new directory of ours (0700) under ``parent``, by an unguessable name: what
-    ``tempfile.mkdtemp`` makes, at a sixth of its cost in a new process."""
-    while True:
-        path = os.path.join(parent, prefix + os.urandom(8).hex())
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            continue
-        return path
-
-
-def _sweep_loader_dirs(parent: str, prefix: str) -> None:
-    uid = os.geteuid()
-    with contextlib.suppress(OSError), os.scandir(parent) as it:
-        for entry in it:
-            pid = entry.name[len(prefix) :].partition("-")[0] if entry.name.startswith(prefix) else ""
-            if not pid.isdigit() or alive(int(pid)):
-                continue
-            with contextlib.suppress(OSError):
-                # Our own real directory only (anyone can make a name in /dev/shm).
-                if entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == uid:
-                    for link in os.listdir(entry.path):  # symlinks a dead process left
-                        os.unlink(os.path.join(entry.path, link))
-                    os.rmdir(entry.path)
-
-
-def _remove_empty_dir(path: str, owner: int) -> None:
-    if os.getpid() == owner:
-        with contextlib.suppress(OSError):
-            os.rmdir(path)
-
-
-class HostLibrary:
-    """A shared object loaded from bytes through a sealed memfd.
-
-    The dynamic loader deduplicates libraries *by the name passed to dlopen*,
-    and ``/proc/self/fd/N`` names are reused as fd numbers are; so each load
-    goes through a uniquely named symlink (in a private directory) to the
-    memfd. The mapped bytes are the memfd's: exactly the verified bytes.
-    """
-
-    def __init__(self, artifact: bytes, name: str, signatures: Mapping[str, Any] | None = None) -> None:
-        #: Each kernel's prototype as the manifest keeps it (``.ret``, ``.params``, ``.varargs``).
-        self.signatures: Mapping[str, Any] = signatures or {}
-        started = time.perf_counter()
-        fd = os.memfd_create(f"safejit-{name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        link = os.path.join(_loader_dir(), f"{uuid.uuid4().hex}.so")
-        try:
-            view = memoryview(artifact)
-            while view:
-                view = view[os.write(fd, view) :]
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
-            os.symlink(f"/proc/{os.getpid()}/fd/{fd}", link)
-            self._lib: ctypes.CDLL | None = ctypes.CDLL(link, mode=os.RTLD_NOW | os.RTLD_LOCAL)
-        except OSError as exc:
-            raise LoadError(f"{name}: dlopen of the verified artifact failed: {exc}", name=name) from exc
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(link)
-            os.close(fd)
-        self.seconds = time.perf_counter() - started
-
-    def function(self, name: str, **options: Any) -> Any:
-        if self._lib is None:
-            raise LoadError("library is closed")
-        return self._lib[name]
-
-    def signature(self, name: str) -> Any:
-        """The prototype the build recorded for ``name`` (None: none was recorded)."""
-        return self.signatures.get(name)
-
-    def close(self) -> None:
-        lib, self._lib = self._lib, None
-        if lib is not None:
-            import _ctypes
-
-            _ctypes.dlclose(lib._handle)
