@@ -29,7 +29,8 @@ Keys written (targets in parentheses):
   cuda_cold_vs_memory_only_peer   ... / the same compile into InMemoryProgramCache (kept nothing on disk)
   cute_nvrtc_cold_vs_bare         a CuTe SGEMM (tests/data/cute_sgemm.cu, nvidia-cutlass headers), cold, through
                                   safejit's NVRTC (its worker up) / bare NVRTC in this process with the same
-                                  options and search path (<= 1.10), paired
+                                  options and search path (<= 1.10), paired; each round a new PTX, and the
+                                  peer's log must show that ptxas ran (not the driver's ComputeCache)
   cute_nvcc_cold_vs_bare          ... through safejit's nvcc / bare `nvcc -cubin -arch=sm_90 -I...` (<= 1.10), paired
   cute_*_cold_cpu_vs_bare         the same pairs in CPU seconds (all processes'): steadier on a loaded machine
   cute_closure_files              files in the NVRTC leaf's closure (and cute_negatives: paths that must stay absent)
@@ -677,7 +678,8 @@ def cute(results: dict[str, Any], quick: bool) -> None:
     bare_opts = [o.encode() for o in ("--gpu-architecture=sm_90", "-default-device", "--ptxas-options=-v")]
     bare_opts += [b"-std=c++17", *(f"-I{d}".encode() for d in search)]
 
-    def bare_nvrtc(code: str) -> None:
+    def bare_nvrtc(code: str) -> bytes:
+        """Compile ``code``; its log (ptxas's ``-v`` lines when ptxas ran)."""
         _, prog = nvrtc.nvrtcCreateProgram(code.encode(), b"cute_sgemm.cu", 0, [], [])
         try:
             (err,) = nvrtc.nvrtcCompileProgram(prog, len(bare_opts), bare_opts)
@@ -685,6 +687,10 @@ def cute(results: dict[str, Any], quick: bool) -> None:
             _, size = nvrtc.nvrtcGetCUBINSize(prog)
             cubin = b" " * size
             nvrtc.nvrtcGetCUBIN(prog, cubin)
+            _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+            log: bytes = b" " * size
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            return log
         finally:
             nvrtc.nvrtcDestroyProgram(prog)
 
@@ -702,7 +708,11 @@ def cute(results: dict[str, Any], quick: bool) -> None:
             wall: dict[str, list[float]] = {"ours": [], "bare": []}
             cpu: dict[str, list[float]] = {"ours": [], "bare": []}
             for i in range(rounds):
-                code = f"{kernel}\n// {salt} {i}\n"  # a new source each round: a cold compile
+                # A new source each round whose PTX is new too (a comment would leave it alike):
+                # in a process with the CUDA driver up, NVRTC 13 takes the cubin of a PTX it
+                # compiled before from the driver's ComputeCache (~/.nv) and ptxas does not
+                # run, which safejit's worker (denied the driver and that cache) never does.
+                code = f"{kernel}\n__device__ int cute_bench_salt = {salt + i};\n"
                 for who in ("ours", "bare") if i % 2 == 0 else ("bare", "ours"):
                     spares.settle()  # (one side's background work must not slow the other)
                     pids = _workers()
@@ -712,7 +722,8 @@ def cute(results: dict[str, Any], quick: bool) -> None:
                                        flags=("-std=c++17",))  # fmt: skip
                         assert art.source == "compiled", art
                     elif compiler == "nvrtc":
-                        bare_nvrtc(code)
+                        log = bare_nvrtc(code)
+                        assert b"Compiling entry function" in log, f"ptxas did not run (a cached cubin?): {log!r}"
                     else:
                         work = Path(base) / "bare"
                         work.mkdir(exist_ok=True)

@@ -40,33 +40,21 @@ was started again. Prints medians and the paired CPU ratio against bare.
 
     python bench/nvrtc_worker_cost.py [--rounds 7] [--only bare,plain,env,worker] [--keep NAME,...]
 
-Seen on the H200 machine (Intel Xeon, 16 cores; CPU per compile varies 3-7 s there,
-so one run's ratios are +-0.1; 4-8 rounds each, --pin 3/5/7 from 2026-12-01 on): system
-CPU is 0.01-0.04 s for every variant, minor faults ~0 after a worker's first CuTe
-compile, no worker started again. plain ~ bare (0.94-1.06); worker 1.11-1.55. Adding one
-part of the worker to plain at a time: p+limit 0.89, p+malloc 0.99, p+nnp 1.00,
-p+landlock 1.16-1.38. keep (the whole environment back) 1.22 and pad 1.29, so it is not
-the environment. The extra CPU is Landlock's: user time, not system time. Which rules:
-p+landall (read anything, write nothing) 1.22-1.31 in five runs, two workers of it alike
-(1.30, 1.26); p+landrw (every right everywhere) 0.86-0.98 in five runs, two alike (0.88,
-0.86); a standalone process under the same two rulesets (no worker) 1.22 against 0.99.
-Granting one more right everywhere (p+r/write, p+r/ioctl) or every right under /dev
-(p+w/dev, p+w/dev/null) leaves 1.23-1.31. Not seen: here (AMD, 2 cores, the same
-kernel release) worker ~ bare (1.02-1.06) and strace shows the same failing syscalls
-(none EACCES) under both rulesets; on the H200 machine an open, a failed stat, a 1 MB
-malloc+memset and a Python loop cost the same under none, either ruleset; HOME moved
-elsewhere changes nothing (no cache written there). The cause is open.
-
-Seen there on 2026-12-02 (an LD_PRELOAD logger of open/fopen/mkdir; no strace there):
-in a bare process, nvrtcCompileProgram names a thread (pthread_setname_np: it writes
-/proc/self/task/TID/comm) and then brings up the CUDA driver (/dev/nvidiactl,
-/dev/nvidia-uvm, /dev/nvidia0 opened read-write, ~/.nv/ComputeCache/index opened "r+").
-Under a ruleset that denies writes the comm write fails (EACCES) and none of the driver's
-opens follow; granting writes under /proc/PID/task and /dev gives back the bare process's
-sequence. Whether that is the cost could not be told: the same compile's CPU time went
-from 3.1 to 7.4 s between processes minutes apart on the same pinned CPU, and the first
-process after an idle spell was the fastest whatever its variant. The worker keeps
-denying both (a compile has no business with the GPU or a cache shared by every user).
+The cause of the worker's extra time, found on the H200 machine on 2026-12-02: the
+peer was not compiling. In a process where NVRTC 13 can bring up the CUDA driver (a bare
+process; a worker whose Landlock lets it write under /proc, /dev and HOME), the cubin of
+a PTX it compiled before comes from the driver's ComputeCache (~/.nv/ComputeCache): ptxas
+does not run (the program log lacks its ``-v`` lines), the cubin is the same bytes. The
+rounds used to differ by a comment only, which leaves the PTX alike, so bare (and every
+variant allowed to write) took its cubin from that cache while the worker, denied the
+driver and the cache, ran ptxas: hence "Landlock costs 25 %", p+landall 1.22-1.31 against
+p+landrw 0.86-0.98 (2026-12-01). With CUDA_CACHE_DISABLE=1 or a fresh CUDA_CACHE_PATH,
+bare logs ptxas again. Each round's source now adds a ``__device__`` constant of its own
+(a new PTX), and bare asserts that ptxas ran. Seen then (6 rounds; CPU per compile still
+varies 3.4-6.6 s between processes there, so +-0.1): safejit 0.99, worker 1.08, norec
+1.04, nolandlock 1.06, malloc 1.07, plain 1.07 -- the worker costs what a process of its
+own costs. The worker keeps denying the driver and its cache: a compile has no business
+with the GPU or with a cache that every process of the user writes and nothing verifies.
 """
 
 from __future__ import annotations
@@ -288,6 +276,10 @@ def main() -> None:
             assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
             _, size = nvrtc.nvrtcGetCUBINSize(prog)
             nvrtc.nvrtcGetCUBIN(prog, b" " * size)
+            _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+            log = b" " * size
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            assert code == warm or b"Compiling entry function" in log, f"ptxas did not run: {log!r}"
         finally:
             nvrtc.nvrtcDestroyProgram(prog)
 
@@ -320,7 +312,9 @@ def main() -> None:
     for i in range(args.rounds):
         order = variants[i % len(variants) :] + variants[: i % len(variants)]
         for v in order:
-            code = f"{KERNEL}\n// {salt} {i} {v}\n"
+            # (a new PTX too: a comment alone would let bare NVRTC take the cubin from the
+            # driver's ComputeCache, ptxas not run; see above)
+            code = f"{KERNEL}\n__device__ int cute_bench_salt = {salt + i * len(variants) + variants.index(v)};\n"
             pids = sorted(workers() - mine) if v == "safejit" else []
             if v in direct:
                 assert direct[v]._proc is not None
