@@ -13,6 +13,7 @@ import pytest
 
 from safejit.cache.remote import Lease, Put, RemoteError
 from safejit.cache.remote.codec import RAW, ZSTD
+from safejit.closure.hashing import digest_bytes
 
 from .conftest import hexkey
 
@@ -108,6 +109,23 @@ def test_a_started_blob_read_returns_what_get_blob_does(engine_url, make_store):
         ("get_blob", None, 300_001),
     ]
     assert store.start_blob(hexkey("absent")).result() is None
+
+
+@pytest.mark.parametrize("compressible", [False, True], ids=["raw", "zstd"])
+def test_a_started_blob_reads_digest_is_that_of_what_it_returned(engine_url, make_store, compressible):
+    """An engine that hashes a value as it is received (Redis: a raw one, piece by piece)
+    gives the BLAKE3 of exactly the bytes result() returned; otherwise None, never
+    another value's (a compressed value's stored bytes are not the artifact)."""
+    store = make_store(engine_url)
+    data = b"abc" * 400_000 if compressible else os.urandom(1_200_000)  # (several recv pieces)
+    digest = digest_bytes(data)
+    store.put_blob(digest, data)
+    pending = store.start_blob(digest, size=len(data))
+    assert pending.digest is None  # (nothing received yet)
+    got = pending.result()
+    assert got == data
+    hashed_here = engine_url.startswith("redis") and not compressible
+    assert pending.digest == (digest if hashed_here else None)
 
 
 def test_a_cancelled_blob_read_is_dropped_unread_and_the_next_reply_is_its_own(engine_url, make_store):

@@ -7,9 +7,16 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-__all__ = ["Replies", "command_name", "pack"]
+__all__ = ["Hasher", "Replies", "command_name", "pack"]
+
+
+class Hasher(Protocol):
+    """What a bulk read can feed the bytes it receives to (``blake3.blake3``)."""
+
+    def update(self, data: bytes, /) -> Any: ...
+
 
 #: The longest first line of a reply to a blob read that is read (an error's text is longer
 #: than a bulk string's header, but not by this much).
@@ -48,10 +55,11 @@ class Replies:
         the next command; else it is dropped)."""
         return not self._left
 
-    def bulk(self, limit: int, *, expect: int) -> bytes:
+    def bulk(self, limit: int, *, expect: int, hasher: Hasher | None = None) -> bytes:
         """The next reply, a bulk string of at most ``limit`` bytes; an error reply is raised
         as redis-py's ``ResponseError``. ``expect``: the length it likely has (what it likely
-        spans is asked for at once, and no byte past it)."""
+        spans is asked for at once, and no byte past it). ``hasher``: given the value's bytes
+        piece by piece as they are received (hashing while the rest is still on its way)."""
         header = len(b"$%d\r\n" % expect)
         line = self._line(header + expect + 2 if expect <= _SMALL else header)
         if line == b"$-1":
@@ -59,7 +67,7 @@ class Replies:
         size = self._count(line, b"$", "GETRANGE")
         if size > limit:
             raise self._errors.InvalidResponse(f"unexpected reply to GETRANGE: {line[:40]!r}")
-        return self._ended(self._exactly(size))
+        return self._ended(self._exactly(size, hasher))
 
     def pairs(self, limit: int) -> list[tuple[bytes | None, bytes | None]]:
         """The next reply, HGETALL's: its (field, value) pairs. A value (or field) over
@@ -116,18 +124,25 @@ class Replies:
         self._left = buf[end + 2 :]
         return buf[:end]
 
-    def _exactly(self, n: int) -> bytes:
+    def _exactly(self, n: int, hasher: Hasher | None = None) -> bytes:
         """The next ``n`` bytes: the bytes object ``recv`` made when they were all there at
-        once, else the pieces received joined (one copy)."""
+        once, else the pieces received joined (one copy). ``hasher`` is given each piece
+        as it is received."""
         left = self._left
         if len(left) >= n:
-            self._left = left[n:]
-            return left[:n]
+            self._left, got = left[n:], left[:n]
+            if hasher is not None:
+                hasher.update(got)
+            return got
         self._left = b""
         parts = [left] if left else []
+        if hasher is not None and left:
+            hasher.update(left)
         have = len(left)
         while have < n:
             got = self._recv(n - have if not parts and n <= _AT_ONCE else min(n - have, _PIECE))
+            if hasher is not None:
+                hasher.update(got)
             parts.append(got)
             have += len(got)
         return parts[0] if len(parts) == 1 else b"".join(parts)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar, cast
 
 from ... import faults
+from ...closure.hashing import new_hasher
 from ...errors import ConfigError
 from . import codec
 from ._engine import Engine
@@ -44,11 +45,15 @@ from .store import (
 )
 
 if TYPE_CHECKING:
+    import blake3
     import redis as _redis
 
 __all__ = ["RedisStore"]
 
 T = TypeVar("T")
+
+#: A stored value's codec byte for a raw artifact (hashed as it is received).
+RAW_HEAD: Final = bytes((codec.RAW,))
 
 #: Write-once manifest, capped per build key: 1 created, 0 exists, -1 full.
 _PUBLISH: Final = """
@@ -357,13 +362,15 @@ class _PendingGet:
     artifact arrives as one bytes object of its own, not to be copied out of the value),
     sent together on a connection of the pool; the replies are read by :meth:`result` (the bytes
     arrive meanwhile) or dropped with the connection by :meth:`cancel`. The range ends one
-    byte past the cap: a larger value is ``oversize`` and never read whole."""
+    byte past the cap: a larger value is ``oversize`` and never read whole. A raw value is
+    hashed piece by piece as it is received (``digest``), while the rest is on its way."""
 
-    __slots__ = ("_cap", "_conn", "_error", "_lane", "_start", "_store")
+    __slots__ = ("_cap", "_conn", "_error", "_lane", "_start", "_store", "digest")
 
     def __init__(self, store: RedisStore, key: str, cap: int) -> None:
         self._store = store
         self._cap = cap
+        self.digest: str | None = None
         self._lane = store._lane(cap + 1)
         self._conn: Any = None
         self._error: Exception | None = None
@@ -383,20 +390,25 @@ class _PendingGet:
 
     def result(self) -> memoryview | None:
         try:
-            head, payload = self._store._guard.run(
+            head, payload, hasher = self._store._guard.run(
                 "get_blob", "remote.get", self._read, received=lambda r: len(r[0]) + len(r[1]), start=self._start
             )
         finally:
             self.cancel()  # only when the replies were not read (the fault point raised first)
-        return self._store._decoded(head, payload, self._cap)
+        view = self._store._decoded(head, payload, self._cap)
+        if hasher is not None and view is not None and view.obj is payload:  # (the hashed bytes themselves)
+            self.digest = hasher.hexdigest()
+        return view
 
-    def _read(self) -> tuple[bytes, bytes]:
+    def _read(self) -> tuple[bytes, bytes, blake3.blake3 | None]:
         if self._error is not None:
             raise self._error
         conn, self._conn = self._conn, None
         try:
             replies = Replies(self._store._redis, conn)
-            got = replies.bulk(1, expect=1), replies.bulk(self._cap + 1, expect=self._cap)
+            head = replies.bulk(1, expect=1)
+            hasher = new_hasher() if head == RAW_HEAD else None
+            payload = replies.bulk(self._cap + 1, expect=self._cap, hasher=hasher)
         except BaseException:
             self._lane.drop(conn)  # an error reply to the first leaves the second unread
             raise
@@ -404,7 +416,7 @@ class _PendingGet:
             self._lane.give(conn)
         else:
             self._lane.drop(conn)
-        return got
+        return head, payload, hasher
 
     def cancel(self) -> None:
         conn, self._conn = self._conn, None

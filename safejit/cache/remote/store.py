@@ -140,17 +140,22 @@ def check_ttl(ttl_s: float) -> float:
 class PendingBlob(Protocol):
     """A blob read under way (:meth:`RemoteStore.start_blob`). Exactly one of its methods
     is called, once: ``result()``, what ``get_blob`` would have returned or raised; or
-    ``cancel()``, which drops the reply unread and never raises."""
+    ``cancel()``, which drops the reply unread and never raises. After ``result()``,
+    ``digest`` is the BLAKE3 (hex) of the very bytes it returned when the engine hashed
+    them as they arrived, else None (the caller hashes them)."""
 
+    @property
+    def digest(self) -> str | None: ...
     def result(self) -> memoryview | None: ...
     def cancel(self) -> None: ...
 
 
 class Deferred:
     """A :class:`PendingBlob` that asks nothing until ``result()`` (for an engine whose
-    reads cannot be split in two)."""
+    reads cannot be split in two); it hashes nothing."""
 
     __slots__ = ("_read",)
+    digest = None
 
     def __init__(self, read: Callable[[], memoryview | None]) -> None:
         self._read = read

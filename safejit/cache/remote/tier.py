@@ -198,7 +198,9 @@ class RemoteTier:
                 return Rejection(MISS_OF[exc.reason], str(exc), leaf, "remote")
         if view is None:
             return Rejection(Miss.ARTIFACT, "the artifact is not on the remote", leaf, "remote")
-        if len(view) != man.artifact_size or digest_bytes(view) != man.artifact_digest:
+        # (hashed as the bytes arrived, while the rest of them was on its way, where the engine could)
+        digest = pending.digest or digest_bytes(view)
+        if len(view) != man.artifact_size or digest != man.artifact_digest:
             return Rejection(Miss.ARTIFACT, "the artifact's bytes do not match the manifest", leaf, "remote")
         return _whole(view)
 
