@@ -129,3 +129,20 @@ def test_equal_but_differently_typed_defines_are_different_requests(make_runtime
     one_float = rt.compile(src, defines={"X": 1.0}).kernel("v", restype=ctypes.c_double)()
     assert (one, one_float) == (0.5, 0.5)
     assert rt.stats()["compiles"] == 2  # "-DX=1" and "-DX=1.0" are different builds, never one memory entry
+
+
+def test_dep_list_marks_as_racy_exactly_what_is_racy_says(monkeypatch):
+    """dep_list inlines is_racy's test; at one clock reading they agree on every side of
+    the window's edge, for mtime and ctime alike, and an empty digest is never trusted."""
+    from safejit.closure import hashing
+
+    now = 1_000_000_000_000
+    monkeypatch.setattr(time, "time_ns", lambda: now)
+    edge = now - hashing.RACY_WINDOW_NS
+    times = [0, edge - 1, edge, edge + 1, now, now + 5]
+    snaps = [(1, 2, 3, m, c) for m in times for c in times]
+    states = tuple((f"/h{i}.h", s, "d" * 64) for i, s in enumerate(snaps))
+    got = Entry.dep_list(states)
+    assert [row[3] for row in got] == [hashing.is_racy(s, now) for s in snaps]
+    assert any(row[3] for row in got) and not all(row[3] for row in got)
+    assert Entry.dep_list((("/x.h", (1, 2, 3, 0, 0), ""),))[0][3] is True
