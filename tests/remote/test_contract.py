@@ -450,3 +450,30 @@ def test_redis_keys_of_the_wrong_type_are_an_error_and_the_next_command_gets_its
         assert info.value.reason == "error" and "WRONGTYPE" in str(info.value)
         store.publish_manifest(D1, D2, b"m")
         assert dict(store.index(D1)) == {D2: b"m"}
+
+
+def test_a_closed_store_makes_no_connection_again(engine_url, make_store):
+    """After close(), every operation is a RemoteError ('error': a miss to the tier) and none
+    reaches the server: a compile still running when its node closed used to open the
+    pools again, and keep their connections for the life of the process."""
+    ops: list[tuple] = []
+    store = make_store(engine_url, observer=_calls(ops))
+    digest = hexkey("closed")
+    store.put_blob(digest, b"kept")
+    store.close()
+    store.close()  # (a second close does nothing)
+    ops.clear()
+    calls = {
+        "index": lambda: store.index(K),
+        "get_blob": lambda: store.get_blob(digest),
+        "start_blob": lambda: store.start_blob(digest, size=4).result(),
+        "has_blob": lambda: store.has_blob(digest),
+        "put_blob": lambda: store.put_blob(hexkey("after"), b"late"),
+        "publish_manifest": lambda: store.publish_manifest(K, D1, b"m"),
+        "acquire_lease": lambda: store.acquire_lease(K),
+    }
+    for name, call in calls.items():
+        with pytest.raises(RemoteError) as info:
+            call()
+        assert info.value.reason == "error" and "closed" in str(info.value), name
+    assert ops == [] and store._pools == {}  # type: ignore[attr-defined]

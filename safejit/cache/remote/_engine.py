@@ -43,6 +43,7 @@ class Engine(Generic[C]):
         self._guard = Guard(self.engine, settings, self.breaker, self._classify, observer)
         self._lock = threading.Lock()
         self._pools: dict[float, C] = {}
+        self._closed = False
 
     def _open(self, settings: RemoteSettings) -> None:
         """Check that ``settings`` are for this engine and import its client library: a
@@ -59,20 +60,25 @@ class Engine(Generic[C]):
 
     def _pooled(self, nbytes: int, make: Callable[[float], C]) -> C:
         """The client for the deadline class of an ``nbytes`` transfer, made by ``make``
-        (given that deadline) the first time it is asked for."""
+        (given that deadline) the first time it is asked for; none once the store is
+        closed (a compile still running then gets a miss, not a connection made again)."""
         bucket = self.settings.deadline_class(nbytes)
         found = self._pools.get(bucket)
         if found is not None:
             return found
         with self._lock:
+            if self._closed:
+                raise RemoteError("error", "connect", "the store is closed", engine=self.engine)
             found = self._pools.get(bucket)
             if found is None:
                 found = self._pools[bucket] = make(bucket)
         return found
 
     def _drop_pools(self) -> list[C]:
-        """Forget every client made so far; the caller closes them."""
+        """Close the store for good: forget every client made so far (the caller closes
+        them) and make no more."""
         with self._lock:
+            self._closed = self._guard.closed = True
             clients, self._pools = list(self._pools.values()), {}
         return clients
 

@@ -64,6 +64,8 @@ class Guard:
         self.breaker = breaker
         self._classify = classify
         self._observer = observer
+        #: Set when the store is closed: every operation is refused at :meth:`admit`.
+        self.closed = False
 
     def admit(self, op: str) -> None:
         """Raise ``circuit_open`` unless the breaker lets a call through now. Called once per
@@ -74,6 +76,8 @@ class Guard:
         breaker = self.breaker
         if not breaker.closed and not breaker.allow():  # the closed case without a call
             raise RemoteError("circuit_open", op, engine=self.engine)
+        if self.closed:
+            raise RemoteError("error", op, "the store is closed", engine=self.engine)
 
     def run(
         self,
