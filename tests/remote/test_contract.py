@@ -477,3 +477,35 @@ def test_a_closed_store_makes_no_connection_again(engine_url, make_store):
             call()
         assert info.value.reason == "error" and "closed" in str(info.value), name
     assert ops == [] and store._pools == {}  # type: ignore[attr-defined]
+
+
+def test_a_closed_store_still_lets_its_lease_go(engine_url, make_store):
+    """Letting a lease go is the one thing a closed store still does (a compile that ended
+    after its node closed), on a connection made for it alone: the other nodes take the
+    key over at once instead of after the TTL, and the store keeps no client after it."""
+    a, b = make_store(engine_url), make_store(engine_url)
+    lease = a.acquire_lease(K, holder="a", ttl_s=30)
+    assert lease is not None
+    a.close()
+    with pytest.raises(RemoteError, match="closed"):
+        a.renew_lease(lease)  # (renewing is not letting go)
+    assert b.acquire_lease(K, holder="b", ttl_s=30) is None  # still held
+    assert a.release_lease(lease) is True
+    assert a._pools == {}  # type: ignore[attr-defined]
+    assert b.acquire_lease(K, holder="b", ttl_s=30) is not None
+
+
+def test_a_blob_read_that_finds_no_lane_is_a_remote_error(redis_server, make_store):
+    """A read that got past admit as close() ran may find its client pooled but no lane
+    (close used to forget the lanes first): a RemoteError (a miss), never a KeyError out
+    of the tier. Close now drops the pools first; after it, the same."""
+    from safejit.cache.remote.redis import _PendingGet
+
+    store = make_store(str(redis_server.url))
+    store.index(K)  # (a client and its lanes exist)
+    store._lanes = {}  # type: ignore[attr-defined]  # (close's old first step, the pools still there)
+    with pytest.raises(RemoteError):
+        _PendingGet(store, "k", 10)
+    store.close()
+    with pytest.raises(RemoteError, match="closed"):
+        _PendingGet(store, "k", 10)

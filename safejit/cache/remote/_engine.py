@@ -4,8 +4,9 @@ on blobs made before anything is sent."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import ClassVar, Generic, TypeVar
 
 from ._guard import Guard
@@ -73,6 +74,26 @@ class Engine(Generic[C]):
             if found is None:
                 found = self._pools[bucket] = make(bucket)
         return found
+
+    @contextlib.contextmanager
+    def _releasing(
+        self, pooled: Callable[[], C], fresh: Callable[[float], C], drop: Callable[[C], None]
+    ) -> Iterator[C]:
+        """The client to let a lease go with: the pooled one; on a closed store (a compile
+        that ended after its node closed), one made for this call alone (``fresh``) and
+        dropped after it — other nodes then need not wait out the lease's TTL."""
+        client = None
+        if not self._closed:
+            with contextlib.suppress(RemoteError):  # (closed meanwhile)
+                client = pooled()
+        if client is not None:
+            yield client
+            return
+        client = fresh(self.settings.deadline_class(0))
+        try:
+            yield client
+        finally:
+            drop(client)
 
     def _drop_pools(self) -> list[C]:
         """Close the store for good: forget every client made so far (the caller closes

@@ -64,10 +64,11 @@ class Guard:
         self.breaker = breaker
         self._classify = classify
         self._observer = observer
-        #: Set when the store is closed: every operation is refused at :meth:`admit`.
+        #: Set when the store is closed: every operation but letting a lease go is refused
+        #: at :meth:`admit`.
         self.closed = False
 
-    def admit(self, op: str) -> None:
+    def admit(self, op: str, *, releasing: bool = False) -> None:
         """Raise ``circuit_open`` unless the breaker lets a call through now. Called once per
         public operation (lookups call it first of all, so that an open breaker costs about a
         branch). A call admitted as the probe records its outcome in :meth:`run`; one that
@@ -76,7 +77,7 @@ class Guard:
         breaker = self.breaker
         if not breaker.closed and not breaker.allow():  # the closed case without a call
             raise RemoteError("circuit_open", op, engine=self.engine)
-        if self.closed:
+        if self.closed and not releasing:
             raise RemoteError("error", op, "the store is closed", engine=self.engine)
 
     def run(

@@ -144,6 +144,11 @@ class RedisStore(Engine["_redis.Redis"]):
         return self._pooled(nbytes, self._make_client)
 
     def _make_client(self, timeout: float) -> _redis.Redis:
+        client = self._new_client(timeout)
+        self._lanes[timeout] = Lane(client.connection_pool)
+        return client
+
+    def _new_client(self, timeout: float) -> _redis.Redis:
         redis = self._redis
         url = self.settings.url
         kwargs: dict[str, Any] = {
@@ -169,7 +174,6 @@ class RedisStore(Engine["_redis.Redis"]):
                 kwargs["ssl_ca_certs"] = url.ca_certs
         kwargs.update(_no_client_info(self._connection_class))
         pool = redis.ConnectionPool(**kwargs)
-        self._lanes[timeout] = Lane(pool)
         # The client's own retry policy is the one redis-py applies to commands.
         return cast(
             "_redis.Redis", redis.Redis(connection_pool=pool, retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0))
@@ -181,14 +185,15 @@ class RedisStore(Engine["_redis.Redis"]):
         lane = self._lanes.get(key)
         if lane is None:
             self.client(nbytes)  # (made with its lanes)
-            lane = self._lanes[key]
+            lane = self._lanes.get(key)
+            if lane is None:  # (closed meanwhile)
+                raise RemoteError("error", "connect", "the store is closed", engine=self.engine)
         return lane
 
     def close(self) -> None:
-        self._lanes = {}
         for client in self._drop_pools():
-            client.close()
-            client.connection_pool.disconnect()
+            _drop_client(client)
+        self._lanes = {}  # (after: no lane is made once the pools are dropped)
 
     # -- index ---------------------------------------------------------------
 
@@ -303,9 +308,9 @@ class RedisStore(Engine["_redis.Redis"]):
 
     def release_lease(self, lease: Lease) -> bool:
         key = self.layout.redis_lease(lease.build_key)
-        self._guard.admit("lease")
-        client = self.client()
-        got = self._guard.run("lease", "remote.lease", lambda: _SCRIPTS["release"](client, key, lease.token))
+        self._guard.admit("lease", releasing=True)
+        with self._releasing(self.client, self._new_client, _drop_client) as client:
+            got = self._guard.run("lease", "remote.lease", lambda: _SCRIPTS["release"](client, key, lease.token))
         return bool(got)
 
     def lease_holder(self, build_key: str) -> str | None:
@@ -423,6 +428,11 @@ class _PendingGet:
         if conn is not None:
             with contextlib.suppress(Exception):
                 self._lane.drop(conn)  # the reply is dropped unread, with the connection carrying it
+
+
+def _drop_client(client: _redis.Redis) -> None:
+    client.close()
+    client.connection_pool.disconnect()
 
 
 def _no_client_info(connection_class: type) -> dict[str, Any]:

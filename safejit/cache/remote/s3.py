@@ -328,7 +328,7 @@ class S3Store(Engine[Any]):
         return self._update_lease(lease, time.time() + lease.ttl_s, lease.token)
 
     def release_lease(self, lease: Lease) -> bool:
-        return self._update_lease(lease, 0.0, "")
+        return self._update_lease(lease, 0.0, "", releasing=True)
 
     def lease_holder(self, build_key: str) -> str | None:
         self._guard.admit("lease_holder")
@@ -384,20 +384,24 @@ class S3Store(Engine[Any]):
 
         self._run("ping", "remote.get", head)
 
-    def _update_lease(self, lease: Lease, expires: float, token: str) -> bool:
-        """Write ``(token, expires)`` over the lease only while it holds ``lease.token``."""
+    def _update_lease(self, lease: Lease, expires: float, token: str, *, releasing: bool = False) -> bool:
+        """Write ``(token, expires)`` over the lease only while it holds ``lease.token``
+        (``releasing``: letting it go, which a closed store still does)."""
         path = self.layout.s3_lease(lease.build_key)
-        self._guard.admit("lease")
-        store = self._store()
+        self._guard.admit("lease", releasing=releasing)
 
-        def update() -> bool:
+        def update(store: Any) -> bool:
             # As on Redis, where an expired lease is gone: only a live lease with our token.
             current = self._read_lease(store, path)
             if current is None or current[0] != lease.token or current[1] <= time.time():
                 return False
             return self._swap(store, path, current[2], _lease_body(token, expires))
 
-        return self._run("lease", "remote.lease", update)
+        if not releasing:
+            store = self._store()
+            return self._run("lease", "remote.lease", lambda: update(store))
+        with self._releasing(self._store, self._make_store, lambda store: None) as store:
+            return self._run("lease", "remote.lease", lambda: update(store))
 
     def _read_lease(self, store: Any, path: str) -> tuple[str, float, str] | None:
         got = self._get(store, path, _LEASE_BODY_LIMIT)
