@@ -255,3 +255,27 @@ def test_a_compile_that_ends_after_its_node_closed_lets_its_lease_go(node, proje
         (key, Outcome.UPLOAD_DROPPED, "the node was closed")
     ]
     assert tier.uploads.dropped == 1
+
+
+def test_a_compile_its_node_closes_under_lets_its_lease_go(node, project, monkeypatch):
+    """The node closes while a compile that holds the build key's lease runs: when it ends,
+    its upload is dropped and its lease let go through the closed store (a connection made
+    for that alone), so another node takes the key at once, not after the TTL."""
+    rt = node("a", remote_lease_ttl_s=30)
+    tier, other = _tier(rt), _tier(node("b"))
+    backend = rt._init()[0].backend
+    real = backend.compile
+    held: list[str | None] = []
+    src, inc = safejit.Source('#include "inner.h"\n#define V2 1\n', "k"), (str(project / "include"),)
+    key = rt.explain(src, include_dirs=inc).build_key
+
+    def closing(ctx):
+        held.append(other.store.lease_holder(key))  # (the lease, taken before the compile)
+        tier.close(timeout=1.0)
+        return real(ctx)
+
+    monkeypatch.setattr(backend, "compile", closing)
+    rt.compile(src, include_dirs=inc)
+    assert len(held) == 1 and held[0] is not None, "the compile held no lease"
+    assert other.take_lease(key) is not None, "the lease was kept past the node's close"
+    assert tier.uploads.dropped == 1 and tier.store._pools == {}
