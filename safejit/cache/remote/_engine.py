@@ -81,7 +81,9 @@ class Engine(Generic[C]):
     ) -> Iterator[C]:
         """The client to let a lease go with: the pooled one; on a closed store (a compile
         that ended after its node closed), one made for this call alone (``fresh``) and
-        dropped after it — other nodes then need not wait out the lease's TTL."""
+        dropped after it — other nodes then need not wait out the lease's TTL. (A release
+        already waiting on the pooled client when close() disconnects it fails: that lease,
+        within about a round trip of the close, is left to expire.)"""
         client = None
         if not self._closed:
             with contextlib.suppress(RemoteError):  # (closed meanwhile)
