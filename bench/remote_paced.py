@@ -2,10 +2,11 @@
 saves when its bytes take time to arrive (on loopback they have all arrived by the time
 the closure is checked, and it saves nothing).
 
-A proxy process between the client and Valkey passes the server's replies on at ``--rate``
-bytes/s, 64 KiB at a time (requests unpaced). The same 1 MB hit (``remote_tiers.tier_hit``)
-is measured with the raw artifact hashed as it is received and, alternating, hashed after it
-has all arrived (no hasher made), each against a raw GET through the same proxy.
+A proxy process between the client and Valkey (the tests' ``Proxy``, paced) passes the
+server's replies on at ``--rate`` bytes/s, as they come (requests unpaced). The same 1 MB
+hit (``remote_tiers.tier_hit``) is measured with the raw artifact hashed as it is received
+and, alternating, hashed after it has all arrived (no hasher made), each against a raw GET
+through the same proxy.
 
     python bench/remote_paced.py [--rate 1.25e9] [--rounds 6]
 
@@ -18,15 +19,12 @@ numbers from a machine with cores to spare are steadier.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import multiprocessing
 import random
-import socket
 import statistics
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,36 +33,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import remote_tiers
 
-from safejit.cache.remote import redis as redis_store
-from tests.remote._servers import free_port, start_valkey
+from safejit.cache.remote import _pending as pending
+from tests.remote._servers import Proxy, start_valkey
 
 
-def _pump(src: socket.socket, dst: socket.socket, rate: float | None) -> None:
-    try:
-        while data := src.recv(65536):
-            if rate:
-                until = time.perf_counter() + len(data) / rate
-                while time.perf_counter() < until:  # (a sleep would overshoot by far more)
-                    pass
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-
-def _proxy(port: int, target: int, rate: float, ready: Any) -> None:
-    server = socket.create_server(("127.0.0.1", port))
-    ready.set()
-    while True:
-        client, _ = server.accept()
-        upstream = socket.create_connection(("127.0.0.1", target))
-        for s in (client, upstream):
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=_pump, args=(client, upstream, None), daemon=True).start()
-        threading.Thread(target=_pump, args=(upstream, client, rate), daemon=True).start()
+def _proxy(target: int, rate: float, port: Any) -> None:
+    """A paced :class:`Proxy` in a process of its own (its pacing spins: not in the
+    measured process); sends its port, then serves until killed."""
+    proxy = Proxy(target, rate=rate)
+    port.send(proxy.port)
+    threading.Event().wait()
 
 
 def main() -> None:
@@ -74,22 +52,22 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         server = start_valkey(Path(tmp) / "valkey")
-        port, ready = free_port(), multiprocessing.Event()
         target = int(server.url.rsplit(":", 1)[1].split("/")[0])
-        proxy = multiprocessing.Process(target=_proxy, args=(port, target, args.rate, ready), daemon=True)
+        mine, theirs = multiprocessing.Pipe()
+        proxy = multiprocessing.Process(target=_proxy, args=(target, args.rate, theirs), daemon=True)
         proxy.start()
-        assert ready.wait(10), "the proxy did not start"
-        url, raw = f"redis://127.0.0.1:{port}/0", redis_store.RAW_HEAD
+        assert mine.poll(10), "the proxy did not start"
+        url, raw = f"redis://127.0.0.1:{mine.recv()}/0", pending.RAW_HEAD
         seen: dict[str, list[tuple[float, float]]] = {"as received": [], "after": []}
         try:
             for _ in range(args.rounds):
                 for mode in random.sample(list(seen), 2):
-                    redis_store.RAW_HEAD = raw if mode == "as received" else b"\xff"  # (no codec byte is 0xff)
+                    pending.RAW_HEAD = raw if mode == "as received" else b"\xff"  # (no codec byte is 0xff)
                     got: dict[str, Any] = {}
                     remote_tiers.tier_hit(got, url, True)
                     seen[mode].append((got["remote_hit_1mb_us"], got["remote_hit_1mb_vs_raw_get"]))
         finally:
-            redis_store.RAW_HEAD = raw
+            pending.RAW_HEAD = raw
             proxy.kill()
             server.stop()
     for mode, rows in seen.items():

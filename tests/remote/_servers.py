@@ -241,11 +241,13 @@ class BlackHole:
 class Proxy:
     """A TCP proxy to ``port`` that counts the bytes it forwards from the server and calls
     ``on_bytes(total)`` as they pass (to kill the server mid-transfer), and that can hold
-    all traffic (``paused``)."""
+    all traffic (``paused``). ``rate``: bytes/s at which the server's bytes are passed on
+    (a link slower than loopback; it spins to pace, taking a core while it sends)."""
 
-    def __init__(self, port: int, on_bytes: Callable[[int], None] | None = None) -> None:
+    def __init__(self, port: int, on_bytes: Callable[[int], None] | None = None, *, rate: float | None = None) -> None:
         self.target = port
         self.on_bytes = on_bytes
+        self.rate = rate
         #: While set, nothing is forwarded in either direction (a hung peer, as under SIGSTOP).
         self.paused = False
         self.sock = socket.socket()
@@ -280,6 +282,10 @@ class Proxy:
                     break
                 while self.paused:
                     time.sleep(0.005)
+                if count and self.rate:
+                    until = time.perf_counter() + len(data) / self.rate
+                    while time.perf_counter() < until:  # (a sleep would overshoot by far more)
+                        pass
                 dst.sendall(data)
                 if count:
                     self.downstream += len(data)

@@ -499,13 +499,13 @@ def test_a_blob_read_that_finds_no_lane_is_a_remote_error(redis_server, make_sto
     """A read that got past admit as close() ran may find its client pooled but no lane
     (close used to forget the lanes first): a RemoteError (a miss), never a KeyError out
     of the tier. Close now drops the pools first; after it, the same."""
-    from safejit.cache.remote.redis import _PendingGet
+    from safejit.cache.remote._pending import PendingGet
 
     store = make_store(str(redis_server.url))
     store.index(K)  # (a client and its lanes exist)
     store._lanes = {}  # type: ignore[attr-defined]  # (close's old first step, the pools still there)
     with pytest.raises(RemoteError):
-        _PendingGet(store, "k", 10)
+        PendingGet(store, "k", 10)
     store.close()
     with pytest.raises(RemoteError, match="closed"):
-        _PendingGet(store, "k", 10)
+        PendingGet(store, "k", 10)

@@ -46,7 +46,7 @@ def replies(sock: socket.socket) -> Replies:
 
 
 def blob_read(sock: socket.socket, cap: int) -> tuple[bytes, bytes]:
-    """What ``_PendingGet`` reads: the codec byte, then up to ``cap + 1`` bytes."""
+    """What ``PendingGet`` reads: the codec byte, then up to ``cap + 1`` bytes."""
     got = replies(sock)
     return got.bulk(1, expect=1), got.bulk(cap + 1, expect=cap)
 

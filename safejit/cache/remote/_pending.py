@@ -1,0 +1,91 @@
+"""A Redis blob read under way (:class:`PendingGet`, what ``RedisStore.start_blob``
+returns): asked for at once, its replies read later straight off the connection
+(``_resp.Replies``), a raw artifact hashed as it is received."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+from ...closure.hashing import new_hasher
+from . import codec
+from ._resp import Replies, pack
+
+if TYPE_CHECKING:
+    import blake3
+
+    from .redis import RedisStore
+
+__all__ = ["RAW_HEAD", "PendingGet"]
+
+#: A stored value's codec byte for a raw artifact (hashed as it is received).
+RAW_HEAD: Final = bytes((codec.RAW,))
+
+
+class PendingGet:
+    """``GETRANGE key 0 0`` and ``GETRANGE key 1 cap+1`` (the codec byte, then the rest: a raw
+    artifact arrives as one bytes object of its own, not to be copied out of the value),
+    sent together on a connection of the pool; the replies are read by :meth:`result` (the bytes
+    arrive meanwhile) or dropped with the connection by :meth:`cancel`. The range ends one
+    byte past the cap: a larger value is ``oversize`` and never read whole. A raw value is
+    hashed piece by piece as it is received (``digest``), while the rest is on its way."""
+
+    __slots__ = ("_cap", "_conn", "_error", "_lane", "_start", "_store", "digest")
+
+    def __init__(self, store: RedisStore, key: str, cap: int) -> None:
+        self._store = store
+        self._cap = cap
+        self.digest: str | None = None
+        self._lane = store._lane(cap + 1)
+        self._conn: Any = None
+        self._error: Exception | None = None
+        self._start = time.perf_counter()
+        try:
+            conn = self._lane.take()  # (connects if need be; the pool takes back one that fails)
+        except Exception as exc:
+            self._error = exc
+            return
+        try:
+            conn._sock.sendall(pack("GETRANGE", key, 0, 0) + pack("GETRANGE", key, 1, cap + 1))
+        except Exception as exc:
+            self._error = exc
+            self._lane.drop(conn)
+            return
+        self._conn = conn
+
+    def result(self) -> memoryview | None:
+        try:
+            head, payload, hasher = self._store._guard.run(
+                "get_blob", "remote.get", self._read, received=lambda r: len(r[0]) + len(r[1]), start=self._start
+            )
+        finally:
+            self.cancel()  # only when the replies were not read (the fault point raised first)
+        view = self._store._decoded(head, payload, self._cap)
+        if hasher is not None and view is not None and view.obj is payload:  # (the hashed bytes themselves)
+            self.digest = hasher.hexdigest()
+        return view
+
+    def _read(self) -> tuple[bytes, bytes, blake3.blake3 | None]:
+        if self._error is not None:
+            raise self._error
+        conn, self._conn = self._conn, None
+        try:
+            replies = Replies(self._store._redis, conn)
+            head = replies.bulk(1, expect=1)
+            hasher = new_hasher() if head == RAW_HEAD else None
+            payload = replies.bulk(self._cap + 1, expect=self._cap, hasher=hasher)
+        except BaseException:
+            self._lane.drop(conn)  # an error reply to the first leaves the second unread
+            raise
+        if replies.drained:
+            self._lane.give(conn)
+        else:
+            self._lane.drop(conn)
+        return head, payload, hasher
+
+    def cancel(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                self._lane.drop(conn)  # the reply is dropped unread, with the connection carrying it
