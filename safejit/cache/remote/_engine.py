@@ -44,7 +44,6 @@ class Engine(Generic[C]):
         self._guard = Guard(self.engine, settings, self.breaker, self._classify, observer)
         self._lock = threading.Lock()
         self._pools: dict[float, C] = {}
-        self._closed = False
 
     def _open(self, settings: RemoteSettings) -> None:
         """Check that ``settings`` are for this engine and import its client library: a
@@ -68,7 +67,7 @@ class Engine(Generic[C]):
         if found is not None:
             return found
         with self._lock:
-            if self._closed:
+            if self._guard.closed:
                 raise RemoteError("error", "connect", "the store is closed", engine=self.engine)
             found = self._pools.get(bucket)
             if found is None:
@@ -85,7 +84,7 @@ class Engine(Generic[C]):
         already waiting on the pooled client when close() disconnects it fails: that lease,
         within about a round trip of the close, is left to expire.)"""
         client = None
-        if not self._closed:
+        if not self._guard.closed:
             with contextlib.suppress(RemoteError):  # (closed meanwhile)
                 client = pooled()
         if client is not None:
@@ -101,7 +100,7 @@ class Engine(Generic[C]):
         """Close the store for good: forget every client made so far (the caller closes
         them) and make no more."""
         with self._lock:
-            self._closed = self._guard.closed = True
+            self._guard.closed = True
             clients, self._pools = list(self._pools.values()), {}
         return clients
 
