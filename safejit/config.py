@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -50,12 +51,26 @@ _ENV_REFUSED = frozenset(
 )
 
 
+def _absolute(path: str, name: str) -> str:
+    """``path`` with ``~`` expanded, made absolute against the working directory now
+    (lexically: symlinks are left for each compile to resolve)."""
+    expanded = os.path.expanduser(path)
+    if os.path.isabs(expanded):
+        return expanded
+    try:
+        return os.path.abspath(expanded)
+    except OSError as exc:  # (the working directory was removed)
+        raise ConfigError(f"Config.{name}: {path!r} is relative, and there is no working directory: {exc}") from None
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """Everything a :class:`~safejit.Runtime` needs to know, fixed at creation.
 
-    Paths are kept as given; they are resolved (and confined) lazily on the
-    first compile, so building a Config touches nothing.
+    Cache and source roots given relative (or with ``~``) are made absolute here, against
+    the working directory and home of the moment: a later ``chdir`` changes nothing.
+    Symlinks in them are resolved (and paths confined) on each compile, so building a
+    Config touches no file.
     """
 
     backend: str = "host"
@@ -146,6 +161,8 @@ class Config:
             if not all(isinstance(v, str) and v for v in value):
                 raise ConfigError(f"Config.{name} holds an empty or non-string item: {value!r}")
             object.__setattr__(self, name, tuple(value))
+        for name in ("cache_dirs", "source_roots"):
+            object.__setattr__(self, name, tuple(_absolute(p, name) for p in getattr(self, name)))
         if self.backend not in BACKENDS:
             raise ConfigError(f"Config.backend must be one of {BACKENDS}, got {self.backend!r}")
         if not _TENANT.match(self.tenant):

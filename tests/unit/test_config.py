@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import safejit
@@ -38,3 +40,36 @@ def test_a_key_without_require_signed_reads_unsigned_leaves_and_writes_signed_on
     explained = other.explain(src)
     assert explained.result == "miss" and explained.miss == "unknown_key"
     assert other.compile(src).artifact.tier == "compiled"
+
+
+def test_relative_roots_mean_where_the_config_was_made_whatever_the_process_does_after(tmp_path, monkeypatch):
+    """A relative cache or source root is made absolute when the Config is made (a later
+    chdir used to move the cache, resolved at the first compile, and each compile's
+    source roots with it); ``~`` is expanded then too."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    for d in (here / "src" / "include", there / "src" / "include"):
+        d.mkdir(parents=True)
+    (here / "src" / "include" / "v.h").write_text("#define V 3\n")
+    (there / "src" / "include" / "v.h").write_text("#define V 4\n")
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("HOME", str(there))
+    cfg = safejit.Config(backend="fake", cache_dirs=("cache", "~/ro"), source_roots=("src",))
+    assert cfg.cache_dirs == (str(here / "cache"), str(there / "ro")) and cfg.source_roots == (str(here / "src"),)
+    assert dataclasses.replace(cfg, tenant="t2").cache_dirs == cfg.cache_dirs  # (made again: unchanged)
+    monkeypatch.chdir(there)
+    with safejit.Runtime(config=cfg) as rt:
+        mod = rt.compile(safejit.Source('#include "v.h"\n', "V"), include_dirs=(str(here / "src" / "include"),))
+        assert mod.kernel("V")() == 3
+    assert (here / "cache").is_dir() and not (there / "cache").exists()
+    with safejit.Runtime(config=cfg) as rt, pytest.raises(safejit.PathConfinementError):
+        rt.compile(safejit.Source('#include "v.h"\n', "V"), include_dirs=(str(there / "src" / "include"),))
+
+
+def test_a_relative_root_without_a_working_directory_is_a_config_error(tmp_path, monkeypatch):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    with pytest.raises(safejit.ConfigError, match="no working directory"):
+        safejit.Config(cache_dirs=("cache",))
+    assert safejit.Config(cache_dirs=(str(tmp_path / "abs"),)).cache_dirs == (str(tmp_path / "abs"),)
