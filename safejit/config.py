@@ -7,15 +7,17 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from . import _env
 from .errors import ConfigError
 
-__all__ = ["BACKENDS", "Config"]
+__all__ = ["BACKENDS", "BackendName", "Config"]
 
 #: ``fake`` needs no compiler: for tests (see ``safejit.backends.fake``).
-BACKENDS = ("host", "cuda", "ascend", "fake")
+#: A backend's name (``Config.backend``).
+BackendName = Literal["host", "cuda", "ascend", "fake"]
+BACKENDS: tuple[BackendName, ...] = get_args(BackendName)
 _TENANT = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}\Z")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -73,7 +75,7 @@ class Config:
     Config touches no file.
     """
 
-    backend: str = "host"
+    backend: BackendName = "host"
     #: Cache roots. The first writable one takes new entries; the rest are read-only.
     cache_dirs: tuple[str, ...] = ()
     #: Directories the compiler may read user files from (include dirs, sources).
