@@ -495,6 +495,34 @@ def test_a_closed_store_still_lets_its_lease_go(engine_url, make_store):
     assert b.acquire_lease(K, holder="b", ttl_s=30) is not None
 
 
+def test_close_lets_a_lease_release_under_way_end_first(redis_server, make_store, monkeypatch):
+    """A release already sent when close() is called (its reply held back here by a
+    CLIENT PAUSE) ends before close() disconnects its client: cut off, its lease was left
+    to expire, and the other nodes to wait out its TTL."""
+    from safejit.cache.remote import redis as engine
+
+    a, b = make_store(redis_server.url, timeout_s=2.0), make_store(redis_server.url)
+    lease = a.acquire_lease(K, holder="a", ttl_s=30)
+    assert lease is not None
+    sent, real = threading.Event(), engine._SCRIPTS["release"]
+
+    def release(*args):
+        sent.set()
+        return real(*args)
+
+    monkeypatch.setitem(engine._SCRIPTS, "release", release)
+    redis_server.admin().execute_command("CLIENT", "PAUSE", 300, "WRITE")
+    released: list[bool] = []
+    thread = threading.Thread(target=lambda: released.append(a.release_lease(lease)))
+    thread.start()
+    assert sent.wait(10)
+    time.sleep(0.05)  # (sent, and held by the pause)
+    a.close()
+    thread.join(10)
+    assert released == [True]
+    assert b.acquire_lease(K, holder="b", ttl_s=30) is not None
+
+
 def test_a_blob_read_that_finds_no_lane_is_a_remote_error(redis_server, make_store):
     """A read that got past admit as close() ran may find its client pooled but no lane
     (close used to forget the lanes first): a RemoteError (a miss), never a KeyError out

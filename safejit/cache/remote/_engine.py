@@ -44,6 +44,9 @@ class Engine(Generic[C]):
         self._guard = Guard(self.engine, settings, self.breaker, self._classify, observer)
         self._lock = threading.Lock()
         self._pools: dict[float, C] = {}
+        #: Lease releases under way: close() lets them end first (:meth:`_drop_pools`).
+        self._releases = 0
+        self._released = threading.Condition(self._lock)
 
     def _open(self, settings: RemoteSettings) -> None:
         """Check that ``settings`` are for this engine and import its client library: a
@@ -80,27 +83,36 @@ class Engine(Generic[C]):
     ) -> Iterator[C]:
         """The client to let a lease go with: the pooled one; on a closed store (a compile
         that ended after its node closed), one made for this call alone (``fresh``) and
-        dropped after it — other nodes then need not wait out the lease's TTL. (A release
-        already waiting on the pooled client when close() disconnects it fails: that lease,
-        within about a round trip of the close, is left to expire.)"""
-        client = None
-        if not self._guard.closed:
-            with contextlib.suppress(RemoteError):  # (closed meanwhile)
-                client = pooled()
-        if client is not None:
-            yield client
-            return
-        client = fresh(self.settings.deadline_class(0))
+        dropped after it — other nodes then need not wait out the lease's TTL. A release
+        under way when close() is called ends before close() disconnects its client."""
+        with self._lock:
+            self._releases += 1
         try:
-            yield client
+            client = None
+            if not self._guard.closed:
+                with contextlib.suppress(RemoteError):  # (closed meanwhile)
+                    client = pooled()
+            if client is not None:
+                yield client
+                return
+            client = fresh(self.settings.deadline_class(0))
+            try:
+                yield client
+            finally:
+                drop(client)
         finally:
-            drop(client)
+            with self._lock:
+                self._releases -= 1
+                self._released.notify_all()
 
     def _drop_pools(self) -> list[C]:
         """Close the store for good: forget every client made so far (the caller closes
-        them) and make no more."""
+        them) and make no more — once the lease releases under way have ended (at most an
+        operation's deadline: one cut off would leave its lease to expire, and other nodes
+        to wait out its TTL)."""
         with self._lock:
             self._guard.closed = True
+            self._released.wait_for(lambda: not self._releases, timeout=self.settings.deadline(0))
             clients, self._pools = list(self._pools.values()), {}
         return clients
 
