@@ -55,7 +55,11 @@ _ENV_REFUSED = frozenset(
 
 def _absolute(path: str, name: str) -> str:
     """``path`` with ``~`` expanded, made absolute against the working directory now
-    (lexically: symlinks are left for each compile to resolve)."""
+    (lexically: symlinks are left for each compile to resolve). A control character or a
+    backslash is refused: a compiler lists what it read under these paths in text that
+    cannot carry them."""
+    if re.search(r"[\x00-\x1f\x7f\\]", path):
+        raise ConfigError(f"Config.{name}: {path!r} holds a control character or a backslash")
     expanded = os.path.expanduser(path)
     if os.path.isabs(expanded):
         return expanded

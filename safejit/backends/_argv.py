@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Final
 
 from ..closure.anchors import Anchors
-from ..closure.depfiles import parse_depfile
+from ..closure.depfiles import check_compiler_depfile, parse_depfile
 from ..closure.hashing import read_output
-from ..errors import CompileError, FlagPolicyError
+from ..errors import CompileError, FlagPolicyError, UndeclaredDependencyError
 from ..spec import BuildSpec
 from ._toolreads import read_lists, tool_reads
 from .base import CompileContext
@@ -132,7 +132,15 @@ def depfile_deps(dep: str, spec: BuildSpec, data: bytes | None = None) -> tuple[
     guard = _guard_path(workdir)
     if data is None:
         data = read_output(dep)
-    reported = parse_depfile(data.decode("utf-8", "surrogateescape"))
+    text = data.decode("utf-8", "surrogateescape")
+    try:
+        check_compiler_depfile(text, lambda name: os.path.lexists(os.path.join(workdir, name)))
+    except ValueError as exc:
+        raise UndeclaredDependencyError(
+            f"{spec.name}: the compiler's list of the files it read cannot be read one way only ({exc}); "
+            "a file name holding a backslash or a control character cannot be a dependency"
+        ) from None
+    reported = parse_depfile(text)
     absolute = [p if os.path.isabs(p) else os.path.join(workdir, p) for p in reported]
     own = (src, guard, os.path.join(workdir, DEFINES_HEADER))
     return tuple(p for p in absolute if p not in own), src in absolute
@@ -269,6 +277,8 @@ def _collected(
                 lists[p] = read_output(p)
         if os.path.exists(obj):
             os.unlink(obj)  # intermediates are not kept
+    except UndeclaredDependencyError:
+        raise  # (a PermissionError, so an OSError too: not an output missing)
     except OSError as exc:
         raise CompileError(f"{spec.name}: compiler output missing: {exc}", log=log, argv=argv) from exc
     memo = watcher.reads

@@ -4,10 +4,10 @@ linker lists (``--dependency-file``). Pure functions of text; fuzzed."""
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
-__all__ = ["make_unescaped", "parse_depfile", "parse_listing", "parse_single_rule"]
+__all__ = ["check_compiler_depfile", "make_unescaped", "parse_depfile", "parse_listing", "parse_single_rule"]
 
 
 def parse_depfile(text: str) -> list[str]:
@@ -29,6 +29,54 @@ def parse_depfile(text: str) -> list[str]:
                 seen.add(word)
                 out.append(word)
     return out
+
+
+def check_compiler_depfile(text: str, exists: Callable[[str], bool]) -> None:
+    """Raise ``ValueError`` unless a compiler's depfile ``text`` reads one way only.
+
+    gcc (and clang, and nvcc's host preprocessor) escape a space in a name (``\\ ``), a
+    ``#`` (``\\#``) and a ``$`` (``$$``) but write other backslashes raw: a name that
+    ends in a backslash, followed by the space between two names, reads as an escaped
+    space — one name glued from two, or a name with a trailing space — and the file read
+    goes unrecorded. So: no control character; no backslash but a line's continuation
+    (`` \\`` and a newline), an escaped ``#``, or an escaped space within a name (a
+    character on each side) where no file of the name that would end at that backslash
+    exists (``exists``: given that name, as the text spells it up to there); and every
+    line a rule. A name holding a backslash is refused with the rest."""
+    if _CONTROL.search(text):
+        raise ValueError("a control character in a name")
+    body = _CONTINUED.sub(" ", text)
+    for line in body.split("\n"):
+        if line.strip() and not _is_rule(line.removesuffix("\r")):
+            raise ValueError("a line that is no rule (a name holding a line break?)")
+    word: list[str] = []
+    i, n = 0, len(body)
+    while i < n:
+        c = body[i]
+        nxt = body[i + 1] if i + 1 < n else ""
+        if c == "\\":
+            if nxt == "#":
+                word.append("#")
+            elif nxt in (" ", "\t") and nxt:
+                before, after = body[i - 1] if i else "", body[i + 2] if i + 2 < n else ""
+                if not before or before in " \t\\\r\n" or not after or after in " \t\\\r\n":
+                    raise ValueError("an escaped space at the edge of a name, or a name ending in a backslash")
+                if exists("".join(word) + "\\"):
+                    raise ValueError("a name ending in a backslash, which reads as an escaped space")
+                word.append(nxt)
+            else:
+                raise ValueError("a backslash in a name")
+            i += 2
+            continue
+        if c == "$" and nxt == "$":
+            word.append("$")
+            i += 2
+            continue
+        if c in " \t\r\n":
+            word.clear()
+        else:
+            word.append(c)
+        i += 1
 
 
 def parse_single_rule(text: str) -> list[str]:
@@ -69,6 +117,8 @@ def make_unescaped(name: str) -> str:
 
 #: Control characters but tab and newline.
 _CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+#: A line's continuation as compilers write it: a space, a backslash, the end of the line.
+_CONTINUED: Final = re.compile(r" \\\r?\n")
 
 
 def _is_rule(line: str) -> bool:

@@ -9,7 +9,9 @@ symlinks that point outside and absolute paths elsewhere all fail with
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
+from typing import Final
 
 from ..closure.anchors import LINK_ANCHOR, Anchors, is_under, real_path
 from ..errors import ConfigError, PathConfinementError
@@ -63,6 +65,10 @@ def build_anchors(
     return anchors_of([resolve_root(r) for r in source_roots], toolchain_roots, cache_roots, link_roots)
 
 
+#: What a path the compiler is given may not hold.
+_UNLISTABLE: Final = re.compile(r"[\x00-\x1f\x7f\\]")
+
+
 def confine(path: str, anchors: Anchors, *, what: str, allow: Iterable[str] | None = None) -> str:
     """The resolved ``path`` if it lies under a root (of ``allow`` anchors when given,
     else of any but the linker's), else :class:`PathConfinementError`. An error about a
@@ -80,6 +86,14 @@ def confine(path: str, anchors: Anchors, *, what: str, allow: Iterable[str] | No
         if (name in names if names is not None else not name.startswith(LINK_ANCHOR)) and is_under(real, root):
             if not os.path.exists(real):
                 raise PathConfinementError(f"{what} {path!r} does not exist", path=path)
+            if _UNLISTABLE.search(real):
+                # (what gcc writes raw in its depfile: a line break splits a name, a
+                # backslash reads as an escape; a file read under it would go unrecorded)
+                raise PathConfinementError(
+                    f"{what} {path!r} holds a control character or a backslash, which no compiler's "
+                    "list of the files it read can carry",
+                    path=path,
+                )
             return real
     raise PathConfinementError(
         f"{what} {path!r} is outside the declared roots; declare its directory in Config.source_roots "
