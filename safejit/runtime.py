@@ -121,9 +121,13 @@ class Runtime:
             key = (
                 source._key,
                 tuple(include_dirs) if include_dirs else (),
-                tuple((k, v.__class__, v) for k, v in defines.items()) if defines else (),
+                tuple((k, v.__class__ if v.__class__ is not float else v.hex(), v) for k, v in defines.items())
+                if defines
+                else (),
                 tuple(flags) if flags else (),
-                tuple((k, v.__class__, v) for k, v in extras.items()) if extras else (),
+                tuple((k, v.__class__ if v.__class__ is not float else v.hex(), v) for k, v in extras.items())
+                if extras
+                else (),
                 arch,
                 tuple(name_expressions) if name_expressions else (),
             )
@@ -323,19 +327,11 @@ class Runtime:
             leaf.checked,
             negatives=leaf.negatives,
             trusted=leaf.closure_known,
-            paths=self._given_paths(req, resolved),
+            # (the roots, include dirs, path flags and source file as named: "inc", "~/lib",
+            # a symlink; they must still resolve as they did for the entry to stand)
+            paths=tuple(dict.fromkeys(resolved.paths)),
         )
         return entry, module
-
-    @staticmethod
-    def _given_paths(req: Request, resolved: Resolved) -> tuple[tuple[str, str], ...]:
-        """The include dirs as the request names them ("inc", "~/lib", a symlink), with
-        what they resolved to: they must still resolve so for the entry to stand."""
-        anchors = resolved.anchors
-        return tuple(
-            (os.fspath(given), anchors.expand(*anchored) or "")
-            for given, anchored in zip(req[1], resolved.spec.include_dirs, strict=True)
-        )
 
     def _load(self, parts: Parts, resolved: Resolved, leaf: VerifiedLeaf) -> Any:
         name = resolved.spec.name
@@ -376,7 +372,8 @@ def _request(
     checked_for: str | None = None,
 ) -> Request:
     """The hashable request (the same tuple ``compile`` builds inline on its hot path).
-    Value types are part of it: ``1``, ``1.0`` and ``True`` compare equal but compile differently.
+    Value types are part of it: ``1``, ``1.0`` and ``True`` compare equal but compile differently;
+    so is a float's exact value (``0.0`` and ``-0.0`` compare equal too).
     ``checked_for``: the public call (``build``, ``explain``) whose arguments are checked
     first, a wrong one a ConfigError naming it."""
     if checked_for is not None:
@@ -387,9 +384,13 @@ def _request(
     return (
         source,
         tuple(include_dirs),
-        tuple((k, v.__class__, v) for k, v in defines.items()) if defines else (),
+        tuple((k, v.__class__ if v.__class__ is not float else v.hex(), v) for k, v in defines.items())
+        if defines
+        else (),
         tuple(flags),
-        tuple((k, v.__class__, v) for k, v in extras.items()) if extras else (),
+        tuple((k, v.__class__ if v.__class__ is not float else v.hex(), v) for k, v in extras.items())
+        if extras
+        else (),
         arch,
         tuple(name_expressions),
     )

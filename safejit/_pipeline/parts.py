@@ -116,11 +116,15 @@ class Parts:
             self._probe_cleanup = weakref.finalize(self, _remove_probe_dir, self._probe_dir, os.getpid())
         return self._probe_dir
 
-    def anchors(self, toolchain: Toolchain) -> Anchors:
+    def anchors(self, toolchain: Toolchain, seen: list[tuple[str, str]] | None = None) -> Anchors:
         """The anchors of this compile's roots: the source roots resolved now (a root
         given as a symlink that was re-pointed takes effect at once, for confinement,
-        anchors and the sandbox alike), the toolchain's as probed."""
-        resolved = tuple(root_policy.resolve_root(r) for r in self.config.source_roots)
+        anchors and the sandbox alike), the toolchain's as probed. ``seen`` is given each
+        source root and what it resolved to."""
+        roots = self.config.source_roots
+        resolved = tuple(root_policy.resolve_root(r) for r in roots)
+        if seen is not None:
+            seen.extend(zip(roots, resolved, strict=True))
         key = (toolchain, resolved)
         found = self._anchors.get(key)
         if found is None:

@@ -29,11 +29,14 @@ Request = tuple[Any, ...]
 @dataclass(frozen=True, slots=True)
 class Resolved:
     """A request resolved: its spec (confined, policy-checked), build key, and the
-    anchors of this compile's roots."""
+    anchors of this compile's roots; ``paths``: each path the request and the Config
+    named (the source roots, include dirs, path flags, the source's file) as given, with
+    what it resolved to — a memory entry stands only while each still resolves so."""
 
     spec: BuildSpec
     key: str
     anchors: Anchors
+    paths: tuple[tuple[str, str], ...] = ()
 
 
 class Resolver:
@@ -52,7 +55,10 @@ class Resolver:
         extras = tuple((k, v) for k, _, v in typed_extras)
         with span(SPAN.POLICY_CHECK) as s:
             try:
-                spec, anchors = self.make_spec(source, include_dirs, defines, flags, extras, arch, name_expressions)
+                paths: list[tuple[str, str]] = []
+                spec, anchors = self.make_spec(
+                    source, include_dirs, defines, flags, extras, arch, name_expressions, paths=paths
+                )
             except (PolicyError, LimitExceededError, KeyDeclarationError) as exc:
                 kind = type(exc).__name__
                 s.set_attribute(ATTR.KIND, kind)
@@ -61,7 +67,7 @@ class Resolver:
         with span(SPAN.KEY) as s:
             key = build_key(spec)
             s.set_attribute(ATTR.BUILD_KEY, key)
-        return Resolved(spec, key, anchors)
+        return Resolved(spec, key, anchors, tuple(paths))
 
     def make_spec(
         self,
@@ -72,8 +78,12 @@ class Resolver:
         extras: tuple[Any, ...],
         arch: str | None,
         name_expressions: tuple[Any, ...] = (),
+        *,
+        paths: list[tuple[str, str]] | None = None,
     ) -> tuple[BuildSpec, Anchors]:
-        """The confined, policy-checked spec of a request, and the anchors of its roots."""
+        """The confined, policy-checked spec of a request, and the anchors of its roots;
+        ``paths`` is given each path named, with what it resolved to (:class:`Resolved`)."""
+        seen = paths if paths is not None else []
         code, extra_values = _checked_inputs(
             self.config, source, include_dirs, defines, flags, extras, name_expressions
         )
@@ -81,12 +91,12 @@ class Resolver:
         run = self.parts.runner(self.config)
         toolchain = backend.toolchain(source, run)
         language = backend.language(source)
-        anchors = self.parts.anchors(toolchain)
+        anchors = self.parts.anchors(toolchain, seen)
 
         def token(path: str, what: str) -> str:
-            return Anchors.token(*_anchored(path, anchors, what))
+            return Anchors.token(*_anchored(path, anchors, what, seen))
 
-        incs, quote = _anchored_dirs(source, include_dirs, anchors)
+        incs, quote = _anchored_dirs(source, include_dirs, anchors, seen)
         # (-march=native: what it means here)
         machine = functools.partial(backend.resolve_machine_flags, toolchain=toolchain, language=language, run=run)
         checked_flags = flag_policy.check_flags(flags, token, family=backend.flag_family, machine=machine)
@@ -161,24 +171,27 @@ def _checked_inputs(
     return code, tuple(sorted((k, extra_text(k, v)) for k, v in extras))
 
 
-def _anchored(path: Any, anchors: Anchors, what: str) -> tuple[str, str]:
-    """``(anchor, relative path)`` of ``path`` once confined under a root."""
-    real = root_policy.confine(os.fspath(path), anchors, what=what)
+def _anchored(path: Any, anchors: Anchors, what: str, seen: list[tuple[str, str]]) -> tuple[str, str]:
+    """``(anchor, relative path)`` of ``path`` once confined under a root (``seen``
+    is given the path and what it resolved to)."""
+    given = os.fspath(path)
+    real = root_policy.confine(given, anchors, what=what)
+    seen.append((given, real))
     found = anchors.anchor(real)
     assert found is not None
     return found
 
 
 def _anchored_dirs(
-    source: Source, include_dirs: tuple[Any, ...], anchors: Anchors
+    source: Source, include_dirs: tuple[Any, ...], anchors: Anchors, seen: list[tuple[str, str]]
 ) -> tuple[tuple[tuple[str, str], ...], tuple[str, str] | None]:
     """The include dirs, anchored, and the source file's own directory (quoted includes
     are looked for there first) when it was read from a file."""
-    incs = tuple(_anchored(d, anchors, "include dir") for d in include_dirs)
+    incs = tuple(_anchored(d, anchors, "include dir", seen) for d in include_dirs)
     quote = None
     if source.origin is not None:
-        origin = _anchored(source.origin, anchors, "source file")
-        quote = _anchored(os.path.dirname(anchors.expand(*origin) or ""), anchors, "source directory")
+        origin = _anchored(source.origin, anchors, "source file", seen)
+        quote = _anchored(os.path.dirname(anchors.expand(*origin) or ""), anchors, "source directory", [])
     return incs, quote
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -120,6 +121,46 @@ def test_a_repointed_include_dir_symlink_makes_the_entry_stale(make_runtime, tmp
     assert rt.compile(src, include_dirs=(str(link),)).kernel("ver")() == 2
 
 
+@pytest.mark.parametrize("form", ["-I", "-isystem", "-include", "source file", "source root"])
+def test_every_repointed_path_symlink_makes_the_entry_stale(make_runtime, tmp_path, form):
+    """As an include dir: a path flag, the directory of a source read from a file (its
+    quoted includes are looked for there first), and a source root given as a symlink
+    that was re-pointed each make the memory entry stale (they used to be kept)."""
+    top = tmp_path / "top"
+    for v in (1, 2):
+        (top / f"v{v}" / "inc").mkdir(parents=True)
+        (top / f"v{v}" / "inc" / "ver.h").write_text(f"#define VER {v}\n")
+        (top / f"v{v}" / "k.c").write_text('#include "ver.h"\nint ver(void) { return VER; }\n')
+    link = top / "current"
+    link.symlink_to(top / "v1")
+    # (the source root itself is the symlink in that form; else the tree above it)
+    root = link if form == "source root" else top
+    rt = make_runtime(source_roots=(str(root),), max_staleness_s=0)
+    inc = str(link / "inc")
+    code = '#include "ver.h"\nint ver(void) { return VER; }\n'
+    requests = {
+        "-I": lambda: rt.compile(safejit.Source(code, "ver"), flags=("-I", inc)),
+        "-isystem": lambda: rt.compile(safejit.Source(code, "ver"), flags=("-isystem", inc)),
+        "-include": lambda: rt.compile(
+            safejit.Source("int ver(void) { return VER; }\n", "ver"), flags=("-include", f"{inc}/ver.h")
+        ),
+        "source file": lambda: rt.compile(rt.source(link / "k.c", name="ver"), include_dirs=()),
+        # (the include dir named by its real path, under the root's first target only)
+        "source root": lambda: rt.compile(safejit.Source(code, "ver"), include_dirs=(str(top / "v1" / "inc"),)),
+    }
+    if form == "source file":
+        for v in (1, 2):  # (found beside the source, not in an include dir)
+            (top / f"v{v}" / "ver.h").write_text(f"#define VER {v}\n")
+    assert requests[form]().kernel("ver")() == 1
+    link.unlink()
+    link.symlink_to(top / "v2")
+    if form == "source root":  # judged against the root as it is now: that dir lies outside it
+        with pytest.raises(safejit.PathConfinementError):
+            requests[form]()
+        return
+    assert requests[form]().kernel("ver")() == 2
+
+
 def test_equal_but_differently_typed_defines_are_different_requests(make_runtime):
     rt = make_runtime()
     src = safejit.Source("double v(void) { return (double)(X) / 2; }", "v")
@@ -129,6 +170,21 @@ def test_equal_but_differently_typed_defines_are_different_requests(make_runtime
     one_float = rt.compile(src, defines={"X": 1.0}).kernel("v", restype=ctypes.c_double)()
     assert (one, one_float) == (0.5, 0.5)
     assert rt.stats()["compiles"] == 2  # "-DX=1" and "-DX=1.0" are different builds, never one memory entry
+
+
+def test_zero_and_negative_zero_defines_and_extras_are_different_requests(make_runtime):
+    """0.0 == -0.0 (and hash alike), but they compile to different kernels: the memory key
+    tells them apart (it used to hand back the 0.0 kernel for -0.0)."""
+    import ctypes
+
+    rt = make_runtime(declared_extras=("e",))
+    src = safejit.Source("double v(void) { return 1.0 / (X); }", "v")
+    got = [
+        rt.compile(src, defines={"X": x}, extras={"e": e}).kernel("v", restype=ctypes.c_double)()
+        for x, e in ((0.0, 0.0), (-0.0, 0.0), (0.0, -0.0))
+    ]
+    assert got == [math.inf, -math.inf, math.inf]
+    assert rt.stats()["compiles"] == 3
 
 
 def test_dep_list_marks_as_racy_exactly_what_is_racy_says(monkeypatch):
