@@ -153,7 +153,8 @@ class Module:
         return self.kernel(name)
 
     def close(self) -> None:
-        """Unload the library. Kernels of a closed module raise LoadError."""
+        """Close the module: its kernels raise LoadError from now on, and its library is
+        unloaded once nothing holds it (a call under way ends first)."""
         state = self._state
         with state.lock:
             state.closed = True

@@ -254,7 +254,7 @@ class Runtime:
         )
 
     def close(self) -> None:
-        """Unload every cached module and release resources. Safe to call twice."""
+        """Close every cached module (each unloaded once nothing holds it) and release resources. Safe to call twice."""
         if not self._closed:
             self._closed = True
             try:

@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -102,6 +103,9 @@ class HostLibrary:
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
             os.symlink(f"/proc/{os.getpid()}/fd/{fd}", link)
             self._lib: ctypes.CDLL | None = ctypes.CDLL(link, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+            # Unloaded once nothing holds it, never before: each function taken from it
+            # (a kernel, a call under way) holds the library object.
+            weakref.finalize(self._lib, _dlclose, self._lib._handle)
         except OSError as exc:
             raise LoadError(f"{name}: dlopen of the verified artifact failed: {exc}", name=name) from exc
         finally:
@@ -120,8 +124,14 @@ class HostLibrary:
         return self.signatures.get(name)
 
     def close(self) -> None:
-        lib, self._lib = self._lib, None
-        if lib is not None:
-            import _ctypes
+        """Let the library go: it is unloaded as soon as no function of it is held — at
+        once when no kernel was made of it, else once its kernels are gone (a call under
+        way ends first: unloading the code under it crashed the process)."""
+        self._lib = None
 
-            _ctypes.dlclose(lib._handle)
+
+def _dlclose(handle: int) -> None:
+    import _ctypes
+
+    with contextlib.suppress(OSError):
+        _ctypes.dlclose(handle)
