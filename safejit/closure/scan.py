@@ -314,6 +314,11 @@ def _deepest_dirs(paths: Sequence[str]) -> dict[str, Snapshot] | None:
             try:
                 snap = dir_snapshot(parent)
             except OSError:
+                # Walk up only past what is not there at all: a name that is there but
+                # leads nowhere (a dangling symlink, a loop, no access) can come to lead
+                # somewhere with no change to the directory above it.
+                if not _absent(parent):
+                    return None
                 up = os.path.dirname(parent)
                 if up == parent:
                     return None
@@ -327,6 +332,17 @@ def _deepest_dirs(paths: Sequence[str]) -> dict[str, Snapshot] | None:
         for d in walked:
             deepest[d] = top
     return found
+
+
+def _absent(path: str) -> bool:
+    """Whether there is no entry at all at ``path`` (not even a dangling symlink)."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def dirs_unchanged(dirs: Iterable[tuple[str, Snapshot]]) -> bool:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+import safejit
 from safejit.closure import scan
 from safejit.closure.hashing import snapshot_of
 from safejit.closure.scan import Closure, negative_dirs, unchanged
@@ -173,3 +174,31 @@ def test_racy_directories_are_never_remembered(tmp_path, counted):
     assert negative_dirs(paths) == []
     counted.clear()
     assert negative_dirs(paths) == [] and counted  # looked up again
+
+
+def test_a_dangling_symlink_on_the_way_vouches_for_nothing(tmp_path, settled):
+    """A negative under a symlink that leads nowhere yet is not vouched for by the
+    directory holding the link: making its target changes no directory above it."""
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "inc" / "a").symlink_to("../gen")
+    assert negative_dirs([str(tmp_path / "inc" / "a" / "b.h")]) == []
+    (tmp_path / "inc" / "loop").symlink_to("loop")
+    assert negative_dirs([str(tmp_path / "inc" / "loop" / "b.h")]) == []
+    # (a name not there at all is still vouched for by the deepest directory that is)
+    assert [d for d, _ in negative_dirs([str(tmp_path / "inc" / "none" / "b.h")]) or []] == [str(tmp_path / "inc")]
+
+
+def test_a_header_that_appears_through_a_dangling_directory_symlink_is_a_rebuild(tmp_path, make_runtime, settled):
+    src = tmp_path / "src"
+    (src / "inc1" / "a").mkdir(parents=True)
+    (src / "inc0").mkdir()
+    (src / "inc1" / "a" / "b.h").write_text("#define V 1\n")
+    (src / "inc0" / "a").symlink_to("../gen")  # (leads nowhere yet)
+    code = safejit.Source('#include "a/b.h"\nint v(void) { return V; }\n', "v")
+    inc = (str(src / "inc0"), str(src / "inc1"))
+    rt = make_runtime(source_roots=(str(src),), max_staleness_s=0)  # (its memory entry: rechecked each call)
+    assert rt.compile(code, include_dirs=inc).kernel("v")() == 1
+    (src / "gen").mkdir()
+    (src / "gen" / "b.h").write_text("#define V 2\n")  # inc0/a/b.h now shadows inc1/a/b.h
+    again = rt.compile(code, include_dirs=inc)
+    assert again.kernel("v")() == 2 and again.artifact.tier == "compiled"
