@@ -325,9 +325,12 @@ class DiskTier:
     def _read_artifact(
         self, leaf: str, root: str, man: Manifest, states: tuple[DepState, ...], negatives: Negatives, checked: float
     ) -> VerifiedLeaf | Rejection:
+        if man.artifact_size > self._max_artifact_bytes:
+            # Larger than this process allows, as its (signed) manifest says: not read, and
+            # not damaged — a process with a larger limit published it, and uses it.
+            return Rejection(Miss.OVERSIZE, f"{man.artifact_size} bytes", leaf, root)
         try:
-            limit = min(self._max_artifact_bytes, man.artifact_size)
-            artifact = read_bytes(os.path.join(leaf, man.artifact_file), limit)
+            artifact = read_bytes(os.path.join(leaf, man.artifact_file), man.artifact_size)
         except OSError as exc:
             reason = _read_reason(exc, Miss.ARTIFACT)
             return Rejection(reason, f"artifact unreadable ({exc.strerror})", leaf, root)
@@ -407,6 +410,10 @@ class DiskTier:
         just hashed: its own integrity is all that is left to check."""
         winner = self.verify(leaf, root, build_key, None) if is_real_dir(leaf) else None
         if isinstance(winner, VerifiedLeaf):
+            # Touched, as a hit is: a leaf older than the newest MAX_LEAVES of its build key
+            # is not looked at, and would be rebuilt, and adopted, again and again.
+            with contextlib.suppress(OSError):
+                os.utime(leaf)
             return dataclasses.replace(ours, manifest=winner.manifest, artifact=winner.artifact), Outcome.ADOPTED
         if winner is not None and winner.reason is Miss.IO:
             # The existing leaf may well be sound; it is just unreadable now. Keep it,

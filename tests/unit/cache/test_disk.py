@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
+import time
+
+import pytest
 
 import safejit
+from safejit.outcomes import Miss
 
 ONE = safejit.Source("int one(void) { return 1; }\n", "one")
 
@@ -26,3 +31,52 @@ def test_roots_that_are_there_are_not_remarked_on(make_runtime, tmp_path, caplog
     with caplog.at_level(logging.WARNING, logger="safejit.cache.disk"):
         make_runtime(cache_dirs=(str(first), str(shared))).compile(ONE)
     assert not [r for r in caplog.records if "cache root" in r.getMessage()]
+
+
+def test_a_leaf_over_a_processes_limit_is_not_set_aside_for_the_others(tmp_path):
+    """A process with a lower max_artifact_bytes misses a larger leaf another published
+    (oversize) without reading it or moving it to quarantine; the others keep hitting it,
+    and verify --fix, which checks any size, leaves it."""
+    from safejit.cache import maintenance
+
+    cache, code = str(tmp_path / "c"), safejit.Source('#define BIG "' + "x" * 5000 + '"\n#define V 1\n', "k")
+    big = safejit.Runtime(config=safejit.Config(backend="fake", cache_dirs=(cache,)))
+    assert big.compile(code).artifact.size > 4096
+    small = safejit.Runtime(config=safejit.Config(backend="fake", cache_dirs=(cache,), max_artifact_bytes=4096))
+    explained = small.explain(code)
+    assert (explained.result, explained.miss) == ("miss", Miss.OVERSIZE)
+    with pytest.raises(safejit.LimitExceededError):
+        small.compile(code)
+    assert [bad for _, bad in maintenance.verify_all(cache, fix=True)] == [None]
+    again = safejit.Runtime(config=safejit.Config(backend="fake", cache_dirs=(cache,)))
+    assert again.compile(code).artifact.tier == "disk"
+    for rt in (big, small, again):
+        rt.close()
+
+
+def test_a_leaf_adopted_from_beyond_the_newest_leaves_of_its_key_is_a_hit_after(tmp_path):
+    """Lookups look at a build key's newest MAX_LEAVES leaves. A rebuild of an older one
+    loses the publish race to it and adopts it: touched then, as a hit is, it is among
+    the newest after and hits (it used to be rebuilt every time)."""
+    from safejit.cache.disk import MAX_LEAVES
+    from safejit.closure.scan import COARSE_NS
+
+    root, cache = tmp_path / "src", str(tmp_path / "c")
+    root.mkdir()
+    header = root / "v.h"
+    code = safejit.Source('#include "v.h"\n', "k")
+
+    def compile_version(v: int) -> tuple[str, int]:
+        header.write_text(f"#define V {v}\n")
+        os.utime(header, ns=(v * 10**9, v * 10**9))  # (a stat of its own each time)
+        time.sleep(2 * COARSE_NS / 1e9)  # (a file changed just before a compile makes a build not vouched for)
+        with safejit.Runtime(
+            config=safejit.Config(backend="fake", cache_dirs=(cache,), source_roots=(str(root),))
+        ) as rt:
+            mod = rt.compile(code, include_dirs=(str(root),))
+            return mod.artifact.tier, rt.stats()["compiles"]
+
+    for v in range(MAX_LEAVES + 2):
+        compile_version(v)
+    assert compile_version(0)[1] == 1  # (beyond the newest: rebuilt once, the old leaf adopted)
+    assert compile_version(0) == ("disk", 0)
