@@ -1,19 +1,89 @@
-"""Process liveness, for sweeping what dead processes left behind (shared by the
-cache's scratch dirs and the host backend's loader dirs)."""
+"""Process liveness, for sweeping what ended processes left behind in shared places
+(the cache's scratch dirs in memory, the host backend's loader dirs).
+
+A process id says nothing across PID namespaces (containers sharing ``/dev/shm``: a
+process of another namespace looks dead, and a sweep removed the directories it was
+using). So a process marks what it makes with an owner token of its own,
+``p<pid>.<random>``, and holds a lock on ``<token>.alive`` beside it for as long as it
+lives (:func:`owner`): a token whose mark nobody holds belongs to a process that ended
+(:func:`ended`), whatever namespace it ran in. A forked child takes a token of its own.
+"""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import fcntl
 import os
+import threading
+from collections.abc import Callable
 
-__all__ = ["alive"]
+__all__ = ["ended", "owner", "sweep"]
+
+_MARK = ".alive"
+_lock = threading.Lock()
+#: base -> (pid, token, the mark's descriptor)
+_marks: dict[str, tuple[int, str, int]] = {}
 
 
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (one owned by another user counts as alive)."""
+def owner(base: str, prefix: str = "") -> str:
+    """This process's owner token for what it makes in ``base`` (``prefix`` + token);
+    its mark, ``base/<prefix><token>.alive``, made and locked the first time."""
+    with _lock:
+        found = _marks.get(base)
+        pid = os.getpid()
+        if found is not None and found[0] == pid:
+            return found[1]
+        token = f"{prefix}p{pid}.{os.urandom(6).hex()}"  # (a "-" ends it in the names it is given)
+        mark = os.path.join(base, token + _MARK)
+        fd = os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_SH)  # (held until this process ends: its descriptor stays open)
+        _marks[base] = (pid, token, fd)
+        atexit.register(_unmark, mark, pid)
+        return token
+
+
+def _unmark(mark: str, pid: int) -> None:
+    if os.getpid() == pid:
+        with contextlib.suppress(OSError):
+            os.unlink(mark)
+
+
+def ended(base: str, token: str) -> bool:
+    """Whether the process that owns ``token`` in ``base`` has ended: its mark is ours
+    and nobody holds it. A token without a mark (made before marks, or not ours) is
+    never taken for ended."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fd = os.open(os.path.join(base, token + _MARK), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return False
-    except PermissionError:
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
         return True
-    return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def sweep(base: str, prefix: str, remove: Callable[[str], None]) -> None:
+    """Remove (``remove``, given each path) every entry of ``base`` named
+    ``<prefix>p<pid>.<random>-...`` whose owner has ended, then the owner's mark."""
+    with contextlib.suppress(OSError):
+        names = os.listdir(base)
+        marks = {n[: -len(_MARK)] for n in names if n.startswith(prefix) and n.endswith(_MARK)}
+        gone = {token for token in marks if ended(base, token)}
+        if not gone:
+            return
+        for name in names:
+            mine = name.startswith(prefix) and not name.endswith(_MARK)
+            if mine and prefix + name[len(prefix) :].partition("-")[0] in gone:
+                remove(os.path.join(base, name))
+        for token in gone:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(base, token + _MARK))

@@ -9,6 +9,7 @@ import contextlib
 import ctypes
 import fcntl
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -17,7 +18,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Final
 
-from .._proc import alive
+from .._proc import owner, sweep
 from ..errors import LoadError
 
 __all__ = ["HostLibrary"]
@@ -38,11 +39,13 @@ def _loader_dir() -> str:
     """
     global _loader
     with _loader_lock:
-        if _loader is None or _loader[0] != os.getpid():
-            shm = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else None
-            prefix = f"safejit-load-u{os.geteuid()}-p"
-            _sweep_loader_dirs(shm or tempfile.gettempdir(), prefix)
-            path = _private_dir(shm or tempfile.gettempdir(), f"{prefix}{os.getpid()}-")
+        if _loader is None or _loader[0] != os.getpid() or not os.path.isdir(_loader[1]):
+            parent = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else tempfile.gettempdir()
+            prefix = f"safejit-load-u{os.geteuid()}-"
+            # (what processes that ended left: marked by their owner, not by a pid,
+            # which another PID namespace sharing this directory would take for dead)
+            sweep(parent, prefix, _remove_loader_dir)
+            path = _private_dir(parent, f"{owner(parent, prefix)}-")
             atexit.register(_remove_empty_dir, path, os.getpid())
             _loader = (os.getpid(), path)
         return _loader[1]
@@ -60,19 +63,14 @@ def _private_dir(parent: str, prefix: str) -> str:
         return path
 
 
-def _sweep_loader_dirs(parent: str, prefix: str) -> None:
-    uid = os.geteuid()
-    with contextlib.suppress(OSError), os.scandir(parent) as it:
-        for entry in it:
-            pid = entry.name[len(prefix) :].partition("-")[0] if entry.name.startswith(prefix) else ""
-            if not pid.isdigit() or alive(int(pid)):
-                continue
-            with contextlib.suppress(OSError):
-                # Our own real directory only (anyone can make a name in /dev/shm).
-                if entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == uid:
-                    for link in os.listdir(entry.path):  # symlinks a dead process left
-                        os.unlink(os.path.join(entry.path, link))
-                    os.rmdir(entry.path)
+def _remove_loader_dir(path: str) -> None:
+    with contextlib.suppress(OSError):
+        # Our own real directory only (anyone can make a name in /dev/shm).
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+            for link in os.listdir(path):  # symlinks an ended process left
+                os.unlink(os.path.join(path, link))
+            os.rmdir(path)
 
 
 def _remove_empty_dir(path: str, owner: int) -> None:

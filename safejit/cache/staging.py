@@ -41,7 +41,7 @@ from typing import Final
 
 from .. import faults
 from .._background import background, settle
-from .._proc import alive
+from .._proc import owner, sweep
 from .fsio import fsync_file, remove_tree, write_file
 from .layout import MANIFEST, MARKER, CacheLayout
 
@@ -194,11 +194,7 @@ def _open_memory_scratch() -> str | None:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != mode:
         logger.warning("%s is not a private directory; compiling in the cache root", base)
         return None
-    with contextlib.suppress(OSError), os.scandir(base) as it:
-        for entry in it:
-            owner = entry.name.partition("-")[0]
-            if owner.startswith("p") and owner[1:].isdigit() and not alive(int(owner[1:])):
-                remove_quietly(entry.path)
+    sweep(base, "", remove_quietly)  # (what processes that ended left)
     return base
 
 
@@ -206,7 +202,7 @@ def with_scratch(wd: Workdir, base: str | None) -> Workdir:
     """``wd`` compiling in a fresh private directory under ``base`` (memory), if given."""
     if base is None:
         return wd
-    scratch = os.path.join(base, f"p{os.getpid()}-{uuid.uuid4().hex}")
+    scratch = os.path.join(base, f"{owner(base)}-{uuid.uuid4().hex}")
     os.mkdir(scratch, 0o700)
     os.mkdir(os.path.join(scratch, TMP), 0o700)
     os.mkdir(os.path.join(scratch, "src"), 0o700)

@@ -10,6 +10,7 @@ sent from here while the child sleeps inside the publish protocol.
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 
 import safejit
 from safejit import cli
+from safejit._proc import owner
 from safejit.cache import staging as spares
 from safejit.cache.layout import MANIFEST, MARKER
 from safejit.cache.layout import VERSION as LAYOUT
@@ -145,20 +147,30 @@ def test_memory_scratch_of_a_killed_compile_is_removed_by_the_next_process(seede
     base = Path(spares.memory_scratch() or "")
     child = start_child(seeded_cache, NEW_NAME, NEW_C, faults=f"compiler.spawn=delay:{20}", scratch="memory")
     try:
-        mine = wait_for(lambda: [d for d in base.glob(f"p{child.pid}-*") if list(d.glob("src/*.c"))], proc=child)
+        mine = wait_for(lambda: [d for d in base.glob(f"p{child.pid}.*-*") if list(d.glob("src/*.c"))], proc=child)
     finally:
         assert kill_and_reap(child) == SIGKILLED
     (left,) = mine
     assert NEW_C.encode() in next(left.glob("src/*.c")).read_bytes()
     assert staging_entries(seeded_cache) == [], "the compile's files were in memory, not in the cache root"
-    alive = base / f"p{os.getpid()}-keep"  # a live process's scratch must survive the sweep
+    alive = base / f"{owner(str(base))}-keep"  # a live process's scratch must survive the sweep
     alive.mkdir()
+    # ...and so must that of a live process whose pid means nothing here (another PID
+    # namespace sharing /dev/shm): its pid is no process of ours, but it holds its mark.
+    token = f"p{2**22 + 7}.{os.urandom(6).hex()}"
+    mark = os.open(base / f"{token}.alive", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    fcntl.flock(mark, fcntl.LOCK_SH)
+    elsewhere = base / f"{token}-busy"
+    elsewhere.mkdir()
     try:
         after = run_child(seeded_cache, NEW_NAME, NEW_C, faults=None, scratch="memory")
         assert after.returncode == 0, after.stderr
         assert after.stdout.split()[0] == str(EXPECTED[NEW_NAME])
         assert not left.exists(), "a dead process's scratch was left in memory"
-        assert alive.is_dir()
+        assert alive.is_dir() and elsewhere.is_dir()
     finally:
         alive.rmdir()
+        elsewhere.rmdir()
+        os.close(mark)
+        os.unlink(base / f"{token}.alive")
     assert_cache_sound(seeded_cache)

@@ -73,7 +73,7 @@ def test_compiler_environment_is_scrubbed(make_runtime, project, cache_dir, monk
     # argv, what ran, names it.)
     scratch = spares.memory_scratch() or str(cache_dir / "v1" / "tmp")
     workdir = exc.value.argv[exc.value.argv.index("-o") + 1].rsplit("/", 1)[0]
-    assert workdir.startswith(scratch + f"/p{os.getpid()}-" if spares.memory_scratch() else scratch + "/")
+    assert workdir.startswith(scratch + f"/p{os.getpid()}." if spares.memory_scratch() else scratch + "/")
     assert env["TMPDIR"] == ".tmp" and env["PWD"] == "." and workdir not in exc.value.log
     assert str(outside) not in exc.value.log
     assert_no_secret(exc.value, exc.value.log)

@@ -508,7 +508,7 @@ def test_memory_scratch_is_private_and_gone_after_the_compile(make_runtime, proj
     assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == (0o711 if os.geteuid() == 0 else 0o700)
 
     def mine() -> set[str]:  # (other processes of this user share the base)
-        return {n for n in os.listdir(base) if n.startswith(f"p{os.getpid()}-")}
+        return {n for n in os.listdir(base) if n.startswith(f"p{os.getpid()}.") and not n.endswith(".alive")}
 
     before = mine()
     assert _compile_value(_fresh(make_runtime, project), project).kernel("value")() == 42

@@ -1,0 +1,64 @@
+"""Liveness of what processes leave in shared places (``safejit._proc``): by a lock the
+owner holds on its mark while it lives, never by its pid, which a process of another
+PID namespace sharing the directory (a container's /dev/shm) would take for dead."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from safejit import _proc
+
+HOLD = r"""
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+fcntl.flock(fd, fcntl.LOCK_SH)
+print("held", flush=True)
+sys.stdin.read()  # (until told to end)
+"""
+
+
+def test_an_owner_that_holds_its_mark_is_alive_whatever_its_pid_and_one_that_ended_is_swept(tmp_path):
+    base = str(tmp_path)
+    token = f"x-p{2**22 + 3}.{os.urandom(6).hex()}"  # (a pid that is no process here)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, os.path.join(base, token + ".alive")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        (tmp_path / f"{token}-work").mkdir()
+        removed: list[str] = []
+        _proc.sweep(base, "x-", removed.append)
+        assert not _proc.ended(base, token) and removed == []
+    finally:
+        holder.communicate(b"")
+    _proc.sweep(base, "x-", removed.append)
+    assert removed == [str(tmp_path / f"{token}-work")]
+    assert not (tmp_path / f"{token}.alive").exists()
+
+
+def test_this_processes_token_is_its_own_alive_and_a_forked_child_takes_another(tmp_path):
+    base = str(tmp_path)
+    mine = _proc.owner(base, "y-")
+    assert mine.startswith(f"y-p{os.getpid()}.") and _proc.owner(base, "y-") == mine
+    assert not _proc.ended(base, mine)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        os.write(write, _proc.owner(base, "y-").encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(read, 200).decode()
+    assert child != mine and child.startswith(f"y-p{pid}.")
+    assert not _proc.ended(base, mine)
+    # (the child's mark, unlocked at its end and left by os._exit: ended)
+    assert _proc.ended(base, child)
+
+
+def test_a_mark_not_ours_or_a_token_without_one_is_never_taken_for_ended(tmp_path):
+    assert not _proc.ended(str(tmp_path), "z-p1.000000000000")  # (no mark: made before marks)
+    (tmp_path / "z-p1.111111111111.alive").symlink_to("/etc/hostname")
+    assert not _proc.ended(str(tmp_path), "z-p1.111111111111")  # (not followed)
