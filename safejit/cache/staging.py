@@ -209,6 +209,16 @@ def with_scratch(wd: Workdir, base: str | None) -> Workdir:
     return replace(wd, scratch=scratch)
 
 
+def _taken(path: str) -> bool:
+    """Whether the spare at ``path`` is still there; its mtime made now — ``gc`` judges
+    a work dir's age by it, and a spare made minutes ago is in use from now on."""
+    try:
+        os.utime(path)
+    except OSError:
+        return False
+    return True
+
+
 class Spares:
     """At most ``keep`` prepared work directories per root, refilled in the background."""
 
@@ -231,7 +241,7 @@ class Spares:
                 ready = self._ready.get(base, [])
                 while ready and wd is None:
                     made, cand = ready.pop()
-                    if time.monotonic() - made < MAX_AGE_S and os.path.isdir(cand.stage):
+                    if time.monotonic() - made < MAX_AGE_S and os.path.isdir(cand.stage) and _taken(cand.path):
                         wd = cand
                     else:
                         background().submit(remove_quietly, cand.path)

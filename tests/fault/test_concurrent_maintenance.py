@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import safejit
 from safejit.cache import maintenance
 from tests.conftest import assert_cache_sound
 
@@ -86,3 +87,38 @@ def test_prune_and_gc_while_eight_processes_load_cause_no_error_and_no_wrong_ker
     assert [r["errors"] for r in reports] == [[]] * 8
     assert all(r["calls"] > 0 for r in reports) and rounds >= 6 and gc_removed > 0
     assert_cache_sound(cache_dir)
+
+
+def test_gc_spares_a_work_dir_a_compile_took_from_the_spares_made_long_before(tmp_path):
+    """A spare work dir is made after a compile and taken by a later one, minutes on;
+    gc judges a work dir's age by its mtime, so taking a spare makes it now (gc removed
+    the work dir under a running compile, and the compile failed)."""
+    import threading
+
+    from safejit import faults
+    from safejit.cache import staging
+
+    cache = tmp_path / "c"
+    with safejit.Runtime(config=safejit.Config(backend="fake", cache_dirs=(str(cache),))) as rt:
+        rt.compile(safejit.Source("#define A 1\n", "a"))
+        staging.settle()  # (the spares made after it)
+        old = time.time() - 3600
+        for spare in (cache / "v1" / "tmp").iterdir():
+            os.utime(spare, (old, old))  # (made an hour ago)
+        done = threading.Event()
+        removed: list[int] = []
+
+        def gc_meanwhile() -> None:
+            while not done.is_set():
+                removed.append(maintenance.gc(str(cache), max_age_s=600)["staging"])
+                time.sleep(0.02)
+
+        sweeper = threading.Thread(target=gc_meanwhile)
+        with faults.inject("compiler.spawn", "delay:0.5"):
+            sweeper.start()
+            try:
+                mod = rt.compile(safejit.Source("#define B 2\n", "b"))
+            finally:
+                done.set()
+                sweeper.join()
+        assert mod.kernel("B")() == 2 and mod.artifact.tier == "compiled"
