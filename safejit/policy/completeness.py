@@ -80,6 +80,12 @@ def record_closure(
         present: list[str] = []
         missing: list[str] = []
         for cand in absent:
+            if anchors.anchor(cand) is None:
+                # Looked for outside every root (an absolute or ``..`` name): whether a file
+                # is there is no declared input of the build, and could not be recorded.
+                raise UndeclaredDependencyError(
+                    f"the compiler looked for {cand!r}, outside every declared root", path=cand
+                )
             (reads.too_new if os.path.lexists(cand) else missing).append(cand)
     else:
         present, missing = reads.derived_lookups(search_dirs)

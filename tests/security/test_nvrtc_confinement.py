@@ -59,6 +59,17 @@ def test_nvrtc_dotdot_include_escape_is_refused(make_runtime, project, cache_dir
     _assert_refused(exc, cache_dir)
 
 
+def test_nvrtc_probe_of_an_absent_file_outside_roots_is_refused(make_runtime, project, outside, cache_dir):
+    """The same probe when the file is not there: its absence decided the program as its
+    presence would have (it was published with no negative recorded, and served on after
+    the file appeared)."""
+    code = f'#if __has_include("{outside}/later.h")\n#define FOUND 1\n#else\n#define FOUND 0\n#endif\n'
+    with pytest.raises(safejit.UndeclaredDependencyError) as exc:
+        _compile(make_runtime, project, code + KERNEL.format(value="FOUND"))
+    assert exc.value.path == str(outside / "later.h")
+    _assert_refused(exc, cache_dir)
+
+
 def test_nvrtc_existence_probe_outside_roots_is_refused(make_runtime, project, outside, cache_dir):
     # __has_include reads nothing, but what it finds changes the program all the same.
     code = f'#if __has_include("{outside}/secret.h")\n#define FOUND 1\n#else\n#define FOUND 0\n#endif\n'

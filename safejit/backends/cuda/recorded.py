@@ -51,7 +51,7 @@ def sort_lookups(rows: Sequence[LookupRow], *, is_dir: Callable[[str], bool] = o
     unknown: dict[str, None] = {}
     private = PROGRAM_DIR + "/"
     for kind, error, flags, path in rows:
-        if path.startswith(private):
+        if path.startswith(private) or path == PROGRAM_DIR:
             continue
         if kind == "open":
             if flags & os.O_ACCMODE != os.O_RDONLY:
