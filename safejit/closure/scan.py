@@ -132,11 +132,33 @@ _HAS_INCLUDE = re.compile(rb'__has_include(?:_next)?\s*\(\s*([<"])([^>"\n]+)[>"]
 _QUOTED_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.M)
 
 
+#: What can hide a directive from the patterns above: a comment or a line splice within
+#: it (``#/**/include "x.h"``, ``#inc\\`` and a newline), a comment ending just before
+#: it, or the ``%:`` digraph for ``#``.
+_HIDDEN = re.compile(
+    rb"#[ \t]*(?:/\*|[a-z_]*\\\r?\n|include(?:_next)?[ \t]*(?:/\*|\\\r?\n|[\"<][^\"<>\n]*\\\r?\n))|\*/[ \t]*#"
+)
+#: A string or character literal (kept), or a comment (a space), as the preprocessor reads them.
+_TOKENS = re.compile(rb'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*', re.S)
+
+
+def _as_read(data: bytes, *, always: bool = False) -> bytes:
+    """``data`` as the preprocessor reads its directives — line splices joined, comments
+    a space, ``%:`` a ``#`` — when something could hide one (``always``: whenever it
+    holds a comment or a splice); else ``data`` (the usual case, at no cost)."""
+    if not (b"%:" in data or _HIDDEN.search(data) or (always and (b"/*" in data or b"\\\n" in data))):
+        return data
+    joined = data.replace(b"\\\r\n", b"").replace(b"\\\n", b"")
+    kept = _TOKENS.sub(lambda m: m.group(0) if m.group(0)[:1] in b"\"'" else b" ", joined)
+    return kept.replace(b"%:", b"#")
+
+
 def quoted_includes(data: bytes) -> list[str]:
-    """Names in ``#include "..."`` lines: searched next to the including file first."""
-    if b'include "' not in data and b"include\t" not in data:
+    """Names in ``#include "..."`` lines: searched next to the including file first.
+    (A name a macro makes, ``#include NAME``, is not among them.)"""
+    if b"include" not in data and b"\\\n" not in data and b"%:" not in data:
         return []
-    return [m.group(1).decode("utf-8", "replace") for m in _QUOTED_INCLUDE.finditer(data)]
+    return [m.group(1).decode("utf-8", "replace") for m in _QUOTED_INCLUDE.finditer(_as_read(data))]
 
 
 def has_include_probes(data: bytes) -> list[tuple[str, str]]:
@@ -144,7 +166,8 @@ def has_include_probes(data: bytes) -> list[tuple[str, str]]:
     only), kind ``"`` (looked for next to the file first) or ``<``."""
     if b"__has_include" not in data:
         return []
-    return [(m.group(1).decode(), m.group(2).decode("utf-8", "replace").strip()) for m in _HAS_INCLUDE.finditer(data)]
+    found = _HAS_INCLUDE.finditer(_as_read(data, always=True))
+    return [(m.group(1).decode(), m.group(2).decode("utf-8", "replace").strip()) for m in found]
 
 
 def has_include_names(data: bytes) -> list[str]:

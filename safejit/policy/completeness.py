@@ -306,6 +306,12 @@ def _probes_by_path(
             continue
         if name.startswith("/"):
             places = [(name, False)]
+        elif kind == '"' and not here and not _within_scratch(name):
+            # The main source's: looked for next to it first, in <scratch>/<work dir>/src,
+            # from where more ".." than that leads out of the scratch and of every root.
+            raise UndeclaredDependencyError(
+                f"__has_include({name!r}) in the source looks outside every declared root", path=name
+            )
         else:
             first = [here] if kind == '"' and here else []
             places = [(os.path.join(d, name), _toolchain_dir(d, anchors)) for d in (*first, *search_dirs)]
@@ -320,6 +326,12 @@ def _probes_by_path(
                         path=name,
                     )
     return out
+
+
+def _within_scratch(name: str) -> bool:
+    """Whether ``name``, looked for next to the staged source (``<scratch>/<work dir>/src``),
+    stays within the scratch dir, where only this library names entries."""
+    return os.path.normpath(os.path.join("/scratch/work/src", name)).startswith("/scratch/")
 
 
 def _toolchain_dir(path: str, anchors: Anchors) -> bool:

@@ -138,3 +138,33 @@ def test_a_depfile_line_that_is_no_rule_or_a_control_character_is_refused():
             check_compiler_depfile(text, lambda name: False)
     check_compiler_depfile("k.o: a.h \\\n b.h\n\n", lambda name: False)
     assert SECRET_TOKEN  # (the secret module's token is what assert_no_secret looks for)
+
+
+@pytest.mark.parametrize(
+    "directive", ['#include"b.h"', '#/**/include "b.h"', '%:include "b.h"'], ids=["no-space", "comment", "digraph"]
+)
+def test_a_header_placed_next_to_its_includer_later_is_seen_however_the_include_is_spelt(make_runtime, root, directive):
+    """gcc looks for a quoted include next to the including file first; that place must
+    stay empty for the build to stand, however the directive is written (these spellings
+    were not read as includes, and a header put there later went unnoticed)."""
+    (root / "inc" / "sub").mkdir()
+    (root / "inc" / "sub" / "a.h").write_text(directive + "\n")  # (its own dir is no search dir)
+    (root / "inc" / "b.h").write_text("#define V 1\n")
+    rt = _runtime(make_runtime, root, max_staleness_s=0)
+    src = safejit.Source('#include "sub/a.h"\nint v(void) { return V; }\n', "v")
+    inc = (str(root / "inc"),)
+    assert rt.compile(src, include_dirs=inc).kernel("v")() == 1
+    (root / "inc" / "sub" / "b.h").write_text("#define V 2\n")  # (now found first)
+    assert rt.compile(src, include_dirs=inc).kernel("v")() == 2
+
+
+def test_a_probe_with_dotdot_in_the_source_is_refused(make_runtime, root, cache_dir):
+    """The source's own quoted probes are looked for next to it first, in its private
+    scratch dir, from where more than two ".." lead out of it and of every root:
+    refused, present or not (one or two stay where only the library names entries)."""
+    rt = _runtime(make_runtime, root, sandbox="off")  # (Landlock would refuse a present one itself)
+    for name in ("../../../../../../../../../../../../etc/hostname", "../../../nothing-there.h"):
+        code = f'#if __has_include("{name}")\nint f(void) {{ return 1; }}\n#else\nint f(void) {{ return 0; }}\n#endif\n'
+        with pytest.raises(safejit.UndeclaredDependencyError, match="outside every declared root"):
+            rt.compile(safejit.Source(code, "k"))
+    assert_nothing_published(cache_dir)

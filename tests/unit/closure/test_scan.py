@@ -202,3 +202,37 @@ def test_a_header_that_appears_through_a_dangling_directory_symlink_is_a_rebuild
     (src / "gen" / "b.h").write_text("#define V 2\n")  # inc0/a/b.h now shadows inc1/a/b.h
     again = rt.compile(code, include_dirs=inc)
     assert again.kernel("v")() == 2 and again.artifact.tier == "compiled"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'#include "x.h"',
+        b'#include"x.h"',
+        b'#/**/include/**/"x.h"',
+        b'  #  include /* why */ "x.h" // and so',
+        b'%:include "x.h"',
+        b'#inc\\\nlude "x.h"',
+        b'/* a comment */ #include "x.h"',
+    ],
+)
+def test_quoted_includes_are_read_as_the_preprocessor_reads_them(line):
+    assert scan.quoted_includes(b"int a;\n" + line + b"\nint b;\n") == ["x.h"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'// #include "x.h"\n',
+        b'/* #include "x.h" */\n',
+        b'int a; /* a\nb */ #include "x.h"\n',  # (after the comment, not at the start of its line)
+        b'const char* s = "\\n#include \\"x.h\\"";\n',
+    ],
+)
+def test_what_only_looks_like_a_quoted_include_is_none(text):
+    assert scan.quoted_includes(text) == []
+
+
+def test_has_include_probes_are_read_through_comments_and_splices():
+    text = b'#if __has_include(/**/"a.h") || __has_include(\\\n<b.h>) || __has_include /* c */ ("c.h")\n#endif\n'
+    assert scan.has_include_probes(text) == [('"', "a.h"), ("<", "b.h"), ('"', "c.h")]
