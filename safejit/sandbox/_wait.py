@@ -15,7 +15,7 @@ from typing import Final
 
 from ._closewatch import ClosedFiles
 
-__all__ = ["LOG_HEAD", "LOG_TAIL", "OutputLog", "exited", "wait_for_exit"]
+__all__ = ["LOG_HEAD", "LOG_TAIL", "OutputLog", "exited", "readable", "wait_for_exit"]
 
 LOG_HEAD: Final = 48 * 1024
 LOG_TAIL: Final = 16 * 1024
@@ -144,13 +144,21 @@ def exited(proc: subprocess.Popen[bytes], pidfd: int = -1) -> bool:
     if proc.returncode is not None:
         return True
     if pidfd >= 0:
-        return bool(select.select([pidfd], [], [], 0)[0])
+        return readable(pidfd, 0.0)
     try:
         return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
         return True  # reaped by someone else: its status is lost
     except OSError:
         return False
+
+
+def readable(fd: int, timeout_s: float) -> bool:
+    """Whether ``fd`` is readable within ``timeout_s`` (poll: ``select`` refuses a
+    descriptor past 1023, which a process with many files open hands out)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(timeout_s, 0.0) * 1000))
 
 
 def _returncode(proc: subprocess.Popen[bytes]) -> int:

@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import re
-import select
 import struct
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from typing import Any, Final
 from ...closure.hashing import read_file
 from ...errors import CompileError, CompileTimeout, LimitExceededError, PathConfinementError
 from ...sandbox import SYSTEM_PATH
+from ...sandbox._wait import readable
 from ...sandbox.landlock import abi as landlock_abi
 
 __all__ = [
@@ -374,8 +374,7 @@ class NvrtcWorker:
         length: int | None = None
         while got < need:
             left = deadline - time.monotonic()
-            ready, _, _ = select.select([fd], [], [], max(left, 0))
-            if not ready:
+            if not readable(fd, left):
                 raise CompileTimeout(f"the NVRTC worker did not answer in {timeout:g}s", log="", timeout=timeout)
             chunk = os.read(fd, 1 << 20)
             if not chunk:

@@ -1,0 +1,44 @@
+"""A process with more than 1023 files open (a server) compiles: the waits on the
+compiler and the NVRTC worker use poll, not select, which refuses such descriptors
+(ValueError out of compile(), once a descriptor the wait needed got a number past 1023)."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+
+import pytest
+
+CHILD = r"""
+import json, os, resource, sys
+import safejit
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
+held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # (what the compile opens now numbers past 1023)
+out = {}
+with safejit.Runtime(config=safejit.Config(cache_dirs=(sys.argv[1],))) as rt:
+    out["host"] = rt.compile(safejit.Source("int add(int a, int b) { return a + b; }", "add")).kernel("add")(2, 3)
+try:
+    import safejit.backends.cuda.nvrtc as nvrtc
+    nvrtc.library_path()
+except Exception:
+    out["nvrtc"] = "absent"
+else:
+    cfg = safejit.Config(backend="cuda", cache_dirs=(sys.argv[1] + "-cuda",))
+    with safejit.Runtime(config=cfg) as rt:
+        kernel = safejit.Source('extern "C" __global__ void k(int* p) { *p = 1; }', "k")
+        out["nvrtc"] = rt.build(kernel, arch="sm_90").size > 0
+print(json.dumps({**out, "highest": max(held)}))
+"""
+
+
+@pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 2048, reason="the hard limit on open files is low")
+def test_a_process_with_more_than_1023_files_open_compiles(tmp_path):
+    ran = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "c")], capture_output=True, text=True, timeout=600
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    got = json.loads(ran.stdout)
+    assert got["highest"] > 1023 and got["host"] == 5 and got["nvrtc"] in (True, "absent")
