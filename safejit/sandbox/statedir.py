@@ -135,29 +135,35 @@ def _inside(path: str, roots: Sequence[str]) -> bool:
 
 
 _lock = threading.Lock()
-_opened: dict[tuple[int, tuple[str, ...]], StateDir] = {}
+#: (pid, the directory's path; "" for a temporary one) -> the directory, held open: one
+#: per place and process, however many Runtimes (and sets of cache roots) use it.
+_opened: dict[tuple[int, str], StateDir] = {}
 
 
 def state_dir(avoid: Sequence[str] = ()) -> StateDir:
     """This user's private state directory, outside every path in ``avoid`` (the cache
-    roots): the first candidate that passes, else a private temporary one. One per
-    process and ``avoid``."""
-    key = (os.getpid(), tuple(avoid))
+    roots): the first candidate that passes, else a private temporary one (one per
+    process)."""
+    pid = os.getpid()
     with _lock:
-        found = _opened.get(key)
+        for candidate in _env.state_dir_candidates():
+            if _inside(candidate, avoid):
+                logger.warning("%s lies in a cache root: not using it for private state", candidate)
+                continue
+            found = _opened.get((pid, candidate))
+            if found is None:
+                fd = _open_private(candidate, create=True)
+                if fd is None:
+                    continue
+                found = _opened[(pid, candidate)] = StateDir(fd, candidate)
+            return found
+        found = _opened.get((pid, ""))
         if found is None:
-            found = _opened[key] = _find(avoid)
+            found = _opened[(pid, "")] = _temporary()
         return found
 
 
-def _find(avoid: Sequence[str]) -> StateDir:
-    for candidate in _env.state_dir_candidates():
-        if _inside(candidate, avoid):
-            logger.warning("%s lies in a cache root: not using it for private state", candidate)
-            continue
-        fd = _open_private(candidate, create=True)
-        if fd is not None:
-            return StateDir(fd, candidate)
+def _temporary() -> StateDir:
     made = tempfile.mkdtemp(prefix="safejit-state-")
     atexit.register(shutil.rmtree, made, True)
     logger.warning("no private state directory to keep; using %s for this process", made)

@@ -42,3 +42,30 @@ def test_a_process_with_more_than_1023_files_open_compiles(tmp_path):
     assert ran.returncode == 0, ran.stderr[-3000:]
     got = json.loads(ran.stdout)
     assert got["highest"] > 1023 and got["host"] == 5 and got["nvrtc"] in (True, "absent")
+
+
+def test_runtimes_with_other_cache_roots_share_the_state_dir_and_leave_no_descriptor(tmp_path, monkeypatch):
+    """The private state dir is held open once per place and process: each Runtime with
+    cache roots of its own used to open (and keep) another descriptor on it."""
+    import gc
+    import os
+
+    import safejit
+    from safejit.sandbox import statedir
+
+    monkeypatch.setattr(statedir, "_opened", {})
+
+    def open_fds() -> int:
+        gc.collect()
+        return len(os.listdir("/proc/self/fd"))
+
+    def one(i: int) -> None:
+        with safejit.Runtime(config=safejit.Config(backend="fake", cache_dirs=(str(tmp_path / f"c{i}"),))) as rt:
+            rt.compile(safejit.Source(f"#define V {i}\n", "v"))
+
+    one(0)
+    before = open_fds()
+    for i in range(1, 40):
+        one(i)
+    assert open_fds() <= before + 2  # (room for a descriptor the collector has not closed yet)
+    assert len(statedir._opened) == 1
