@@ -158,6 +158,8 @@ class Runtime:
         name_expressions: Sequence[str] = (),
     ) -> Artifact:
         """Compile and cache ``source`` without loading it."""
+        if self._closed:
+            raise LoadError("the runtime is closed")
         req = _request(source, include_dirs, defines, flags, extras, arch, name_expressions, checked_for="build")
         with span(SPAN.COMPILE, {**self._attrs, ATTR.KERNEL: name_of(source)}):
             _, resolver, pipeline = self._init()
@@ -299,6 +301,8 @@ class Runtime:
     # -- the data path -------------------------------------------------------
     def _compile_slow(self, source: Source, key: Request, now: float) -> Module:
         """``compile`` past a memory hit: ``key`` is its memory key (``source._key`` first)."""
+        if self._closed:
+            raise LoadError("the runtime is closed")
         with span(SPAN.COMPILE, {**self._attrs, ATTR.KERNEL: name_of(source)}) as root_span:
             found = self._memory.find(key, now)
             if isinstance(found, Module):

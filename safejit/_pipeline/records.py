@@ -96,7 +96,10 @@ def name_of(source: Any) -> str:
 
 def extra_text(name: str, value: Any) -> str:
     if isinstance(value, (bool, str, int, float)):
-        return json.dumps(value)
+        try:
+            return json.dumps(value)
+        except ValueError:  # (an int past Python's limit on digits written)
+            raise KeyDeclarationError(f"extra {name} is an int too large to write") from None
     raise KeyDeclarationError(f"extra {name} must be str, int, float or bool, got {type(value).__name__}")
 
 

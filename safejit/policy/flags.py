@@ -196,7 +196,10 @@ def check_defines(defines: Mapping[str, object] | None) -> tuple[tuple[str, str 
         if value is None or value is True:
             text = None if value is None else "1"
         elif isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            text = str(value)
+            try:
+                text = str(value)
+            except ValueError:  # (an int past Python's limit on digits written)
+                raise ConfigError(f"define {name} is an int too large to write", name=name) from None
         elif value is False:
             text = "0"
         else:

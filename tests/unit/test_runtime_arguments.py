@@ -94,3 +94,29 @@ def test_a_bad_name_expression_is_refused_before_any_toolchain_is_probed(
     with pytest.raises(safejit.ConfigError, match="name_expressions must be non-empty strings"):
         rt.build(ADD, name_expressions=(expression,))
     assert rt.stats()["compiles"] == 0 and not any(cache_dir.iterdir())
+
+
+def test_an_int_too_large_to_write_is_a_typed_error_as_a_define_or_an_extra(make_runtime):
+    rt = make_runtime(backend="fake", declared_extras=("e",))
+    src = safejit.Source("#define V 1\n", "v")
+    with pytest.raises(safejit.ConfigError, match="too large"):
+        rt.compile(src, defines={"X": 10**5000}, extras={"e": 1})
+    with pytest.raises(safejit.KeyDeclarationError, match="too large"):
+        rt.compile(src, extras={"e": 10**5000})
+
+
+def test_a_closed_runtime_refuses_to_compile_or_build(make_runtime):
+    """After close(), compile and build raise LoadError (they went on compiling and filled
+    the closed runtime's memory tier again)."""
+    rt = make_runtime(backend="fake")
+    src = safejit.Source("#define V 1\n", "v")
+    rt.compile(src)
+    rt.close()
+    for call in (
+        lambda: rt.compile(src),
+        lambda: rt.build(src),
+        lambda: rt.compile(safejit.Source("#define W 2\n", "w")),
+    ):
+        with pytest.raises(safejit.LoadError, match="closed"):
+            call()
+    assert rt.stats()["memory_entries"] == 0
