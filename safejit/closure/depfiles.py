@@ -49,6 +49,8 @@ def check_compiler_depfile(text: str, exists: Callable[[str], bool]) -> None:
     for line in body.split("\n"):
         if line.strip() and not _is_rule(line.removesuffix("\r")):
             raise ValueError("a line that is no rule (a name holding a line break?)")
+    if "\\" not in body:
+        return  # (what compilers write for ordinary names: nothing escaped, nothing to read two ways)
     word: list[str] = []
     i, n = 0, len(body)
     while i < n:
