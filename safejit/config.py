@@ -97,6 +97,10 @@ class Config:
     #: open a lock file can hold it, so a long wait would let them stall compiles.
     lock_timeout_s: float = 60.0
     memory_max_entries: int = 1024
+    #: The memory tier's bound on its artifacts' bytes (the newest entry is kept even when
+    #: it alone is larger). An evicted module's library is unloaded once nothing holds it:
+    #: its kernels refer to it through cycles, so that is at the next collection that
+    #: reaches them (``gc.collect()`` makes it now).
     memory_max_bytes: int = 1 << 30
     sandbox: Literal["auto", "required", "off"] = "auto"
     on_cache_error: Literal["raise", "bypass"] = "raise"
