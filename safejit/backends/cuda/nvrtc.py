@@ -113,15 +113,18 @@ def nvrtc_compile_once(req: NvrtcRequest, timeout: float | None = None) -> Nvrtc
             check(nvrtc.nvrtcAddNameExpression(prog, expr.encode()))
         opts = [o.encode() for o in req.options]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        # NVRTC writes into the buffers it is given: bytearrays, never bytes (``b" " * 1`` is
+        # the interpreter's one shared b" ", which an empty log's NUL overwrote for the process).
         size = check(nvrtc.nvrtcGetProgramLogSize(prog))
-        buf = b" " * size
+        buf = bytearray(size)
         check(nvrtc.nvrtcGetProgramLog(prog, buf))
-        log = buf.rstrip(b"\0").decode("utf-8", "replace")
+        log = bytes(buf).rstrip(b"\0").decode("utf-8", "replace")
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             return NvrtcResult(False, log, missing=[(m.group(1), m.group(2)) for m in _MISSING.finditer(log)])
         size = check(nvrtc.nvrtcGetCUBINSize(prog))
-        cubin = b" " * size
-        check(nvrtc.nvrtcGetCUBIN(prog, cubin))
+        out = bytearray(size)
+        check(nvrtc.nvrtcGetCUBIN(prog, out))
+        cubin = bytes(out)
         lowered = {e: check(nvrtc.nvrtcGetLoweredName(prog, e.encode())).decode() for e in req.name_expressions}
         return NvrtcResult(True, log, cubin=cubin, lowered=lowered)
     finally:
