@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -242,7 +243,7 @@ def _run_steps(
         logs.append(result.log)
         seconds += result.seconds
         if result.returncode != 0:
-            said = user_paths(result.log, shown)
+            said = _unread_alike(user_paths(result.log, shown))
             raise CompileError(
                 f"{spec.name}: {os.path.basename(step[0])} exited with {result.returncode}\n{said}",
                 log=said,
@@ -317,6 +318,17 @@ def user_paths(text: str, shown: Sequence[tuple[str, str]]) -> str:
     for scratch, user in shown:
         text = text.replace(scratch, user)
     return text
+
+
+#: A compiler's word for a file it could not open: under Landlock "Permission denied" is
+#: what a file outside the roots gives, "No such file or directory" one that is not there.
+_UNREAD: Final = re.compile(r"^(.*\bfatal error: .+?): (?:Permission denied|No such file or directory)$", re.M)
+
+
+def _unread_alike(log: str) -> str:
+    """``log`` saying the same of a file it could not open whether it is there or not: told
+    apart, a compile error would say whether any file outside the roots exists."""
+    return _UNREAD.sub(r"\1: not found (or outside the declared roots)", log)
 
 
 def _in_user_terms(exc: CompileError, shown: Sequence[tuple[str, str]]) -> CompileError:

@@ -9,6 +9,7 @@ import os
 import pytest
 
 import safejit
+from tests.security._support import needs_landlock
 
 OK = "int k(void) { return 1; }\n"
 
@@ -76,3 +77,22 @@ def test_a_missing_path_under_a_root_says_so(make_runtime, tmp_path):
     rt = make_runtime(source_roots=(str(root),))
     with pytest.raises(safejit.PathConfinementError, match="does not exist"):
         rt.compile(safejit.Source(OK, "k"), include_dirs=(str(root / "nope"),))
+
+
+@needs_landlock
+def test_a_compile_error_does_not_say_whether_a_file_outside_the_roots_exists(make_runtime, tmp_path):
+    """An #include of an outside path reaches the compiler, which Landlock refuses: its
+    "Permission denied" for a file that is there and "No such file or directory" for one
+    that is not told them apart. Both read the same now."""
+    there = tmp_path / "outside" / "there.h"
+    there.parent.mkdir()
+    there.write_text("#define X 1\n")
+    rt = make_runtime(source_roots=(str(tmp_path / "root"),), sandbox="auto")
+    (tmp_path / "root").mkdir()
+    said = []
+    for path in (there, tmp_path / "outside" / "absent.h"):
+        with pytest.raises(safejit.CompileError) as exc:
+            rt.compile(safejit.Source(f'#include "{path}"\nint f(void) {{ return 0; }}\n', "k"))
+        (line,) = [x for x in exc.value.log.splitlines() if "fatal error" in x]
+        said.append(line.replace(str(path), "<path>"))
+    assert said[0] == said[1] and said[0].endswith("<path>: not found (or outside the declared roots)")
