@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from . import _env
+from .closure.depfiles import UNLISTABLE
 from .errors import ConfigError
 
 __all__ = ["BACKENDS", "BackendName", "Config"]
@@ -58,7 +59,7 @@ def _absolute(path: str, name: str) -> str:
     (lexically: symlinks are left for each compile to resolve). A control character or a
     backslash is refused: a compiler lists what it read under these paths in text that
     cannot carry them."""
-    if re.search(r"[\x00-\x1f\x7f\\]", path):
+    if UNLISTABLE.search(path):
         raise ConfigError(f"Config.{name}: {path!r} holds a control character or a backslash")
     expanded = os.path.expanduser(path)
     if os.path.isabs(expanded):

@@ -7,7 +7,14 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Final
 
-__all__ = ["check_compiler_depfile", "make_unescaped", "parse_depfile", "parse_listing", "parse_single_rule"]
+__all__ = [
+    "UNLISTABLE",
+    "check_compiler_depfile",
+    "make_unescaped",
+    "parse_depfile",
+    "parse_listing",
+    "parse_single_rule",
+]
 
 
 def parse_depfile(text: str) -> list[str]:
@@ -117,6 +124,9 @@ def make_unescaped(name: str) -> str:
     return words[0][0] if len(words) == 1 else name
 
 
+#: What a path a compiler is given may not hold: a compiler's depfile carries neither a
+#: line break nor a backslash one way only (config.py and policy/roots.py refuse them).
+UNLISTABLE: Final = re.compile(r"[\x00-\x1f\x7f\\]")
 #: Control characters but tab and newline.
 _CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 #: A line's continuation as compilers write it: a space, a backslash, the end of the line.

@@ -9,11 +9,10 @@ symlinks that point outside and absolute paths elsewhere all fail with
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable
-from typing import Final
 
 from ..closure.anchors import LINK_ANCHOR, Anchors, is_under, real_path
+from ..closure.depfiles import UNLISTABLE
 from ..errors import ConfigError, PathConfinementError
 
 __all__ = ["anchors_of", "build_anchors", "confine", "resolve_root"]
@@ -65,10 +64,6 @@ def build_anchors(
     return anchors_of([resolve_root(r) for r in source_roots], toolchain_roots, cache_roots, link_roots)
 
 
-#: What a path the compiler is given may not hold.
-_UNLISTABLE: Final = re.compile(r"[\x00-\x1f\x7f\\]")
-
-
 def confine(path: str, anchors: Anchors, *, what: str, allow: Iterable[str] | None = None) -> str:
     """The resolved ``path`` if it lies under a root (of ``allow`` anchors when given,
     else of any but the linker's), else :class:`PathConfinementError`. An error about a
@@ -86,7 +81,7 @@ def confine(path: str, anchors: Anchors, *, what: str, allow: Iterable[str] | No
         if (name in names if names is not None else not name.startswith(LINK_ANCHOR)) and is_under(real, root):
             if not os.path.exists(real):
                 raise PathConfinementError(f"{what} {path!r} does not exist", path=path)
-            if _UNLISTABLE.search(real):
+            if UNLISTABLE.search(real):
                 # (what gcc writes raw in its depfile: a line break splits a name, a
                 # backslash reads as an escape; a file read under it would go unrecorded)
                 raise PathConfinementError(
