@@ -27,6 +27,7 @@ __all__ = [
     "Dep",
     "DepState",
     "Scanned",
+    "computed_include",
     "dir_snapshot",
     "dirs_unchanged",
     "has_include_names",
@@ -72,8 +73,10 @@ COARSE_NS = _coarse_ns()
 @dataclass(frozen=True, slots=True)
 class Scanned:
     """A file as a closure scan read it: its stat (taken before reading), digest, link
-    count, the ``__has_include`` probes in it (``(kind, name)``, kind ``"`` or ``<``) and
-    its quoted include names (looked for next to it first), and its real path."""
+    count, the ``__has_include`` probes in it (``(kind, name)``, kind ``"`` or ``<``),
+    its quoted include names (looked for next to it first), its real path, and whether it
+    includes a name a macro makes (``#include NAME``: looked for next to it first too, if
+    the macro makes a quoted name)."""
 
     snap: Snapshot
     digest: str
@@ -81,6 +84,7 @@ class Scanned:
     probes: list[tuple[str, str]]
     quoted: list[str]
     real: str
+    computed: bool = False
 
 
 #: path -> Scanned. A warm process compiling many kernels re-reads the same system
@@ -106,7 +110,8 @@ def scan_file(path: str, allowed: Callable[[str], bool], trust_stat: bool) -> Sc
         return None
     data, st, real = found
     snap = snapshot_of(st)
-    scanned = Scanned(snap, digest_bytes(data), st.st_nlink, has_include_probes(data), quoted_includes(data), real)
+    quoted, computed = _includes(data)
+    scanned = Scanned(snap, digest_bytes(data), st.st_nlink, has_include_probes(data), quoted, real, computed)
     if trust_stat and not is_racy(snap):
         if len(_SCANS) >= _SCANS_MAX:
             _SCANS.clear()
@@ -130,6 +135,8 @@ class Closure:
 
 _HAS_INCLUDE = re.compile(rb'__has_include(?:_next)?\s*\(\s*([<"])([^>"\n]+)[>"]\s*\)')
 _QUOTED_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.M)
+#: ``#include NAME`` / ``#include_next NAME``: a header name a macro makes.
+_COMPUTED_INCLUDE = re.compile(rb"^[ \t]*#[ \t]*include(?:_next(?!\w)|(?!\w))[ \t]*[A-Za-z_]", re.M)
 
 
 #: What can hide a directive from the patterns above: a comment or a line splice within
@@ -156,9 +163,21 @@ def _as_read(data: bytes, *, always: bool = False) -> bytes:
 def quoted_includes(data: bytes) -> list[str]:
     """Names in ``#include "..."`` lines: searched next to the including file first.
     (A name a macro makes, ``#include NAME``, is not among them.)"""
+    return _includes(data)[0]
+
+
+def computed_include(data: bytes) -> bool:
+    """Whether an ``#include`` (or ``#include_next``) in ``data`` names its header by a macro."""
+    return _includes(data)[1]
+
+
+def _includes(data: bytes) -> tuple[list[str], bool]:
+    """:func:`quoted_includes` and :func:`computed_include`, ``data`` read once."""
     if b"include" not in data and b"\\\n" not in data and b"%:" not in data:
-        return []
-    return [m.group(1).decode("utf-8", "replace") for m in _QUOTED_INCLUDE.finditer(_as_read(data))]
+        return [], False
+    read = _as_read(data)
+    quoted = [m.group(1).decode("utf-8", "replace") for m in _QUOTED_INCLUDE.finditer(read)]
+    return quoted, _COMPUTED_INCLUDE.search(read) is not None
 
 
 def has_include_probes(data: bytes) -> list[tuple[str, str]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from ..closure.anchors import LINK_ANCHOR, Anchors, is_under, real_path
 from ..closure.hashing import Snapshot, snapshot_of
@@ -154,6 +154,8 @@ class _Reads:
         self.lexicals: list[str] = []
         self.probes: list[tuple[str, str, str]] = []
         self.quoted: list[str] = []
+        #: Directories of files that include a name a macro makes (``#include NAME``).
+        self.computed: dict[str, None] = {}
 
     def add(self, path: str, real: str, anchored: tuple[str, str], *, includes: bool) -> None:
         """Hash (and, with ``includes``, scan) one confined file the compiler read as ``path``."""
@@ -183,6 +185,8 @@ class _Reads:
             for name in scanned.quoted:  # "x.h" is looked for next to its includer first
                 if not os.path.isabs(name) and ".." not in name.split("/"):
                     self.quoted.append(os.path.join(here, name))
+            if scanned.computed:
+                self.computed[here] = None
         self._keep(lexical, anchored, scanned)
         self.lexicals.append(lexical)
 
@@ -211,6 +215,9 @@ class _Reads:
         for cand in _probes_by_path(self.probes, search_dirs, self.anchors, self.allowed):
             if cand not in read:
                 (present if os.path.lexists(cand) else missing).append(cand)
+        for cand in _beside_computed(self.computed, self.lexicals, search_dirs):
+            if cand not in read:
+                (present if os.path.lexists(cand) else missing).append(cand)
         return present, missing
 
     def add_precompiled(self, present: Sequence[str]) -> None:
@@ -222,6 +229,32 @@ class _Reads:
             if anchored is None or scanned is None:
                 raise _outside(cand, "(outside)")
             self._keep(cand, anchored, scanned)
+
+
+def _beside_computed(here: Iterable[str], lexicals: Sequence[str], search_dirs: Sequence[str]) -> list[str]:
+    """Where a compiler may have looked for what ``#include NAME`` named, for files in the
+    directories ``here``: the name is unknown, but if it was quoted, it was looked for
+    next to its includer first, and found in a search directory after — so each file
+    read from a search directory, by its name there, must not appear next to such an
+    includer. Each such name's shallowest part not there now is the lookup (a name whose
+    first directory is missing: that directory), and its ``.gch`` where the header's
+    directory is there."""
+    dirs = [d.rstrip("/") + "/" for d in search_dirs]
+    names = {p[len(d) :] for p in lexicals for d in dirs if p.startswith(d)}
+    names = {n for n in names if ".." not in n.split("/") and not n.startswith("/")}
+    found: dict[str, None] = {}
+    for base in here:
+        for name in sorted(names):
+            path = base
+            parts = name.split("/")
+            for i, part in enumerate(parts):
+                path = f"{path}/{part}"
+                if i == len(parts) - 1:
+                    found[path] = found[path + PCH_SUFFIX] = None
+                elif not os.path.isdir(path):
+                    found[path] = None  # (nothing under it can appear while it stays absent)
+                    break
+    return list(found)
 
 
 def _anchored_negatives(missing: Sequence[str], anchors: Anchors) -> tuple[list[tuple[str, str]], list[str]]:

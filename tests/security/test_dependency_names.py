@@ -141,12 +141,16 @@ def test_a_depfile_line_that_is_no_rule_or_a_control_character_is_refused():
 
 
 @pytest.mark.parametrize(
-    "directive", ['#include"b.h"', '#/**/include "b.h"', '%:include "b.h"'], ids=["no-space", "comment", "digraph"]
+    "directive",
+    ['#include"b.h"', '#/**/include "b.h"', '%:include "b.h"', '#define B "b.h"\n#include B'],
+    ids=["no-space", "comment", "digraph", "computed"],
 )
 def test_a_header_placed_next_to_its_includer_later_is_seen_however_the_include_is_spelt(make_runtime, root, directive):
     """gcc looks for a quoted include next to the including file first; that place must
     stay empty for the build to stand, however the directive is written (these spellings
-    were not read as includes, and a header put there later went unnoticed)."""
+    were not read as includes, and a header put there later went unnoticed; a name a
+    macro makes is unknown, so every header read from a search directory is looked for
+    next to such an includer)."""
     (root / "inc" / "sub").mkdir()
     (root / "inc" / "sub" / "a.h").write_text(directive + "\n")  # (its own dir is no search dir)
     (root / "inc" / "b.h").write_text("#define V 1\n")

@@ -14,6 +14,7 @@ import safejit
 from safejit.closure import scan
 from safejit.closure.hashing import snapshot_of
 from safejit.closure.scan import Closure, negative_dirs, unchanged
+from safejit.policy import completeness
 
 
 @pytest.fixture
@@ -231,6 +232,42 @@ def test_quoted_includes_are_read_as_the_preprocessor_reads_them(line):
 )
 def test_what_only_looks_like_a_quoted_include_is_none(text):
     assert scan.quoted_includes(text) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "computed"),
+    [
+        (b"#include NAME\n", True),
+        (b"  #  include_next CUDA_STD_HEADER(tuple)\n", True),
+        (b"#include /* c */ NAME\n", True),
+        (b"%:include NAME\n", True),
+        (b'#include "x.h"\n#include <y.h>\n#include_next <z.h>\n', False),
+        (b"// #include NAME\n#define include_me 1\nint include;\n", False),
+        (b"#includeNAME\n", False),  # (no directive gcc knows)
+    ],
+)
+def test_an_include_of_a_name_a_macro_makes_is_seen(text, computed):
+    assert scan.computed_include(b"int a;\n" + text) is computed
+
+
+def _beside(tmp_path, here, read, search):
+    return completeness._beside_computed([str(tmp_path / here)], [str(tmp_path / r) for r in read],
+                                         [str(tmp_path / s) for s in search])  # fmt: skip
+
+
+def test_what_a_computed_include_may_have_named_is_looked_for_next_to_its_includer(tmp_path):
+    (tmp_path / "inc" / "sub" / "cute").mkdir(parents=True)
+    (tmp_path / "sys" / "bits").mkdir(parents=True)
+    read = ["inc/sub/a.h", "inc/cute/t.hpp", "sys/bits/c.h", "sys/std.h", "elsewhere/e.h"]
+    found = _beside(tmp_path, "inc/sub", read, ["inc", "sys"])
+    rel = sorted(os.path.relpath(p, tmp_path) for p in found)
+    # sub/a.h, by its name under inc/, would be inc/sub/sub: absent, so the name's first part stands for it.
+    assert rel == sorted([
+        "inc/sub/sub",  # (inc/sub/a.h read as sub/a.h: inc/sub/sub is not there)
+        "inc/sub/cute/t.hpp", "inc/sub/cute/t.hpp.gch",  # inc/sub/cute is there: the header itself
+        "inc/sub/bits",  # inc/sub/bits is not: nothing under it can appear while it stays absent
+        "inc/sub/std.h", "inc/sub/std.h.gch",
+    ])  # fmt: skip
 
 
 def test_has_include_probes_are_read_through_comments_and_splices():
