@@ -81,6 +81,7 @@ def test_credentials_from_the_caller():
         "s3://bucket/../up",
         "s3://bucket/p?endpoint=ftp://x",
         "s3://bucket/p?endpoint=http://u:p@host",
+        "s3://bucket/p?endpoint=http://127.0.0.1:65536",  # (the S3 client panicked on each request)
         "s3://bucket/p?region=a&region=b",
         "s3://onlykey@bucket/p",
     ],
@@ -117,6 +118,25 @@ def test_config_error_messages_never_hold_the_password(url):
         parse_url(url)
     text = str(info.value) + repr(info.value) + "".join(traceback.format_exception(info.value))
     assert PASSWORD not in text and ENCODED not in text
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://sj-writer:Zx9Kq2Lm/Pw7Rt+AbC==@cache.internal:6379/0",  # base64, not percent-encoded
+        "redis://w:Zx9Kq2Lm?Pw7Rt@cache:6379/0",
+        "redis://w:Zx9Kq2Lm#Pw7Rt@cache:6379/0",
+        "redis://w:Zx9Kq2Lm@Pw7Rt@cache:6379/x",
+        "s3://AKID:Zx9Kq2Lm/Pw7Rt@bucket-1/p",
+    ],
+)
+def test_a_credential_not_percent_encoded_never_shows_in_the_error(url):
+    """urlsplit ends the host at a '/', '?' or '#' in the password and names the rest a
+    port in its error: the message showed the password's start (and an '@' in it its end)."""
+    with pytest.raises(ConfigError) as info:
+        parse_url(url)
+    text = str(info.value) + repr(info.value) + "".join(traceback.format_exception(info.value))
+    assert "Zx9Kq2Lm" not in text and "Pw7Rt" not in text, text
 
 
 def test_secret_never_prints():

@@ -159,8 +159,13 @@ def parse_url(
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
         port = parts.port
-    except ValueError as exc:
-        raise ConfigError(f"remote URL {_scrub(url)!r} does not parse: {exc}") from None
+    except ValueError:
+        # (not urlsplit's words: a password holding '/', '?' or '#' ends the host early,
+        # and the "port" it then names is the password's start)
+        raise ConfigError(
+            f"remote URL {_scrub(url)!r} does not parse (a '/', '?', '#' or '@' in a credential must be "
+            "percent-encoded, and a port must be a number up to 65535)"
+        ) from None
     if scheme not in SCHEMES:
         raise ConfigError(f"remote URL {_scrub(url)!r}: scheme must be one of {', '.join(SCHEMES)}")
     if parts.fragment:
@@ -193,7 +198,16 @@ def _secret(value: str | Secret | None) -> Secret | None:
 
 
 def _scrub(url: str) -> str:
-    return _QUERY_SECRET.sub(r"\1" + _MASK, _USERINFO.sub(r"\1" + _MASK + "@", url))
+    """``url`` with whatever may be a credential masked: the userinfo after its user name,
+    up to the last '@' (a password may hold '@', '/', '?' or '#' not percent-encoded),
+    and credentials in the query."""
+    start, end = url.find("//"), url.rfind("@")
+    if 0 <= start < end:
+        user, colon, _ = url[start + 2 : end].partition(":")
+        if colon or "/" in user or "?" in user or "#" in user:
+            user = user.split("/")[0].split("?")[0].split("#")[0] + ":" if colon else ""
+            url = f"{url[: start + 2]}{user}{_MASK}@{url[end + 1 :]}"
+    return _QUERY_SECRET.sub(r"\1" + _MASK, url)
 
 
 def _query(url: str, scheme: str, text: str) -> dict[str, str]:
@@ -251,6 +265,10 @@ def _s3(url: str, base: RemoteURL, bucket: str, path: str, port: int | None, que
     endpoint = query.get("endpoint")
     if endpoint is not None:
         ep = urlsplit(endpoint)
+        try:
+            ep.port  # noqa: B018 (a port over 65535 raises here, not in the engine's client)
+        except ValueError:
+            raise ConfigError(f"remote URL {_scrub(url)!r}: the endpoint's port must be a number up to 65535") from None
         if ep.scheme not in ("http", "https") or not ep.hostname or ep.username or ep.password or ep.query:
             raise ConfigError(f"remote URL {_scrub(url)!r}: endpoint must be http(s)://host[:port] without credentials")
         endpoint = endpoint.rstrip("/")
