@@ -153,8 +153,11 @@ def _checked_inputs(
     _check_text("flags", flags)
     _check_text("defines", [k for k, _ in defines] + [v for _, v in defines if isinstance(v, str)])
     _check_text("extras", [v for _, v in extras if isinstance(v, str)])
-    if any(not isinstance(e, str) or not e or "\0" in e for e in name_expressions):
+    if any(not isinstance(e, str) or not e for e in name_expressions):
         raise ConfigError("name_expressions must be non-empty strings")
+    if any(c < " " or c == "\x7f" for e in name_expressions for c in e):
+        # (NVRTC pastes each into a program of its own: a line break in one starts a directive)
+        raise ConfigError("name_expressions must be C++ expressions on one line, without control characters")
     _check_text("name_expressions", name_expressions)
     code = source.code.encode("utf-8")
     if len(code) > cfg.max_source_bytes:

@@ -27,6 +27,7 @@ __all__ = [
     "Dep",
     "DepState",
     "Scanned",
+    "as_read",
     "computed_include",
     "dir_snapshot",
     "dirs_unchanged",
@@ -149,7 +150,7 @@ _HIDDEN = re.compile(
 _TOKENS = re.compile(rb'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*', re.S)
 
 
-def _as_read(data: bytes, *, always: bool = False) -> bytes:
+def as_read(data: bytes, *, always: bool = False) -> bytes:
     """``data`` as the preprocessor reads its directives — line splices joined, comments
     a space, ``%:`` a ``#`` — when something could hide one (``always``: whenever it
     holds a comment or a splice); else ``data`` (the usual case, at no cost)."""
@@ -175,7 +176,7 @@ def _includes(data: bytes) -> tuple[list[str], bool]:
     """:func:`quoted_includes` and :func:`computed_include`, ``data`` read once."""
     if b"include" not in data and b"\\\n" not in data and b"%:" not in data:
         return [], False
-    read = _as_read(data)
+    read = as_read(data)
     quoted = [m.group(1).decode("utf-8", "replace") for m in _QUOTED_INCLUDE.finditer(read)]
     return quoted, _COMPUTED_INCLUDE.search(read) is not None
 
@@ -185,7 +186,7 @@ def has_include_probes(data: bytes) -> list[tuple[str, str]]:
     only), kind ``"`` (looked for next to the file first) or ``<``."""
     if b"__has_include" not in data:
         return []
-    found = _HAS_INCLUDE.finditer(_as_read(data, always=True))
+    found = _HAS_INCLUDE.finditer(as_read(data, always=True))
     return [(m.group(1).decode(), m.group(2).decode("utf-8", "replace").strip()) for m in found]
 
 

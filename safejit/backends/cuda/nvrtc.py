@@ -33,7 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ...closure.hashing import read_file
+from ...closure.hashing import read_beneath
+from ...closure.scan import as_read, has_include_probes
 from ...errors import CompileError, CompileTimeout, LimitExceededError, PathConfinementError
 from ...sandbox import SYSTEM_PATH
 from ...sandbox._wait import readable
@@ -58,6 +59,8 @@ _MISSING = re.compile(r'^(.*?)\(\d+\): catastrophic error: (?:cannot|could not) 
 _INCLUDE = re.compile(
     rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]*)[>"]|^[ \t]*#[ \t]*include[ \t]*([^<"\s][^\n]*)', re.M
 )
+#: Every ``__has_include`` probe, whatever its operand.
+_PROBE = re.compile(rb"__has_include(?:_next)?\s*\(")
 _MAX_ROUNDS: Final = 4096
 
 
@@ -132,10 +135,15 @@ def nvrtc_compile_once(req: NvrtcRequest, timeout: float | None = None) -> Nvrtc
 
 
 def include_names(data: bytes) -> tuple[list[tuple[str, str]], bool]:
-    """``(kind, name)`` of every literal ``#include`` (kind ``"`` or ``<``), and
-    whether a computed ``#include MACRO`` appears."""
-    found, computed = [], False
-    for m in _INCLUDE.finditer(data):
+    """``(kind, name)`` of every literal ``#include`` and ``__has_include`` (kind ``"`` or
+    ``<``), and whether a computed ``#include MACRO`` (or a ``__has_include`` of a name a
+    macro makes) appears. Read as the preprocessor reads directives: a comment, a line
+    splice or ``%:`` in one hides nothing."""
+    read = as_read(data, always=True)
+    found, computed = has_include_probes(read), False
+    if b"__has_include" in read and len(found) != len(_PROBE.findall(read)):
+        computed = True  # (a probe of what a macro names, or one this scan cannot read)
+    for m in _INCLUDE.finditer(read):
         if m.group(3) is not None:
             computed = True
         else:
@@ -217,9 +225,14 @@ class _HandedOver:
                     limit=self.max_headers,
                 )
             try:
-                data, _ = read_file(path)  # (a FIFO there would block this process for good)
+                # The very file that was confined (a directory on the way swapped for a link
+                # since is not followed), and no FIFO (which would block this process for good).
+                found = read_beneath(path, lambda real: real == path)
             except OSError as exc:
                 raise CompileError(f"cannot read header {path}: {exc}", log=str(exc)) from exc
+            if found is None:
+                raise PathConfinementError(f"header {header!r} changed while it was read; compile again", path=header)
+            data = found[0]
             self.headers[header], self.paths[header] = data, path
             self.scan(data, path)
         return True
@@ -228,15 +241,24 @@ class _HandedOver:
         names, computed = include_names(data)
         if computed and not self.isolated:
             raise PathConfinementError(
-                "a computed #include can make in-process NVRTC read the filesystem; compile this source "
-                "with Config(nvrtc_worker=True)"
+                "a computed #include (or __has_include of a macro) can make in-process NVRTC read the "
+                "filesystem; compile this source with Config(nvrtc_worker=True)"
             )
         for kind, header in names:
             risky = os.path.isabs(header) or ".." in header.split("/")
             # Absolute and ".." names would reach the filesystem if not handed over: resolve them now
             # (or refuse). Plain names are resolved on demand, when NVRTC asks.
-            if risky and header not in self.paths and not self.hand_over(file, kind, header):
-                raise PathConfinementError(f"#include {header!r} does not resolve under a declared root", path=header)
+            if risky and header not in self.paths:
+                # One error whether the file is there outside the roots or nowhere: which of
+                # the two is no business of the source's.
+                what = f"#include {header!r} does not resolve under a declared root"
+                refused = PathConfinementError(what, path=header)
+                try:
+                    handed = self.hand_over(file, kind, header)
+                except PathConfinementError:
+                    raise refused from None
+                if not handed:
+                    raise refused
 
 
 def _resolve(

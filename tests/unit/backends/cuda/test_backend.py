@@ -221,6 +221,42 @@ def test_computed_include_needs_the_isolated_worker(make_runtime, cuda_project, 
     assert art.kernels == ("k",)
 
 
+@pytest.mark.parametrize(
+    "directive",
+    ['#/**/include "{p}"', '#inc\\\nlude "{p}"', '%:include "{p}"', '#if __has_include("{p}")\n#endif',
+     '#define P "{p}"\n#if __has_include(P)\n#endif'],
+    ids=["comment", "splice", "digraph", "has-include", "has-include-macro"],
+)  # fmt: skip
+@pytest.mark.parametrize("there", [True, False])
+def test_in_process_nvrtc_reads_directives_as_the_preprocessor_does(
+    make_runtime, cuda_project, tmp_path, cache_dir, directive, there
+):
+    """In process NVRTC reads the filesystem itself: an include of an outside file hidden
+    from a line pattern (a comment, a splice, the digraph) was compiled in, and echoed in
+    the error log; a probe told whether a file exists. Each is refused, one way whether
+    the file is there or not."""
+    outside = tmp_path / "outside" / "secret.h"
+    outside.parent.mkdir()
+    if there:
+        outside.write_text("#define SECRET 0x5ec2e7\n")
+    code = directive.replace("{p}", str(outside)) + '\nextern "C" __global__ void k() {}\n'
+    with pytest.raises(safejit.PathConfinementError) as info:
+        _rt(make_runtime, cuda_project, "nvrtc", nvrtc_worker=False).build(safejit.Source(code, "k"), arch="sm_90")
+    assert "5ec2e7" not in str(info.value) and "exist" not in str(info.value)
+    assert leaves(cache_dir) == []
+
+
+def test_a_name_expression_cannot_start_a_directive(make_runtime, cuda_project, cache_dir):
+    """NVRTC pastes each name expression into a program: a line break in one made an
+    ``#include`` of any file (echoed in the log, in process)."""
+    src = safejit.Source("template <int N> __global__ void s() {}\n", "s")
+    with pytest.raises(safejit.ConfigError, match="one line"):
+        _rt(make_runtime, cuda_project, "nvrtc", nvrtc_worker=False).build(
+            src, arch="sm_90", name_expressions=('s<1>\n#include "/etc/hostname"\n',)
+        )
+    assert leaves(cache_dir) == []
+
+
 @pytest.mark.parametrize("worker", [False, True])
 @pytest.mark.parametrize("include", ['"/etc/hostname"', '"../../../../../../etc/hostname"'])
 def test_nvrtc_include_outside_the_roots_is_refused(make_runtime, cuda_project, cache_dir, worker, include):
@@ -628,3 +664,19 @@ def test_nvrtc_without_a_lookup_recorder_hands_headers_over_in_memory(make_runti
     in_memory = rt.build(safejit.Source(ANGLED, "k"), include_dirs=inc, arch="sm_90")
     assert json.loads((Path(in_memory.path) / "manifest.json").read_text())["argv"][0] == NVRTC_IN_MEMORY
     assert in_memory.build_key != recorded.build_key  # how NVRTC found its headers is part of the key
+
+
+def test_a_header_swapped_for_a_link_after_it_was_confined_is_not_read(tmp_path, monkeypatch):
+    """In process, the header confined is the header read: a directory on its way swapped
+    for a symlink out of the roots in between (a race a tenant can run) reads nothing."""
+    from safejit.backends.cuda import nvrtc
+
+    (tmp_path / "outside.h").write_text("#define SECRET 1\n")
+    inc = tmp_path / "root" / "inc"
+    inc.mkdir(parents=True)
+    (inc / "k.h").symlink_to(tmp_path / "outside.h")  # (what the race leaves at the moment of the read)
+    monkeypatch.setattr(nvrtc, "_resolve", lambda *a: str(inc / "k.h"))  # (as confined, before the swap)
+    given = nvrtc._HandedOver("k", [str(inc)], lambda p: p, isolated=False, max_headers=10)
+    with pytest.raises(safejit.PathConfinementError, match="changed while it was read"):
+        given.hand_over(None, '"', "k.h")
+    assert given.headers == {}
