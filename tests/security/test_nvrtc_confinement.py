@@ -64,7 +64,7 @@ def test_nvrtc_probe_of_an_absent_file_outside_roots_is_refused(make_runtime, pr
     presence would have (it was published with no negative recorded, and served on after
     the file appeared)."""
     code = f'#if __has_include("{outside}/later.h")\n#define FOUND 1\n#else\n#define FOUND 0\n#endif\n'
-    with pytest.raises(safejit.UndeclaredDependencyError) as exc:
+    with pytest.raises(safejit.PathConfinementError) as exc:
         _compile(make_runtime, project, code + KERNEL.format(value="FOUND"))
     assert exc.value.path == str(outside / "later.h")
     _assert_refused(exc, cache_dir)
@@ -77,3 +77,23 @@ def test_nvrtc_existence_probe_outside_roots_is_refused(make_runtime, project, o
         _compile(make_runtime, project, code + KERNEL.format(value="FOUND"))
     assert exc.value.path == str(outside / "secret.h")
     _assert_refused(exc, cache_dir)
+
+
+@pytest.mark.parametrize(
+    "directive",
+    ['#include "{p}"', '#if __has_include("{p}")\n#endif', '#define P "{p}"\n#if __has_include(P)\n#endif'],
+    ids=["include", "probe", "probe-of-a-macro"],
+)
+def test_whether_an_outside_file_exists_is_not_told(make_runtime, project, outside, cache_dir, directive):
+    """An outside file that is there (Landlock refuses it) and one that is not (not found)
+    fail the compile with the same error type and words, but for the name: the error was
+    a PathConfinementError for one and a CompileError or UndeclaredDependencyError for
+    the other, which told a tenant whether any file outside its roots exists."""
+    told = []
+    for name in ("secret.h", "nothing-there.h"):
+        code = directive.replace("{p}", str(outside / name)) + "\n" + KERNEL.format(value="1")
+        with pytest.raises(safejit.SafejitError) as exc:
+            _compile(make_runtime, project, code)
+        told.append((type(exc.value), str(exc.value).replace(name, "<name>")))
+        _assert_refused(exc, cache_dir)
+    assert told[0] == told[1] and told[0][0] is safejit.PathConfinementError, told

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ...errors import CompileError, LimitExceededError
+from ...errors import CompileError, LimitExceededError, PathConfinementError
 from .nvrtc import PROGRAM_DIR, LookupRow, NvrtcRequest, NvrtcResult
 
 __all__ = ["Reads", "compile_recorded", "recorded_options", "sort_lookups"]
@@ -109,15 +109,40 @@ def compile_recorded(
     if result.lookups is None:
         raise CompileError(f"{name}: the NVRTC worker recorded no lookups\n{result.log}", log=result.log)
     reads = sort_lookups(result.lookups)
-    for path in reads.denied:
-        confine(path)  # raises for a file outside the roots
-        raise CompileError(f"{name}: NVRTC may not read {path} (permission denied)", log=result.log)
     under = tuple(r.rstrip("/") + "/" for r in roots)
+    # A lookup outside the roots fails the compile one way, whether a file is there (Landlock
+    # refused it; no Landlock: found) or not: which of the two is no business of the source's.
+    outside = _first_outside(reads.denied, under) or _first_outside(reads.absent, under)
+    for path in reads.denied:
+        if outside is None:
+            confine(path)  # (a file under a root by name, outside it through a symlink: refused)
+            raise CompileError(f"{name}: NVRTC may not read {path} (permission denied)", log=result.log)
     for path in reads.deps:
-        if not os.path.normpath(path).startswith(under):
+        if outside is None and not os.path.normpath(path).startswith(under):
             confine(path)
+    if outside is not None:
+        raise PathConfinementError(f"{name}: NVRTC looked for {outside!r}, outside every declared root", path=outside)
     if len(reads.deps) > max_deps:
         raise LimitExceededError(
             f"{name}: {len(reads.deps)} dependencies exceed the limit of {max_deps}", limit=max_deps
         )
     return result, reads
+
+
+def _first_outside(paths: Sequence[str], under: tuple[str, ...]) -> str | None:
+    """The first of ``paths`` (looked up, refused or not found) that leads outside every
+    root (``under``: each root with a trailing "/"): by name, or through a symlink on
+    its way (the deepest directory there, resolved once per directory) or at its end."""
+    parents: dict[str, str] = {}
+    for path in paths:
+        norm = os.path.normpath(path)
+        if os.path.islink(norm):
+            real = os.path.realpath(norm)
+        else:
+            head, tail = os.path.split(norm)
+            if head not in parents:
+                parents[head] = os.path.realpath(head)
+            real = os.path.join(parents[head], tail)
+        if not (real + "/").startswith(under):
+            return path
+    return None
