@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ..closure.anchors import Anchors
+from ..closure.anchors import Anchors, first_outside, looked_outside
 from ..closure.depfiles import check_compiler_depfile, parse_depfile
 from ..closure.hashing import read_output
 from ..errors import CompileError, FlagPolicyError, UndeclaredDependencyError
@@ -244,6 +244,9 @@ def _run_steps(
         seconds += result.seconds
         if result.returncode != 0:
             said = _unread_alike(user_paths(result.log, shown))
+            outside = first_outside(_unread_names(said, ctx.search_dirs), ctx.read_roots)
+            if outside is not None:  # (as the same lookup gives when nothing is there: see record_closure)
+                raise UndeclaredDependencyError(looked_outside(outside), path=outside)
             raise CompileError(
                 f"{spec.name}: {os.path.basename(step[0])} exited with {result.returncode}\n{said}",
                 log=said,
@@ -320,9 +323,37 @@ def user_paths(text: str, shown: Sequence[tuple[str, str]]) -> str:
     return text
 
 
-#: A compiler's word for a file it could not open: under Landlock "Permission denied" is
-#: what a file outside the roots gives, "No such file or directory" one that is not there.
-_UNREAD: Final = re.compile(r"^(.*\bfatal error: .+?): (?:Permission denied|No such file or directory)$", re.M)
+#: A compiler's (or the assembler's, for .include) word for a file it could not open: under
+#: Landlock "Permission denied" is what a file outside the roots gives, "No such file or
+#: directory" one that is not there.
+_UNREAD: Final = re.compile(
+    r"^(.*\b(?:fatal error: .+?|Error: can't open .+? for reading)): (?:Permission denied|No such file or directory)$",
+    re.M,
+)
+
+
+#: What :func:`_unread_alike` made of a file the compiler could not open: ``<includer>:<line>:<col>:`` or
+#: ``<program>:``, then the name as the directive spelt it.
+_UNREAD_NAME: Final = re.compile(
+    r"^(?:(/[^:\n]*):\d+:\d+: )?.*?\bfatal error: (.+?): not found \(or outside the declared roots\)$", re.M
+)
+
+
+def _unread_names(log: str, search_dirs: Sequence[str]) -> list[str]:
+    """Where the files a compiler's ``log`` says it could not open were looked for: an
+    absolute name as written (a file found is named so); a relative one next to its
+    includer and in each search directory, in order (where one climbs out with ``..``,
+    or through a link to a missing target or a directory outside, is what a file there
+    would have been refused as)."""
+    names = []
+    for m in _UNREAD_NAME.finditer(log):
+        includer, name = m.group(1), m.group(2)
+        if name.startswith("/"):
+            names.append(name)
+            continue
+        dirs = [os.path.dirname(includer)] if includer else []
+        names += [os.path.join(d, name) for d in (*dirs, *search_dirs)]
+    return names
 
 
 def _unread_alike(log: str) -> str:

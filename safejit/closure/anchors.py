@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-__all__ = ["BAD_REL", "LINK_ANCHOR", "Anchors", "is_under", "real_path"]
+__all__ = ["BAD_REL", "LINK_ANCHOR", "Anchors", "first_outside", "is_under", "looked_outside", "real_path"]
 
 _TOKEN = re.compile("\0([a-z][0-9]+)\0")
 #: An empty, ``.`` or ``..`` path component.
@@ -112,3 +112,29 @@ class Anchors:
         if "\0" not in text:
             return text
         return _TOKEN.sub(lambda m: self._roots[m.group(1)], text)
+
+
+def first_outside(paths: Iterable[str], roots: Iterable[str]) -> str | None:
+    """The first of ``paths`` (absolute; looked up by a compiler, there or not) that leads
+    outside every one of ``roots`` (resolved): by name, or through a symlink on its way
+    (the directory it is in, resolved once each) or at its end."""
+    under = tuple(r.rstrip("/") + "/" for r in roots)
+    parents: dict[str, str] = {}
+    for path in paths:
+        norm = os.path.normpath(path)
+        if os.path.islink(norm):
+            real = os.path.realpath(norm)
+        else:
+            head, tail = os.path.split(norm)
+            if head not in parents:
+                parents[head] = os.path.realpath(head)
+            real = os.path.join(parents[head], tail)
+        if not (real + "/").startswith(under):
+            return path
+    return None
+
+
+def looked_outside(name: str) -> str:
+    """What a build that looked for ``name`` outside every root is refused with: the same
+    words whether a file is there (the compiler was refused it) or not."""
+    return f"the compiler looked for {name!r}, outside every declared root"

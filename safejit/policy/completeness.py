@@ -11,7 +11,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterable, Sequence
 
-from ..closure.anchors import LINK_ANCHOR, Anchors, is_under, real_path
+from ..closure.anchors import LINK_ANCHOR, Anchors, is_under, looked_outside, real_path
 from ..closure.hashing import Snapshot, snapshot_of
 from ..closure.scan import (
     COARSE_NS,
@@ -342,9 +342,7 @@ def _probes_by_path(
         elif kind == '"' and not here and not _within_scratch(name):
             # The main source's: looked for next to it first, in <scratch>/<work dir>/src,
             # from where more ".." than that leads out of the scratch and of every root.
-            raise UndeclaredDependencyError(
-                f"__has_include({name!r}) in the source looks outside every declared root", path=name
-            )
+            raise UndeclaredDependencyError(looked_outside(name), path=name)
         else:
             first = [here] if kind == '"' and here else []
             places = [(os.path.join(d, name), _toolchain_dir(d, anchors)) for d in (*first, *search_dirs)]
@@ -354,10 +352,8 @@ def _probes_by_path(
                 if allowed(real):
                     out.append(real)
                 elif not system:
-                    raise UndeclaredDependencyError(
-                        f"__has_include({name!r}) probes {cand!r}, outside every declared root",
-                        path=name,
-                    )
+                    # (the words and the name a failed compile gives when it could not open it)
+                    raise UndeclaredDependencyError(looked_outside(name if name.startswith("/") else cand), path=name)
     return out
 
 

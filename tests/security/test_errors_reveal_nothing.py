@@ -80,19 +80,27 @@ def test_a_missing_path_under_a_root_says_so(make_runtime, tmp_path):
 
 
 @needs_landlock
-def test_a_compile_error_does_not_say_whether_a_file_outside_the_roots_exists(make_runtime, tmp_path):
-    """An #include of an outside path reaches the compiler, which Landlock refuses: its
-    "Permission denied" for a file that is there and "No such file or directory" for one
-    that is not told them apart. Both read the same now."""
+@pytest.mark.parametrize(
+    "directive",
+    ['#include "{p}"', '#if __has_include("{p}")\n#endif', '#include "../../{rel}"'],
+    ids=["include", "probe", "dotdot"],
+)
+def test_a_compile_does_not_say_whether_a_file_outside_the_roots_exists(make_runtime, tmp_path, directive):
+    """An #include or __has_include of an outside path reaches the compiler, which Landlock
+    refuses: its "Permission denied" for a file that is there and "No such file or
+    directory" for one that is not told them apart, and so did the error types (a failed
+    compile for one, a refused closure for the other). Both read the same now."""
     there = tmp_path / "outside" / "there.h"
     there.parent.mkdir()
     there.write_text("#define X 1\n")
+    (tmp_path / "root" / "inc").mkdir(parents=True)
     rt = make_runtime(source_roots=(str(tmp_path / "root"),), sandbox="auto")
-    (tmp_path / "root").mkdir()
     said = []
     for path in (there, tmp_path / "outside" / "absent.h"):
-        with pytest.raises(safejit.CompileError) as exc:
-            rt.compile(safejit.Source(f'#include "{path}"\nint f(void) {{ return 0; }}\n', "k"))
-        (line,) = [x for x in exc.value.log.splitlines() if "fatal error" in x]
-        said.append(line.replace(str(path), "<path>"))
-    assert said[0] == said[1] and said[0].endswith("<path>: not found (or outside the declared roots)")
+        (tmp_path / "root" / "inc" / "h.h").write_text(directive.format(p=path, rel=f"outside/{path.name}") + "\n")
+        with pytest.raises(safejit.SafejitError) as exc:
+            rt.compile(safejit.Source('#include "h.h"\nint f(void) { return 0; }\n', "k"),
+                       include_dirs=(str(tmp_path / "root" / "inc"),))  # fmt: skip
+        said.append((type(exc.value), str(exc.value).replace(path.name, "<name>")))
+    assert said[0] == said[1], said
+    assert said[0][0] is safejit.UndeclaredDependencyError and "outside every declared root" in said[0][1]

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from ...closure.anchors import first_outside
 from ...errors import CompileError, LimitExceededError, PathConfinementError
 from .nvrtc import PROGRAM_DIR, LookupRow, NvrtcRequest, NvrtcResult
 
@@ -112,7 +113,7 @@ def compile_recorded(
     under = tuple(r.rstrip("/") + "/" for r in roots)
     # A lookup outside the roots fails the compile one way, whether a file is there (Landlock
     # refused it; no Landlock: found) or not: which of the two is no business of the source's.
-    outside = _first_outside(reads.denied, under) or _first_outside(reads.absent, under)
+    outside = first_outside(reads.denied, roots) or first_outside(reads.absent, roots)
     for path in reads.denied:
         if outside is None:
             confine(path)  # (a file under a root by name, outside it through a symlink: refused)
@@ -127,22 +128,3 @@ def compile_recorded(
             f"{name}: {len(reads.deps)} dependencies exceed the limit of {max_deps}", limit=max_deps
         )
     return result, reads
-
-
-def _first_outside(paths: Sequence[str], under: tuple[str, ...]) -> str | None:
-    """The first of ``paths`` (looked up, refused or not found) that leads outside every
-    root (``under``: each root with a trailing "/"): by name, or through a symlink on
-    its way (the deepest directory there, resolved once per directory) or at its end."""
-    parents: dict[str, str] = {}
-    for path in paths:
-        norm = os.path.normpath(path)
-        if os.path.islink(norm):
-            real = os.path.realpath(norm)
-        else:
-            head, tail = os.path.split(norm)
-            if head not in parents:
-                parents[head] = os.path.realpath(head)
-            real = os.path.join(parents[head], tail)
-        if not (real + "/").startswith(under):
-            return path
-    return None
