@@ -320,3 +320,64 @@ def stopped(pid: int) -> Iterator[None]:
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+class Scripted:
+    """A Redis-protocol listener that answers each command by its name from ``answers``
+    (raw RESP; an unknown command gets an error): a server, or a proxy, that replies
+    with what no Redis would. ``close()`` stops it."""
+
+    def __init__(self, answers: dict[bytes, bytes]) -> None:
+        self.answers = answers
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = int(self.sock.getsockname()[1])
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # (closed)
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        buf = b""
+        with conn:
+            while True:
+                try:
+                    data = conn.recv(65536)
+                except OSError:
+                    return
+                if not data:
+                    return
+                buf += data
+                while (command := _command(buf)) is not None:
+                    name, buf = command
+                    conn.sendall(self.answers.get(name.upper(), b"-ERR unknown command\r\n"))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _command(buf: bytes) -> tuple[bytes, bytes] | None:
+    """The first command's name in ``buf`` (an array of bulk strings) and what follows it."""
+    head = buf.find(b"\r\n")
+    if not buf.startswith(b"*") or head < 0:
+        return None
+    pos, name = head + 2, b""
+    for i in range(int(buf[1:head])):
+        end = buf.find(b"\r\n", pos)
+        if end < 0:
+            return None
+        start = end + 2
+        size = int(buf[pos + 1 : end])
+        if len(buf) < start + size + 2:
+            return None
+        if i == 0:
+            name = buf[start : start + size]
+        pos = start + size + 2
+    return name, buf[pos:]

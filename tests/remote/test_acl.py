@@ -160,3 +160,31 @@ def test_a_nodes_reader_cannot_list_keys(users, make_store):
     reader = make_store(users("t1", "reader"), tenant="t1")
     for kind in ("index", "blob", "lease"):
         denied(lambda k=kind: list(reader.scan(k, limit=10)))
+
+
+def test_connecting_sends_nothing_a_least_privilege_user_may_not_run(users, make_store, redis_server):
+    """redis-py sends CLIENT SETINFO on connect unless told not to; safejit's connection
+    class takes **kwargs only, so the check for how to tell it saw no such parameter: two
+    commands per connect, each a NOPERM in the server's ACL LOG for the docs' users."""
+    admin = redis_server.admin()
+    admin.execute_command("CONFIG", "RESETSTAT")
+    admin.execute_command("ACL", "LOG", "RESET")
+    reader = make_store(users("t1", "reader"), tenant="t1")
+    reader.ping()
+    assert not reader.index(K)
+    assert "cmdstat_client|setinfo" not in admin.info("commandstats")
+    assert admin.acl_log() == []
+
+
+def test_a_command_a_script_may_not_run_is_denied_not_an_error(redis_server, make_store):
+    """A permission refused inside a script comes back without the NOPERM prefix ('ACL
+    failure in script'): it was an error, counted by the breaker as the remote failing."""
+    admin = redis_server.admin()
+    admin.execute_command(
+        "ACL", "SETUSER", "sj-t1-nohsetnx", "on", ">pw", "resetkeys", "-@all", "~sj:v1:t1:*",
+        "+evalsha", "+eval", "+script|load", "+ping",
+    )  # fmt: skip
+    store = make_store(f"redis://sj-t1-nohsetnx:pw@127.0.0.1:{redis_server.port}/0", tenant="t1")
+    for _ in range(20):
+        denied(lambda: store.publish_manifest(K, D, b"{}"))
+    assert store.breaker.state == "closed"  # type: ignore[attr-defined]

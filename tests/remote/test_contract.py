@@ -537,3 +537,16 @@ def test_a_blob_read_that_finds_no_lane_is_a_remote_error(redis_server, make_sto
     store.close()
     with pytest.raises(RemoteError, match="closed"):
         PendingGet(store, "k", 10)
+
+
+@pytest.mark.parametrize("expires", ["1" + "0" * 400, "null", '"soon"'])
+def test_an_s3_lease_that_cannot_be_read_is_taken_over(s3_url, s3_client, make_store, expires):
+    """A lease body is read as expired when it cannot be read; an expiry too large for a
+    float raised OverflowError instead, an error on every look, and the lease was never
+    taken over (S3 deletes nothing)."""
+    prefix = s3_url.split("/")[3].split("?")[0]
+    body = f'{{"token": "x", "expires": {expires}}}'.encode()
+    s3_client.put_object(Bucket="sj-remote-tests", Key=f"{prefix}/v1/t1/cuda/lease/{K}", Body=body)
+    store = make_store(s3_url)
+    lease = store.acquire_lease(K)
+    assert lease is not None and store.lease_holder(K) == lease.token

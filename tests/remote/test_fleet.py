@@ -279,3 +279,23 @@ def test_a_compile_its_node_closes_under_lets_its_lease_go(node, project, monkey
     assert len(held) == 1 and held[0] is not None, "the compile held no lease"
     assert other.take_lease(key) is not None, "the lease was kept past the node's close"
     assert tier.uploads.dropped == 1 and tier.store._pools == {}
+
+
+def test_a_read_only_node_compiles_once_the_lease_is_let_go_with_nothing_published(node, project, monkeypatch):
+    """A read-only node takes no lease, so it waited for one until its deadline (compile
+    timeout + lease TTL: 330 s by default) whenever the holder let go without publishing
+    a leaf it could use (its compile failed, its upload was dropped)."""
+    src, inc = safejit.Source('#include "inner.h"\n', "k"), (str(project / "include"),)
+    b = node("b", remote_mode="read-only", compile_timeout_s=300, remote_lease_ttl_s=60)
+    tier = _tier(b)
+    asked: list[str] = []
+
+    def holder(key):
+        asked.append(key)
+        return "node-a" if len(asked) == 1 else None  # held at first, then let go
+
+    monkeypatch.setattr(tier.store, "lease_holder", holder)
+    done = threading.Event()
+    threading.Thread(target=lambda: (b.compile(src, include_dirs=inc), done.set()), daemon=True).start()
+    assert done.wait(60), "still waiting on a lease that was let go"
+    assert b.stats()["compiles"] == 1 and len(asked) == 2

@@ -14,9 +14,14 @@ from types import SimpleNamespace
 import pytest
 import redis
 
-from safejit.cache.remote import _resp
+from safejit.cache.remote import RemoteError, _resp
 from safejit.cache.remote._resp import Replies
 from safejit.cache.remote.redis import classify
+
+from ._servers import Scripted
+from .conftest import hexkey
+
+K, D = hexkey("k"), hexkey("d")
 
 
 def _trickle(sock: socket.socket, wire: bytes, step: int) -> threading.Thread:
@@ -215,3 +220,50 @@ def test_any_other_index_reply_is_an_invalid_response(pair, wire):
 def test_a_command_is_packed_as_redis_py_packs_it(args):
     encoder = redis.connection.Encoder("utf-8", "strict", decode_responses=False)
     assert _resp.pack(*args) == b"".join(redis.connection.PythonRespSerializer(1 << 20, encoder.encode).pack(*args))
+
+
+@pytest.fixture
+def scripted():
+    made = []
+
+    def start(answers: dict[bytes, bytes]) -> Scripted:
+        made.append(Scripted(answers))
+        return made[-1]
+
+    yield start
+    for server in made:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    ("answers", "call"),
+    [
+        ({b"GET": b":1\r\n"}, lambda store: store.lease_holder(K)),  # an integer for the holder's token
+        ({b"EVALSHA": b"$3\r\nabc\r\n"}, lambda store: store.publish_manifest(K, D, b"{}")),  # text for a count
+    ],
+    ids=["holder", "publish"],
+)
+def test_a_reply_of_another_type_is_a_remote_error(make_store, scripted, answers, call):
+    """Converted after the guard, such a reply raised AttributeError or ValueError out of
+    compile() (the holder's token) or ended the upload thread (the publish count)."""
+    server = scripted({b"PING": b"+PONG\r\n", b"SCRIPT": b"$40\r\n" + b"0" * 40 + b"\r\n", **answers})
+    store = make_store(server.url)
+    with pytest.raises(RemoteError) as info:
+        call(store)
+    assert info.value.reason == "error"
+
+
+class _Panic(BaseException):
+    """What a Rust client raises when it panics (pyo3's PanicException is a BaseException)."""
+
+
+def test_a_client_panic_is_a_remote_error(redis_server, make_store, monkeypatch):
+    store = make_store(redis_server.url)
+
+    def panic(*args, **kwargs):
+        raise _Panic("invalid port")
+
+    monkeypatch.setattr(redis.Redis, "get", panic)
+    with pytest.raises(RemoteError) as info:
+        store.lease_holder(K)
+    assert info.value.reason == "error" and "_Panic" in str(info.value)

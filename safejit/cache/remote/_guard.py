@@ -101,7 +101,9 @@ class Guard:
             # Raised by the engine on a reply it judged (oversize, corrupt): the server is up.
             self._done(op, start, exc.reason, sent, 0)
             raise
-        except Exception as exc:
+        except (KeyboardInterrupt, SystemExit, GeneratorExit):
+            raise
+        except BaseException as exc:  # (a Rust client's panic is one: pyo3's PanicException)
             reason = self._classify(exc)
             detail = self._detail(exc)
             self._done(op, start, reason, sent, 0)

@@ -104,12 +104,28 @@ def classify(exc: BaseException) -> Reason:
         return "denied"
     if isinstance(exc, errors.ResponseError) and str(exc).startswith(("NOPERM", "WRONGPASS", "NOAUTH")):
         return "denied"
+    if isinstance(exc, errors.ResponseError) and str(exc).startswith("ACL failure in script"):
+        return "denied"  # (a command a script ran that the user may not: no NOPERM prefix then)
     found = os_reason(exc)
     if found is not None:
         return found
     if isinstance(exc, errors.ConnectionError) and "connecting to" in str(exc):
         return "refused" if "refused" in str(exc).lower() or "No such file" in str(exc) else "error"
     return "error"
+
+
+def _put_of(got: object) -> Put:
+    """The publish script's answer (1 created, 0 there already, -1 the index full); a
+    reply of another type is the server's error (raised inside the guard)."""
+    if type(got) is not int:
+        raise TypeError(f"the publish script answered {type(got).__name__}, not an integer")
+    return {1: Put.CREATED, 0: Put.EXISTS}.get(got, Put.FULL)
+
+
+def _text_or_none(got: object) -> str | None:
+    if got is not None and not isinstance(got, bytes):
+        raise TypeError(f"GET answered {type(got).__name__}, not a bulk string")
+    return got.decode("utf-8", "replace") if got is not None else None
 
 
 class RedisStore(Engine["_redis.Redis"]):
@@ -232,13 +248,12 @@ class RedisStore(Engine["_redis.Redis"]):
         self._guard.admit("publish")
         client = self.client(len(manifest))
         cap = self.settings.index_cap
-        got = self._guard.run(
+        return self._guard.run(
             "publish",
             "remote.put",
-            lambda: _SCRIPTS["publish"](client, key, deps_key, manifest, cap),
+            lambda: _put_of(_SCRIPTS["publish"](client, key, deps_key, manifest, cap)),
             sent=len(manifest),
         )
-        return {1: Put.CREATED, 0: Put.EXISTS}.get(int(got), Put.FULL)
 
     # -- blobs ---------------------------------------------------------------
 
@@ -311,8 +326,7 @@ class RedisStore(Engine["_redis.Redis"]):
         self._guard.admit("lease_holder")
         key = self.layout.redis_lease(build_key)
         client = self.client()
-        got = self._guard.run("lease_holder", "remote.get", lambda: cast("bytes | None", client.get(key)))
-        return got.decode("utf-8", "replace") if got is not None else None
+        return self._guard.run("lease_holder", "remote.get", lambda: _text_or_none(client.get(key)))
 
     # -- listing (operators: ``safejit remote stats|ls|verify``) -----------------
 
@@ -365,11 +379,18 @@ def _no_client_info(connection_class: type) -> dict[str, Any]:
     """Keyword arguments that stop redis-py sending CLIENT SETINFO on connect (a round trip,
     and a command a least-privilege ACL user should not need): ``driver_info=None`` on
     redis-py >= 7.1, ``lib_name=None`` before it (now deprecated)."""
-    params = inspect.signature(connection_class).parameters
-    if "driver_info" in params:
-        return {"driver_info": None}
-    if "lib_name" in params:
-        return {"lib_name": None, "lib_version": None}
+    # (the class's own __init__ and its bases' may take **kwargs only: the one that names
+    # the parameters is further up; inspect.signature of the class saw none, and redis-py
+    # sent SETINFO on every connect)
+    for cls in connection_class.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters
+        if "driver_info" in params:
+            return {"driver_info": None}
+        if "lib_name" in params:
+            return {"lib_name": None, "lib_version": None}
     return {}
 
 

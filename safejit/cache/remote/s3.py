@@ -415,7 +415,7 @@ class S3Store(Engine[Any]):
             token, expires = str(data["token"]), float(data["expires"])
             if not math.isfinite(expires):
                 raise ValueError("expiry")
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError):  # (float() of a huge integer)
             return ("", 0.0, etag)  # unreadable: treat as expired, so it can be taken over
         return (token, expires, etag)
 

@@ -286,6 +286,9 @@ class RemoteTier:
                     s.set_attribute(ATTR.RESULT, "published")
                     return found
                 if not held:
+                    if not self.writable:  # (it takes no lease: nothing more will come of waiting)
+                        s.set_attribute(ATTR.RESULT, "let go")
+                        return None
                     lease = take()
                     if lease is not None:
                         s.set_attribute(ATTR.RESULT, "taken over")

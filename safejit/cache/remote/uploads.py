@@ -186,6 +186,9 @@ class UploadQueue:
             except RemoteError as exc:
                 logger.info("uploading %s failed: %s", man.name, exc)
                 outcome, detail, reason = Outcome.UPLOAD_FAILED, str(exc), exc.reason
+            except Exception as exc:  # (never the worker's end: every upload gets its outcome)
+                logger.exception("uploading %s failed", man.name)
+                outcome, detail, reason = Outcome.UPLOAD_FAILED, type(exc).__name__, "error"
             finally:
                 if item.keeper is not None:
                     item.keeper.stop()
