@@ -26,7 +26,7 @@ from typing import TextIO
 from .._version import __version__
 from ..errors import SafejitError
 from . import demo, explain, inspect, listing, remote, upkeep, warm
-from ._common import EXIT_ERROR, CliError, parse_age, parse_size, positive_int
+from ._common import EXIT_ERROR, CliError, directory, parse_age, parse_size, positive_int
 from ._out import Out
 from ._text import safe
 
@@ -72,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     cache.add_argument(
         "--cache-dir",
         metavar="DIR",
+        type=directory,
         help="the cache root to use (default: SAFEJIT_CACHE_DIRS, else ~/.cache/safejit); must exist",
     )
     js = argparse.ArgumentParser(add_help=False)
@@ -246,7 +247,10 @@ def _remote_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], js:
     v = command("verify", verify, 1000, "N leaves")
     v.add_argument("--local", action="store_true", help="also rehash each leaf's closure against this machine's files")
     v.add_argument(
-        "--cache-dir", metavar="DIR", help="with --local: the cache root of the Runtime that probes the toolchain"
+        "--cache-dir",
+        metavar="DIR",
+        type=directory,
+        help="with --local: the cache root of the Runtime that probes the toolchain",
     )
     v.add_argument(
         "--source-root",

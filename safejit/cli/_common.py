@@ -47,7 +47,7 @@ class CliError(Exception):
 def config_for(cache_dir: str | None, **changes: object) -> Config:
     """``Config.from_env()``, with ``--cache-dir`` and the given fields (None: unchanged)."""
     cfg = Config.from_env()
-    if cache_dir:
+    if cache_dir is not None:
         changes["cache_dirs"] = (cache_dir,)
     changes = {k: v for k, v in changes.items() if v not in (None, (), [])}
     return cfg.replace(**changes) if changes else cfg
@@ -107,7 +107,7 @@ def cache_roots(cache_dir: str | None) -> Roots:
     that was named (by the option or the variable) must be a directory: a typo in a
     cron job's ``verify`` is an error (exit 2), never "0/0 leaves verify"."""
     named: tuple[str, ...]
-    if cache_dir:
+    if cache_dir is not None:
         named, origin = (cache_dir,), "--cache-dir"
     else:
         cfg = Config.from_env()
@@ -151,6 +151,14 @@ def parse_age(text: str) -> float:
             f"not an age: {text!r} (a non-negative number with a unit: s, m, h, d or w, e.g. 30d; plain = seconds)"
         )
     return value
+
+
+def directory(text: str) -> str:
+    """A directory's path, never empty: ``--cache-dir "$CACHE"`` with the variable unset
+    must not mean the default cache (a cron job's ``prune`` would empty it)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (an unset variable?)")
+    return text
 
 
 def positive_int(text: str) -> int:

@@ -120,6 +120,20 @@ def test_a_missing_or_non_directory_cache_dir_is_an_error(tmp_path, command, wha
     assert f"--cache-dir {path}: " + ("no such directory" if what == "missing" else "not a directory") in ran.err
 
 
+@pytest.mark.parametrize("command", ["ls", "stats", "verify", "gc", "prune"])
+def test_an_empty_cache_dir_is_an_error_not_the_default_cache(tmp_path, monkeypatch, command):
+    """``--cache-dir "$CACHE"`` with the variable unset: it ran on the default cache (a
+    cron job's ``prune --max-bytes 0`` emptied it)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    default = tmp_path / "xdg" / "safejit"
+    default.mkdir(parents=True)
+    (default / "keep").write_text("x")
+    extra = {"prune": ["--max-bytes", "0", "--grace", "0"]}
+    ran = cli(command, *extra.get(command, []), "--cache-dir", "")
+    assert ran.rc == 2 and "empty path" in ran.err
+    assert (default / "keep").exists()
+
+
 def test_verify_of_a_misspelt_cache_dir_fails_the_cron_job(tmp_path):
     out = run("verify", "--cache-dir", str(tmp_path / "typo"))
     assert out.returncode == 2 and "0/0" not in out.stdout and "no such directory" in out.stderr
