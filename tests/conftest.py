@@ -124,12 +124,13 @@ def assert_cache_sound(root: Path | str) -> None:
 def staging_residue(root: Path | str) -> list[str]:
     """What is left under ``<root>/v1/tmp`` once background work is done: everything but
     unused prepared work directories (cache.staging: empty files only, so nothing in
-    them was written)."""
+    them was written) and owner marks."""
     spares.settle()
     tmp = Path(root) / "v1" / "tmp"
     if not tmp.is_dir():
         return []
-    return sorted(e.name for e in tmp.iterdir() if not spares.pristine(str(e)))
+    # (a living process's mark, <token>.alive, stays as long as it does: no residue)
+    return sorted(e.name for e in tmp.iterdir() if not spares.pristine(str(e)) and not e.name.endswith(".alive"))
 
 
 def leaves(root: Path | str) -> list[maintenance.LeafInfo]:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 import stat
 from collections.abc import Iterator
 from typing import Final
 
+from .fsio import rmtree_at
 from .layout import CacheLayout, entries
 
 __all__ = ["closing", "dirs", "each_in", "kind_of", "read_at", "real_layout", "remove_at", "sorted_entries"]
@@ -50,7 +50,7 @@ def remove_at(fd: int, name: str) -> None:
     """Delete the entry ``name`` of the directory ``fd``: a directory with everything in
     it (``shutil.rmtree`` by descriptors, which never follows a symlink), else the entry."""
     if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
-        shutil.rmtree(name, dir_fd=fd)
+        rmtree_at(fd, name)
     else:
         os.unlink(name, dir_fd=fd)
 

@@ -11,7 +11,7 @@ import shutil
 import stat
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from .. import faults
 
@@ -177,12 +177,60 @@ def remove_tree(path: str, *, within: str) -> None:
         except FileNotFoundError:
             return
         if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(name, dir_fd=fd, onerror=_gone_is_fine)  # (checks what it opened is what it stat'ed)
+            rmtree_at(fd, name, onerror=_gone_is_fine)
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name, dir_fd=fd)
     finally:
         os.close(fd)
+
+
+def rmtree_at(fd: int, name: str, onerror: Any = None) -> None:
+    """``shutil.rmtree(name, dir_fd=fd)`` (which never follows a symlink, and checks that what
+    it opened is what it stat'ed), for a tree of any depth: Python 3.11's recurses, and a
+    tree deeper than the recursion limit (a compiler's, or one planted in a shared cache)
+    raised RecursionError; the rest of such a tree is removed one directory at a time."""
+    try:
+        shutil.rmtree(name, dir_fd=fd, onerror=onerror)
+    except RecursionError:
+        _rmtree_deep(fd, name)
+
+
+def _rmtree_deep(fd: int, name: str) -> None:
+    """Remove the tree ``name`` of the directory ``fd`` holding one directory open at a
+    time, going down by names (no symlink followed) and back up by ``..``."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    path = [name]  # from fd down to cur
+    cur = os.open(name, flags, dir_fd=fd)
+    try:
+        while True:
+            down = None
+            with os.scandir(cur) as listing:
+                for entry in listing:
+                    if entry.is_dir(follow_symlinks=False):
+                        down = entry.name
+                        break
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.name, dir_fd=cur)
+            if down is not None:
+                nxt = os.open(down, flags, dir_fd=cur)
+                os.close(cur)
+                cur = nxt
+                path.append(down)
+                continue
+            empty = path.pop()
+            if not path:
+                os.close(cur)
+                cur = -1
+                os.rmdir(empty, dir_fd=fd)
+                return
+            up = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=cur)
+            os.close(cur)
+            cur = up
+            os.rmdir(empty, dir_fd=cur)
+    finally:
+        if cur >= 0:
+            os.close(cur)
 
 
 def _gone_is_fine(func: object, path: str, exc_info: tuple[type[BaseException], BaseException, object]) -> None:

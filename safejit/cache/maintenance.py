@@ -20,7 +20,7 @@ import contextlib
 import errno
 import fcntl
 import os
-import shutil
+import re
 import stat
 import sys
 import time
@@ -28,9 +28,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from .._proc import ended
 from ..outcomes import Miss
 from ._walk import closing, dirs, each_in, kind_of, read_at, real_layout, remove_at, sorted_entries
 from .disk import DiskTier
+from .fsio import rmtree_at
 from .layout import (
     MANIFEST,
     MARKER,
@@ -302,6 +304,25 @@ def prune(
 
 
 # -- gc -------------------------------------------------------------------------
+_TOKEN = re.compile(r"p[0-9]+\.[0-9a-f]+")
+
+
+def _owner_alive(base: str, name: str) -> bool | None:
+    """Whether the process that made ``name`` in ``base`` (``<root>/v1/tmp``: a work dir
+    ``<token>-<uuid>``, or its mark ``<token>.alive``) lives: True while it holds its mark,
+    False once it has ended; None when that cannot be told (a name made before owner
+    tokens, no mark, another user's): then its age decides."""
+    token = name[: -len(".alive")] if name.endswith(".alive") else name.partition("-")[0]
+    if not _TOKEN.fullmatch(token):
+        return None
+    try:
+        if os.lstat(os.path.join(base, token + ".alive")).st_uid != os.geteuid():
+            return None
+    except OSError:
+        return None
+    return not ended(base, token)
+
+
 def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -> dict[str, int]:
     """Remove staging residue, quarantined leaves, usage records and idle lock files
     older than ``max_age_s``, and the obsolete directories of ``v1`` (``OBSOLETE``,
@@ -324,11 +345,14 @@ def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -
         counts["damaged"] += layout.set_aside(path)
     for kind, name in (("staging", "tmp"), ("quarantine", "quarantine")):
         for fd, entry in each_in(layout, name):
-            if old(fd, entry):
+            alive = _owner_alive(layout.tmp, entry.name) if kind == "staging" else None
+            if alive:
+                continue  # (a compile under way, however long it has run)
+            if alive is False or old(fd, entry):
                 try:
                     remove_at(fd, entry.name)
                 except OSError:
-                    continue  # a writer is still busy in it: next time
+                    continue  # a writer is still busy in it (or it cannot be removed): next time
                 counts[kind] += 1
     for fd, tenant in each_in(layout, "usage"):
         with contextlib.suppress(OSError), closing(os.open(tenant.name, O_DIR, dir_fd=fd)) as records:
@@ -355,7 +379,7 @@ def _remove_obsolete(layout: CacheLayout) -> int:
             try:
                 if not stat.S_ISDIR(os.stat(name, dir_fd=base, follow_symlinks=False).st_mode):
                     continue
-                shutil.rmtree(name, dir_fd=base)
+                rmtree_at(base, name)
             except OSError:
                 continue  # absent, or unremovable now: next time
             removed += 1

@@ -11,7 +11,8 @@ renames and fills them. (Not while the compile runs: their fsyncs would slow
 the compiler down.) A prepared file that is missing or not as made is simply
 created the slow way (:func:`fsio.write_file`).
 
-A prepared work directory (``<root>/v1/tmp/<uuid>/``, mode 0700)::
+A prepared work directory (``<root>/v1/tmp/<owner token>-<uuid>/``, mode 0700;
+the token's mark, ``tmp/<token>.alive``, is locked while its process lives)::
 
     .tmp/                 TMPDIR of the sandboxed compiler
     .lock                 empty: linked to ``locks/<build_key>.lock`` when that is new
@@ -118,6 +119,15 @@ class Workdir:
         return os.path.join(self.path, TMP)
 
 
+def _new_dir(base: str) -> str:
+    """A new directory (0700) of this process's under ``base`` (``<root>/v1/tmp``), named
+    ``<owner token>-<uuid>``: ``gc`` leaves it alone while this process lives, whatever
+    its age (a compile may take longer than ``gc --older-than``)."""
+    path = os.path.join(base, f"{owner(base)}-{uuid.uuid4().hex}")
+    os.mkdir(path, 0o700)
+    return path
+
+
 def make(base: str, artifact_file: str, *, prepared: bool, scratch: bool = True, synced: bool = False) -> Workdir:
     """A new work directory under ``base`` (``<root>/v1/tmp``); with ``prepared``, every
     directory and empty file a compile and its publish will fill (the compiler's own,
@@ -128,8 +138,7 @@ def make(base: str, artifact_file: str, *, prepared: bool, scratch: bool = True,
     left to write (0.3 ms less for the first of them here), and the stage directory
     needs none unless its entries change.
     """
-    path = os.path.join(base, uuid.uuid4().hex)
-    os.mkdir(path, 0o700)
+    path = _new_dir(base)
     wd = Workdir(path, prepared, synced=prepared and synced)
     if prepared:
         blanks = [
@@ -323,9 +332,7 @@ class Staging:
             return wd
 
     def new_stage(self, root: str) -> str:
-        path = os.path.join(CacheLayout(root).tmp, uuid.uuid4().hex)
-        os.mkdir(path, 0o700)
-        return path
+        return _new_dir(CacheLayout(root).tmp)
 
     def discard(self, path: str, root: str) -> None:
         with contextlib.suppress(OSError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import safejit
-from safejit.cache import maintenance
+from safejit.cache import fsio, maintenance
 from safejit.cli import parse_age, parse_size
 from tests.conftest import assert_cache_sound, leaves, settle
 
@@ -183,3 +184,63 @@ def test_cli_prune_gc_explain_inspect(project, cache_dir):
     assert cli("prune", "--cache-dir", str(cache_dir)).returncode == 2  # nothing asked
     pruned = cli("prune", "--max-bytes", "0", "--grace", "0", "--cache-dir", str(cache_dir))
     assert pruned.returncode == 0 and leaves(cache_dir) == []
+
+
+def test_gc_never_removes_a_work_dir_whose_process_lives_however_old(cache_dir, tmp_path):
+    """A work dir's mtime is set when a compile takes it: a compile longer than
+    ``gc --older-than`` had its work dir removed under it (the compile failed). Work dirs
+    are named by their process's owner token now: gc leaves a living one's alone, and
+    removes an ended one's at once."""
+    child = subprocess.Popen([sys.executable, "-c", _WORKDIR_HOLDER, str(cache_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        live = Path(child.stdout.readline().strip())
+        assert live.is_dir() and live.parent == cache_dir / "v1" / "tmp"
+        _age(str(live), 10 * 86400)
+        counts = maintenance.gc(str(cache_dir), max_age_s=0)
+        assert live.is_dir() and (live / "partial").exists(), counts
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+    counts = maintenance.gc(str(cache_dir), max_age_s=86400)  # (young, but its process has ended)
+    assert not live.exists() and counts["staging"] >= 1
+    assert not [n for n in os.listdir(cache_dir / "v1" / "tmp") if n.endswith(".alive")]
+
+
+_WORKDIR_HOLDER = r"""
+import os, sys, time
+from safejit.cache.staging import Staging
+os.makedirs(sys.argv[1] + "/v1/tmp", exist_ok=True)
+stage = Staging("artifact.so").new_stage(sys.argv[1])
+open(stage + "/partial", "w").write("x")
+print(stage, flush=True)
+time.sleep(60)
+"""
+
+
+def test_gc_removes_a_tree_deeper_than_the_recursion_limit(cache_dir):
+    """rmtree recursed (Python 3.11): a 3,000-deep tree planted in tmp/ made every gc end
+    in RecursionError before the rest of its work, and so would a compiler's scratch."""
+    _fill(cache_dir, 1)
+    deep = cache_dir / "v1" / "tmp" / "deep"
+    fd = os.open(cache_dir / "v1" / "tmp", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.mkdir("deep", dir_fd=fd)
+        for _ in range(3000):
+            nxt = os.open("deep", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+            os.mkdir("deep", dir_fd=fd)
+        os.close(os.open("leaf.txt", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))
+    finally:
+        os.close(fd)
+    _age(str(deep), 2 * 86400)
+    try:
+        counts = maintenance.gc(str(cache_dir), max_age_s=86400)
+        assert counts["staging"] == 1 and not deep.exists()
+        assert len(leaves(cache_dir)) == 1
+    finally:  # (pytest's own clean-up of old temporary dirs recurses too)
+        tmp = os.open(deep.parent, os.O_RDONLY | os.O_DIRECTORY)
+        with contextlib.suppress(FileNotFoundError):
+            fsio._rmtree_deep(tmp, "deep")
+        os.close(tmp)
