@@ -496,9 +496,22 @@ class DiskTier:
         except FileNotFoundError:  # the layout vanished meanwhile: made again, then locked
             makedirs_durable(CacheLayout(root).locks)
             return lock_file(path, timeout, blank=blank)
+        except OSError as exc:
+            if exc.errno not in _NO_LOCK_FILE:
+                raise
+            # Something that is no lock file stands there (a directory, a link, a FIFO: a
+            # writer of a shared root can plant one): set aside, and a lock file made.
+            if not self.layout(root).set_aside(path):
+                raise
+            logger.warning("%s was no lock file (%s): set aside", path, exc.strerror)
+            return lock_file(path, timeout, blank=blank)
 
     def close(self) -> None:
         self._staging.close()
+
+
+#: What opening a lock file gives when no regular file stands at its name.
+_NO_LOCK_FILE: Final = frozenset({errno.EISDIR, errno.ELOOP, errno.ENXIO, errno.ENOTDIR, errno.ETXTBSY})
 
 
 def _fill_stage(stage: str, files: dict[str, bytes], *, prepared: bool, synced: bool, early: EarlyWrite | None) -> None:

@@ -251,6 +251,17 @@ class Flock:
             os.close(fd)
 
 
+def _open_lock(path: str) -> int:
+    """A lock file, opened to be flocked: read-only (flock needs no more, and another
+    user's lock file in a shared root is 0644), non-blocking (a FIFO planted there does
+    not hang the open), no link followed, made if missing."""
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o666)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.ENXIO, "not a regular file", path)
+    return fd
+
+
 def lock_file(path: str, timeout: float, *, blank: str | None = None) -> Flock | None:
     """Lock ``path`` exclusively, waiting up to ``timeout`` seconds; None on timeout.
 
@@ -262,7 +273,7 @@ def lock_file(path: str, timeout: float, *, blank: str | None = None) -> Flock |
     if blank is not None:
         with contextlib.suppress(OSError):  # EEXIST: it is there already; else create it below
             os.link(blank, path, follow_symlinks=False)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    fd = _open_lock(path)
     deadline = time.monotonic() + timeout
     pause = 0.001
     while True:
@@ -272,7 +283,7 @@ def lock_file(path: str, timeout: float, *, blank: str | None = None) -> Flock |
             if (held.st_dev, held.st_ino) == named:
                 return Flock(fd)
             os.close(fd)  # removed by gc since it was opened: take the one there now
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+            fd = _open_lock(path)
         except BlockingIOError:
             left = deadline - time.monotonic()
             if left <= 0:

@@ -208,3 +208,28 @@ def test_remove_tree_never_follows_a_directory_swapped_for_a_symlink(tmp_path):
     with pytest.raises(OSError, match="outside"):
         remove_tree(str(outside), within=str(within))
     assert (outside / "keep").exists()
+
+
+@pytest.mark.parametrize("planted", ["directory", "dangling-link", "link-out", "fifo"])
+def test_something_planted_where_a_lock_file_goes_is_set_aside(fake, cache_dir, tmp_path, planted):
+    """A writer of a shared root puts something that is no lock file at a key's lock
+    path: every compile of that key failed (CacheError: is a directory, too many levels
+    of links), and nothing cleared it. It is set aside and a lock file made in its place;
+    a link's target is never touched."""
+    rt = fake()
+    key = rt.explain(SRC).build_key
+    lock = cache_dir / "v1" / "locks" / f"{key}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    {
+        "directory": lambda: lock.mkdir(),
+        "dangling-link": lambda: lock.symlink_to(tmp_path / "nothing"),
+        "link-out": lambda: lock.symlink_to(victim),
+        "fifo": lambda: os.mkfifo(lock),
+    }[planted]()
+    assert rt.compile(SRC).kernel("VALUE")() == 7
+    assert rt.stats()["compiles"] == 1
+    assert lock.is_file() and not lock.is_symlink()
+    assert len(quarantined(cache_dir)) == 1 and victim.read_text() == "keep me"
+    assert_cache_sound(cache_dir)
