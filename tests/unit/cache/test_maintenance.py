@@ -15,6 +15,7 @@ import pytest
 import safejit
 from safejit.cache import fsio, maintenance
 from safejit.cli import parse_age, parse_size
+from safejit.outcomes import Miss
 from tests.conftest import assert_cache_sound, leaves, settle
 
 
@@ -244,3 +245,24 @@ def test_gc_removes_a_tree_deeper_than_the_recursion_limit(cache_dir):
         with contextlib.suppress(FileNotFoundError):
             fsio._rmtree_deep(tmp, "deep")
         os.close(tmp)
+
+
+def test_a_sparse_file_in_one_leaf_cannot_make_prune_remove_the_others(cache_dir):
+    """A writer of a shared root adds a sparse 1 TiB file to its own (newest) leaf: it
+    counted at its length, so 'prune --max-bytes' removed every other leaf to make room;
+    and verify said nothing of it. A file counts at what it takes on disk now, and verify
+    finds the foreign entry (--fix sets that leaf aside)."""
+    victims = _fill(cache_dir, 3)
+    for info in victims:
+        _age(info.path, 3600)
+    (attacker,) = [i for i in _fill(cache_dir, 4) if i.path not in {v.path for v in victims}]
+    with open(Path(attacker.path) / "pad", "wb") as f:
+        f.truncate(1 << 40)
+    total = sum(i.size for i in leaves(cache_dir))
+    assert total < 1 << 30
+    report = maintenance.prune(str(cache_dir), max_bytes=total + 4096, grace_s=0)
+    assert report.removed == 0 and len(leaves(cache_dir)) == 4
+    found = [(i.path, bad.reason) for i, bad in maintenance.verify_all(str(cache_dir)) if bad is not None]
+    assert found == [(attacker.path, Miss.DAMAGED)]
+    list(maintenance.verify_all(str(cache_dir), fix=True))
+    assert {i.path for i in leaves(cache_dir)} == {v.path for v in victims}
