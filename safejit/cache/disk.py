@@ -34,7 +34,17 @@ from ..closure.scan import DepState
 from ..keys import deps_key as compute_deps_key
 from ..outcomes import Miss, Outcome, Tier
 from ..telemetry import ATTR, SPAN, instruments, span
-from .fsio import Flock, fsync_dir, fsync_file, lock_file, makedirs_durable, read_bytes, rename, write_file
+from .fsio import (
+    Flock,
+    fsync_dir,
+    fsync_file,
+    lock_file,
+    makedirs_durable,
+    read_bytes,
+    rename,
+    shared_dir_mode,
+    write_file,
+)
 from .layout import MANIFEST, MARKER, CacheLayout, is_real_dir
 from .leaf import (
     MANIFEST_LIMIT,
@@ -441,12 +451,12 @@ class DiskTier:
         for part in os.path.relpath(bdir, base).split(os.sep):
             path = os.path.join(path, part)
             try:
-                os.mkdir(path, 0o755)
+                os.mkdir(path, 0o777)
             except FileExistsError:
                 if not is_real_dir(path):
                     logger.warning("quarantining %s: not a directory", path)
                     self.quarantine(path, root)
-                    os.mkdir(path, 0o755)
+                    os.mkdir(path, 0o777)
 
     def make_build_dir_later(self, root: str, build_key: str) -> None:
         """Create ``build-<K>`` in the background while the compiler runs (publish makes
@@ -544,7 +554,7 @@ def _fill_stage(stage: str, files: dict[str, bytes], *, prepared: bool, synced: 
     if entries_changed:
         fsync_dir(stage)
     if not prepared:
-        os.chmod(stage, 0o755)
+        os.chmod(stage, shared_dir_mode())
 
 
 def _fsync_quietly(path: str) -> None:

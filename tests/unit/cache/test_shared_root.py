@@ -1,0 +1,84 @@
+"""A cache root shared by two users of one group (setgid, umask 002), as docs/security.md
+says to set one up: each user's compiles publish there, each hits the other's leaves,
+and a hit refreshes a leaf's age whoever made it (prune's least-recently-used order)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GROUP = 65534  # (nogroup: present on the test machines; the users need no passwd entry)
+USERS = (65531, 65532)
+
+CHILD = r"""
+import json, os, sys, safejit
+cache, n = sys.argv[1], int(sys.argv[2])
+rt = safejit.Runtime(config=safejit.Config(cache_dirs=(cache,)))
+out = []
+for i in range(n):
+    m = rt.compile(safejit.Source(f"int k(void) {{ return {i}; }}\n", "k"))
+    out.append([m.kernel("k")(), str(m.artifact.tier), m.artifact.path])
+rt.close()
+print(json.dumps(out))
+"""
+
+
+def _as(uid: int, home: Path, *args: str, python: str = "") -> subprocess.CompletedProcess[str]:
+    home.mkdir(exist_ok=True)
+    os.chown(home, uid, GROUP)
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    argv = ["setpriv", f"--reuid={uid}", f"--regid={GROUP}", "--clear-groups", "--", "sh", "-c", 'umask 002; exec "$@"']
+    run = [*argv, "sh", python or _PYTHON[0], *args]
+    return subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
+
+
+#: An interpreter of this Python's version that another user can run (the test's may lie
+#: in root's home): found by the fixture.
+_PYTHON = [""]
+
+
+@pytest.fixture
+def shared(tmp_path: Path) -> Path:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run as two other users")
+    for d in (tmp_path, *tmp_path.parents):
+        if d == Path("/tmp") or d == Path("/"):
+            break
+        os.chmod(d, os.stat(d).st_mode | 0o005)  # (the users reach what is below)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    candidates = (sys.executable, os.path.realpath(sys.executable), f"/usr/bin/{version}", f"/usr/local/bin/{version}")
+    for python in candidates:
+        if _as(USERS[0], tmp_path / "h-probe", "-c", "import safejit", python=python).returncode == 0:
+            _PYTHON[0] = python
+            break
+    else:
+        pytest.skip(f"another user can run no {version} that imports safejit")
+    root = tmp_path / "shared"
+    root.mkdir()
+    os.chown(root, 0, GROUP)
+    os.chmod(root, 0o2775)
+    return root
+
+
+def test_two_users_of_a_group_share_a_root(shared, tmp_path):
+    """Every directory was made 0755 whatever the umask: the second user got hits, but
+    each compile of its own failed ('no writable cache root', then Permission denied
+    on the first user's shard), and its hits never refreshed the leaves' age."""
+    a, b = USERS
+    first = _as(a, tmp_path / "ha", "-c", CHILD, str(shared), "1")
+    assert first.returncode == 0, first.stderr[-2000:]
+    ((value, tier, leaf),) = json.loads(first.stdout)
+    assert (value, tier) == (0, "compiled")
+    os.utime(leaf, (1_000_000_000, 1_000_000_000))  # (long unused)
+    second = _as(b, tmp_path / "hb", "-c", CHILD, str(shared), "2")
+    assert second.returncode == 0, second.stderr[-2000:]
+    got = json.loads(second.stdout)
+    assert [(v, t) for v, t, _ in got] == [(0, "disk"), (1, "compiled")]
+    assert os.stat(leaf).st_mtime > 1_000_000_000  # b's hit counts for prune's order
+    assert os.stat(got[1][2]).st_uid == b
