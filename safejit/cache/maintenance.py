@@ -291,7 +291,8 @@ def prune(
             doomed.update((i.path, i) for i in group[keep_per_build:])
     spared = 0
     if max_bytes is not None:
-        total = sum(i.size for i in infos if i.path not in doomed)
+        # (a leaf doomed above but within its grace stays on disk: it counts)
+        total = sum(i.size for i in infos if i.path not in doomed or clock - i.mtime <= grace_s)
         for info in sorted(infos, key=lambda i: i.mtime):
             if total <= max_bytes:
                 break

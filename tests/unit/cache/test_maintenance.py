@@ -266,3 +266,28 @@ def test_a_sparse_file_in_one_leaf_cannot_make_prune_remove_the_others(cache_dir
     assert found == [(attacker.path, Miss.DAMAGED)]
     list(maintenance.verify_all(str(cache_dir), fix=True))
     assert {i.path for i in leaves(cache_dir)} == {v.path for v in victims}
+
+
+def test_prune_counts_a_leaf_it_spares_toward_the_cap(cache_dir, tmp_path):
+    """A leaf --keep-per-build dooms but --grace spares stays on disk: it was left out of
+    the total, so an old leaf whose removal would bring the cache under the cap was kept."""
+    inc = tmp_path / "src" / "inc"
+    inc.mkdir(parents=True)
+    rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(cache_dir),), source_roots=(str(tmp_path / "src"),)))
+    old = rt.build(safejit.Source("int o(void) { return 9; }\n", "o"))
+    src = safejit.Source('#include "h.h"\nint k(void) { return V; }\n', "k")
+    same_build = []
+    for v in (1, 2):  # one build key, two closures: two leaves of one build
+        (inc / "h.h").write_text(f"#define V {v}\n")
+        settle()
+        same_build.append(rt.build(src, include_dirs=(str(inc),)))
+    rt.close()
+    assert os.path.dirname(same_build[0].path) == os.path.dirname(same_build[1].path)
+    _age(old.path, 86400)
+    _age(same_build[0].path, 10)  # doomed by --keep-per-build 1, spared by --grace 60
+    _age(same_build[1].path, 5)
+    by_path = {i.path: i for i in leaves(cache_dir)}
+    cap = sum(by_path[a.path].size for a in same_build)
+    report = maintenance.prune(str(cache_dir), max_bytes=cap, keep_per_build=1, grace_s=60)
+    assert not os.path.exists(old.path) and report.removed == 1 and report.kept_recent == 1
+    assert sum(i.size for i in leaves(cache_dir)) <= cap
