@@ -99,16 +99,19 @@ class InventoryWriter:
             os.close(fd)
 
 
-def read_inventory(path: str) -> Iterator[Request]:
-    """Distinct, well-formed requests of an inventory file (malformed lines skipped)."""
+def read_inventory(path: str, skipped: list[int] | None = None) -> Iterator[Request]:
+    """Distinct, well-formed requests of an inventory file; the numbers of the lines that
+    are none (malformed, or of another version) are appended to ``skipped``."""
     seen: set[str] = set()
     with open(path, encoding="utf-8") as fh:
-        for line in fh:
+        for number, line in enumerate(fh, 1):
             try:
                 data = json.loads(line)
             except ValueError:
-                continue
+                data = None
             if not isinstance(data, dict) or data.get("v") != _VERSION:
+                if skipped is not None and line.strip():
+                    skipped.append(number)
                 continue
             request = Request(data)
             if request.digest not in seen:

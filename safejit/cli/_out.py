@@ -91,6 +91,10 @@ class Out:
         for line in more:
             self.err.write(f"  {safe(line)}\n")
 
+    def warn(self, message: str) -> None:
+        """``warning: message`` on stderr (the command goes on)."""
+        self.err.write(f"warning: {safe(message)}\n")
+
     def json(self, data: Any) -> None:
         """``data`` as JSON (control and non-ASCII characters escaped by the encoder)."""
         self.stream.write(json.dumps(data, indent=2, ensure_ascii=True, allow_nan=False) + "\n")

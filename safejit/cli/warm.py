@@ -128,10 +128,15 @@ def cmd_warm(args: argparse.Namespace, out: Out) -> int:
 
     remote = _remote_of(args)
     signing_key = _signing_key(args.signing_key)
+    skipped: list[int] = []
     try:
-        requests = list(read_inventory(args.inventory))
+        requests = list(read_inventory(args.inventory, skipped))
     except UnicodeDecodeError as exc:
         raise CliError(f"{args.inventory}: not a JSON-lines inventory ({exc.reason})") from None
+    if skipped and not requests:  # (a CI warm step given the wrong file, or a newer one, must fail)
+        raise CliError(f"{args.inventory}: no line is a request of this safejit's inventory ({len(skipped)} read)")
+    if skipped:
+        out.warn(f"{args.inventory}: {len(skipped)} line(s) that are no request skipped (first: line {skipped[0]})")
     results: list[dict[str, Any]] = []
     ctx = multiprocessing.get_context("spawn")
     with (

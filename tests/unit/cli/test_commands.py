@@ -566,3 +566,16 @@ def test_every_stats_counter_has_a_meaning_in_the_demo_table(make_runtime):
     from safejit.cli.demo import COUNTER_MEANINGS
 
     assert set(make_runtime().stats()) <= set(COUNTER_MEANINGS)
+
+
+@pytest.mark.parametrize("text", ["not json at all\n", '{"v": 999, "source": "x"}\n', "[1, 2]\n"])
+def test_warm_on_a_file_that_is_no_inventory_fails(tmp_path, text):
+    """A wrong or corrupt inventory (or a newer format's) said '0 requests' and exit 0:
+    a CI warm step passed having warmed nothing."""
+    inventory = tmp_path / "inventory.jsonl"
+    inventory.write_text(text * 3)
+    (tmp_path / "c").mkdir()
+    out = run("warm", str(inventory), "-j", "1", "--cache-dir", str(tmp_path / "c"))
+    assert out.returncode == 2 and "no line is a request" in out.stderr and "(3 read)" in out.stderr
+    inventory.write_text("")
+    assert run("warm", str(inventory), "-j", "1", "--cache-dir", str(tmp_path / "c")).returncode == 0
