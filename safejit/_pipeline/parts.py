@@ -73,7 +73,7 @@ class Parts:
             verifier=_signature_policy(config, signer),
             max_artifact_bytes=config.max_artifact_bytes,
             memo=StatMemo(private) if config.trust_stat else None,
-            staging=Staging(f"artifact.{self.backend.artifact_ext}", scratch=scratch, memory=in_memory),
+            staging=Staging(f"artifact.{self.backend.artifact_ext}", scratch=scratch, memory=in_memory, marks=private),
         )
         self.remote = self._open_remote(config)
         self._probe_dir: str | None = None

@@ -318,27 +318,34 @@ def prune(
 _TOKEN = re.compile(r"p[0-9]+\.[0-9a-f]+")
 
 
-def _owner_alive(base: str, name: str) -> bool | None:
-    """Whether the process that made ``name`` in ``base`` (``<root>/v1/tmp``: a work dir
-    ``<token>-<uuid>``, or its mark ``<token>.alive``) lives: True while it holds its mark,
-    False once it has ended; None when that cannot be told (a name made before owner
-    tokens, no mark, another user's): then its age decides."""
+def _owner_alive(places: tuple[str, ...], name: str) -> bool | None:
+    """Whether the process that made ``name`` in ``<root>/v1/tmp`` (a work dir
+    ``<token>-<uuid>``, or a mark ``<token>.alive``) lives: True while it holds its mark
+    (in the first of ``places`` that has it: this user's state dir, the tmp dir), False
+    once it has ended; None when that cannot be told (a name made before owner tokens,
+    no mark here — another user's, or another host's —): then its age decides."""
     token = name[: -len(".alive")] if name.endswith(".alive") else name.partition("-")[0]
     if not _TOKEN.fullmatch(token):
         return None
-    try:
-        if os.lstat(os.path.join(base, token + ".alive")).st_uid != os.geteuid():
-            return None
-    except OSError:
-        return None
-    return not ended(base, token)
+    for place in places:
+        try:
+            if os.lstat(os.path.join(place, token + ".alive")).st_uid != os.geteuid():
+                return None
+        except OSError:
+            continue
+        return not ended(place, token)
+    return None
 
 
-def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -> dict[str, int]:
+def gc(
+    root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None, marks: str | None = None
+) -> dict[str, int]:
     """Remove staging residue, quarantined leaves, usage records and idle lock files
     older than ``max_age_s``, and the obsolete directories of ``v1`` (``OBSOLETE``,
     whatever their age), and move aside whatever stands where a leaf or a build dir
-    should be. Never follows symlinks; never leaves ``<root>/v1`` (nothing at all when
+    should be. A work dir whose process lives (its owner's mark held, in ``marks`` — the
+    user's private state dir — or in ``tmp``) is never removed; one whose process ended
+    is, at once. Never follows symlinks; never leaves ``<root>/v1`` (nothing at all when
     ``v1`` is not a real directory)."""
     layout = real_layout(root)
     clock = time.time() if now is None else now
@@ -356,7 +363,7 @@ def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -
         counts["damaged"] += layout.set_aside(path)
     for kind, name in (("staging", "tmp"), ("quarantine", "quarantine")):
         for fd, entry in each_in(layout, name):
-            alive = _owner_alive(layout.tmp, entry.name) if kind == "staging" else None
+            alive = _owner_alive((*([marks] if marks else []), layout.tmp), entry.name) if kind == "staging" else None
             if alive:
                 continue  # (a compile under way, however long it has run)
             if alive is False or old(fd, entry):
@@ -376,7 +383,19 @@ def gc(root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None) -
         if old(fd, entry) and _remove_idle_lock(fd, entry.name):
             counts["locks"] += 1
     counts["obsolete"] = _remove_obsolete(layout)
+    if marks:
+        _remove_ended_marks(marks)
     return counts
+
+
+def _remove_ended_marks(place: str) -> None:
+    """The marks in ``place`` of processes that ended without removing theirs (killed)."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(place):
+            token = name.removesuffix(".alive")
+            if token != name and _TOKEN.fullmatch(token) and ended(place, token):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(place, name))
 
 
 def _remove_obsolete(layout: CacheLayout) -> int:

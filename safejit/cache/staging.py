@@ -12,7 +12,8 @@ the compiler down.) A prepared file that is missing or not as made is simply
 created the slow way (:func:`fsio.write_file`).
 
 A prepared work directory (``<root>/v1/tmp/<owner token>-<uuid>/``, mode 0700;
-the token's mark, ``tmp/<token>.alive``, is locked while its process lives)::
+the token's mark, ``<token>.alive`` in the user's private state dir, is locked while
+its process lives)::
 
     .tmp/                 TMPDIR of the sandboxed compiler
     .lock                 empty: linked to ``locks/<build_key>.lock`` when that is new
@@ -119,16 +120,26 @@ class Workdir:
         return os.path.join(self.path, TMP)
 
 
-def _new_dir(base: str) -> str:
+def _new_dir(base: str, marks: str | None) -> str:
     """A new directory (0700) of this process's under ``base`` (``<root>/v1/tmp``), named
     ``<owner token>-<uuid>``: ``gc`` leaves it alone while this process lives, whatever
-    its age (a compile may take longer than ``gc --older-than``)."""
-    path = os.path.join(base, f"{owner(base)}-{uuid.uuid4().hex}")
+    its age (a compile may take longer than ``gc --older-than``). The token's mark is
+    kept in ``marks`` (the user's private state dir: one per process, however many cache
+    roots it uses), else in ``base``."""
+    path = os.path.join(base, f"{owner(marks or base)}-{uuid.uuid4().hex}")
     os.mkdir(path, 0o700)
     return path
 
 
-def make(base: str, artifact_file: str, *, prepared: bool, scratch: bool = True, synced: bool = False) -> Workdir:
+def make(
+    base: str,
+    artifact_file: str,
+    *,
+    prepared: bool,
+    scratch: bool = True,
+    synced: bool = False,
+    marks: str | None = None,
+) -> Workdir:
     """A new work directory under ``base`` (``<root>/v1/tmp``); with ``prepared``, every
     directory and empty file a compile and its publish will fill (the compiler's own,
     ``src/`` and ``.tmp/``, only with ``scratch``: else it works in memory).
@@ -138,7 +149,7 @@ def make(base: str, artifact_file: str, *, prepared: bool, scratch: bool = True,
     left to write (0.3 ms less for the first of them here), and the stage directory
     needs none unless its entries change.
     """
-    path = _new_dir(base)
+    path = _new_dir(base, marks)
     wd = Workdir(path, prepared, synced=prepared and synced)
     if prepared:
         blanks = [
@@ -231,7 +242,8 @@ def _taken(path: str) -> bool:
 class Spares:
     """At most ``keep`` prepared work directories per root, refilled in the background."""
 
-    def __init__(self, artifact_file: str, *, keep: int = 2, scratch: bool = True) -> None:
+    def __init__(self, artifact_file: str, *, keep: int = 2, scratch: bool = True, marks: str | None = None) -> None:
+        self.marks = marks
         self.artifact_file = artifact_file
         self.keep = keep
         self.scratch = scratch  # False: compilers work in memory, so no src/ or .tmp/ here
@@ -254,7 +266,11 @@ class Spares:
                         wd = cand
                     else:
                         background().submit(remove_quietly, cand.path)
-        return wd if wd is not None else make(base, self.artifact_file, prepared=True, scratch=self.scratch)
+        return (
+            wd
+            if wd is not None
+            else make(base, self.artifact_file, prepared=True, scratch=self.scratch, marks=self.marks)
+        )
 
     def refill(self, base: str) -> None:
         if os.getpid() != self._pid:
@@ -269,7 +285,7 @@ class Spares:
 
     def _fill(self, base: str) -> None:
         try:
-            wd = make(base, self.artifact_file, prepared=True, scratch=self.scratch, synced=True)
+            wd = make(base, self.artifact_file, prepared=True, scratch=self.scratch, synced=True, marks=self.marks)
         except OSError as exc:  # the caller's own attempt will report it
             logger.debug("could not prepare a work directory in %s: %s", base, exc)
             wd = None
@@ -306,8 +322,11 @@ class Staging:
     ``gc`` (and, for memory scratch, the next process) removes what a dead process
     left. ``artifact_file``: the leaf's artifact name, '' when no leaf is prepared."""
 
-    def __init__(self, artifact_file: str, *, scratch: bool = True, memory: bool = False) -> None:
-        self._spares = Spares(artifact_file, scratch=scratch) if artifact_file else None
+    def __init__(
+        self, artifact_file: str, *, scratch: bool = True, memory: bool = False, marks: str | None = None
+    ) -> None:
+        self._marks = marks
+        self._spares = Spares(artifact_file, scratch=scratch, marks=marks) if artifact_file else None
         #: Whether the scratch is in memory: asked for (``memory``), and seen at the first
         #: compile (a process that only hits the cache never looks at /dev/shm).
         self._memory: bool | None = None if memory else False
@@ -324,7 +343,7 @@ class Staging:
         with its scratch in memory when asked."""
         base = CacheLayout(root).tmp
         in_memory = self._in_memory()
-        wd = self._spares.take(base) if self._spares is not None else make(base, "", prepared=False)
+        wd = self._spares.take(base) if self._spares is not None else make(base, "", prepared=False, marks=self._marks)
         try:
             return with_scratch(wd, memory_scratch() if in_memory else None)
         except OSError as exc:
@@ -332,7 +351,7 @@ class Staging:
             return wd
 
     def new_stage(self, root: str) -> str:
-        return _new_dir(CacheLayout(root).tmp)
+        return _new_dir(CacheLayout(root).tmp, self._marks)
 
     def discard(self, path: str, root: str) -> None:
         with contextlib.suppress(OSError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..cache import maintenance
+from ..sandbox.statedir import state_dir
 from ._common import (
     EXIT_FINDINGS,
     EXIT_OK,
@@ -128,7 +129,9 @@ def cmd_prune(args: argparse.Namespace, out: Out) -> int:
 
 def cmd_gc(args: argparse.Namespace, out: Out) -> int:
     roots = cache_roots(args.cache_dir)
-    results = [(root, maintenance.gc(root, max_age_s=args.older_than)) for root in roots.dirs]
+    # (the marks of this user's processes, which say whose work dirs are in use)
+    marks = {root: state_dir(avoid=(root,)).path for root in roots.dirs}
+    results = [(root, maintenance.gc(root, max_age_s=args.older_than, marks=marks[root])) for root in roots.dirs]
     # What gc could not set aside (a v1 that is a symlink: nothing is done there at all).
     left = [f for root in roots.dirs for f in layout_findings(root)]
     if args.json:

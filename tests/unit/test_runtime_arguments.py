@@ -91,7 +91,7 @@ def test_a_bad_name_expression_is_refused_before_any_toolchain_is_probed(
 
     rt = make_runtime()
     monkeypatch.setattr(HostBackend, "toolchain", probed)
-    with pytest.raises(safejit.ConfigError, match="name_expressions must be non-empty strings"):
+    with pytest.raises(safejit.ConfigError, match="name_expressions must be"):
         rt.build(ADD, name_expressions=(expression,))
     assert rt.stats()["compiles"] == 0 and not any(cache_dir.iterdir())
 

@@ -192,27 +192,30 @@ def test_gc_never_removes_a_work_dir_whose_process_lives_however_old(cache_dir, 
     ``gc --older-than`` had its work dir removed under it (the compile failed). Work dirs
     are named by their process's owner token now: gc leaves a living one's alone, and
     removes an ended one's at once."""
-    child = subprocess.Popen([sys.executable, "-c", _WORKDIR_HOLDER, str(cache_dir)], stdout=subprocess.PIPE, text=True)
+    marks = tmp_path / "state"  # (the user's private state dir, where a process keeps its mark)
+    marks.mkdir(mode=0o700)
+    argv = [sys.executable, "-c", _WORKDIR_HOLDER, str(cache_dir), str(marks)]
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
         live = Path(child.stdout.readline().strip())
         assert live.is_dir() and live.parent == cache_dir / "v1" / "tmp"
         _age(str(live), 10 * 86400)
-        counts = maintenance.gc(str(cache_dir), max_age_s=0)
+        counts = maintenance.gc(str(cache_dir), max_age_s=0, marks=str(marks))
         assert live.is_dir() and (live / "partial").exists(), counts
     finally:
         child.kill()
         child.wait()
         child.stdout.close()
-    counts = maintenance.gc(str(cache_dir), max_age_s=86400)  # (young, but its process has ended)
+    counts = maintenance.gc(str(cache_dir), max_age_s=86400, marks=str(marks))  # (young; its process ended)
     assert not live.exists() and counts["staging"] >= 1
-    assert not [n for n in os.listdir(cache_dir / "v1" / "tmp") if n.endswith(".alive")]
+    assert os.listdir(marks) == []  # (its mark, left by a killed process, too)
 
 
 _WORKDIR_HOLDER = r"""
 import os, sys, time
 from safejit.cache.staging import Staging
 os.makedirs(sys.argv[1] + "/v1/tmp", exist_ok=True)
-stage = Staging("artifact.so").new_stage(sys.argv[1])
+stage = Staging("artifact.so", marks=sys.argv[2]).new_stage(sys.argv[1])
 open(stage + "/partial", "w").write("x")
 print(stage, flush=True)
 time.sleep(60)
