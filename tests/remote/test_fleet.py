@@ -299,3 +299,29 @@ def test_a_read_only_node_compiles_once_the_lease_is_let_go_with_nothing_publish
     threading.Thread(target=lambda: (b.compile(src, include_dirs=inc), done.set()), daemon=True).start()
     assert done.wait(60), "still waiting on a lease that was let go"
     assert b.stats()["compiles"] == 1 and len(asked) == 2
+
+
+def test_uploads_waiting_are_bounded_by_bytes_too(node, project, monkeypatch):
+    """32 uploads of up to 512 MiB each could wait in memory at once: what waits is
+    bounded by bytes as well (one upload of any size is taken when none waits)."""
+    from safejit.cache.remote import uploads as uploads_module
+
+    rt = node("a", remote_lease_ttl_s=30)
+    tier = _tier(rt)
+    sending, go = _hold_uploads(tier, monkeypatch)
+    inc = (str(project / "include"),)
+    first, second, third = (safejit.Source(f'#include "inner.h"\n#define V{i} 1\n', "k") for i in (1, 2, 3))
+    rt.compile(first, include_dirs=inc)
+    assert sending.wait(30)  # the first is under way (still counted until sent)
+    size = tier.uploads._queued_bytes
+    assert size > 0
+    monkeypatch.setattr(uploads_module, "UPLOAD_QUEUE_BYTES", 2 * size + size // 2)
+    try:
+        rt.compile(second, include_dirs=inc)  # room for it
+        rt.compile(third, include_dirs=inc)  # no room: dropped, counted
+        assert tier.uploads.dropped == 1
+        dropped = [r for r in tier.uploads._results if r.outcome is Outcome.UPLOAD_DROPPED]
+        assert len(dropped) == 1 and "bytes" in dropped[0].detail
+    finally:
+        go.set()
+    assert rt.flush_uploads().done and tier.uploads._queued_bytes == 0

@@ -27,7 +27,16 @@ from ..leaf import VerifiedLeaf, encode_manifest
 from .lease import LeaseKeeper
 from .store import Put, RemoteError, RemoteStore
 
-__all__ = ["INDEX_FULL", "PRESENT", "UPLOAD_QUEUE", "Upload", "UploadQueue", "UploadResult", "Uploads"]
+__all__ = [
+    "INDEX_FULL",
+    "PRESENT",
+    "UPLOAD_QUEUE",
+    "UPLOAD_QUEUE_BYTES",
+    "Upload",
+    "UploadQueue",
+    "UploadResult",
+    "Uploads",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +45,9 @@ _UPLOAD_GRACE_S = 0.002
 
 #: Leaves waiting to be uploaded, at most (a burst of compiles beyond it drops uploads).
 UPLOAD_QUEUE: Final = 32
+#: ... and at most this many artifact bytes (held in memory until sent); one upload of
+#: any size is always taken when none is queued.
+UPLOAD_QUEUE_BYTES: Final = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +112,8 @@ class UploadQueue:
         self._closed = False
         self.dropped = 0
         self.uploaded = 0
+        #: Bytes of artifacts queued, not yet sent (held in memory meanwhile).
+        self._queued_bytes = 0
         self._results: collections.deque[UploadResult] = collections.deque(maxlen=RESULTS_KEPT)
 
     def offer(
@@ -127,10 +141,14 @@ class UploadQueue:
             except RuntimeError as exc:  # (no new thread: the interpreter is shutting down)
                 return f"no upload worker could start: {exc}"
             self._worker = worker
+        size = len(item.leaf.artifact)
+        if self._queued_bytes and self._queued_bytes + size > UPLOAD_QUEUE_BYTES:
+            return f"the upload queue held {self._queued_bytes} bytes"
         try:
             self._uploads.put_nowait(item)
         except queue.Full:
             return "the upload queue was full"
+        self._queued_bytes += size
         return ""
 
     def _drop(self, item: Upload, why: str) -> None:
@@ -166,6 +184,9 @@ class UploadQueue:
                 time.sleep(_UPLOAD_GRACE_S)
                 self._upload(item)
             finally:
+                if item is not None:
+                    with self._lock:
+                        self._queued_bytes -= len(item.leaf.artifact)
                 self._uploads.task_done()
 
     def _upload(self, item: Upload) -> None:
