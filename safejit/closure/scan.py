@@ -146,8 +146,13 @@ _COMPUTED_INCLUDE = re.compile(rb"^[ \t]*#[ \t]*include(?:_next(?!\w)|(?!\w))[ \
 _HIDDEN = re.compile(
     rb"#[ \t]*(?:/\*|[a-z_]*\\\r?\n|include(?:_next)?[ \t]*(?:/\*|\\\r?\n|[\"<][^\"<>\n]*\\\r?\n))|\*/[ \t]*#"
 )
-#: A string or character literal (kept), or a comment (a space), as the preprocessor reads them.
-_TOKENS = re.compile(rb'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*', re.S)
+#: A number (its digit separators are no quotes: ``1'000``), a string or character literal
+#: (kept), or a comment (a space), as the preprocessor reads them.
+_TOKENS = re.compile(
+    rb"(?<![\w.])\.?[0-9](?:[eEpP][+-]|'[0-9A-Za-z_]|[0-9A-Za-z_.])*"
+    rb'|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*',
+    re.S,
+)
 
 
 def as_read(data: bytes, *, always: bool = False) -> bytes:
@@ -157,7 +162,7 @@ def as_read(data: bytes, *, always: bool = False) -> bytes:
     if not (b"%:" in data or _HIDDEN.search(data) or (always and (b"/*" in data or b"\\\n" in data))):
         return data
     joined = data.replace(b"\\\r\n", b"").replace(b"\\\n", b"")
-    kept = _TOKENS.sub(lambda m: m.group(0) if m.group(0)[:1] in b"\"'" else b" ", joined)
+    kept = _TOKENS.sub(lambda m: b" " if m.group(0)[:1] == b"/" else m.group(0), joined)
     return kept.replace(b"%:", b"#")
 
 
@@ -176,9 +181,11 @@ def _includes(data: bytes) -> tuple[list[str], bool]:
     """:func:`quoted_includes` and :func:`computed_include`, ``data`` read once."""
     if b"include" not in data and b"\\\n" not in data and b"%:" not in data:
         return [], False
-    read = as_read(data)
-    quoted = [m.group(1).decode("utf-8", "replace") for m in _QUOTED_INCLUDE.finditer(read)]
-    return quoted, _COMPUTED_INCLUDE.search(read) is not None
+    # Read both ways, and what either finds kept: a lookalike the reading as the
+    # preprocessor would drop (a raw string, say) costs at most a spurious negative.
+    texts = dict.fromkeys((data, as_read(data)))
+    quoted = [m.group(1).decode("utf-8", "replace") for t in texts for m in _QUOTED_INCLUDE.finditer(t)]
+    return list(dict.fromkeys(quoted)), any(_COMPUTED_INCLUDE.search(t) for t in texts)
 
 
 def has_include_probes(data: bytes) -> list[tuple[str, str]]:
@@ -186,8 +193,8 @@ def has_include_probes(data: bytes) -> list[tuple[str, str]]:
     only), kind ``"`` (looked for next to the file first) or ``<``."""
     if b"__has_include" not in data:
         return []
-    found = _HAS_INCLUDE.finditer(as_read(data, always=True))
-    return [(m.group(1).decode(), m.group(2).decode("utf-8", "replace").strip()) for m in found]
+    found = [m for t in dict.fromkeys((data, as_read(data, always=True))) for m in _HAS_INCLUDE.finditer(t)]
+    return list(dict.fromkeys((m.group(1).decode(), m.group(2).decode("utf-8", "replace").strip()) for m in found))
 
 
 def has_include_names(data: bytes) -> list[str]:

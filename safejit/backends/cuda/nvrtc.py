@@ -139,16 +139,20 @@ def include_names(data: bytes) -> tuple[list[tuple[str, str]], bool]:
     ``<``), and whether a computed ``#include MACRO`` (or a ``__has_include`` of a name a
     macro makes) appears. Read as the preprocessor reads directives: a comment, a line
     splice or ``%:`` in one hides nothing."""
-    read = as_read(data, always=True)
-    found, computed = has_include_probes(read), False
-    if b"__has_include" in read and len(found) != len(_PROBE.findall(read)):
-        computed = True  # (a probe of what a macro names, or one this scan cannot read)
-    for m in _INCLUDE.finditer(read):
-        if m.group(3) is not None:
-            computed = True
-        else:
-            found.append((m.group(1).decode(), m.group(2).decode("utf-8", "replace").strip()))
-    return found, computed
+    found, computed = [], False
+    # Read both as written and as the preprocessor reads it: a directive either reading
+    # finds is handed over or refused (what one reading hides, the other may not).
+    for text in dict.fromkeys((data, as_read(data, always=True))):
+        probes = has_include_probes(text)
+        found += probes
+        if b"__has_include" in text and len(probes) != len(_PROBE.findall(text)):
+            computed = True  # (a probe of what a macro names, or one this scan cannot read)
+        for m in _INCLUDE.finditer(text):
+            if m.group(3) is not None:
+                computed = True
+            else:
+                found.append((m.group(1).decode(), m.group(2).decode("utf-8", "replace").strip()))
+    return list(dict.fromkeys(found)), computed
 
 
 def compile_with_headers(

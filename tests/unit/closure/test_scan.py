@@ -215,6 +215,8 @@ def test_a_header_that_appears_through_a_dangling_directory_symlink_is_a_rebuild
         b'%:include "x.h"',
         b'#inc\\\nlude "x.h"',
         b'/* a comment */ #include "x.h"',
+        b"int a = 1'0 + '/*';\n#include \"x.h\"\n// */",  # (a digit separator is no quote)
+        b'const char* r = R"(/*)";\n#include "x.h"\n// */',  # (a raw string: read as written too)
     ],
 )
 def test_quoted_includes_are_read_as_the_preprocessor_reads_them(line):
