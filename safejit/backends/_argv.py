@@ -5,6 +5,7 @@ assembler and the linker read: ``_toolreads.py``)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import stat
@@ -12,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ..closure.anchors import Anchors, first_outside, looked_outside
+from ..closure.anchors import LOOKED_OUTSIDE, Anchors, first_outside
 from ..closure.depfiles import check_compiler_depfile, parse_depfile
 from ..closure.hashing import read_output
 from ..errors import CompileError, FlagPolicyError, UndeclaredDependencyError
@@ -30,6 +31,8 @@ __all__ = [
     "run_argv",
     "user_paths",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: A header of macro definitions that a backend writes into the work dir (nvcc: the
 #: definitions its shell must never see), named in argv by :data:`DEFINES_SLOT`. Its
@@ -244,9 +247,10 @@ def _run_steps(
         seconds += result.seconds
         if result.returncode != 0:
             said = _unread_alike(user_paths(result.log, shown))
-            outside = first_outside(_unread_names(said, ctx.search_dirs), ctx.read_roots)
+            outside = first_outside(_unread_names(said, ctx.search_dirs, spec.toolchain.search_dirs), ctx.read_roots)
             if outside is not None:  # (as the same lookup gives when nothing is there: see record_closure)
-                raise UndeclaredDependencyError(looked_outside(outside), path=outside)
+                logger.debug("%s: refused: the compiler could not open %r, outside every root", spec.name, outside)
+                raise UndeclaredDependencyError(LOOKED_OUTSIDE)
             raise CompileError(
                 f"{spec.name}: {os.path.basename(step[0])} exited with {result.returncode}\n{said}",
                 log=said,
@@ -339,20 +343,25 @@ _UNREAD_NAME: Final = re.compile(
 )
 
 
-def _unread_names(log: str, search_dirs: Sequence[str]) -> list[str]:
+def _unread_names(log: str, search_dirs: Sequence[str], system: Sequence[str] = ()) -> list[str]:
     """Where the files a compiler's ``log`` says it could not open were looked for: an
     absolute name as written (a file found is named so); a relative one next to its
     includer and in each search directory, in order (where one climbs out with ``..``,
     or through a link to a missing target or a directory outside, is what a file there
-    would have been refused as)."""
+    would have been refused as) — but for a ``..`` name, not from the toolchain's own
+    dirs (``system``: where a missing ``../config.h`` looked is no lookup of the tenant's,
+    as record_closure does not record it)."""
     names = []
+    toolchain = set(system)
     for m in _UNREAD_NAME.finditer(log):
         includer, name = m.group(1), m.group(2)
         if name.startswith("/"):
             names.append(name)
             continue
+        climbs = ".." in name.split("/")
         dirs = [os.path.dirname(includer)] if includer else []
-        names += [os.path.join(d, name) for d in (*dirs, *search_dirs)]
+        dirs += [d for d in search_dirs if not (climbs and d in toolchain)]
+        names += [os.path.join(d, name) for d in dirs]
     return names
 
 

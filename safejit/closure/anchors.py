@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-__all__ = ["BAD_REL", "LINK_ANCHOR", "Anchors", "first_outside", "is_under", "looked_outside", "real_path"]
+__all__ = ["BAD_REL", "LINK_ANCHOR", "LOOKED_OUTSIDE", "Anchors", "first_outside", "is_under", "real_path"]
 
 _TOKEN = re.compile("\0([a-z][0-9]+)\0")
 #: An empty, ``.`` or ``..`` path component.
@@ -134,7 +134,11 @@ def first_outside(paths: Iterable[str], roots: Iterable[str]) -> str | None:
     return None
 
 
-def looked_outside(name: str) -> str:
-    """What a build that looked for ``name`` outside every root is refused with: the same
-    words whether a file is there (the compiler was refused it) or not."""
-    return f"the compiler looked for {name!r}, outside every declared root"
+#: What a build that looked for a file outside every root is refused with: the same words
+#: whether a file is there (the compiler was refused it) or not, and no name — which of a
+#: source's outside lookups is named would say which of them exist (the first refused
+#: stops the compiler; an absent one does not).
+LOOKED_OUTSIDE: Final = (
+    "the compiler looked for a file outside every declared root (an #include or __has_include of an "
+    "absolute or '..' path, or through a link out of a root); declare its directory in Config.source_roots"
+)

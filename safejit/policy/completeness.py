@@ -8,10 +8,11 @@ facts themselves (digests, include names, negatives) come from ``closure``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
 
-from ..closure.anchors import LINK_ANCHOR, Anchors, is_under, looked_outside, real_path
+from ..closure.anchors import LINK_ANCHOR, LOOKED_OUTSIDE, Anchors, is_under, real_path
 from ..closure.hashing import Snapshot, snapshot_of
 from ..closure.scan import (
     COARSE_NS,
@@ -27,6 +28,8 @@ from ..closure.scan import (
 from ..errors import LimitExceededError, UndeclaredDependencyError
 
 __all__ = ["record_closure"]
+
+logger = logging.getLogger(__name__)
 
 #: Paths that mean something else in the compiler than in this process.
 _PER_PROCESS = ("/proc/", "/dev/")
@@ -342,7 +345,8 @@ def _probes_by_path(
         elif kind == '"' and not here and not _within_scratch(name):
             # The main source's: looked for next to it first, in <scratch>/<work dir>/src,
             # from where more ".." than that leads out of the scratch and of every root.
-            raise UndeclaredDependencyError(looked_outside(name), path=name)
+            logger.debug("refused: __has_include(%r) in the source looks outside every root", name)
+            raise UndeclaredDependencyError(LOOKED_OUTSIDE)
         else:
             first = [here] if kind == '"' and here else []
             places = [(os.path.join(d, name), _toolchain_dir(d, anchors)) for d in (*first, *search_dirs)]
@@ -352,8 +356,9 @@ def _probes_by_path(
                 if allowed(real):
                     out.append(real)
                 elif not system:
-                    # (the words and the name a failed compile gives when it could not open it)
-                    raise UndeclaredDependencyError(looked_outside(name if name.startswith("/") else cand), path=name)
+                    # (the words a failed compile gives when it could not open one)
+                    logger.debug("refused: __has_include(%r) probes %r, outside every root", name, cand)
+                    raise UndeclaredDependencyError(LOOKED_OUTSIDE)
     return out
 
 

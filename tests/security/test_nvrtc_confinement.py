@@ -35,7 +35,7 @@ def test_nvrtc_absolute_include_outside_roots_is_refused(make_runtime, project, 
     code = f'#include "{outside}/secret.h"\n' + KERNEL.format(value="SECRET")
     with pytest.raises(safejit.PathConfinementError) as exc:
         _compile(make_runtime, project, code)
-    assert exc.value.path == str(outside / "secret.h")
+    assert getattr(exc.value, "path", None) is None and "outside every declared root" in str(exc.value)  # (no name)
     _assert_refused(exc, cache_dir)
 
 
@@ -44,7 +44,7 @@ def test_nvrtc_header_symlink_pointing_outside_is_refused(make_runtime, project,
     code = "#include <secret.h>\n" + KERNEL.format(value="SECRET")
     with pytest.raises(safejit.PathConfinementError) as exc:
         _compile(make_runtime, project, code, project / "include")
-    assert exc.value.path == str(project / "include" / "secret.h")  # (not where it leads)
+    assert getattr(exc.value, "path", None) is None and "outside every declared root" in str(exc.value)  # (no name)
     _assert_refused(exc, cache_dir)
 
 
@@ -55,7 +55,7 @@ def test_nvrtc_dotdot_include_escape_is_refused(make_runtime, project, cache_dir
     code = '#include "../outside/secret.h"\n' + KERNEL.format(value="SECRET")
     with pytest.raises(safejit.PathConfinementError) as exc:
         _compile(make_runtime, include, code, include)
-    assert exc.value.path == f"{include}/../outside/secret.h"
+    assert getattr(exc.value, "path", None) is None and "outside every declared root" in str(exc.value)  # (no name)
     _assert_refused(exc, cache_dir)
 
 
@@ -66,7 +66,7 @@ def test_nvrtc_probe_of_an_absent_file_outside_roots_is_refused(make_runtime, pr
     code = f'#if __has_include("{outside}/later.h")\n#define FOUND 1\n#else\n#define FOUND 0\n#endif\n'
     with pytest.raises(safejit.PathConfinementError) as exc:
         _compile(make_runtime, project, code + KERNEL.format(value="FOUND"))
-    assert exc.value.path == str(outside / "later.h")
+    assert getattr(exc.value, "path", None) is None and "outside every declared root" in str(exc.value)  # (no name)
     _assert_refused(exc, cache_dir)
 
 
@@ -75,7 +75,7 @@ def test_nvrtc_existence_probe_outside_roots_is_refused(make_runtime, project, o
     code = f'#if __has_include("{outside}/secret.h")\n#define FOUND 1\n#else\n#define FOUND 0\n#endif\n'
     with pytest.raises(safejit.PathConfinementError) as exc:
         _compile(make_runtime, project, code + KERNEL.format(value="FOUND"))
-    assert exc.value.path == str(outside / "secret.h")
+    assert getattr(exc.value, "path", None) is None and "outside every declared root" in str(exc.value)  # (no name)
     _assert_refused(exc, cache_dir)
 
 

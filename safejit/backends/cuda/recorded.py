@@ -13,16 +13,19 @@ NVRTC resolves them, and every lookup that takes is recorded.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ...closure.anchors import first_outside
+from ...closure.anchors import LOOKED_OUTSIDE, first_outside
 from ...errors import CompileError, LimitExceededError, PathConfinementError
 from .nvrtc import PROGRAM_DIR, LookupRow, NvrtcRequest, NvrtcResult
 
 __all__ = ["Reads", "compile_recorded", "recorded_options", "sort_lookups"]
+
+logger = logging.getLogger(__name__)
 
 #: Path flags that only add search dirs: passed to NVRTC through ``search_dirs``, in order.
 _SEARCH_FLAGS: Final = ("-I", "-isystem", "-iquote", "-idirafter")
@@ -122,7 +125,8 @@ def compile_recorded(
         if outside is None and not os.path.normpath(path).startswith(under):
             confine(path)
     if outside is not None:
-        raise PathConfinementError(f"{name}: NVRTC looked for {outside!r}, outside every declared root", path=outside)
+        logger.debug("%s: refused: NVRTC looked for %r, outside every root", name, outside)
+        raise PathConfinementError(f"{name}: {LOOKED_OUTSIDE}")
     if len(reads.deps) > max_deps:
         raise LimitExceededError(
             f"{name}: {len(reads.deps)} dependencies exceed the limit of {max_deps}", limit=max_deps
