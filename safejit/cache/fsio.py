@@ -216,10 +216,13 @@ def rmtree_at(fd: int, name: str, onerror: Any = None) -> None:
 
 def _rmtree_deep(fd: int, name: str) -> None:
     """Remove the tree ``name`` of the directory ``fd`` holding one directory open at a
-    time, going down by names (no symlink followed) and back up by ``..``."""
+    time, going down by names (no symlink followed) and back up by ``..`` — checked to
+    be the very directory it came down from (one renamed elsewhere meanwhile, by a writer
+    of a shared root, would lead into another tree): else ``OSError``, nothing more removed."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     path = [name]  # from fd down to cur
     cur = os.open(name, flags, dir_fd=fd)
+    ids = [_dir_id(fd)]  # the directory above each of path's
     try:
         while True:
             down = None
@@ -232,23 +235,33 @@ def _rmtree_deep(fd: int, name: str) -> None:
                         os.unlink(entry.name, dir_fd=cur)
             if down is not None:
                 nxt = os.open(down, flags, dir_fd=cur)
+                ids.append(_dir_id(cur))
                 os.close(cur)
                 cur = nxt
                 path.append(down)
                 continue
-            empty = path.pop()
+            empty, above = path.pop(), ids.pop()
             if not path:
                 os.close(cur)
                 cur = -1
+                if _dir_id(fd) != above:  # pragma: no cover - fd is held open
+                    raise OSError(errno.ESTALE, "the tree moved while it was removed", name)
                 os.rmdir(empty, dir_fd=fd)
                 return
             up = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=cur)
             os.close(cur)
             cur = up
+            if _dir_id(cur) != above:
+                raise OSError(errno.ESTALE, "the tree moved while it was removed", name)
             os.rmdir(empty, dir_fd=cur)
     finally:
         if cur >= 0:
             os.close(cur)
+
+
+def _dir_id(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
 
 
 def _gone_is_fine(func: object, path: str, exc_info: tuple[type[BaseException], BaseException, object]) -> None:

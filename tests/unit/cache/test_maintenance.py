@@ -294,3 +294,44 @@ def test_prune_counts_a_leaf_it_spares_toward_the_cap(cache_dir, tmp_path):
     report = maintenance.prune(str(cache_dir), max_bytes=cap, keep_per_build=1, grace_s=60)
     assert not os.path.exists(old.path) and report.removed == 1 and report.kept_recent == 1
     assert sum(i.size for i in leaves(cache_dir)) <= cap
+
+
+def test_a_deep_removal_never_climbs_into_another_tree(tmp_path, monkeypatch):
+    """Removing a tree deeper than the recursion limit climbs back by '..': a directory on
+    its way renamed elsewhere meanwhile (a writer of a shared root can) led it into that
+    other place, which it emptied. It stops there now."""
+    tmp, victim = tmp_path / "tmp", tmp_path / "victim"
+    tmp.mkdir()
+    victim.mkdir()
+    (victim / "precious").write_text("keep me")
+    fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+    os.mkdir("evil", dir_fd=fd)
+    for name in ["evil", *["d"] * 3000][:-1]:
+        nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+        os.mkdir("d", dir_fd=fd)
+    os.close(fd)
+    real_rmdir, moved = os.rmdir, []
+
+    def racing_rmdir(path, *args, **kwargs):
+        if not moved:  # (the other writer's move, while the removal is deep in the tree)
+            moved.append(True)
+            os.rename(tmp / "evil" / "d" / "d", victim / "d")
+        return real_rmdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rmdir", racing_rmdir)
+    top = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(OSError, match="moved"):
+            fsio.rmtree_at(top, "evil")
+    finally:
+        os.close(top)
+        monkeypatch.undo()
+        for where in (tmp, victim):  # (what is left: pytest's own clean-up recurses)
+            held = os.open(where, os.O_RDONLY | os.O_DIRECTORY)
+            for name in ("evil", "d"):
+                with contextlib.suppress(FileNotFoundError):
+                    fsio._rmtree_deep(held, name)
+            os.close(held)
+    assert moved and (victim / "precious").read_text() == "keep me"
