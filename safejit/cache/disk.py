@@ -451,12 +451,12 @@ class DiskTier:
         for part in os.path.relpath(bdir, base).split(os.sep):
             path = os.path.join(path, part)
             try:
-                os.mkdir(path, 0o777)
+                os.mkdir(path, 0o775)
             except FileExistsError:
                 if not is_real_dir(path):
                     logger.warning("quarantining %s: not a directory", path)
                     self.quarantine(path, root)
-                    os.mkdir(path, 0o777)
+                    os.mkdir(path, 0o775)
 
     def make_build_dir_later(self, root: str, build_key: str) -> None:
         """Create ``build-<K>`` in the background while the compiler runs (publish makes
@@ -521,7 +521,10 @@ class DiskTier:
 
 
 #: What opening a lock file gives when no regular file stands at its name.
-_NO_LOCK_FILE: Final = frozenset({errno.EISDIR, errno.ELOOP, errno.ENXIO, errno.ENOTDIR, errno.ETXTBSY})
+#: (Or one nobody may open: another writer's 0600 or 0000 lock file.)
+_NO_LOCK_FILE: Final = frozenset(
+    {errno.EISDIR, errno.ELOOP, errno.ENXIO, errno.ENOTDIR, errno.ETXTBSY, errno.EACCES, errno.EPERM}
+)
 
 
 def _fill_stage(stage: str, files: dict[str, bytes], *, prepared: bool, synced: bool, early: EarlyWrite | None) -> None:

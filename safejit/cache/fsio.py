@@ -138,9 +138,10 @@ def read_bytes(path: str, limit: int) -> bytes:
 
 
 def shared_dir_mode() -> int:
-    """The mode a directory of the shared tree gets: ``0777`` less this process's umask, as
+    """The mode a directory of the shared tree gets: ``0775`` less this process's umask, as
     ``mkdir`` gives (so a root shared by a group, setgid with umask 002, stays writable by
-    the group; with the usual 022, 0755). Leaves' files are 0644 whatever the umask."""
+    the group; with the usual 022, 0755; never writable by others, even with umask 000).
+    Leaves' files are 0644 whatever the umask."""
     global _umask
     if _umask is None:
         try:
@@ -149,13 +150,13 @@ def shared_dir_mode() -> int:
             _umask = int(line.split()[1], 8)
         except (OSError, StopIteration, ValueError, IndexError):
             _umask = 0o022
-    return 0o777 & ~_umask
+    return 0o775 & ~_umask
 
 
 _umask: int | None = None
 
 
-def makedirs_durable(path: str, mode: int = 0o777) -> None:
+def makedirs_durable(path: str, mode: int = 0o775) -> None:
     """``mkdir -p`` that fsyncs each parent whose entries it changed."""
     missing = []
     cur = path

@@ -120,7 +120,7 @@ class CacheLayout:
             for n, part in enumerate(names):
                 if make and n == len(names) - 1:
                     with contextlib.suppress(FileExistsError):
-                        os.mkdir(part, 0o777, dir_fd=fd)
+                        os.mkdir(part, 0o775, dir_fd=fd)
                 nxt = os.open(part, O_DIR, dir_fd=fd)
                 os.close(fd)
                 fd = nxt

@@ -162,7 +162,7 @@ def make(
             os.mkdir(wd.tmp, 0o700)
             os.mkdir(wd.src, 0o700)
             blanks.append((os.path.join(wd.src, SOURCE_BLANK), 0o600))
-        os.mkdir(wd.stage, 0o777)
+        os.mkdir(wd.stage, 0o775)
         for blank, mode in blanks:
             fd = os.open(blank, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
             try:

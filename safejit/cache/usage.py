@@ -115,7 +115,7 @@ def _made_dirs(root: str, parts: tuple[str, ...]) -> int:
     try:
         for part in parts:
             with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o777, dir_fd=fd)
+                os.mkdir(part, 0o775, dir_fd=fd)
             nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             os.close(fd)
             fd = nxt

@@ -233,3 +233,28 @@ def test_something_planted_where_a_lock_file_goes_is_set_aside(fake, cache_dir, 
     assert lock.is_file() and not lock.is_symlink()
     assert len(quarantined(cache_dir)) == 1 and victim.read_text() == "keep me"
     assert_cache_sound(cache_dir)
+
+
+def test_a_lock_file_nobody_may_open_is_set_aside(fake, cache_dir, monkeypatch):
+    """Another writer's lock file of mode 0600 or 0000 (open: EACCES) failed every compile
+    of that key by everyone else; it is set aside like anything else that is no usable
+    lock file. (Root may open any file: the refusal is made as the kernel makes it.)"""
+    from safejit.cache import disk
+
+    rt = fake()
+    key = rt.explain(SRC).build_key
+    lock = cache_dir / "v1" / "locks" / f"{key}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text("")
+    lock.chmod(0)
+    real, refused = disk.lock_file, []
+
+    def lock_file(path, *args, **kwargs):
+        if not refused and os.path.basename(path) == lock.name:
+            refused.append(path)
+            raise PermissionError(13, "Permission denied", path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(disk, "lock_file", lock_file)
+    assert rt.compile(SRC).kernel("VALUE")() == 7
+    assert refused and len(quarantined(cache_dir)) == 1 and lock.is_file()

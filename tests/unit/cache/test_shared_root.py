@@ -82,3 +82,16 @@ def test_two_users_of_a_group_share_a_root(shared, tmp_path):
     assert [(v, t) for v, t, _ in got] == [(0, "disk"), (1, "compiled")]
     assert os.stat(leaf).st_mtime > 1_000_000_000  # b's hit counts for prune's order
     assert os.stat(got[1][2]).st_uid == b
+
+
+def test_no_directory_of_a_cache_is_writable_by_others_even_with_umask_0(tmp_path):
+    """Directories are made 0775 less the umask: with umask 000 (some containers, CI) every
+    one of them was writable by anyone (0777)."""
+    cache = tmp_path / "cache"
+    child = "import json, os, sys, safejit; os.umask(0)\n" + CHILD
+    ran = subprocess.run([sys.executable, "-c", child, str(cache), "2"], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    writable = [
+        str(d) for d in [cache, *cache.rglob("*")] if d.is_dir() and not d.is_symlink() and os.stat(d).st_mode & 0o002
+    ]
+    assert writable == [] and len(json.loads(ran.stdout)) == 2
