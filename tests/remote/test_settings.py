@@ -128,6 +128,10 @@ def test_config_error_messages_never_hold_the_password(url):
         "redis://w:Zx9Kq2Lm#Pw7Rt@cache:6379/0",
         "redis://w:Zx9Kq2Lm@Pw7Rt@cache:6379/x",
         "s3://AKID:Zx9Kq2Lm/Pw7Rt@bucket-1/p",
+        "redis://user:Zx9Kq2Lm@ss/Pw7RtTAIL@host:6379/0",  # (the database named is the password's tail)
+        "redis:/user:Zx9Kq2LmPw7Rt@host",  # (no '//')
+        "redis://user:Zx9Kq2Lm?Pw7Rt=1@host",  # (a query name out of the password)
+        "s3://AKID:Zx9Kq2Lm/Pw7Rt/Pw7RtMore@bucket-1/p",
     ],
 )
 def test_a_credential_not_percent_encoded_never_shows_in_the_error(url):

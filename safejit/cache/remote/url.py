@@ -156,6 +156,18 @@ def parse_url(
     if not isinstance(url, str) or not url:
         raise ConfigError("the remote URL must be a non-empty string")
     try:
+        return _parse(url, username, password, session_token)
+    except ConfigError as exc:
+        said = _withheld(url, str(exc))
+        if said == str(exc):
+            raise
+        raise ConfigError(said) from None
+
+
+def _parse(
+    url: str, username: str | None, password: str | Secret | None, session_token: str | Secret | None
+) -> RemoteURL:
+    try:
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
         port = parts.port
@@ -199,15 +211,39 @@ def _secret(value: str | Secret | None) -> Secret | None:
 
 def _scrub(url: str) -> str:
     """``url`` with whatever may be a credential masked: the userinfo after its user name,
-    up to the last '@' (a password may hold '@', '/', '?' or '#' not percent-encoded),
-    and credentials in the query."""
-    start, end = url.find("//"), url.rfind("@")
-    if 0 <= start < end:
-        user, colon, _ = url[start + 2 : end].partition(":")
+    up to the last '@' (a password may hold '@', '/', '?' or '#' not percent-encoded, and
+    the '//' may be missing), and credentials in the query."""
+    start, end = _userinfo(url)
+    if start < end:
+        user, colon, _ = url[start:end].partition(":")
         if colon or "/" in user or "?" in user or "#" in user:
             user = user.split("/")[0].split("?")[0].split("#")[0] + ":" if colon else ""
-            url = f"{url[: start + 2]}{user}{_MASK}@{url[end + 1 :]}"
+            url = f"{url[:start]}{user}{_MASK}@{url[end + 1 :]}"
     return _QUERY_SECRET.sub(r"\1" + _MASK, url)
+
+
+def _userinfo(url: str) -> tuple[int, int]:
+    """Where the userinfo of ``url`` may lie: after the scheme's ':' and its slashes, up to
+    the last '@' (``start >= end``: there is none)."""
+    start = url.find(":") + 1
+    while url[start : start + 1] == "/":
+        start += 1
+    return (start, url.rfind("@")) if start > 0 else (0, -1)
+
+
+def _withheld(url: str, message: str) -> str:
+    """``message`` unless it repeats a piece of what may be a credential in ``url`` (a part
+    urlsplit cut out of a password that is not percent-encoded: the database, the bucket,
+    a query name), else one that says only what to fix."""
+    start, end = _userinfo(url)
+    secret = url[start:end].partition(":")[2] if start < end else ""
+    pieces = [p for p in re.split(r"[/?#@:=&]", secret) if len(p) >= 3]
+    if any(p in message for p in pieces):
+        return (
+            f"remote URL {_scrub(url)!r} does not parse as meant (details withheld: they would show part of a "
+            "credential; percent-encode '/', '?', '#', '@' and ':' in credentials)"
+        )
+    return message
 
 
 def _query(url: str, scheme: str, text: str) -> dict[str, str]:
