@@ -11,8 +11,9 @@ a no-op. Applications (and the CLI) configure the SDK, e.g. with
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Final
 
 from opentelemetry import metrics, trace
@@ -20,6 +21,8 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Span
 
 from .._version import __version__
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "ATTR",
@@ -211,12 +214,42 @@ def span(name: str, attributes: dict[str, Any] | None = None) -> Iterator[Span]:
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         yield trace.INVALID_SPAN
         return
-    with tracer.start_as_current_span(name, attributes=attributes) as current:
-        try:
-            yield current
-        except BaseException as exc:
+    # The SDK passes on what a span processor or sampler raises, at the span's start and
+    # end: telemetry must never break the work it observes, so that is logged and dropped.
+    opened = tracer.start_as_current_span(name, attributes=attributes)
+    try:
+        current = opened.__enter__()
+    except Exception:
+        _telemetry_failed(name)
+        yield trace.INVALID_SPAN
+        return
+    try:
+        yield current
+    except BaseException as exc:
+        with suppress(Exception):
             current.set_attribute(ATTR.ERROR_TYPE, type(exc).__qualname__)
-            raise
+        try:
+            opened.__exit__(type(exc), exc, exc.__traceback__)
+        except Exception as failed:
+            if failed is not exc:
+                _telemetry_failed(name)
+        raise
+    try:
+        opened.__exit__(None, None, None)
+    except Exception:
+        _telemetry_failed(name)
+
+
+_failed_before = False
+
+
+def _telemetry_failed(name: str) -> None:
+    """Say once per process, at WARNING, that a span could not be started or ended (the
+    next ones at DEBUG: a broken processor fails every span)."""
+    global _failed_before
+    level = logging.DEBUG if _failed_before else logging.WARNING
+    _failed_before = True
+    logger.log(level, "the span %s could not be started or ended (a span processor failed)", name, exc_info=True)
 
 
 def setup(

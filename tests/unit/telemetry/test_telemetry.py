@@ -301,3 +301,35 @@ def test_setup_without_the_otlp_exporter_names_the_package_and_changes_nothing(m
     with pytest.raises(safejit.ConfigError, match="opentelemetry-exporter-otlp-proto-http"):
         _sdk.setup(otlp_endpoint="http://127.0.0.1:9")
     assert trace.get_tracer_provider() is before
+
+
+@pytest.mark.parametrize("when", ["on_start", "on_end"])
+def test_a_span_processor_that_raises_never_breaks_a_compile(make_runtime, spans, when, caplog):
+    """The SDK passes on what a span processor raises at a span's start or end: every
+    compile() failed while such a processor was installed."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    class Failing(SpanProcessor):
+        armed = False
+
+        def on_start(self, span, parent_context=None):
+            if self.armed and when == "on_start":
+                raise RuntimeError("processor on_start failed")
+
+        def on_end(self, span):
+            if self.armed and when == "on_end":
+                raise RuntimeError("processor on_end failed")
+
+    caplog.set_level("DEBUG", logger="safejit.telemetry")  # (said once at WARNING, then at DEBUG)
+    failing = Failing()
+    trace.get_tracer_provider().add_span_processor(failing)
+    failing.armed = True
+    try:
+        rt = make_runtime()
+        assert rt.compile(safejit.Source("int one(void) { return 1; }", "one")).kernel("one")() == 1
+        with pytest.raises(safejit.CompileError):  # (the block's own error still comes out, as it was)
+            rt.compile(safejit.Source("int broken(void) { return }", "broken"))
+    finally:
+        failing.armed = False
+    assert "could not be started or ended" in caplog.text
