@@ -161,9 +161,10 @@ class Runtime:
         if self._closed:
             raise LoadError("the runtime is closed")
         req = _request(source, include_dirs, defines, flags, extras, arch, name_expressions, checked_for="build")
-        with span(SPAN.COMPILE, {**self._attrs, ATTR.KERNEL: name_of(source)}):
+        with span(SPAN.COMPILE, {**self._attrs, ATTR.KERNEL: name_of(source)}) as root_span:
             _, resolver, pipeline = self._init()
             obtained = pipeline.obtain(resolver.resolve(req))
+            root_span.set_attribute(ATTR.TIER, obtained.tier)
             return artifact_of(obtained.leaf, obtained.tier)
 
     def source(self, path: str | os.PathLike[str], *, name: str | None = None) -> Source:
@@ -198,14 +199,16 @@ class Runtime:
         if args is None:
             return "skipped"
         source = args.pop("source")
-        with span(SPAN.COMPILE, {**self._attrs, ATTR.KERNEL: name_of(source)}):
+        with span(SPAN.COMPILE, {**self._attrs, ATTR.KERNEL: name_of(source)}) as root_span:
             resolved = resolver.resolve(_request(source, name_expressions=(), **args))
             found = parts.disk.lookup(resolved.key, resolved.anchors, quiet=True)
             if isinstance(found, VerifiedLeaf):
+                root_span.set_attribute(ATTR.TIER, Tier.DISK)
                 if fill_remote and parts.remote is not None:
                     parts.remote.offer(resolved.key, found, None, unless_present=True)
                 return "hit"
             obtained = pipeline.obtain(resolved)
+            root_span.set_attribute(ATTR.TIER, obtained.tier)
         return "remote" if obtained.tier is Tier.REMOTE else "built"
 
     def flush_uploads(self, timeout: float = 60.0) -> Uploads:

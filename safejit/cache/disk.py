@@ -166,10 +166,13 @@ class DiskTier:
         return all(is_real_dir(p) for p in (root, layout.base, layout.tmp, layout.locks))
 
     # -- lookup ----------------------------------------------------------------
-    def lookup(self, build_key: str, anchors: Anchors, *, quiet: bool = False) -> VerifiedLeaf | Rejection:
+    def lookup(
+        self, build_key: str, anchors: Anchors, *, quiet: bool = False, counted: bool = True
+    ) -> VerifiedLeaf | Rejection:
         """The newest leaf of ``build_key`` that verifies, in the first root that has
         one; else the first rejection met (``Miss.ABSENT`` when there was no leaf).
-        ``quiet`` (explain): no telemetry, nothing moved aside or touched."""
+        ``quiet`` (explain): no telemetry, nothing moved aside or touched. Not ``counted``
+        (a second look for the same request): its span, but no lookup metric."""
         first: Rejection | None = None
         for root in self.roots:
             if quiet:
@@ -177,7 +180,7 @@ class DiskTier:
             else:
                 with span(SPAN.DISK_LOOKUP, {ATTR.TIER: "disk", ATTR.ROOT: root, ATTR.BUILD_KEY: build_key}) as s:
                     hit, rejections = self.lookup_root(root, build_key, anchors)
-                    self._report(s, rejections, hit)
+                    self._report(s, rejections, hit, counted)
             if hit is not None:
                 return hit
             first = first or (rejections[0] if rejections else None)
@@ -223,20 +226,23 @@ class DiskTier:
                 if rej.reason.corrupt:
                     self.quarantine(rej.leaf, root)
 
-    def _report(self, s: Any, rejections: list[Rejection], hit: VerifiedLeaf | None) -> None:
+    def _report(self, s: Any, rejections: list[Rejection], hit: VerifiedLeaf | None, counted: bool = True) -> None:
         for rej in rejections:
             event = {ATTR.REASON: rej.reason, "safejit.leaf": rej.leaf, "safejit.detail": rej.detail}
             s.add_event("leaf.rejected", event)
-            instruments.lookup(Tier.DISK, "reject", rej.reason, self._attrs)
+            if counted:
+                instruments.lookup(Tier.DISK, "reject", rej.reason, self._attrs)
         if hit is not None:
             s.set_attributes(
                 {ATTR.RESULT: "hit", ATTR.DEPS_KEY: hit.manifest.deps_key, ATTR.DEPS_COUNT: len(hit.manifest.deps)}
             )
-            instruments.lookup(Tier.DISK, "hit", "verified", self._attrs)
+            if counted:
+                instruments.lookup(Tier.DISK, "hit", "verified", self._attrs)
             return
         reason = rejections[0].reason if rejections else Miss.ABSENT
         s.set_attributes({ATTR.RESULT: "miss", ATTR.REASON: reason})
-        instruments.lookup(Tier.DISK, "miss", reason, self._attrs)
+        if counted:
+            instruments.lookup(Tier.DISK, "miss", reason, self._attrs)
 
     def _candidates(self, root: str, build_key: str, rejections: list[Rejection]) -> list[str]:
         """Leaves under ``build-<K>`` in one root, newest first. Anything else standing

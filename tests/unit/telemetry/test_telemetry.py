@@ -258,7 +258,9 @@ def test_metrics_with_attributes_and_buckets(make_runtime, metric_reader, spans)
         for p in _points(metric_reader, "safejit.cache.lookups", tenant)
     }
     assert lookups[("memory", "miss", "absent")] == 2
-    assert lookups[("disk", "miss", "absent")] == 4  # before and under the lock, for each spec
+    assert (
+        lookups[("disk", "miss", "absent")] == 2
+    )  # one per spec, as stats() counts misses (not the look under the lock)
     assert [p.value for p in _points(metric_reader, "safejit.cache.memory.hits", tenant)] == [1]
     assert [p.value for p in _points(metric_reader, "safejit.cache.evictions", tenant)] == [1]
     assert [p.value for p in _points(metric_reader, "safejit.cache.memory.entries", tenant)] == [1]
@@ -333,3 +335,13 @@ def test_a_span_processor_that_raises_never_breaks_a_compile(make_runtime, spans
     finally:
         failing.armed = False
     assert "could not be started or ended" in caplog.text
+
+
+def test_build_and_warm_spans_say_their_tier(make_runtime, spans, tmp_path):
+    """observability.md: safejit.compile carries safejit.tier; build() and warm() set none."""
+    rt = make_runtime()
+    src = safejit.Source("int b(void) { return 3; }", "b")
+    rt.build(src)
+    rt.build(src)
+    tiers = [s.attributes.get("safejit.tier") for s in spans.get_finished_spans() if s.name == "safejit.compile"]
+    assert tiers in (["compiled", "memory"], ["compiled", "disk"]), tiers
