@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import importlib.machinery
+import importlib.util
+import math
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from ...errors import ConfigError, KernelNotFoundError, LoadError
 
@@ -71,6 +74,21 @@ def _device_pointer(arg: Any) -> int | None:
     return None
 
 
+def _scalar(t: Any, arg: bool | int | float) -> Any:
+    """``t(arg)``, or ConfigError when ``arg`` is not exactly what ``t`` holds: ctypes wraps
+    an int that does not fit (a pointer of 2**70 became NULL), takes no float for an int,
+    and makes inf of a finite double too large for a float."""
+    try:
+        value = t(arg)
+    except (TypeError, OverflowError) as exc:
+        raise ConfigError(f"cannot pass {arg!r} as {t.__name__}: {exc}") from None
+    if isinstance(arg, int) and not isinstance(arg, bool) and (value.value or 0) != arg:
+        raise ConfigError(f"{arg} does not fit {t.__name__}")
+    if isinstance(arg, float) and math.isfinite(arg) and not math.isfinite(value.value):
+        raise ConfigError(f"{arg} does not fit {t.__name__}")
+    return value
+
+
 def pack_arguments(types: Sequence[Any], args: Sequence[Any]) -> bytes:
     """The host argument block for ``args`` declared as ``types``."""
     if len(types) != len(args):
@@ -86,9 +104,7 @@ def pack_arguments(types: Sequence[Any], args: Sequence[Any]) -> bytes:
         elif isinstance(arg, t):
             value = arg
         elif isinstance(arg, (bool, int, float)) and not (t is ctypes.c_void_p and isinstance(arg, float)):
-            value = t(arg)
-            if isinstance(arg, int) and not isinstance(arg, bool) and t is not ctypes.c_void_p and value.value != arg:
-                raise ConfigError(f"{arg} does not fit {t.__name__}")
+            value = _scalar(t, arg)
         else:
             raise ConfigError(f"cannot pass {type(arg).__name__} as {t.__name__}")
         raw = bytes(value)
@@ -97,21 +113,41 @@ def pack_arguments(types: Sequence[Any], args: Sequence[Any]) -> bytes:
 
 
 def _acl() -> Any:
-    """CANN's ``acl`` module, refusing the unrelated PyPI ``pyacl``."""
-    try:
-        acl = importlib.import_module("acl")
-    except ImportError as exc:
-        raise LoadError("CANN's Python runtime (module 'acl') is not importable; source the CANN set_env.sh") from exc
+    """CANN's ``acl`` module, refusing the unrelated PyPI ``pyacl`` — before running any of
+    its code: CANN's is an extension module, that package's is Python source."""
+    acl = sys.modules.get("acl", _NOT_IMPORTED)
+    if acl is None:  # (imports of it blocked)
+        raise LoadError("CANN's Python runtime (module 'acl') is not importable; source the CANN set_env.sh")
+    if acl is _NOT_IMPORTED:
+        try:
+            spec = importlib.util.find_spec("acl")
+        except (ImportError, ValueError) as exc:
+            raise LoadError(f"the module 'acl' cannot be found: {exc}") from None
+        if spec is None:
+            raise LoadError("CANN's Python runtime (module 'acl') is not importable; source the CANN set_env.sh")
+        if not isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):
+            raise LoadError(_IMPOSTOR.format(where=spec.origin))
+        try:
+            acl = importlib.import_module("acl")
+        except Exception as exc:
+            raise LoadError(f"CANN's Python runtime (module 'acl') failed to import: {exc}") from None
     if not hasattr(acl, "rt"):
-        raise LoadError(
-            f"the module 'acl' at {getattr(acl, '__file__', '?')} is not CANN's pyACL (the PyPI "
-            "package 'pyacl' is an unrelated access-control library): uninstall it"
-        )
+        raise LoadError(_IMPOSTOR.format(where=getattr(acl, "__file__", "?")))
     return acl
 
 
+_NOT_IMPORTED: Final = object()
+_IMPOSTOR: Final = (
+    "the module 'acl' at {where} is not CANN's pyACL (an extension module with 'rt'; the PyPI package "
+    "'pyacl' is an unrelated access-control library): uninstall it"
+)
+
+
 def _ascendcl() -> Any:
-    return ctypes.CDLL("libascendcl.so")
+    try:
+        return ctypes.CDLL("libascendcl.so")
+    except OSError as exc:
+        raise LoadError(f"CANN's runtime library cannot be loaded: {exc}; source the CANN set_env.sh") from None
 
 
 class AscendLibrary:
@@ -171,10 +207,20 @@ class AscendKernel:
         slot_layout(argtypes)  # validate now, not at the first launch
 
     def launch(
-        self, num_blocks: int, args: Sequence[Any] = (), *, stream: Any = None, timeout_s: int | None = None, **_: Any
+        self,
+        num_blocks: int,
+        args: Sequence[Any] = (),
+        *,
+        stream: Any = None,
+        timeout_s: int | None = None,
+        **other: Any,
     ) -> None:
-        if not isinstance(num_blocks, int) or num_blocks < 1:
-            raise ConfigError(f"num_blocks must be a positive int, got {num_blocks!r}")
+        if other:  # (a misspelt keyword — timeout=, steam= — was ignored, the launch made without it)
+            raise ConfigError(f"{self.name}: launch takes no {sorted(other)} (num_blocks, args, stream, timeout_s)")
+        if type(num_blocks) is not int or not 1 <= num_blocks < 2**32:
+            raise ConfigError(f"num_blocks must be an int from 1 to 2**32 - 1, got {num_blocks!r}")
+        if timeout_s is not None and type(timeout_s) is not int:
+            raise ConfigError(f"timeout_s must be an int, got {timeout_s!r}")
         block = pack_arguments(self._argtypes, args)
         buf = ctypes.create_string_buffer(block, len(block))
         cfg = None

@@ -12,7 +12,7 @@ import types
 import pytest
 
 import safejit
-from safejit.backends.ascend.launch import AscendLibrary, _acl, pack_arguments
+from safejit.backends.ascend.launch import AscendKernel, AscendLibrary, _acl, pack_arguments
 
 
 class RecordingRt:
@@ -135,3 +135,44 @@ def test_missing_cann_runtime_is_a_load_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "acl", None)
     with pytest.raises(safejit.LoadError, match="set_env"):
         _acl()
+
+
+def test_a_python_module_named_acl_is_refused_before_any_of_its_code_runs(tmp_path, monkeypatch):
+    """CANN's acl is an extension module; PyPI's 'pyacl' is Python source that was
+    imported (its code run, and left in sys.modules) before being refused."""
+    package = tmp_path / "acl"
+    package.mkdir()
+    ran = tmp_path / "ran"
+    (package / "__init__.py").write_text(f"open({str(ran)!r}, 'w').write('imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "acl", raising=False)
+    with pytest.raises(safejit.LoadError, match="pyacl"):
+        _acl()
+    assert not ran.exists() and "acl" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_blocks": 2**32 + 1}, "num_blocks"),
+        ({"num_blocks": True}, "num_blocks"),
+        ({"num_blocks": 1, "timeout": 5}, "takes no"),
+        ({"num_blocks": 1, "steam": 0}, "takes no"),
+    ],
+)
+def test_a_launch_argument_that_would_be_wrapped_or_ignored_is_refused(kwargs, match):
+    """ctypes wrapped 2**32 + 1 blocks to 1, and a misspelt keyword was swallowed."""
+    kernel = AscendKernel("k", 1, [ctypes.c_int32], ascendcl=None)
+    with pytest.raises(safejit.ConfigError, match=match):
+        kernel.launch(args=[1], **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("t", "value"),
+    [(ctypes.c_void_p, 2**70), (ctypes.c_int32, 1.5), (ctypes.c_float, 10**400), (ctypes.c_float, 1e300)],
+)
+def test_a_value_its_parameter_cannot_hold_is_a_config_error(t, value):
+    """A pointer of 2**70 became NULL, 1e300 for a float became inf, and the others raised
+    raw TypeError / OverflowError."""
+    with pytest.raises(safejit.ConfigError):
+        pack_arguments([t], [value])
