@@ -140,6 +140,29 @@ def _cstr(data: bytes, start: int, end: int) -> str:
     return data[start:stop].decode("utf-8", "replace")
 
 
+#: A section name's bytes, at most; and all of a file's section names' together. Real ones
+#: are short (a kernel's mangled name, a few hundred bytes): a file whose 65,535 headers
+#: each named a long string (or its suffixes) made gigabytes of text.
+_NAME_MAX: Final = 16 * 1024
+_NAMES_MAX: Final = 4 * 1024 * 1024
+
+
+def _names_at(data: bytes, base: int, end: int, offsets: list[int]) -> list[str]:
+    """The names at ``offsets`` into the string table ``data[base:end]``, each decoded once."""
+    found: dict[int, str] = {}
+    total = 0
+    names = []
+    for off in offsets:
+        name = found.get(off)
+        if name is None:
+            name = found[off] = _cstr(data, base + off, min(end, base + off + _NAME_MAX))
+            total += len(name)
+            if total > _NAMES_MAX:
+                raise ElfError(f"section names take more than {_NAMES_MAX} bytes")
+        names.append(name)
+    return names
+
+
 class Elf:
     """An ELF file's header and section headers, read on construction (the rest on
     demand). Raises :class:`ElfError` for bytes it cannot read."""
@@ -196,8 +219,7 @@ class Elf:
                 self._names = []
             else:
                 base, end = self.string_table(self.shstrndx)
-                data = self.data
-                self._names = [_cstr(data, base + h[0], end) for h in self._raw]
+                self._names = _names_at(self.data, base, end, [h[0] for h in self._raw])
         return self._names
 
     def names(self) -> list[str]:
@@ -218,7 +240,8 @@ class Elf:
         if not rows:
             return []
         base, end = self.string_table(self.shstrndx)
-        return [_section(_cstr(self.data, base + h[0], end), h) for h in rows]
+        names = _names_at(self.data, base, end, [h[0] for h in rows])
+        return [_section(n, h) for n, h in zip(names, rows, strict=True)]
 
     def section(self, name: str) -> Section | None:
         """The first section named ``name``, or None."""

@@ -249,3 +249,29 @@ def test_a_string_table_without_an_end_or_out_of_range_is_an_elf_error():
     shoff = struct.unpack_from("<Q", data, 0x28)[0]
     with pytest.raises(ElfError):
         _elf.dynsym_functions(_with(data, shoff + header * 64 + 40, "<I", 77))  # sh_link
+
+
+@pytest.mark.parametrize("shape", ["one-long-name", "its-suffixes"])
+def test_section_names_of_a_crafted_file_cost_bounded_memory(shape):
+    """65,535 section headers each naming one 200 kB string (or a suffix of it): each name
+    was decoded into a string of its own (~13 GB); the reader answers or raises ElfError."""
+    import struct
+
+    from safejit.backends._elf import Elf, ElfError
+
+    n, length = 65535, 200_000
+    shoff = 64
+    table = shoff + n * 64
+    ehdr = (
+        b"\x7fELF"
+        + bytes([2, 1, 1])
+        + bytes(9)
+        + struct.pack("<HHIQQQIHHHHHH", 1, 0, 1, 0, 0, shoff, 0, 64, 0, 0, 64, n, 1)
+    )
+    headers = b"".join(
+        struct.pack("<IIQQQQIIQQ", 0 if shape == "one-long-name" else i, 3, 0, 0, table, length + 1, 0, 0, 1, 0)
+        for i in range(n)
+    )
+    data = ehdr + headers + b".ascend.meta." + b"A" * (length - 13) + b"\0"
+    with pytest.raises(ElfError):
+        Elf(data).names()
