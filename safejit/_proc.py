@@ -36,8 +36,19 @@ def owner(base: str, prefix: str = "") -> str:
             return found[1]
         token = f"{prefix}p{pid}.{os.urandom(6).hex()}"  # (a "-" ends it in the names it is given)
         mark = os.path.join(base, token + _MARK)
-        fd = os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_SH)  # (held until this process ends: its descriptor stays open)
+        # Made and locked under another name, then renamed into place: a sweep in another
+        # process never sees the mark unlocked (it would take its owner for ended, and
+        # remove the mark and what the owner was about to make).
+        making = os.path.join(base, f".{token}.making")
+        fd = os.open(making, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # (held until this process ends: its descriptor stays open)
+            os.rename(making, mark)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(making)
+            raise
         _marks[base] = (pid, token, fd)
         atexit.register(_unmark, mark, pid)
         return token

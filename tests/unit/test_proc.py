@@ -62,3 +62,24 @@ def test_a_mark_not_ours_or_a_token_without_one_is_never_taken_for_ended(tmp_pat
     assert not _proc.ended(str(tmp_path), "z-p1.000000000000")  # (no mark: made before marks)
     (tmp_path / "z-p1.111111111111.alive").symlink_to("/etc/hostname")
     assert not _proc.ended(str(tmp_path), "z-p1.111111111111")  # (not followed)
+
+
+def test_a_mark_is_never_seen_unlocked(tmp_path, monkeypatch):
+    """The mark was made under its own name and locked after: a sweep (or gc) in another
+    process between the two took its owner for ended and removed it."""
+    import fcntl
+
+    from safejit import _proc
+
+    seen = []
+    real = fcntl.flock
+
+    def flock(fd, op):
+        seen.append(sorted(n for n in os.listdir(tmp_path) if n.endswith(".alive")))
+        return real(fd, op)
+
+    monkeypatch.setattr(_proc.fcntl, "flock", flock)
+    monkeypatch.setattr(_proc, "_marks", {})
+    token = _proc.owner(str(tmp_path))
+    assert seen == [[]]  # (nothing by the mark's name before it is locked)
+    assert (tmp_path / f"{token}.alive").exists() and not _proc.ended(str(tmp_path), token)
