@@ -97,7 +97,8 @@ class AscendBackend:
                 ]
                 cached = Toolchain(
                     compiler=bisheng,
-                    version=f"{version}\nld.lld: {lld} {lld_version}",
+                    # (the linker's path on a line of its own: it may hold spaces)
+                    version=f"{version}\nld.lld: {lld}\n{lld_version}",
                     digest=f"{hash_file(bisheng)[0]}:{hash_file(lld)[0]}",
                     roots=tuple(dict.fromkeys((home, *system))),
                     search_dirs=tuple(include),
@@ -134,7 +135,7 @@ class AscendBackend:
         if quote_dir is not None:
             argv += ["-iquote", quote_dir]
         argv += ["-MD", "-MF", "{DEP}", "-o", "{OBJ}", "{SRC}"]
-        lld = toolchain.version.split("\nld.lld: ", 1)[1].split(" ", 1)[0]
+        lld = toolchain.version.split("\nld.lld: ", 1)[1].split("\n", 1)[0]
         # One spec, two sandboxed steps: "--" separates the linker's argv.
         return (*argv, "--", lld, "-m", "aicorelinux", "-Ttext=0", "{OBJ}", "-o", "{OUT}")
 

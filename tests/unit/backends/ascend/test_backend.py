@@ -61,9 +61,11 @@ extern "C" __global__ __aicore__ void add_custom(float* x, float* y, float* z, i
 """
 
 
-@pytest.fixture
-def toolkit(tmp_path: Path) -> Path:
-    home = tmp_path / "Ascend" / "latest"
+@pytest.fixture(params=["Ascend", "Ascend Toolkit"])
+def toolkit(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    """A stand-in toolkit; also under a directory whose name holds a space (the linker's
+    path was cut at the first space: '/opt/Ascend' ran as the linker)."""
+    home = tmp_path / request.param / "latest"
     bin_dir = home / "compiler" / "ccec_compiler" / "bin"
     bin_dir.mkdir(parents=True)
     for name, text in (("bisheng", BISHENG), ("ld.lld", LLD)):
