@@ -70,6 +70,9 @@ def slot_layout(types: Sequence[Any]) -> tuple[list[int], int]:
 def _device_pointer(arg: Any) -> int | None:
     data_ptr = getattr(arg, "data_ptr", None)  # torch_npu tensors
     if callable(data_ptr):
+        device = getattr(getattr(arg, "device", None), "type", None)
+        if device is not None and device != "npu":  # (a host address the kernel would read as device memory)
+            raise ConfigError(f"a tensor on {device!r} cannot be an Ascend kernel's argument: move it to the NPU")
         return int(data_ptr())
     return None
 

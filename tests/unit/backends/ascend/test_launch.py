@@ -176,3 +176,12 @@ def test_a_value_its_parameter_cannot_hold_is_a_config_error(t, value):
     raw TypeError / OverflowError."""
     with pytest.raises(safejit.ConfigError):
         pack_arguments([t], [value])
+
+
+def test_a_tensor_in_host_memory_is_refused_as_a_device_pointer():
+    """Anything with data_ptr() was taken for device memory: a CPU tensor's host address
+    reached the kernel."""
+    on = lambda kind: types.SimpleNamespace(data_ptr=lambda: 0x1000, device=types.SimpleNamespace(type=kind))  # noqa: E731
+    with pytest.raises(safejit.ConfigError, match="'cpu'"):
+        pack_arguments([ctypes.c_void_p], [on("cpu")])
+    assert len(pack_arguments([ctypes.c_void_p], [on("npu")])) == 8
