@@ -236,11 +236,14 @@ class BuildJob:
                 events=self if events else None,
                 read_roots=[r for name, r in anchors.roots.items() if not name.startswith(LINK_ANCHOR)],
             )
+            began = time.perf_counter()
             try:
                 out = self.parts.backend.compile(ctx)
             except CompileError as exc:
                 self.counters.add("errors")
                 s.add_event("compiler.log", {"safejit.log": exc.log[:LOG_EVENT_CAP]})
+                # (a failed run, a timeout above all, took compiler time too: on the dashboards)
+                instruments.compile_duration.record(time.perf_counter() - began, self._attrs)
                 raise
             except PolicyError as exc:  # (what the compiler made is refused: LoadTimeCodeError)
                 kind = type(exc).__name__
@@ -257,6 +260,7 @@ class BuildJob:
         instruments.compile_duration.record(out.seconds, self._attrs)
         self.counters.compile_seconds.append(out.seconds)
         if len(out.artifact) > self.config.max_artifact_bytes:
+            instruments.policy_violations.add(1, {**self._attrs, ATTR.KIND: LimitExceededError.__name__})
             raise LimitExceededError(
                 f"artifact is {len(out.artifact)} bytes; the limit is {self.config.max_artifact_bytes}",
                 limit=self.config.max_artifact_bytes,

@@ -345,3 +345,19 @@ def test_build_and_warm_spans_say_their_tier(make_runtime, spans, tmp_path):
     rt.build(src)
     tiers = [s.attributes.get("safejit.tier") for s in spans.get_finished_spans() if s.name == "safejit.compile"]
     assert tiers in (["compiled", "memory"], ["compiled", "disk"]), tiers
+
+
+def test_a_failed_compile_counts_its_time_and_an_oversize_artifact_is_a_violation(make_runtime, metric_reader):
+    """compile.duration left out failed compiles (timeouts above all), and an artifact over
+    max_artifact_bytes was refused without counting a policy violation."""
+    tenant = _tenant()
+    rt = make_runtime(tenant=tenant)
+    with pytest.raises(safejit.CompileError):
+        rt.compile(safejit.Source("int broken(void) { return }", "broken"))
+    (point,) = _points(metric_reader, "safejit.compile.duration", tenant)
+    assert point.count == 1 and point.sum > 0
+    small = make_runtime(tenant=tenant, max_artifact_bytes=1024)
+    with pytest.raises(safejit.LimitExceededError):
+        small.compile(safejit.Source("int one(void) { return 1; }", "one"))
+    kinds = {p.attributes["safejit.kind"]: p.value for p in _points(metric_reader, "safejit.policy.violations", tenant)}
+    assert kinds == {"LimitExceededError": 1}
