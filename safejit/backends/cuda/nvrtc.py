@@ -15,6 +15,10 @@ NVRTC writes no depfile. Two ways to know what it read:
   filesystem access at all (Landlock); in process because every ``#include`` that
   could reach the filesystem directly (absolute, ``..``, computed) is resolved or
   refused first. The closure is therefore the set of headers handed over.
+
+The compile, the hand-over and the worker's protocol stay in one module (hence its
+length, past the style's ~450 lines): the worker runs exactly these requests, and the
+in-memory hand-over is what both ways fall back to.
 """
 
 from __future__ import annotations
