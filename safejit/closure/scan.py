@@ -21,6 +21,7 @@ T = TypeVar("T")
 
 __all__ = [
     "COARSE_NS",
+    "HAS_INCLUDE",
     "PCH_SUFFIX",
     "Absence",
     "Closure",
@@ -134,7 +135,8 @@ class Closure:
     negative_paths: list[str]
 
 
-_HAS_INCLUDE = re.compile(rb'__has_include(?:_next)?\s*\(\s*([<"])([^>"\n]+)[>"]\s*\)')
+#: ``__has_include("x")`` / ``(<x>)`` with a literal name.
+HAS_INCLUDE = re.compile(rb'__has_include(?:_next)?\s*\(\s*([<"])([^>"\n]+)[>"]\s*\)')
 _QUOTED_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.M)
 #: ``#include NAME`` / ``#include_next NAME``: a header name a macro makes.
 _COMPUTED_INCLUDE = re.compile(rb"^[ \t]*#[ \t]*include(?:_next(?!\w)|(?!\w))[ \t]*[A-Za-z_]", re.M)
@@ -146,10 +148,12 @@ _COMPUTED_INCLUDE = re.compile(rb"^[ \t]*#[ \t]*include(?:_next(?!\w)|(?!\w))[ \
 _HIDDEN = re.compile(
     rb"#[ \t]*(?:/\*|[a-z_]*\\\r?\n|include(?:_next)?[ \t]*(?:/\*|\\\r?\n|[\"<][^\"<>\n]*\\\r?\n))|\*/[ \t]*#"
 )
-#: A number (its digit separators are no quotes: ``1'000``), a string or character literal
-#: (kept), or a comment (a space), as the preprocessor reads them.
+#: A number (its digit separators are no quotes: ``1'000``), a raw string (whatever it
+#: holds), a string or character literal (kept), or a comment (a space), as the
+#: preprocessor reads them.
 _TOKENS = re.compile(
     rb"(?<![\w.])\.?[0-9](?:[eEpP][+-]|'[0-9A-Za-z_]|[0-9A-Za-z_.])*"
+    rb'|(?<![\w])(?:u8|[uUL])?R"([^()\\ \t\n]{0,16})\(.*?\)\1"'  # (a raw string: R"d( ... )d")
     rb'|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*',
     re.S,
 )
@@ -193,7 +197,9 @@ def has_include_probes(data: bytes) -> list[tuple[str, str]]:
     only), kind ``"`` (looked for next to the file first) or ``<``."""
     if b"__has_include" not in data:
         return []
-    found = [m for t in dict.fromkeys((data, as_read(data, always=True))) for m in _HAS_INCLUDE.finditer(t)]
+    # (as the preprocessor reads it only: a probe in a comment is none, and refusing one
+    # that names a path outside the roots refused a sound compile)
+    found = HAS_INCLUDE.finditer(as_read(data, always=True))
     return list(dict.fromkeys((m.group(1).decode(), m.group(2).decode("utf-8", "replace").strip()) for m in found))
 
 

@@ -272,6 +272,15 @@ def test_what_a_computed_include_may_have_named_is_looked_for_next_to_its_includ
     ])  # fmt: skip
 
 
+def test_a_probe_in_a_comment_is_none_and_one_after_a_raw_string_is_seen():
+    """Probes are read as the preprocessor reads them: one in a comment was refused as a
+    lookup outside the roots (a sound compile failed); a raw string holding a quote and a
+    comment opener hid what followed it."""
+    assert scan.has_include_probes(b'/* #if __has_include("/etc/hostname") */\nint a;\n') == []
+    text = b'const char* r = R"("/*)";\n#if __has_include("/x.h")\n#endif\n// */\n'
+    assert scan.has_include_probes(text) == [('"', "/x.h")]
+
+
 def test_has_include_probes_are_read_through_comments_and_splices():
     text = b'#if __has_include(/**/"a.h") || __has_include(\\\n<b.h>) || __has_include /* c */ ("c.h")\n#endif\n'
     assert scan.has_include_probes(text) == [('"', "a.h"), ("<", "b.h"), ('"', "c.h")]

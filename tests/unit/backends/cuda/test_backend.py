@@ -224,8 +224,11 @@ def test_computed_include_needs_the_isolated_worker(make_runtime, cuda_project, 
 @pytest.mark.parametrize(
     "directive",
     ['#/**/include "{p}"', '#inc\\\nlude "{p}"', '%:include "{p}"', '#if __has_include("{p}")\n#endif',
-     '#define P "{p}"\n#if __has_include(P)\n#endif', "int a = 1'0 + '/*';\n#include \"{p}\"\n// */"],
-    ids=["comment", "splice", "digraph", "has-include", "has-include-macro", "digit-separator"],
+     '#define P "{p}"\n#if __has_include(P)\n#endif', "int a = 1'0 + '/*';\n#include \"{p}\"\n// */",
+     'const char* r = R"("/*)";\n%:include "{p}"\n// */',
+     'const char* r = u8R"x(/*)x";\n#if __has_include("{p}")\n#endif'],
+    ids=["comment", "splice", "digraph", "has-include", "has-include-macro", "digit-separator", "raw-string",
+         "raw-string-probe"],
 )  # fmt: skip
 @pytest.mark.parametrize("there", [True, False])
 def test_in_process_nvrtc_reads_directives_as_the_preprocessor_does(
