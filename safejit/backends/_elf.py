@@ -140,25 +140,21 @@ def _cstr(data: bytes, start: int, end: int) -> str:
     return data[start:stop].decode("utf-8", "replace")
 
 
-#: A section name's bytes, at most; and all of a file's section names' together. Real ones
-#: are short (a kernel's mangled name, a few hundred bytes): a file whose 65,535 headers
-#: each named a long string (or its suffixes) made gigabytes of text.
-_NAME_MAX: Final = 16 * 1024
-_NAMES_MAX: Final = 4 * 1024 * 1024
-
-
 def _names_at(data: bytes, base: int, end: int, offsets: list[int]) -> list[str]:
-    """The names at ``offsets`` into the string table ``data[base:end]``, each decoded once."""
+    """The names at ``offsets`` into the string table ``data[base:end]``, each decoded once,
+    in all at most twice the table's size and a MiB: a crafted file whose 65,535 headers
+    each named a suffix of one long string made gigabytes of text; a real one (a cubin of
+    hundreds of instantiations with 20 kB mangled names) names each string once."""
     found: dict[int, str] = {}
-    total = 0
+    budget = 2 * (end - base) + (1 << 20)
     names = []
     for off in offsets:
         name = found.get(off)
         if name is None:
-            name = found[off] = _cstr(data, base + off, min(end, base + off + _NAME_MAX))
-            total += len(name)
-            if total > _NAMES_MAX:
-                raise ElfError(f"section names take more than {_NAMES_MAX} bytes")
+            name = found[off] = _cstr(data, base + off, end)
+            budget -= len(name)
+            if budget < 0:
+                raise ElfError("section names take more than twice their table's size")
         names.append(name)
     return names
 
