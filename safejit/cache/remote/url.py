@@ -232,13 +232,13 @@ def _userinfo(url: str) -> tuple[int, int]:
 
 
 def _withheld(url: str, message: str) -> str:
-    """``message`` unless it repeats a piece of what may be a credential in ``url`` (a part
-    urlsplit cut out of a password that is not percent-encoded: the database, the bucket,
-    a query name), else one that says only what to fix."""
+    """``message`` unless the credential in ``url`` holds what urlsplit takes for the end of
+    the host ('/', '?', '#', '@' not percent-encoded): then the pieces it cut out of it (a
+    database, a bucket, a query decoded, however short) may be in the message, which is
+    replaced by one that says only what to fix."""
     start, end = _userinfo(url)
     secret = url[start:end].partition(":")[2] if start < end else ""
-    pieces = [p for p in re.split(r"[/?#@:=&]", secret) if len(p) >= 3]
-    if any(p in message for p in pieces):
+    if any(c in secret for c in "/?#@"):
         return (
             f"remote URL {_scrub(url)!r} does not parse as meant (details withheld: they would show part of a "
             "credential; percent-encode '/', '?', '#', '@' and ':' in credentials)"
