@@ -12,7 +12,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
 
-from ..closure.anchors import LINK_ANCHOR, LOOKED_OUTSIDE, Anchors, is_under, real_path
+from ..closure.anchors import LINK_ANCHOR, LOOKED_OUTSIDE, Anchors, first_outside, is_under, real_path
 from ..closure.hashing import Snapshot, snapshot_of
 from ..closure.scan import (
     COARSE_NS,
@@ -337,8 +337,20 @@ def _probes_by_path(
     of one of the toolchain's own include dirs is the one exception: it is not
     recorded — as a header added to the system would not be.)"""
     out: list[str] = []
+    roots = list(anchors.roots.values())
+    resolved: dict[str, bool] = {}  # (directory -> whether a link is on its way)
     for kind, name, here in probes:
-        if not name or not (name.startswith("/") or ".." in name.split("/")):
+        if not name:
+            continue
+        if not (name.startswith("/") or ".." in name.split("/")):
+            # A plain name stays where it is looked for — unless a link on the way leads
+            # out of the roots (whether its target is there or not: refused either way,
+            # as an #include of it is). Its answer is a negative lookup like any other.
+            first = [here] if kind == '"' and here else []
+            looked = [os.path.join(d, name) for d in (*first, *search_dirs) if not _toolchain_dir(d, anchors)]
+            if first_outside([p for p in looked if _linked(p, resolved)], roots) is not None:
+                logger.debug("refused: __has_include(%r) leads out of the roots through a link", name)
+                raise UndeclaredDependencyError(LOOKED_OUTSIDE)
             continue
         if name.startswith("/"):
             places = [(name, False)]
@@ -360,6 +372,16 @@ def _probes_by_path(
                     logger.debug("refused: __has_include(%r) probes %r, outside every root", name, cand)
                     raise UndeclaredDependencyError(LOOKED_OUTSIDE)
     return out
+
+
+def _linked(path: str, resolved: dict[str, bool]) -> bool:
+    """Whether ``path`` is a link, or lies in a directory reached through one (``resolved``:
+    what is known of directories so far)."""
+    head = os.path.dirname(path)
+    through = resolved.get(head)
+    if through is None:
+        through = resolved[head] = os.path.realpath(head) != os.path.normpath(head)
+    return through or os.path.islink(path)
 
 
 def _within_scratch(name: str) -> bool:

@@ -110,3 +110,25 @@ def test_a_compile_does_not_say_whether_a_file_outside_the_roots_exists(make_run
     assert said[0] == said[1], said
     assert said[0][0] is safejit.UndeclaredDependencyError and "outside every declared root" in said[0][1]
     assert "<name>" not in said[0][1]  # (which lookup stopped the compiler would tell which exist)
+
+
+@needs_landlock
+def test_a_probe_of_a_link_out_of_a_root_is_refused_whether_its_target_is_there(make_runtime, tmp_path):
+    """__has_include of a plain name that is a link in a root to an outside file: one whose
+    target is there was refused, a dangling one compiled — which told whether the outside
+    file exists. (An #include of it is refused either way.)"""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "there.h").write_text("#define X 1\n")
+    inc = tmp_path / "root" / "inc"
+    inc.mkdir(parents=True)
+    (inc / "link_there.h").symlink_to(outside / "there.h")
+    (inc / "link_absent.h").symlink_to(outside / "absent.h")
+    rt = make_runtime(source_roots=(str(tmp_path / "root"),), sandbox="auto")
+    said = []
+    for kind in ("there", "absent"):
+        code = f'#if __has_include("link_{kind}.h")\nint f(void) {{ return 1; }}\n#endif\nint g(void) {{ return 0; }}\n'
+        with pytest.raises(safejit.SafejitError) as exc:
+            rt.compile(safejit.Source(code, "k"), include_dirs=(str(inc),))
+        said.append((type(exc.value), str(exc.value)))
+    assert said[0] == said[1] and said[0][0] is safejit.UndeclaredDependencyError, said
