@@ -339,6 +339,7 @@ def _probes_by_path(
     out: list[str] = []
     roots = list(anchors.roots.values())
     resolved: dict[str, bool] = {}  # (directory -> whether a link is on its way)
+    own_dirs = [d for d in search_dirs if not _toolchain_dir(d, anchors)]  # (once, not per probe)
     for kind, name, here in probes:
         if not name:
             continue
@@ -347,7 +348,8 @@ def _probes_by_path(
             # out of the roots (whether its target is there or not: refused either way,
             # as an #include of it is). Its answer is a negative lookup like any other.
             first = [here] if kind == '"' and here else []
-            looked = [os.path.join(d, name) for d in (*first, *search_dirs) if not _toolchain_dir(d, anchors)]
+            first = [d for d in first if not _toolchain_dir(d, anchors)]
+            looked = [os.path.join(d, name) for d in (*first, *own_dirs)]
             if first_outside([p for p in looked if _linked(p, resolved)], roots) is not None:
                 logger.debug("refused: __has_include(%r) leads out of the roots through a link", name)
                 raise UndeclaredDependencyError(LOOKED_OUTSIDE)
