@@ -56,8 +56,9 @@ def _soak(
     period: float,
     backend: str = "fake",
 ) -> None:
-    """Up to ``calls`` calls; after ``seconds``, stop as soon as the run has seen at least
-    three edits, a stale entry and an eviction (and after ``4 * seconds`` in any case)."""
+    """After ``calls`` calls or ``seconds``, whichever comes first, stop as soon as the run
+    has seen four edits, a stale entry and an eviction (and after ``4 * seconds`` in any
+    case): a run whose calls all fit before the editor's first edits goes on calling."""
     root = tmp_path / "proj"
     (root / "include").mkdir(parents=True)
     for j in range(headers):
@@ -92,22 +93,24 @@ def _soak(
     def seen_enough() -> bool:
         stats = rt.stats()
         edits = timeline_path.read_text().count("\n")
-        return edits >= 3 and stats["stale"] > 0 and stats["evictions"] > 0
+        return edits > 3 and stats["stale"] > 0 and stats["evictions"] > 0
 
     try:
-        for n in range(calls):
+        n = 0
+        while True:
             # Most calls go to a few hot specs (their entries live long enough to go stale
             # and be revalidated), the rest to many cold ones (evictions, disk hits).
             src, header = sources[rng.randrange(hot) if rng.random() < 0.8 else rng.randrange(specs)]
             started = time.time()
             version = rt.compile(src, include_dirs=(str(root / "include"),)).kernel(version_kernel)()
             observations.append((started, header, version))
-            if n % 97 == 0:
+            n += 1
+            if n % 97 == 0 or n >= calls:
                 stats = rt.stats()
                 assert stats["memory_entries"] <= entries
                 assert stats["memory_bytes"] <= entries * 20_000
                 now = time.monotonic()
-                if now > hard_deadline or (now > soft_deadline and seen_enough()):
+                if now > hard_deadline or ((n >= calls or now > soft_deadline) and seen_enough()):
                     break
     finally:
         stop.touch()
