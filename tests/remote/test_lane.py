@@ -100,7 +100,7 @@ def test_a_closed_store_closes_its_kept_connections(redis_server, store):
 
     before = clients()
     store.close()
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + 10.0  # (a loaded machine)
     while clients() > before - 1 and time.monotonic() < deadline:  # (the server sees it go)
         time.sleep(0.01)
     assert clients() == before - 1  # the one the writes used, kept by the reads since
