@@ -32,6 +32,41 @@ def _private_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         yield
 
 
+def _temporary_entries() -> set[str]:
+    """What lies in the temporary dirs by names this suite and safejit make there, except
+    the per-user bases that stay by design (/dev/shm/safejit-u<uid>, safejit-root) and
+    this process's own loader dir (removed at its exit)."""
+    import tempfile
+
+    mine = f"safejit-load-u{os.geteuid()}-p{os.getpid()}."
+    found = set()
+    for where in dict.fromkeys((tempfile.gettempdir(), "/dev/shm")):
+        try:
+            names = os.listdir(where)
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith(("safejit", "tmp", ".safejit")) and not name.startswith(mine):
+                if where == "/dev/shm" and (name == "safejit-root" or name.startswith("safejit-u")):
+                    continue
+                found.add(os.path.join(where, name))
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _nothing_left_behind() -> Iterator[None]:
+    """The suite leaves nothing in the temporary dirs (a killed worker's directory, a
+    test's file): whatever a run adds there outside its own tmp_path, and that is still
+    there once every Runtime is gone, fails the run."""
+    import gc
+
+    before = _temporary_entries()
+    yield
+    gc.collect()  # (what Runtimes no one closed made is removed as they are collected)
+    left = sorted(_temporary_entries() - before)
+    assert not left, f"left behind in the temporary dirs: {left[:10]}"
+
+
 @pytest.fixture
 def private_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh private state dir for this test alone (``sandbox.statedir``): where its

@@ -5,9 +5,7 @@ and the sandboxed runner every compiler and probe goes through."""
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
-import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -76,8 +74,6 @@ class Parts:
             staging=Staging(f"artifact.{self.backend.artifact_ext}", scratch=scratch, memory=in_memory, marks=private),
         )
         self.remote = self._open_remote(config)
-        self._probe_dir: str | None = None
-        self._probe_cleanup: weakref.finalize[[str, int], Parts] | None = None
         self._anchors: dict[tuple[Toolchain, tuple[str, ...]], Anchors] = {}
 
     def _open_remote(self, config: Config) -> RemoteTier | None:
@@ -106,15 +102,6 @@ class Parts:
             max_artifact_bytes=config.max_artifact_bytes,
             attrs=attrs,
         )
-
-    @property
-    def probe_dir(self) -> str:
-        """A scratch directory for toolchain probes, made on first need."""
-        if self._probe_dir is None:
-            self._probe_dir = tempfile.mkdtemp(prefix="safejit-probe-")
-            # Removed by close(), else when these parts are collected or at exit.
-            self._probe_cleanup = weakref.finalize(self, _remove_probe_dir, self._probe_dir, os.getpid())
-        return self._probe_dir
 
     def anchors(self, toolchain: Toolchain, seen: list[tuple[str, str]] | None = None) -> Anchors:
         """The anchors of this compile's roots: the source roots resolved now (a root
@@ -153,7 +140,12 @@ class Parts:
             watch: Sequence[str] = (),
             on_closed: Callable[[str, bytes], None] | None = None,
         ) -> RunOutcome:
-            where = cwd or self.probe_dir
+            if not cwd:  # (a probe: in a scratch dir of its own, gone when it ends)
+                with tempfile.TemporaryDirectory(prefix="safejit-probe-", ignore_cleanup_errors=True) as scratch:
+                    return run(
+                        argv, cwd=scratch, timeout=timeout, extra_read=extra_read, watch=watch, on_closed=on_closed
+                    )
+            where = cwd
             tmp = os.path.join(where, ".tmp")
             os.makedirs(tmp, mode=0o700, exist_ok=True)  # (private: see the shim's hand_over)
             return self.sandbox.run(
@@ -177,8 +169,6 @@ class Parts:
         settle()
         self.backend.close()
         self.disk.close()
-        if self._probe_cleanup is not None:
-            self._probe_cleanup()
 
 
 class _RemoteObserver:
@@ -199,8 +189,3 @@ def _signature_policy(config: Config, signer: object) -> SignaturePolicy | None:
     """What a leaf's signature is checked against (``policy.trust.signature_policy``);
     none when no key is configured (``require_signed`` is then false)."""
     return signature_policy(config.verify_keys, signer, require=bool(config.require_signed))
-
-
-def _remove_probe_dir(path: str, owner: int) -> None:
-    if os.getpid() == owner:
-        shutil.rmtree(path, ignore_errors=True)

@@ -69,10 +69,10 @@ def test_eight_processes_cold_start_one_spec_and_compile_once(cache_dir, tmp_pat
 
 
 FORK_CHILD = r"""
-import os, sys, tempfile, time
+import os, sys, time
 import safejit
 from safejit.closure.hashing import hash_file
-big = os.path.join(tempfile.mkdtemp(), "big.bin")
+big = os.path.join(sys.argv[2], "big.bin")
 with open(big, "wb") as f:
     f.write(os.urandom(4 << 20))
 hash_file(big)  # on BLAKE3's threads, which a forked child does not have
@@ -97,10 +97,10 @@ sys.exit(1)
 """
 
 
-def test_a_child_forked_after_compiling_can_hash_and_compile(cache_dir):
+def test_a_child_forked_after_compiling_can_hash_and_compile(cache_dir, tmp_path):
     """BLAKE3's worker threads do not survive fork: a child must not wait on them."""
     out = subprocess.run(
-        [sys.executable, "-c", FORK_CHILD, str(cache_dir)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", FORK_CHILD, str(cache_dir), str(tmp_path)], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "child 64 2" in out.stdout and "status 0" in out.stdout

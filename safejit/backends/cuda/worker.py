@@ -102,9 +102,12 @@ def main(argv: list[str]) -> int:
     warm = NvrtcRequest(b'extern "C" __global__ void safejit_warm() {}\n', "warm", [f"--gpu-architecture={arch}"], [])
     nvrtc_compile_once(warm)
     resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
-    # An empty working directory: even without Landlock, a relative include finds nothing.
+    # An empty working directory, removed at once: even without Landlock a relative include
+    # finds nothing (nothing can be made in a removed directory), and however the worker
+    # ends (killed at a timeout), it leaves nothing behind.
     cwd = tempfile.mkdtemp(prefix="safejit-nvrtc-")
     os.chdir(cwd)
+    os.rmdir(cwd)
     recorder = Recorder(library) if library else None  # (loaded while it can still be read)
     landlocked = landlock_restrict(roots, [], deny_net=True, required=required)
     why = "" if library else "no recorder"

@@ -442,6 +442,27 @@ def test_the_nvrtc_worker_keeps_its_heap_between_compiles():
     assert faults < 3 * 200, f"{faults} page faults in three compiles"
 
 
+def test_the_nvrtc_worker_leaves_no_working_directory_behind():
+    """The worker works in an empty directory of its own, removed as soon as it is in it:
+    killed (a compile past its timeout) or ended, it leaves nothing in the temporary dir."""
+    import glob
+    import tempfile
+
+    from safejit.backends.cuda.nvrtc import NvrtcRequest, NvrtcWorker
+
+    pattern = os.path.join(tempfile.gettempdir(), "safejit-nvrtc-*")
+    before = set(glob.glob(pattern))
+    worker = NvrtcWorker("sm_90", require_landlock=False)
+    try:
+        assert worker.compile_once(NvrtcRequest(b'extern "C" __global__ void k() {}\n', "k", [], [])).ok
+        assert worker._proc is not None
+        assert os.readlink(f"/proc/{worker._proc.pid}/cwd").endswith(" (deleted)")
+        assert set(glob.glob(pattern)) == before
+    finally:
+        worker.close()  # (SIGKILL to its process group)
+    assert set(glob.glob(pattern)) == before
+
+
 @pytest.mark.skipif(landlock_abi() == 0, reason="this kernel offers no Landlock")
 def test_the_nvrtc_worker_restricts_itself_whole_when_landlock_is_required(tmp_path):
     """The worker loads NVRTC and compiles once before Landlock restricts it; Landlock binds
