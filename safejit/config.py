@@ -58,16 +58,19 @@ def _absolute(path: str, name: str) -> str:
     """``path`` with ``~`` expanded, made absolute against the working directory now
     (lexically: symlinks are left for each compile to resolve). A control character or a
     backslash is refused: a compiler lists what it read under these paths in text that
-    cannot carry them."""
+    cannot carry them; so is a path that is not UTF-8 (manifests and keys are UTF-8 text)."""
     if UNLISTABLE.search(path):
         raise ConfigError(f"Config.{name}: {path!r} holds a control character or a backslash")
     expanded = os.path.expanduser(path)
-    if os.path.isabs(expanded):
-        return expanded
     try:
-        return os.path.abspath(expanded)
+        absolute = expanded if os.path.isabs(expanded) else os.path.abspath(expanded)
     except OSError as exc:  # (the working directory was removed)
         raise ConfigError(f"Config.{name}: {path!r} is relative, and there is no working directory: {exc}") from None
+    try:
+        absolute.encode("utf-8")
+    except UnicodeEncodeError:  # (bytes that are not UTF-8, as os.fsdecode gives them)
+        raise ConfigError(f"Config.{name}: {absolute!r} is not UTF-8: manifests and keys cannot name it") from None
+    return absolute
 
 
 @dataclass(frozen=True, slots=True)

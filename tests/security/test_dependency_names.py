@@ -80,6 +80,20 @@ def test_a_root_holding_a_line_break_or_backslash_is_a_config_error(field, bad):
         safejit.Config(**{field: (bad,)})
 
 
+@pytest.mark.parametrize("field", ["cache_dirs", "source_roots"])
+def test_a_root_that_is_not_utf8_is_a_config_error(field, tmp_path):
+    """A directory named by bytes that are not UTF-8 (as os.fsdecode gives them) cannot be
+    named in a manifest: it was taken, published to, and every later disk hit raised
+    UnicodeEncodeError."""
+    bad = os.fsdecode(os.fsencode(str(tmp_path)) + b"/dir\xff")
+    os.mkdir(bad)
+    with pytest.raises(safejit.ConfigError, match="not UTF-8"):
+        safejit.Config(**{field: (bad,)})
+    with pytest.raises(safejit.ConfigError, match="not UTF-8"):
+        safejit.Config.from_env(**{field: (bad,)})
+    assert os.listdir(bad) == []
+
+
 def test_names_with_spaces_hash_and_dollar_are_dependencies_and_their_edits_rebuild(make_runtime, root, cache_dir):
     inc = root / "My Headers"
     inc.mkdir()
