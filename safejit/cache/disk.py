@@ -392,6 +392,9 @@ class DiskTier:
         try:
             _fill_stage(stage, files, prepared=prepared, synced=synced, early=early)
             self._make_build_dir(root, bdir)
+            # Its age is now: a prepared stage was made up to MAX_AGE_S before, and prune
+            # (age, grace, least recently used) judges a leaf by this directory's mtime.
+            os.utime(stage)
             published = dataclasses.replace(built, path=leaf, root=root, manifest=manifest)
             for attempt in (1, 2):
                 faults.point("publish.before_rename")

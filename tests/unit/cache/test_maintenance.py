@@ -55,6 +55,27 @@ def test_prune_by_size_is_lru_and_respects_the_grace_period(cache_dir):
     assert_cache_sound(cache_dir)
 
 
+def test_a_leaf_published_from_a_spare_made_long_before_is_as_new_as_its_publish(cache_dir):
+    """Spare work dirs are made ahead, after the previous compile; a leaf's age is its
+    directory's mtime. Published from a spare made ten minutes before, a leaf looked that
+    old: prune within its grace period removed it, and keep-per-build kept an older one."""
+    rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(cache_dir),)))
+    try:
+        rt.build(safejit.Source("int a(void) { return 1; }\n", "a"))
+        settle()  # (the spares made after it)
+        spares = [r for r, _, _ in os.walk(cache_dir / "v1" / "tmp") if os.path.basename(r) == "leaf"]
+        assert spares
+        for stage in spares:
+            _age(stage, 600)
+        started = time.time()
+        path = rt.build(safejit.Source("int b(void) { return 2; }\n", "b")).path
+    finally:
+        rt.close()
+    assert os.lstat(path).st_mtime >= started - 1
+    report = maintenance.prune(str(cache_dir), max_age_s=300, grace_s=60)
+    assert report.removed == 0 and os.path.isdir(path)
+
+
 def test_prune_keep_per_build(make_runtime, project, cache_dir):
     rt = make_runtime(source_roots=(str(project),))
     src, inc = safejit.Source('#include "value.h"\nint v(void) { return VALUE; }\n', "v"), (str(project / "include"),)
