@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import threading
 import time
@@ -331,7 +332,9 @@ class Runtime:
             module.found_in(Tier.MEMORY),
             len(leaf.artifact),
             Entry.dep_list(leaf.dep_states),
-            leaf.checked,
+            # A build no one vouches for (a header changed while it compiled: an empty
+            # digest) was never found current: the next call revalidates it, and rebuilds.
+            leaf.checked if all(state[2] for state in leaf.dep_states) else -math.inf,
             negatives=leaf.negatives,
             trusted=leaf.closure_known,
             # (the roots, include dirs, path flags and source file as named: "inc", "~/lib",
