@@ -193,6 +193,9 @@ class MemoryTier(Generic[T]):
     def _single_flight(self, key: Hashable, make: Callable[[], tuple[Entry[T], T]]) -> tuple[Entry[T], T, bool]:
         with self._lock:
             fut = self._inflight.get(key)
+            if fut is not None and fut.done():  # (settled, its owner interrupted before letting it go)
+                del self._inflight[key]
+                fut = None
             owner = fut is None
             if owner:
                 fut = Future()
@@ -201,17 +204,21 @@ class MemoryTier(Generic[T]):
         if not owner:
             entry, made = fut.result()
             return entry, made, False
+        # The future is settled and let go whatever happens, an exception raised in this
+        # thread between two statements (a signal handler's) included: one left in flight
+        # would hold every later caller of the key for good.
         try:
             entry, made = make()
+            self.insert(key, entry)
+            fut.set_result((entry, made))
         except BaseException as exc:
-            with self._lock:
-                self._inflight.pop(key, None)
-            fut.set_exception(exc)
+            if not fut.done():
+                fut.set_exception(exc)
             raise
-        self.insert(key, entry)
-        with self._lock:
-            self._inflight.pop(key, None)
-        fut.set_result((entry, made))
+        finally:
+            with self._lock:
+                if self._inflight.get(key) is fut:
+                    del self._inflight[key]
         return entry, made, True
 
     # -- bookkeeping -----------------------------------------------------------

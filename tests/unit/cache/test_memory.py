@@ -202,3 +202,34 @@ def test_dep_list_marks_as_racy_exactly_what_is_racy_says(monkeypatch):
     assert [row[3] for row in got] == [hashing.is_racy(s, now) for s in snaps]
     assert any(row[3] for row in got) and not all(row[3] for row in got)
     assert Entry.dep_list((("/x.h", (1, 2, 3, 0, 0), ""),))[0][3] is True
+
+
+@pytest.mark.parametrize("where", ["insert", "set_result"])
+def test_an_exception_between_make_and_settling_leaves_no_key_in_flight(monkeypatch, where):
+    """An exception raised in the owner after ``make`` returned (a signal handler's, between
+    two statements) left the key's future unsettled in flight: every later caller of the
+    key waited on it for good. Or settled but never let go: later callers got its entry
+    again and again."""
+    import concurrent.futures
+    import threading
+
+    cache: MemoryTier[str] = MemoryTier(max_entries=3, max_bytes=1 << 30, max_staleness_s=0.0)
+    make = lambda: (Entry("v", 1, [], time.monotonic()), "v")  # noqa: E731
+    if where == "insert":
+        monkeypatch.setattr(cache, "insert", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    else:
+        real = concurrent.futures.Future.set_result
+
+        def interrupted(self, result):
+            real(self, result)
+            raise KeyboardInterrupt()
+
+        monkeypatch.setattr(concurrent.futures.Future, "set_result", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cache.produce("k", make, time.monotonic())
+    monkeypatch.undo()
+    got: list[str] = []
+    later = threading.Thread(target=lambda: got.append(cache.produce("k", make, time.monotonic())), daemon=True)
+    later.start()
+    later.join(10)
+    assert got == ["v"] and not cache._inflight
