@@ -59,10 +59,18 @@ def _nothing_left_behind() -> Iterator[None]:
     test's file): whatever a run adds there outside its own tmp_path, and that is still
     there once every Runtime is gone, fails the run."""
     import gc
+    import tempfile
+
+    from safejit._proc import sweep
+    from safejit.backends import _host_library
 
     before = _temporary_entries()
     yield
     gc.collect()  # (what Runtimes no one closed made is removed as they are collected)
+    # What ended processes (a forked child, ended by os._exit) left where libraries are
+    # loaded is removed by the next process that loads one: as this one does now.
+    for parent in ("/dev/shm", tempfile.gettempdir()):
+        sweep(parent, f"safejit-load-u{os.geteuid()}-", _host_library._remove_loader_dir)
     left = sorted(_temporary_entries() - before)
     assert not left, f"left behind in the temporary dirs: {left[:10]}"
 
