@@ -10,11 +10,13 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
+from . import _forksafe
+
 __all__ = ["background", "settle"]
 
 T = TypeVar("T")
 
-_pool_lock = threading.Lock()
+_pool_lock = _forksafe.Lock()
 _pool: tuple[int, _Pool] | None = None
 
 

@@ -15,13 +15,14 @@ import atexit
 import contextlib
 import fcntl
 import os
-import threading
 from collections.abc import Callable
+
+from . import _forksafe
 
 __all__ = ["ended", "owner", "sweep"]
 
 _MARK = ".alive"
-_lock = threading.Lock()
+_lock = _forksafe.Lock()
 #: base -> (pid, token, the mark's descriptor)
 _marks: dict[str, tuple[int, str, int]] = {}
 

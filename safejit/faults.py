@@ -18,14 +18,13 @@ import errno
 import os
 import random
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Final
 
-from . import _env
+from . import _env, _forksafe
 from .errors import ConfigError
 
 __all__ = ["ACTIONS", "POINTS", "inject", "mangle", "point", "reset"]
@@ -74,7 +73,7 @@ class _Rule:
     probability: float = 1.0
 
 
-_lock = threading.Lock()
+_lock = _forksafe.Lock()
 _rules: dict[str, list[_Rule]] = {}
 _enabled = False
 

@@ -12,13 +12,12 @@ prototype its build recorded (``_hostcall.py`` says what each C type accepts)::
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from . import _hostcall
+from . import _forksafe, _hostcall
 from ._hostcall import UNSET
 from .backends.base import LoadedLibrary
 from .errors import KernelNotFoundError, LoadError
@@ -70,7 +69,7 @@ class _Loaded:
     def __init__(self, library: LoadedLibrary) -> None:
         self.library = library
         self.closed = False
-        self.lock = threading.Lock()
+        self.lock = _forksafe.Lock()
         self.kernels: dict[str, KernelHandle] = {}
         self.finalizer = weakref.finalize(self, library.close)
 

@@ -15,13 +15,12 @@ import atexit
 import logging
 import math
 import os
-import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import _env
+from . import _env, _forksafe
 from ._arguments import argument_error, check_arguments
 from ._pipeline.parts import Parts
 from ._pipeline.pipeline import Pipeline
@@ -67,7 +66,7 @@ class Runtime:
         self.config = cfg
         self._env = _env.passthrough_values(cfg.env_passthrough)
         self._wired: tuple[Parts, Resolver, Pipeline] | None = None
-        self._init_lock = threading.Lock()
+        self._init_lock = _forksafe.Lock()
         self._attrs = {ATTR.BACKEND: cfg.backend, ATTR.TENANT: cfg.tenant}
         self._memory: MemoryTier[Module] = MemoryTier(
             max_entries=cfg.memory_max_entries,
@@ -93,6 +92,16 @@ class Runtime:
         instruments.register(observe)
         weakref.finalize(self, instruments.unregister, observe)
         atexit.register(_flush_at_exit, ref)
+        _runtimes.add(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: its parts are its parent's (their worker processes, pipes
+        and spare shims serve the parent), so it wires its own on its next compile
+        (leaving those to the parent: each undoes only what its own process made); its
+        counters and usage record are its own from now on. Modules loaded stay loaded."""
+        self._wired = None
+        self._counters.reset()
+        self._usage_name = usage_name()
 
     # -- public API ----------------------------------------------------------
     def compile(
@@ -413,3 +422,15 @@ def _flush_at_exit(ref: weakref.ref[Runtime]) -> None:
             rt.flush_usage()
         except CacheError as exc:
             logger.warning("%s", exc)
+
+
+#: Every Runtime of this process, for the fork hook.
+_runtimes: weakref.WeakSet[Runtime] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for rt in list(_runtimes):
+        rt._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -4,7 +4,6 @@ counters behind ``Runtime.stats()``."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
+from .. import _forksafe
 from ..backends.base import Products
 from ..cache.leaf import ArtifactInfo, BackendMeta, Inputs, Manifest, VerifiedLeaf
 from ..cache.usage import MAX_SAMPLES
@@ -192,7 +192,12 @@ class Counters:
     """The per-Runtime counters behind ``Runtime.stats()`` (thread-safe)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        """All zero (a forked child's: its parent's lock may be held for good there, and
+        its counts are the parent's)."""
+        self._lock = _forksafe.Lock()
         self._counts = dict.fromkeys(COUNTERS, 0)
         self.compile_seconds: deque[float] = deque(maxlen=MAX_SAMPLES)
 

@@ -11,13 +11,13 @@ import fcntl
 import os
 import stat
 import tempfile
-import threading
 import time
 import uuid
 import weakref
 from collections.abc import Mapping
 from typing import Any, Final
 
+from .. import _forksafe
 from .._proc import owner, sweep
 from ..errors import LoadError
 
@@ -25,7 +25,7 @@ __all__ = ["HostLibrary"]
 
 _SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
 
-_loader_lock = threading.Lock()
+_loader_lock = _forksafe.Lock()
 _loader: tuple[int, str] | None = None
 
 

@@ -17,9 +17,9 @@ directory mapped away (the same inputs make the same bytes in any work dir)::
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, Final
 
+from .. import _forksafe
 from ..errors import LoadError
 from ..spec import Toolchain
 from ._argv import DEBUG_MAP
@@ -51,7 +51,7 @@ _CLANG: Final = ("-g", "-gno-record-gcc-switches", "-fno-debug-types-section", D
 _MAX_PARAMS: Final = 4096
 _MAX_TEXT: Final = 1024
 _MAX_REASON: Final = 200
-_memo_lock = threading.Lock()
+_memo_lock = _forksafe.Lock()
 _memo: tuple[bytes, Products] | None = None
 
 

@@ -19,14 +19,15 @@ everything else happens in :meth:`MemoryTier.find` and :meth:`MemoryTier.produce
 from __future__ import annotations
 
 import os
-import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from .. import _forksafe
 from ..closure.hashing import RACY_WINDOW_NS, Snapshot, hash_file, is_racy, snapshot_of
 from ..outcomes import Miss, Tier
 from ..telemetry import ATTR, SPAN, instruments, span
@@ -97,12 +98,19 @@ class MemoryTier(Generic[T]):
         self.evictions = 0
         #: Hits, counted in a plain int on the hot path (``safejit.cache.memory.hits``).
         self.hits = 0
-        self._lock = threading.Lock()
+        self._lock = _forksafe.Lock()
         self._inflight: dict[Hashable, Future[tuple[Entry[T], T]]] = {}
         self._on_evict = on_evict
         # The hot path's bound: none when every hit must be traced (find does the work).
         self._window = -1.0 if trace_hits else max_staleness_s
         self._attrs = dict(attrs or {})
+        _tiers.add(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the compiles in flight have no thread there to finish them
+        (and the hits are the child's own from now on)."""
+        self._inflight = {}
+        self.hits = 0
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -260,3 +268,15 @@ class MemoryTier(Generic[T]):
             self.entries.clear()
             self.bytes = 0
         return out
+
+
+#: Every memory tier of this process, for the fork hook.
+_tiers: weakref.WeakSet[MemoryTier[Any]] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for tier in list(_tiers):
+        tier._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

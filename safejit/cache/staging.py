@@ -41,7 +41,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Final
 
-from .. import faults
+from .. import _forksafe, faults
 from .._background import background, settle
 from .._proc import owner, sweep
 from .fsio import fsync_file, remove_tree, write_file
@@ -179,7 +179,7 @@ def make(
     return wd
 
 
-_scratch_lock = threading.Lock()
+_scratch_lock = _forksafe.Lock()
 _scratch: dict[int, str | None] = {}  # pid -> this user's memory scratch base (None: none usable)
 
 

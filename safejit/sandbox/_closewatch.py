@@ -18,11 +18,11 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
+from .. import _forksafe
 from ..closure.hashing import read_output
 
 __all__ = ["CloseWatch", "ClosedFiles"]
@@ -57,7 +57,7 @@ _LIBC: Final = _libc()
 #: grace period (5-15 ms here), so they are kept and reused, one per concurrent run.
 _IDLE: list[int] = []
 _IDLE_MAX: Final = 16
-_IDLE_LOCK = threading.Lock()
+_IDLE_LOCK = _forksafe.Lock()
 
 
 def _forget_idle() -> None:

@@ -27,11 +27,10 @@ import os
 import shutil
 import stat
 import tempfile
-import threading
 import weakref
 from collections.abc import Sequence
 
-from .. import _env
+from .. import _env, _forksafe
 from ..closure.anchors import is_under, real_path
 
 __all__ = ["StateDir", "open_private_file", "private_file", "state_dir"]
@@ -134,7 +133,7 @@ def _inside(path: str, roots: Sequence[str]) -> bool:
     return any(is_under(real, real_path(root)) for root in roots)
 
 
-_lock = threading.Lock()
+_lock = _forksafe.Lock()
 #: (pid, the directory's path; "" for a temporary one) -> the directory, held open: one
 #: per place and process, however many Runtimes (and sets of cache roots) use it.
 _opened: dict[tuple[int, str], StateDir] = {}

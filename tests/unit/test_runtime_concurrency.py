@@ -104,3 +104,64 @@ def test_a_child_forked_after_compiling_can_hash_and_compile(cache_dir, tmp_path
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "child 64 2" in out.stdout and "status 0" in out.stdout
+
+
+FORK_BUSY_CHILD = r"""
+import json, os, sys, threading, time
+import safejit
+from safejit import faults
+from safejit.sandbox import statedir
+cache = sys.argv[1]
+rt = safejit.Runtime(config=safejit.Config(backend="fake", cache_dirs=(cache,)))
+rt.compile(safejit.Source("#define A 1\n", "a"))  # (wired; a usage record to come)
+# Another thread holds what a compile takes (the set-up lock, the state dir's) and has a
+# compile in flight (slowed at the compiler's spawn) when this one forks.
+hold, go = threading.Event(), threading.Event()
+def holder():
+    with rt._init_lock, statedir._lock:
+        hold.set()
+        go.wait(30)
+threading.Thread(target=holder).start()
+with faults.inject("compiler.spawn", "delay:3"):
+    flight = threading.Thread(target=lambda: rt.compile(safejit.Source("#define B 2\n", "b")))
+    flight.start()
+    hold.wait(10)
+    time.sleep(0.3)  # (the compile of b is in flight)
+    pid = os.fork()
+if pid == 0:
+    done = threading.Event()
+    out = {}
+    def child():
+        out["b"] = rt.compile(safejit.Source("#define B 2\n", "b")).kernel("B")()
+        out["c"] = rt.compile(safejit.Source("#define C 3\n", "c")).kernel("C")()
+        out["stats"] = rt.stats()
+        out["usage"] = rt._usage_name
+        done.set()
+    threading.Thread(target=child, daemon=True).start()
+    ok = done.wait(20)
+    print(json.dumps({"child": out if ok else "hung"}), flush=True)
+    os._exit(0)
+go.set()
+flight.join()
+os.waitpid(pid, 0)
+print(json.dumps({"parent": rt.stats(), "usage": rt._usage_name}), flush=True)
+rt.close()
+"""
+
+
+def test_a_child_forked_while_other_threads_compile_compiles_on_its_own(cache_dir):
+    """fork() copies a lock as it is: one held by another thread (the Runtime's set-up
+    lock, the state dir's) was held for good in the child, and a compile in flight there
+    had no thread to finish it: the child's compiles waited forever. The child wires its
+    own parts, compiles, and counts (and records) its own work."""
+    out = subprocess.run(
+        [sys.executable, "-c", FORK_BUSY_CHILD, str(cache_dir)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    reports = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    child = next(r["child"] for r in reports if "child" in r)
+    parent = next(r for r in reports if "parent" in r)
+    assert child != "hung", out.stderr
+    assert (child["b"], child["c"]) == (2, 3)
+    assert child["stats"]["compiles"] + child["stats"]["disk_hits"] == 2  # its own two, not the parent's
+    assert child["usage"] != parent["usage"]
