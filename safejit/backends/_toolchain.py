@@ -10,12 +10,14 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
+from .. import _forksafe
 from ..closure.hashing import Snapshot, digest_bytes, hash_file, is_racy
 from ..errors import ConfigError
 from ..sandbox import SYSTEM_PATH
@@ -24,7 +26,9 @@ from ..spec import LoadBaseline, Toolchain
 from .base import Runner
 
 __all__ = [
+    "RECHECK_S",
     "ProbeCache",
+    "ProbeMemo",
     "Tool",
     "compiler_search_dirs",
     "dir_ident",
@@ -217,6 +221,36 @@ class ProbeCache:
         except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+#: How long a process builds with a toolchain it found before it looks again: a probe
+#: (its cache's hit: the compiler, the programs it runs and the dirs it finds them in,
+#: a stat each), redone in full when one changed. A compiler upgraded under a running
+#: process is used, and keys its builds, within this.
+RECHECK_S: Final = 1.0
+
+
+class ProbeMemo:
+    """This process's toolchains (per ``key``: a language, a compiler), each found again
+    by its ``probe`` once it is :data:`RECHECK_S` old."""
+
+    def __init__(self) -> None:
+        self._lock = _forksafe.Lock()
+        self._found: dict[Hashable, tuple[Toolchain, float]] = {}
+
+    def get(self, key: Hashable, probe: Callable[[], Toolchain]) -> Toolchain:
+        found = self._found.get(key)
+        if found is not None and time.monotonic() - found[1] < RECHECK_S:
+            return found[0]
+        with self._lock:
+            found = self._found.get(key)
+            if found is None or time.monotonic() - found[1] >= RECHECK_S:
+                checked = time.monotonic()  # (as of the probe's start: what it saw is at least this recent)
+                found = self._found[key] = (probe(), checked)
+            return found[0]
+
+    def __getitem__(self, key: Hashable) -> Toolchain:
+        return self._found[key][0]
 
 
 def _baseline_from(value: object) -> LoadBaseline | None:

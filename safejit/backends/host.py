@@ -34,6 +34,7 @@ from ._native import resolve_native
 from ._signatures import host_products, signature_flags
 from ._toolchain import (
     ProbeCache,
+    ProbeMemo,
     compiler_search_dirs,
     dir_idents,
     file_ident,
@@ -64,7 +65,7 @@ class HostBackend:
     ) -> None:
         self._compilers = {"c": cc, "c++": cxx}
         self._probes = ProbeCache(state_dir)
-        self._probed: dict[str, Toolchain] = {}
+        self._probed = ProbeMemo()
         self._lock = threading.Lock()
         #: What machine-dependent flags mean here, per (compiler, language, flags): once
         #: per process, never on disk (a per-user state dir may be shared between nodes).
@@ -93,15 +94,7 @@ class HostBackend:
 
     def toolchain(self, source: Source, run: Runner) -> Toolchain:
         language = self.language(source)
-        tc = self._probed.get(language)
-        if tc is not None:
-            return tc
-        with self._lock:
-            tc = self._probed.get(language)
-            if tc is None:
-                tc = self._probe(language, run)
-                self._probed[language] = tc
-        return tc
+        return self._probed.get(language, lambda: self._probe(language, run))
 
     def _probe(self, language: str, run: Runner) -> Toolchain:
         compiler = self.compiler_path(language)

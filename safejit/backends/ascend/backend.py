@@ -18,7 +18,7 @@ from ...errors import CompileError, ConfigError, FlagPolicyError, LoadError
 from ...spec import Source, Toolchain
 from .._argv import run_argv
 from .._elf import ElfError, section_names
-from .._toolchain import ProbeCache, compiler_search_dirs, file_ident, run_text
+from .._toolchain import ProbeCache, ProbeMemo, compiler_search_dirs, file_ident, run_text
 from ..base import CompileContext, CompileOutput, Products, Runner, macro_flags
 from .launch import AscendLibrary
 
@@ -62,7 +62,7 @@ class AscendBackend:
     def __init__(self, *, ascend_homes: Sequence[str] = (), state_dir: str | None = None, **_: Any) -> None:
         self._homes = tuple(ascend_homes)
         self._probes = ProbeCache(state_dir)
-        self._toolchain: Toolchain | None = None
+        self._toolchain = ProbeMemo()
 
     def language(self, source: Source) -> str:
         return "ascendc"
@@ -81,31 +81,30 @@ class AscendBackend:
         return arch
 
     def toolchain(self, source: Source, run: Runner) -> Toolchain:
-        if self._toolchain is None:
-            home, bisheng, lld = find_toolkit(self._homes)
-            ident = [*file_ident(bisheng), *file_ident(lld), _PROBE_SCHEMA]
-            cached = self._probes.get(ident)
-            if cached is None:
-                version = run_text(run, [bisheng, "--version"], (home,)).strip()
-                lld_version = run_text(run, [lld, "--version"], (home,)).strip()
-                verbose = run_text(run, [bisheng, "-E", "-v", "-x", "c++", "/dev/null", "-o", "/dev/null"], (home,))
-                system = compiler_search_dirs(verbose)
-                include = [
-                    p
-                    for p in (os.path.join(home, "include"), os.path.join(home, "compiler", "tikcpp"))
-                    if os.path.isdir(p)
-                ]
-                cached = Toolchain(
-                    compiler=bisheng,
-                    # (the linker's path on a line of its own: it may hold spaces)
-                    version=f"{version}\nld.lld: {lld}\n{lld_version}",
-                    digest=f"{hash_file(bisheng)[0]}:{hash_file(lld)[0]}",
-                    roots=tuple(dict.fromkeys((home, *system))),
-                    search_dirs=tuple(include),
-                )
-                self._probes.put(ident, cached)
-            self._toolchain = cached
-        return self._toolchain
+        return self._toolchain.get("", lambda: self._probe(run))
+
+    def _probe(self, run: Runner) -> Toolchain:
+        home, bisheng, lld = find_toolkit(self._homes)
+        ident = [*file_ident(bisheng), *file_ident(lld), _PROBE_SCHEMA]
+        cached = self._probes.get(ident)
+        if cached is None:
+            version = run_text(run, [bisheng, "--version"], (home,)).strip()
+            lld_version = run_text(run, [lld, "--version"], (home,)).strip()
+            verbose = run_text(run, [bisheng, "-E", "-v", "-x", "c++", "/dev/null", "-o", "/dev/null"], (home,))
+            system = compiler_search_dirs(verbose)
+            include = [
+                p for p in (os.path.join(home, "include"), os.path.join(home, "compiler", "tikcpp")) if os.path.isdir(p)
+            ]
+            cached = Toolchain(
+                compiler=bisheng,
+                # (the linker's path on a line of its own: it may hold spaces)
+                version=f"{version}\nld.lld: {lld}\n{lld_version}",
+                digest=f"{hash_file(bisheng)[0]}:{hash_file(lld)[0]}",
+                roots=tuple(dict.fromkeys((home, *system))),
+                search_dirs=tuple(include),
+            )
+            self._probes.put(ident, cached)
+        return cached
 
     def argv(
         self,

@@ -23,7 +23,16 @@ from ...sandbox import lookups as lookup_recorder
 from ...sandbox.statedir import StateDir
 from ...spec import BuildSpec, Source, Toolchain
 from .._argv import run_argv
-from .._toolchain import ProbeCache, compiler_search_dirs, dir_idents, file_ident, find_program, hash_tools, run_text
+from .._toolchain import (
+    ProbeCache,
+    ProbeMemo,
+    compiler_search_dirs,
+    dir_idents,
+    file_ident,
+    find_program,
+    hash_tools,
+    run_text,
+)
 from ..base import CompileContext, CompileOutput, Products, Runner, macro_flags
 from . import fastpath
 from .cubin import KernelParams, cubin_frame_sizes, cubin_kernels
@@ -84,7 +93,7 @@ class CudaBackend:
         self._state = state
         self._recorder: str | None = None
         self._recorder_known = False
-        self._toolchains: dict[str, Toolchain] = {}
+        self._toolchains = ProbeMemo()
         self._lock = threading.Lock()
 
     @property
@@ -121,12 +130,9 @@ class CudaBackend:
         return arch
 
     def toolchain(self, source: Source, run: Runner) -> Toolchain:
-        with self._lock:
-            tc = self._toolchains.get(self.compiler)
-            if tc is None:
-                tc = self._probe_nvrtc() if self.compiler == "nvrtc" else self._probe_nvcc(run)
-                self._toolchains[self.compiler] = tc
-            return tc
+        return self._toolchains.get(
+            self.compiler, lambda: self._probe_nvrtc() if self.compiler == "nvrtc" else self._probe_nvcc(run)
+        )
 
     def _include_dir(self) -> list[str]:
         """The toolkit's include dir (cuda_runtime_api.h, ...) and CCCL's (cuda/std/...), in

@@ -167,3 +167,36 @@ def test_no_compiler_on_the_fixed_path_says_which_setting_to_use(monkeypatch, ma
     monkeypatch.setattr(host.shutil, "which", lambda *a, **k: None)
     with pytest.raises(safejit.ConfigError, match=r"caller's PATH is not searched.*SAFEJIT_HOST_CC"):
         make_runtime().compile(ONE)
+
+
+def test_a_compiler_upgraded_under_a_running_process_is_used_and_keyed_as_such(make_runtime, tmp_path, monkeypatch):
+    """A process kept the toolchain it probed first for good: after the compiler was
+    replaced it built with the new one under the old one's key, and a process whose
+    compiler is still the old one then loaded that binary from the shared cache. Past
+    RECHECK_S it looks again (a stat of each program) and keys builds by what it runs."""
+    import os
+    import shutil
+
+    monkeypatch.setattr(probe, "RECHECK_S", 0.0)
+    real_cc = os.path.realpath(shutil.which("cc") or "/usr/bin/cc")
+    cc = tmp_path / "bin" / "cc"
+    cc.parent.mkdir()
+
+    def install(version: int) -> None:
+        new = cc.with_suffix(".new")
+        new.write_text(f'#!/bin/sh\nexec {real_cc} -DCCVER={version} "$@"\n')
+        new.chmod(0o755)
+        os.replace(new, cc)
+
+    src = safejit.Source("int ver(void) { return CCVER; }\n", "ver")
+    install(1)
+    running = make_runtime(host_cc=str(cc))
+    assert running.compile(src).kernel("ver")() == 1
+    install(2)
+    upgraded = running.compile(safejit.Source("int ver(void) { return CCVER; } /* 2 */\n", "ver"))
+    assert upgraded.kernel("ver")() == 2
+    fresh = make_runtime(host_cc=str(cc)).compile(safejit.Source("int ver(void) { return CCVER; } /* 2 */\n", "ver"))
+    assert upgraded.artifact.build_key == fresh.artifact.build_key and fresh.artifact.tier == "disk"
+    install(1)  # (rolled back: a v1 process must not find the v2 build)
+    old = make_runtime(host_cc=str(cc)).compile(safejit.Source("int ver(void) { return CCVER; } /* 2 */\n", "ver"))
+    assert old.kernel("ver")() == 1 and old.artifact.tier == "compiled"
