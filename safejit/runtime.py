@@ -270,8 +270,9 @@ class Runtime:
 
     def close(self) -> None:
         """Close every cached module (each unloaded once nothing holds it) and release resources. Safe to call twice."""
-        if not self._closed:
-            self._closed = True
+        with self._init_lock:  # (a compile wiring parts meanwhile finds it closed)
+            first, self._closed = not self._closed, True
+        if first:
             try:
                 self.flush_usage()
             finally:
@@ -280,7 +281,7 @@ class Runtime:
             self._release()
 
     def _release(self) -> None:
-        for entry in self._memory.clear():
+        for entry in self._memory.close():  # (a compile that ends after this is refused its entry)
             entry.value.close()
         instruments.unregister(self._observer)
         if self._wired is not None:
@@ -365,8 +366,10 @@ class Runtime:
 
     def _init(self) -> tuple[Parts, Resolver, Pipeline]:
         wired = self._wired
-        if wired is None:
+        if wired is None or self._closed:
             with self._init_lock:
+                if self._closed:  # (parts wired after close would be closed by no one)
+                    raise LoadError("the runtime is closed")
                 if self._wired is None:
                     parts = Parts(self.config, self._env)
                     resolver = Resolver(self.config, parts, self._env, self._attrs)

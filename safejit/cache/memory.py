@@ -29,6 +29,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from .. import _forksafe
 from ..closure.hashing import RACY_WINDOW_NS, Snapshot, hash_file, is_racy, snapshot_of
+from ..errors import LoadError
 from ..outcomes import Miss, Tier
 from ..telemetry import ATTR, SPAN, instruments, span
 
@@ -99,6 +100,7 @@ class MemoryTier(Generic[T]):
         #: Hits, counted in a plain int on the hot path (``safejit.cache.memory.hits``).
         self.hits = 0
         self._lock = _forksafe.Lock()
+        self._closed = False
         self._inflight: dict[Hashable, Future[tuple[Entry[T], T]]] = {}
         self._on_evict = on_evict
         # The hot path's bound: none when every hit must be traced (find does the work).
@@ -239,6 +241,8 @@ class MemoryTier(Generic[T]):
     def insert(self, key: Hashable, entry: Entry[T]) -> None:
         evicted: list[Entry[T]] = []
         with self._lock:
+            if self._closed:
+                raise LoadError("the runtime is closed")
             old = self.entries.pop(key, None)
             if old is not None:
                 self.bytes -= old.size
@@ -268,6 +272,13 @@ class MemoryTier(Generic[T]):
             self.entries.clear()
             self.bytes = 0
         return out
+
+    def close(self) -> list[Entry[T]]:
+        """:meth:`clear`, for good: an entry made after this (a compile under way as its
+        owner closed) is refused (``LoadError``) and never served."""
+        with self._lock:
+            self._closed = True
+        return self.clear()
 
 
 #: Every memory tier of this process, for the fork hook.

@@ -10,6 +10,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 import safejit
 from tests.conftest import assert_cache_sound, leaves
 
@@ -165,3 +167,40 @@ def test_a_child_forked_while_other_threads_compile_compiles_on_its_own(cache_di
     assert (child["b"], child["c"]) == (2, 3)
     assert child["stats"]["compiles"] + child["stats"]["disk_hits"] == 2  # its own two, not the parent's
     assert child["usage"] != parent["usage"]
+
+
+def test_close_while_a_compile_is_under_way_refuses_its_entry(make_runtime):
+    """close() cleared the memory tier, then a compile under way put its module there: a
+    closed runtime served it from then on (the hot path has no check), never closed. And
+    one that began before close() wired new parts after it, a spare shim process with
+    them, which no one closed."""
+    import threading
+
+    from safejit import faults
+
+    rt = make_runtime(backend="fake")
+    src = safejit.Source("#define A 1\n", "a")
+    got: dict[str, object] = {}
+
+    def compile_() -> None:
+        try:
+            got["module"] = rt.compile(src)
+        except safejit.SafejitError as exc:
+            got["error"] = exc
+
+    with faults.inject("compiler.spawn", "delay:1"):
+        worker = threading.Thread(target=compile_)
+        worker.start()
+        time.sleep(0.3)  # (under way: past wiring, in the compiler's delay)
+        rt.close()
+        worker.join(30)
+    assert isinstance(got.get("error"), safejit.LoadError), got
+    assert rt.stats()["memory_entries"] == 0
+    with pytest.raises(safejit.LoadError, match="closed"):
+        rt.compile(src)
+    with pytest.raises(safejit.LoadError, match="closed"):
+        rt.explain(src)
+    rt._wired = None  # (as before its first compile: nothing is wired once closed)
+    with pytest.raises(safejit.LoadError, match="closed"):
+        rt._init()
+    assert rt._wired is None
