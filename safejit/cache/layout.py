@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
+from .. import faults
+
 __all__ = [
     "MANIFEST",
     "MARKER",
@@ -155,6 +157,7 @@ class CacheLayout:
                     return True
                 with self.open_dir("quarantine", make=True) as quarantine:
                     stamp = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}"
+                    faults.point("disk.rename")
                     os.rename(name, stamp, src_dir_fd=src, dst_dir_fd=quarantine)
         except OSError:
             return False

@@ -169,14 +169,18 @@ def damaged(root: str) -> list[tuple[str, str]]:
     return out
 
 
-def verify_all(root: str, *, fix: bool = False) -> Iterator[tuple[LeafInfo, Rejection | None]]:
+def verify_all(
+    root: str, *, fix: bool = False, moved: set[str] | None = None
+) -> Iterator[tuple[LeafInfo, Rejection | None]]:
     """Integrity of every leaf (marker, manifest, name, artifact bytes); with ``fix``,
     damaged leaves — and whatever stands where a leaf or build dir should be — are
-    moved to quarantine (the entry itself, never followed)."""
+    moved to quarantine (the entry itself, never followed); ``moved`` is given the path
+    of each that was (one that could not be, in a cache this user may not write, is not)."""
     layout = real_layout(root)
+    moved = set() if moved is None else moved
     for path, why in damaged(root):
-        if fix and path != layout.base:
-            layout.set_aside(path)
+        if fix and path != layout.base and layout.set_aside(path):
+            moved.add(path)
         info = LeafInfo(layout.root, "", "", "", "", path, 0, 0.0)
         yield info, Rejection(Miss.DAMAGED, why, path, layout.root)
     for info in iter_leaves(root):
@@ -188,8 +192,8 @@ def verify_all(root: str, *, fix: bool = False) -> Iterator[tuple[LeafInfo, Reje
             extra = _foreign(info.path)
             if extra:  # (the leaf verifies, but holds what no publish wrote)
                 bad = Rejection(Miss.DAMAGED, f"entries no publish makes: {extra[:5]}", info.path, layout.root)
-        if bad is not None and fix and bad.reason.corrupt:
-            layout.set_aside(info.path)
+        if bad is not None and fix and bad.reason.corrupt and layout.set_aside(info.path):
+            moved.add(info.path)
         yield info, bad
 
 

@@ -29,11 +29,12 @@ def cmd_verify(args: argparse.Namespace, out: Out) -> int:
     for root in roots.dirs:
         count = sum(1 for _ in maintenance.iter_leaves(root))
         with out.progress(f"verifying {root}", count) as done:
-            for info, bad in maintenance.verify_all(root, fix=args.fix):
+            moved: set[str] = set()
+            for info, bad in maintenance.verify_all(root, fix=args.fix, moved=moved):
                 checked += 1
                 done(checked)
                 if bad is not None:
-                    fixed = "quarantined" if args.fix and (bad.reason.corrupt or not info.build_key) else ""
+                    fixed = "quarantined" if info.path in moved else ""
                     what = "layout" if not info.build_key else "leaf"
                     detail = f"{bad.reason.text}: {bad.detail}" if bad.detail else bad.reason.text
                     findings.append(

@@ -258,3 +258,26 @@ def test_a_lock_file_nobody_may_open_is_set_aside(fake, cache_dir, monkeypatch):
     monkeypatch.setattr(disk, "lock_file", lock_file)
     assert rt.compile(SRC).kernel("VALUE")() == 7
     assert refused and len(quarantined(cache_dir)) == 1 and lock.is_file()
+
+
+def test_verify_fix_says_quarantined_only_of_what_it_moved(fake, cache_dir, capsys):
+    """A damaged leaf that could not be moved (a cache this user may not write) was
+    reported "(quarantined)", its JSON ``fixed`` too, though it stayed where it was. The
+    quarantine move is the ``disk.rename`` fault point's, as faults.md says."""
+    import json
+
+    from safejit import faults
+
+    fake().compile(SRC)
+    settle()
+    leaf = _only_leaf(cache_dir)
+    (leaf / "manifest.json").write_text("garbage")
+    with faults.inject("disk.rename", "raise:EROFS"):
+        assert cli.main(["verify", "--fix", "--json", "--cache-dir", str(cache_dir)]) == 1
+    report = json.loads(capsys.readouterr().out)
+    (finding,) = [f for f in report["findings"] if f["path"] == str(leaf)]
+    assert not finding["fixed"] and leaf.is_dir() and quarantined(cache_dir) == []
+    assert cli.main(["verify", "--fix", "--json", "--cache-dir", str(cache_dir)]) == 1
+    report = json.loads(capsys.readouterr().out)
+    (finding,) = [f for f in report["findings"] if f["path"] == str(leaf)]
+    assert finding["fixed"] == "quarantined" and not leaf.exists() and len(quarantined(cache_dir)) == 1
