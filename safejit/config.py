@@ -179,6 +179,7 @@ class Config:
             object.__setattr__(self, name, tuple(_absolute(p, name) for p in getattr(self, name)))
         if self.backend not in BACKENDS:
             raise ConfigError(f"Config.backend must be one of {BACKENDS}, got {self.backend!r}")
+        self._check_types()
         if not _TENANT.match(self.tenant):
             raise ConfigError(f"Config.tenant {self.tenant!r} must match {_TENANT.pattern}")
         for name in self.declared_extras:
@@ -259,6 +260,19 @@ class Config:
 
             Verifier(dict(keys))  # (each key parses, each id is well formed)
 
+    def _check_types(self) -> None:
+        """Switches are bools (``trust_stat="false"`` is true to Python: refused, not taken
+        for yes), names and paths are strings."""
+        for name in ("trace_memory_hits", "trust_stat", "nvrtc_worker"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"Config.{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.tenant, str):
+            raise ConfigError(f"Config.tenant must be a string, got {self.tenant!r}")
+        for name in ("inventory", "nvcc", "ascend_home", "host_cc", "host_cxx"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"Config.{name} must be a path (a non-empty string) or None, got {value!r}")
+
     def _check_numbers(self) -> None:
         positive = (
             "compile_timeout_s",
@@ -269,9 +283,14 @@ class Config:
             "max_artifact_bytes",
             "max_deps",
         )
+        counts = ("memory_max_entries", "memory_max_bytes", "max_source_bytes", "max_artifact_bytes", "max_deps")
         for name in (*positive, "max_staleness_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if name in counts and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"Config.{name} must be a whole number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"Config.{name} must be a finite number, got {value!r}")
+            if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"Config.{name} must be a finite number, got {value!r}")
             if name in positive and value <= 0:
                 raise ConfigError(f"Config.{name} must be positive, got {value!r}")

@@ -73,3 +73,29 @@ def test_a_relative_root_without_a_working_directory_is_a_config_error(tmp_path,
     with pytest.raises(safejit.ConfigError, match="no working directory"):
         safejit.Config(cache_dirs=("cache",))
     assert safejit.Config(cache_dirs=(str(tmp_path / "abs"),)).cache_dirs == (str(tmp_path / "abs"),)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("trust_stat", "false"),  # (true to Python: the unsafe way round for trust_stat)
+        ("nvrtc_worker", "0"),
+        ("trace_memory_hits", "no"),
+        ("tenant", None),
+        ("memory_max_entries", 1.5),
+        ("max_deps", 0.5),
+        ("memory_max_bytes", True),
+        ("inventory", 5),
+        ("host_cc", 5),
+        ("nvcc", ""),
+    ],
+)
+def test_a_field_of_the_wrong_type_is_a_config_error_naming_it(field, value):
+    """Switches given as text were taken as true, counts as fractions; names and paths of
+    another type passed Config and failed at the first compile with a raw TypeError."""
+    with pytest.raises(safejit.ConfigError, match=f"Config.{field} must be"):
+        safejit.Config(**{field: value})
+
+
+def test_a_count_too_large_for_a_float_is_no_overflow():
+    assert safejit.Config(memory_max_entries=10**400).memory_max_entries == 10**400
