@@ -130,6 +130,7 @@ OTHER_VARIABLES: Mapping[str, str] = {
     "SAFEJIT_REMOTE_USERNAME": "the remote's user (S3: access key id) when the URL holds none",
     "SAFEJIT_REMOTE_PASSWORD": "the remote's password (S3: secret access key) when the URL holds none",
     "SAFEJIT_REMOTE_SESSION_TOKEN": "S3: a session token for temporary credentials",
+    "SAFEJIT_SANDBOX_UID": "`uid[:gid]`: the unprivileged ids a root caller's compilers run as (`nobody`'s)",
 }
 
 

@@ -10,17 +10,20 @@ job's ranks start.
 from __future__ import annotations
 
 import json
+import logging
 import os
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from . import _forksafe
 from .closure.anchors import Anchors
 from .closure.hashing import digest_bytes
 from .spec import BuildSpec
 
 __all__ = ["InventoryWriter", "Request", "read_inventory"]
+
+logger = logging.getLogger(__name__)
 
 _VERSION = 1
 
@@ -69,7 +72,7 @@ class InventoryWriter:
     def __init__(self, path: str) -> None:
         self.path = path
         self._seen: set[str] = set()
-        self._lock = threading.Lock()
+        self._lock = _forksafe.Lock()
 
     def record(self, spec: BuildSpec, backend: str) -> None:
         data = {
@@ -92,11 +95,16 @@ class InventoryWriter:
             if key in self._seen:
                 return
             self._seen.add(key)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            os.write(fd, (line + "\n").encode())  # one append: lines never interleave
-        finally:
-            os.close(fd)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, (line + "\n").encode())  # one append: lines never interleave
+            finally:
+                os.close(fd)
+        except OSError as exc:  # (a record, never the compile's failure; tried again next time)
+            with self._lock:
+                self._seen.discard(key)
+            logger.warning("could not record %s in the inventory %s: %s", spec.name, self.path, exc)
 
 
 def read_inventory(path: str, skipped: list[int] | None = None) -> Iterator[Request]:

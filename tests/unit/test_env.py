@@ -64,3 +64,15 @@ def test_an_unknown_variable_is_logged_once(caplog, monkeypatch):
     safejit.Config.from_env()
     said = [r.getMessage() for r in caplog.records if "SAFEJIT_CACHE_DIR " in r.getMessage()]
     assert len(said) == 1
+
+
+def test_every_variable_safejit_reads_is_known(monkeypatch, caplog):
+    """SAFEJIT_SANDBOX_UID is read (and enforced) where compilers run, yet Config.from_env
+    said it was 'not a safejit variable; it is ignored'."""
+    source = "\n".join(p.read_text() for p in (Path(safejit.__file__).parent).rglob("*.py"))
+    read = set(re.findall(r'"(SAFEJIT_[A-Z0-9_]+)"', source)) - {"SAFEJIT_DEMO_RUN"}  # (a macro the demo defines)
+    assert read <= {*_env.VARIABLES, *_env.OTHER_VARIABLES}, read - {*_env.VARIABLES, *_env.OTHER_VARIABLES}
+    monkeypatch.setenv("SAFEJIT_SANDBOX_UID", "65534")
+    with caplog.at_level(logging.WARNING):
+        _env.config_overrides()
+    assert not any("SAFEJIT_SANDBOX_UID" in m for m in caplog.messages)

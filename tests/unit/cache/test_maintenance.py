@@ -356,3 +356,23 @@ def test_a_deep_removal_never_climbs_into_another_tree(tmp_path, monkeypatch):
                     fsio._rmtree_deep(held, name)
             os.close(held)
     assert moved and (victim / "precious").read_text() == "keep me"
+
+
+def test_an_inventory_that_cannot_be_written_fails_no_compile(cache_dir, tmp_path, caplog):
+    """The inventory is a record: one that cannot be opened (its directory missing) made
+    the compile raise a raw OSError, and the same call again succeeded with its line lost.
+    Now the compile succeeds, says why nothing was recorded, and records it once it can."""
+    import logging
+
+    inv = tmp_path / "missing" / "inventory.jsonl"
+    rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(cache_dir),), inventory=str(inv)))
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert rt.compile(safejit.Source("int k(void) { return 7; }\n", "k")).kernel("k")() == 7
+        assert any("could not record k in the inventory" in m for m in caplog.messages)
+        inv.parent.mkdir()
+        rt._memory.clear()  # (asked again, past the memory tier: recorded now)
+        rt.compile(safejit.Source("int k(void) { return 7; }\n", "k"))
+    finally:
+        rt.close()
+    assert len(inv.read_text().splitlines()) == 1
