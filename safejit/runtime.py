@@ -309,8 +309,14 @@ class Runtime:
     def __enter__(self) -> Runtime:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except CacheError as error:  # (the exception under way is the one to see; this one is said)
+            logger.warning("%s", error)
 
     # -- the data path -------------------------------------------------------
     def _compile_slow(self, source: Source, key: Request, now: float) -> Module:

@@ -65,6 +65,23 @@ def test_a_usage_record_that_cannot_be_written_is_a_cache_error_under_raise(fake
     (usage / "default").unlink()  # (so that closing the runtime writes it)
 
 
+def test_leaving_a_with_block_on_an_error_raises_that_error_not_the_usage_records(fake, project, cache_dir, caplog):
+    """A with block left on an error (a compile's CacheError on a full disk) closes the
+    runtime, whose usage record may fail to be written too: the caller saw that failure
+    instead of its own error, which survived only deep in the chain."""
+    usage = cache_dir / "v1" / "usage"
+    with pytest.raises(KeyError, match="the caller's own"):
+        with fake() as rt:
+            rt.compile(SRC, include_dirs=_inc(project))
+            usage.mkdir(parents=True, exist_ok=True)
+            (usage / "default").write_text("not a directory")
+            raise KeyError("the caller's own")
+    assert any("usage record" in m for m in caplog.messages)
+    with pytest.raises(safejit.CacheError, match="usage record"):  # (left with no error: close() says it)
+        with fake() as rt:
+            rt.compile(SRC, include_dirs=_inc(project))
+
+
 def test_a_usage_record_that_cannot_be_written_is_logged_under_bypass(fake, project, cache_dir, caplog):
     rt = fake(on_cache_error="bypass")
     rt.compile(SRC, include_dirs=_inc(project))
