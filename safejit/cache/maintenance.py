@@ -236,28 +236,37 @@ class PruneReport:
     removed: int
     freed: int
     kept_recent: int
+    #: Leaves it meant to remove and could not (a cache this user may not write).
+    failed: int = 0
 
 
-def _discard_leaf(layout: CacheLayout, info: LeafInfo) -> bool:
+def _discard_leaf(layout: CacheLayout, info: LeafInfo) -> str:
     """Make a leaf vanish atomically (rename into tmp/), then delete it there; the
-    build dir too, once empty."""
+    build dir too, once empty: ``removed``; ``touched``: left, as it was touched since
+    ``info`` was taken (a process found it meanwhile); ``gone`` already; ``failed``: it
+    could not be moved (not this user's)."""
     shard = (info.tenant, info.backend, info.build_key[:2])
     build = f"build-{info.build_key}"
+    leaf = f"deps-{info.deps_key}"
     trash = f"trash-{uuid.uuid4().hex}"
     try:
         with layout.open_dir(*shard) as shard_fd, layout.open_dir("tmp", make=True) as tmp:
             build_fd = os.open(build, O_DIR, dir_fd=shard_fd)
             try:
-                os.rename(f"deps-{info.deps_key}", trash, src_dir_fd=build_fd, dst_dir_fd=tmp)
+                if os.stat(leaf, dir_fd=build_fd, follow_symlinks=False).st_mtime != info.mtime:
+                    return "touched"
+                os.rename(leaf, trash, src_dir_fd=build_fd, dst_dir_fd=tmp)
             finally:
                 os.close(build_fd)
             with contextlib.suppress(OSError):
                 os.rmdir(build, dir_fd=shard_fd)  # the build dir, once empty
             with contextlib.suppress(OSError):  # (what is left is staging residue: gc's)
                 remove_at(tmp, trash)
+    except FileNotFoundError:
+        return "gone"  # (another prune's)
     except OSError:
-        return False  # already gone, or not ours to move
-    return True
+        return "failed"
+    return "removed"
 
 
 def prune(
@@ -308,14 +317,20 @@ def prune(
             else:
                 spared += 1
     spared += sum(1 for i in doomed.values() if clock - i.mtime <= grace_s)
-    removed = freed = 0
+    removed = freed = failed = 0
     for n, info in enumerate(sorted(doomed.values(), key=lambda i: i.mtime)):
-        if clock - info.mtime > grace_s and (dry_run or _discard_leaf(layout, info)):
-            removed += 1
-            freed += info.size
+        if clock - info.mtime > grace_s:
+            # (each leaf's mtime is looked at again just before it goes: one a process
+            # found since the walk is as new as that, and stays)
+            done = "removed" if dry_run else _discard_leaf(layout, info)
+            if done == "removed":
+                removed += 1
+                freed += info.size
+            spared += done == "touched"
+            failed += done == "failed"
         if progress is not None:
             progress(n + 1)
-    return PruneReport(len(infos), removed, freed, spared)
+    return PruneReport(len(infos), removed, freed, spared, failed)
 
 
 # -- gc -------------------------------------------------------------------------

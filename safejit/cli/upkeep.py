@@ -110,12 +110,13 @@ def cmd_prune(args: argparse.Namespace, out: Out) -> int:
                         "removed": p.removed,
                         "freed_bytes": p.freed,
                         "spared": p.kept_recent,
+                        "failed": p.failed,
                     }
                     for r, p in results
                 ],
             }
         )
-        return EXIT_OK
+        return EXIT_FINDINGS if any(p.failed for _, p in results) else EXIT_OK
     verb = "would remove" if args.dry_run else "removed"
     for root, p in results:
         out.line(("cache root ", "bold"), (root, "bold"))
@@ -123,9 +124,11 @@ def cmd_prune(args: argparse.Namespace, out: Out) -> int:
             f"  {p.examined} leaves; {verb} {p.removed} ({size_text(p.freed)}); "
             f"spared {p.kept_recent} used within the last {args.grace:.0f}s"
         )
+        if p.failed:
+            out.line((f"  could not remove {p.failed} (not this user's to remove?)", "warn"))
     if args.dry_run:
         out.line(("dry run: nothing was deleted", "warn"))
-    return EXIT_OK
+    return EXIT_FINDINGS if any(p.failed for _, p in results) else EXIT_OK
 
 
 def cmd_gc(args: argparse.Namespace, out: Out) -> int:

@@ -376,3 +376,42 @@ def test_an_inventory_that_cannot_be_written_fails_no_compile(cache_dir, tmp_pat
     finally:
         rt.close()
     assert len(inv.read_text().splitlines()) == 1
+
+
+def test_prune_leaves_a_leaf_found_while_it_runs(cache_dir):
+    """Prune decided from the mtimes of its walk: a leaf a process found (and touched)
+    after the walk was removed all the same. Each leaf's mtime is looked at again just
+    before it goes."""
+    infos = _fill(cache_dir, 3)
+    for info in infos:
+        _age(info.path, 3600)
+    later = infos[-1].path
+
+    def progress(n: int) -> None:
+        if n == 1:
+            os.utime(later)  # (a process finds it now)
+
+    report = maintenance.prune(str(cache_dir), max_age_s=60, grace_s=60, progress=progress)
+    assert report.removed == 2 and report.kept_recent == 1 and os.path.isdir(later)
+
+
+def test_prune_says_what_it_could_not_remove(cache_dir, monkeypatch, capsys):
+    """A leaf prune could not move (a cache this user may not write) was counted nowhere:
+    'removed 0' and exit 0 as if all went well."""
+    from safejit import cli
+
+    infos = _fill(cache_dir, 2)
+    for info in infos:
+        _age(info.path, 3600)
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(maintenance.os, "rename", refused)
+    assert cli.main(["prune", "--json", "--max-age", "1m", "--cache-dir", str(cache_dir)]) == 1
+    (root,) = json.loads(capsys.readouterr().out)["roots"]
+    assert (root["removed"], root["failed"]) == (0, 2)
+    assert cli.main(["prune", "--max-age", "1m", "--cache-dir", str(cache_dir)]) == 1
+    assert "could not remove 2" in capsys.readouterr().out
+    monkeypatch.undo()
+    assert len(leaves(cache_dir)) == 2

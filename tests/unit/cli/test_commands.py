@@ -319,7 +319,7 @@ def test_prune_dry_run_deletes_nothing(cache_dir):
     assert len(leaves(cache_dir)) == 2
     data = json.loads(cli("prune", "--max-bytes", "0", "--grace", "0", "--json", "--cache-dir", str(cache_dir)).out)
     assert data["dry_run"] is False and data["roots"][0]["removed"] == 2 and leaves(cache_dir) == []
-    assert set(data["roots"][0]) == {"root", "leaves", "removed", "freed_bytes", "spared"}
+    assert set(data["roots"][0]) == {"root", "leaves", "removed", "freed_bytes", "spared", "failed"}
 
 
 @pytest.mark.parametrize(
