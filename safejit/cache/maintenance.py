@@ -96,8 +96,11 @@ def _sound_base(layout: CacheLayout) -> bool:
     return is_real_dir(layout.base)
 
 
-def iter_leaves(root: str, tenant: str | None = None, backend: str | None = None) -> Iterator[LeafInfo]:
-    """The leaves of ``root`` (only ``tenant``'s and ``backend``'s when given)."""
+def iter_leaves(
+    root: str, tenant: str | None = None, backend: str | None = None, *, unreadable: list[LeafPath] | None = None
+) -> Iterator[LeafInfo]:
+    """The leaves of ``root`` (only ``tenant``'s and ``backend``'s when given); the path of
+    each that this user cannot read (another's, private) goes to ``unreadable``."""
     layout = real_layout(root)
     if not _sound_base(layout):
         return
@@ -105,6 +108,8 @@ def iter_leaves(root: str, tenant: str | None = None, backend: str | None = None
         info = _info(layout.root, found)
         if info is not None:
             yield info
+        elif unreadable is not None:
+            unreadable.append(found)
 
 
 def _info(root: str, found: LeafPath) -> LeafInfo | None:
@@ -183,7 +188,8 @@ def verify_all(
             moved.add(path)
         info = LeafInfo(layout.root, "", "", "", "", path, 0, 0.0)
         yield info, Rejection(Miss.DAMAGED, why, path, layout.root)
-    for info in iter_leaves(root):
+    unreadable: list[LeafPath] = []
+    for info in iter_leaves(root, unreadable=unreadable):
         # (any size: a leaf larger than some process's limit is still sound, and never set aside)
         disk = DiskTier((layout.root,), tenant=info.tenant, backend=info.backend, max_artifact_bytes=sys.maxsize)
         result = disk.verify(info.path, layout.root, info.build_key, None)
@@ -195,6 +201,9 @@ def verify_all(
         if bad is not None and fix and bad.reason.corrupt and layout.set_aside(info.path):
             moved.add(info.path)
         yield info, bad
+    for leaf in unreadable:  # (not this user's to read: unverified, so a finding, never set aside)
+        info = LeafInfo(layout.root, leaf.tenant, leaf.backend, leaf.build_key, leaf.deps_key, leaf.path, 0, 0.0)
+        yield info, Rejection(Miss.IO, "this user cannot read the leaf", leaf.path, layout.root)
 
 
 def check(root: str) -> list[str]:

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from ..cache import maintenance
+from ..cache.layout import LeafPath
 from ..cache.leaf import ManifestError
 from ._common import (
     EXIT_FINDINGS,
@@ -30,7 +31,8 @@ class Listed:
 
 def _listed(root: str, args: argparse.Namespace, findings: list[Finding]) -> list[Listed]:
     found = []
-    for info in maintenance.iter_leaves(root):
+    unreadable: list[LeafPath] = []
+    for info in maintenance.iter_leaves(root, unreadable=unreadable):
         if (args.tenant and info.tenant != args.tenant) or (args.backend and info.backend != args.backend):
             continue
         try:
@@ -40,6 +42,7 @@ def _listed(root: str, args: argparse.Namespace, findings: list[Finding]) -> lis
             detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             findings.append(Finding("leaf", info.path, "manifest", f"the manifest cannot be read: {detail}", info.id))
         found.append(Listed(info, kernel))
+    findings += (Finding("leaf", f.path, "io", "this user cannot read the leaf", "") for f in unreadable)
     found.sort(key=lambda x: (x.info.tenant, x.info.backend, x.kernel or "", -x.info.mtime))
     return found
 

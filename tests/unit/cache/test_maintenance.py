@@ -415,3 +415,26 @@ def test_prune_says_what_it_could_not_remove(cache_dir, monkeypatch, capsys):
     assert "could not remove 2" in capsys.readouterr().out
     monkeypatch.undo()
     assert len(leaves(cache_dir)) == 2
+
+
+def test_a_leaf_this_user_cannot_read_is_a_finding_not_left_out(cache_dir, monkeypatch, capsys):
+    """Another user's private leaf was left out of ls and verify without a word: '0/0
+    leaves verify', exit 0, as if the cache were sound."""
+    from safejit import cli
+
+    (info,) = _fill(cache_dir, 1)
+    real_scandir = os.scandir
+
+    def private(path):  # (what this user's read of another's 0700 leaf meets)
+        if str(path) == info.path:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(maintenance.os, "scandir", private)
+    assert cli.main(["verify", "--json", "--cache-dir", str(cache_dir)]) == 1
+    (finding,) = json.loads(capsys.readouterr().out)["findings"]
+    assert finding["path"] == info.path and "cannot read" in finding["detail"]
+    assert cli.main(["ls", "--json", "--cache-dir", str(cache_dir)]) == 1
+    (finding,) = json.loads(capsys.readouterr().out)["findings"]
+    assert finding["path"] == info.path
+    assert maintenance.prune(str(cache_dir), max_age_s=0, grace_s=0).removed == 0  # (never removed unread)
