@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from . import _forksafe, _hostcall
 from ._hostcall import UNSET
 from .backends.base import LoadedLibrary
-from .errors import KernelNotFoundError, LoadError
+from .errors import ArgumentTypeError, KernelNotFoundError, LoadError
 
 __all__ = ["Artifact", "Kernel", "KernelHandle", "Module"]
 
@@ -121,6 +121,8 @@ class Module:
                 return found  # re-getting a kernel is a dict lookup
         if self._closed:
             raise LoadError(f"module {self.artifact.build_key[:12]} is closed")
+        if argtypes is not None and (isinstance(argtypes, (str, bytes)) or not isinstance(argtypes, Sequence)):
+            raise ArgumentTypeError(f"{name}: argtypes must be a sequence of ctypes types, got {argtypes!r:.80}")
         kernel = self._make_kernel(name, argtypes, restype)
         if plain and len(self._kernels) < 1024:
             self._kernels[name] = kernel

@@ -60,6 +60,8 @@ class Runtime:
     """
 
     def __init__(self, backend: str | None = None, *, config: Config | None = None) -> None:
+        if config is not None and not isinstance(config, Config):
+            raise ConfigError(f"Runtime(config=...) takes a safejit.Config, got {type(config).__name__}")
         cfg = config if config is not None else Config.from_env()
         if backend is not None and backend != cfg.backend:
             cfg = cfg.replace(backend=backend)
@@ -181,6 +183,8 @@ class Runtime:
         """Read a source file under the declared source roots. The file is opened first,
         then confined by where the opened file really is: a path swapped for a symlink
         meanwhile cannot make it read another file."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise ConfigError(f"Runtime.source takes a path, got {type(path).__name__}")
         anchors = root_policy.build_anchors(self.config.source_roots, ())
         given = os.fspath(path)
         root_policy.confine(given, anchors, what="source file")  # (a clear error before opening)

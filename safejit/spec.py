@@ -70,6 +70,8 @@ class Source:
             raise ConfigError("Source.code contains a NUL byte")
         for what in ("code", "filename", "origin"):
             value = getattr(self, what)
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"Source.{what} must be str or None, got {type(value).__name__}")
             if isinstance(value, str) and not _encodable(value):
                 raise ConfigError(f"Source.{what} is not valid text (it holds a lone surrogate)")
         if not isinstance(self.name, str) or not _NAME.match(self.name):

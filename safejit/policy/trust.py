@@ -121,6 +121,8 @@ def load_public_key(material: bytes | str) -> bytes:
     (SubjectPublicKeyInfo) or an OpenSSH ``ssh-ed25519 AAAA...`` line."""
     if isinstance(material, bytes) and len(material) == 32:
         return material
+    if not isinstance(material, (bytes, str)):
+        raise ConfigError(f"a public key must be bytes or str, got {type(material).__name__}")
     text = material.decode("ascii", "replace") if isinstance(material, bytes) else material
     text = text.strip()
     if "BEGIN PUBLIC KEY" in text or text.startswith("ssh-ed25519 "):
@@ -290,6 +292,8 @@ class Verifier:
 def signer_of(key: bytes | str) -> HmacSigner | Ed25519Signer:
     """The signer a ``Config.signing_key`` stands for: an Ed25519 private key given as
     PEM (PKCS#8), else an HMAC key (bytes, at least 16)."""
+    if not isinstance(key, (bytes, str)):
+        raise ConfigError(f"Config.signing_key must be bytes or str, got {type(key).__name__}")
     text = key.decode("ascii", "replace") if isinstance(key, bytes) else key
     if "-----BEGIN" in text:
         return Ed25519Signer(key)

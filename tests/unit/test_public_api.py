@@ -246,3 +246,27 @@ def test_the_public_surface_is_typed_for_a_user_of_it(tmp_path):
     assert revealed[:3] == ['"safejit.kernel.Module"', '"safejit.kernel.KernelHandle"', '"def (*Any, **Any) -> Any"']
     assert "Any" not in revealed[3], revealed[3]
     assert "error:" not in out.stdout.replace("note:", ""), out.stdout
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: safejit.Config(signing_key=5),
+        lambda: safejit.Config(verify_keys={"k": 5}),
+        lambda: safejit.Runtime(config={"backend": "host"}),
+        lambda: safejit.Source("int f(void) { return 1; }", "f", filename=5),
+        lambda: safejit.Source("int f(void) { return 1; }", "f", origin=5),
+        lambda: safejit.Runtime(config=safejit.Config(backend="fake")).source(5),
+    ],
+    ids=["signing_key", "verify_keys", "runtime_config", "filename", "origin", "source_path"],
+)
+def test_a_public_argument_of_the_wrong_type_is_a_typed_error(call):
+    """Each raised a raw TypeError or AttributeError from deep inside (or was taken)."""
+    with pytest.raises(safejit.ConfigError):
+        call()
+
+
+def test_kernel_argtypes_that_are_no_sequence_is_an_argument_type_error(make_runtime):
+    mod = make_runtime().compile(safejit.Source("int add(int a, int b) { return a + b; }\n", "add"))
+    with pytest.raises(safejit.ArgumentTypeError, match="argtypes"):
+        mod.kernel("add", argtypes=5)
