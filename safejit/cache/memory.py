@@ -196,7 +196,10 @@ class MemoryTier(Generic[T]):
         fresh for that caller's own time (else ``make`` runs again)."""
         while True:
             entry, made, mine = self._single_flight(key, make)
-            if mine or self.fresh(entry, now):
+            if mine:
+                return made
+            if self.fresh(entry, now):
+                self.hits += 1  # (served from memory: another caller's compile, waited for)
                 return made
             self.discard(key, entry)
 
