@@ -223,8 +223,17 @@ class DiskTier:
     def _quarantine_damaged(self, root: str, rejections: list[Rejection]) -> None:
         if any(rej.reason.corrupt for rej in rejections) and root == self.writable_root():
             for rej in rejections:
-                if rej.reason.corrupt:
+                if rej.reason.corrupt and not self._sound_now(rej.leaf, root):
                     self.quarantine(rej.leaf, root)
+
+    def _sound_now(self, leaf: str, root: str) -> bool:
+        """Whether what ``leaf`` names now is a sound leaf: one pruned and published again
+        since it was read (another process's lookup moved the damaged one aside first,
+        or a prune) is never moved aside for what the old one was."""
+        build = os.path.basename(os.path.dirname(leaf))
+        if not build.startswith("build-"):
+            return False
+        return isinstance(self.verify(leaf, root, build[len("build-") :], None), VerifiedLeaf)
 
     def _report(self, s: Any, rejections: list[Rejection], hit: VerifiedLeaf | None, counted: bool = True) -> None:
         for rej in rejections:
@@ -317,6 +326,8 @@ class DiskTier:
         try:
             raw = read_bytes(os.path.join(leaf, MANIFEST), MANIFEST_LIMIT)
         except OSError as exc:
+            if exc.errno == errno.ENOENT and not os.path.lexists(leaf):
+                return Rejection(Miss.GONE, "the leaf was removed meanwhile (prune)", leaf, root)
             return Rejection(_read_reason(exc, Miss.MANIFEST), f"unreadable manifest ({exc.strerror})", leaf, root)
         if digest_bytes(raw) != marker:
             return Rejection(Miss.MANIFEST, "manifest does not match its commit marker", leaf, root)
@@ -348,6 +359,8 @@ class DiskTier:
         try:
             artifact = read_bytes(os.path.join(leaf, man.artifact_file), man.artifact_size)
         except OSError as exc:
+            if exc.errno == errno.ENOENT and not os.path.lexists(leaf):
+                return Rejection(Miss.GONE, "the leaf was removed meanwhile (prune)", leaf, root)
             reason = _read_reason(exc, Miss.ARTIFACT)
             return Rejection(reason, f"artifact unreadable ({exc.strerror})", leaf, root)
         if len(artifact) != man.artifact_size or digest_bytes(artifact) != man.artifact_digest:

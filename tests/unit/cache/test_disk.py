@@ -80,3 +80,57 @@ def test_a_leaf_adopted_from_beyond_the_newest_leaves_of_its_key_is_a_hit_after(
         compile_version(v)
     assert compile_version(0)[1] == 1  # (beyond the newest: rebuilt once, the old leaf adopted)
     assert compile_version(0) == ("disk", 0)
+
+
+def _one_leaf(cache_dir):
+    rt = safejit.Runtime(config=safejit.Config(backend="fake", cache_dirs=(str(cache_dir),)))
+    mod = rt.compile(safejit.Source("#define A 1\n", "a"))
+    disk = rt._init()[0].disk
+    return rt, disk, mod.artifact.path
+
+
+def test_a_leaf_sound_by_the_time_it_would_be_moved_aside_stays(cache_dir):
+    """A lookup that read a leaf damaged (or half-read it while a prune removed it and
+    another process published it again) moved aside whatever the name held by then: a
+    sound leaf published meanwhile was quarantined and lost."""
+    from safejit.cache.leaf import Rejection
+
+    rt, disk, leaf = _one_leaf(cache_dir)
+    try:
+        disk._quarantine_damaged(
+            str(cache_dir), [Rejection(Miss.MANIFEST, "as read a moment ago", leaf, str(cache_dir))]
+        )
+        assert os.path.isdir(leaf) and not (cache_dir / "v1" / "quarantine").exists()
+        (cache_dir / "v1" / "quarantine").mkdir()
+        with open(os.path.join(leaf, "manifest.json"), "a") as fh:
+            fh.write(" ")  # (damaged now, as read: moved aside)
+        disk._quarantine_damaged(str(cache_dir), [Rejection(Miss.MANIFEST, "damaged", leaf, str(cache_dir))])
+        assert not os.path.exists(leaf) and len(os.listdir(cache_dir / "v1" / "quarantine")) == 1
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("file", ["manifest.json", "artifact"])
+def test_a_leaf_removed_while_it_is_read_is_gone_not_damaged(cache_dir, monkeypatch, file):
+    """A leaf pruned between the reads of its files was 'damaged' (an unreadable manifest
+    or artifact), counted and logged as such; only a missing marker was 'gone'."""
+    import shutil
+
+    from safejit.cache import disk as disk_module
+
+    rt, disk, leaf = _one_leaf(cache_dir)
+    real = disk_module.read_bytes
+
+    def pruned_meanwhile(path, limit):
+        if os.path.basename(path).startswith(file):
+            shutil.rmtree(leaf)  # (prune's rename away, as good as this for the reader)
+        return real(path, limit)
+
+    monkeypatch.setattr(disk_module, "read_bytes", pruned_meanwhile)
+    try:
+        build = os.path.basename(os.path.dirname(leaf))[len("build-") :]
+        found = disk.verify(leaf, str(cache_dir), build, None)
+        assert found.reason is Miss.GONE, found
+    finally:
+        monkeypatch.undo()
+        rt.close()
