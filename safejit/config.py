@@ -270,8 +270,10 @@ class Config:
             raise ConfigError(f"Config.tenant must be a string, got {self.tenant!r}")
         for name in ("inventory", "nvcc", "ascend_home", "host_cc", "host_cxx"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise ConfigError(f"Config.{name} must be a path (a non-empty string) or None, got {value!r}")
+            if value == "":  # (a variable set to nothing: unset, as it always was)
+                object.__setattr__(self, name, None)
+            elif value is not None and not isinstance(value, str):
+                raise ConfigError(f"Config.{name} must be a path (a string) or None, got {value!r}")
 
     def _check_numbers(self) -> None:
         positive = (
@@ -286,6 +288,9 @@ class Config:
         counts = ("memory_max_entries", "memory_max_bytes", "max_source_bytes", "max_artifact_bytes", "max_deps")
         for name in (*positive, "max_staleness_s"):
             value = getattr(self, name)
+            if name in counts and isinstance(value, float) and math.isfinite(value) and value.is_integer():
+                value = int(value)  # (2e9 bytes: a whole number written as a float)
+                object.__setattr__(self, name, value)
             if name in counts and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ConfigError(f"Config.{name} must be a whole number, got {value!r}")
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -318,4 +323,4 @@ class Config:
 
     def resolved_cache_dirs(self) -> tuple[str, ...]:
         """``cache_dirs``, or the per-user default when none is configured."""
-        return self.cache_dirs or (str(_env.default_cache_dir()),)
+        return self.cache_dirs or (_absolute(str(_env.default_cache_dir()), "cache_dirs"),)

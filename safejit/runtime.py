@@ -274,8 +274,9 @@ class Runtime:
 
     def close(self) -> None:
         """Close every cached module (each unloaded once nothing holds it) and release resources. Safe to call twice."""
-        with self._init_lock:  # (a compile wiring parts meanwhile finds it closed)
-            first, self._closed = not self._closed, True
+        # (no lock: close() may run in a signal handler or a finalizer of the very thread
+        # that is wiring parts, which then finds it closed and closes them itself)
+        first, self._closed = not self._closed, True
         if first:
             try:
                 self.flush_usage()
@@ -384,6 +385,10 @@ class Runtime:
                     parts = Parts(self.config, self._env)
                     resolver = Resolver(self.config, parts, self._env, self._attrs)
                     self._wired = (parts, resolver, Pipeline(self.config, parts, self._counters, self._attrs))
+                    if self._closed:  # (closed while they were wired: their close is ours)
+                        self._wired = None
+                        parts.close()
+                        raise LoadError("the runtime is closed")
                 wired = self._wired
         return wired
 

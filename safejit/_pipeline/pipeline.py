@@ -231,7 +231,12 @@ class Pipeline:
             if early is not None:
                 early.cancel()  # (before the work dir is deleted: no write may land in it after)
             raise
-        if not built.vouched:
+        changed = built.vouched and not self.parts.backend.toolchain_unchanged(resolved.spec)
+        if changed:  # (its compiler was replaced since it was probed: built by which one?)
+            logger.warning(
+                "not caching %s: its toolchain changed since it was probed; it is probed again", resolved.spec.name
+            )
+        if not built.vouched or changed:
             if early is not None:
                 early.cancel()
             return Obtained(built.leaf, Tier.COMPILED, _load(load, built.leaf))

@@ -148,6 +148,21 @@ class ProbeCache:
 
     def __init__(self, state_dir: str | None) -> None:
         self._dir = state_dir
+        #: What this process found or probed, per identity: the toolchain, and the programs
+        #: and dirs that vouch for it (as the file holds them), for :meth:`unchanged`.
+        self._witness: dict[str, tuple[Toolchain, list[Any], list[Any]]] = {}
+
+    def unchanged(self, ident: list[Any], tc: Toolchain) -> bool:
+        """Whether ``tc``, found or probed in this process under ``ident``, still stands:
+        the driver is the same file (``ident``: its stat now), each program it runs and
+        each dir it finds them in unchanged — a stat each, no file read."""
+        witness = self._witness.get(digest_bytes(_IDENT.encode(ident)))
+        if witness is None or witness[0] != tc:
+            return False
+        tools, dirs = witness[1], witness[2]
+        return all(_reached(name) == ident_of[1:] for name, *ident_of in tools) and all(
+            dir_ident(path) == ident_of for path, *ident_of in dirs
+        )
 
     def _path(self, ident: list[Any]) -> str | None:
         # (``ident``: text and ints, MessagePack-encoded: typed and length-prefixed)
@@ -171,7 +186,7 @@ class ProbeCache:
             for path, *ident_of in data["dirs"]:
                 if dir_ident(path) != ident_of:
                     return None
-            return Toolchain(
+            found = Toolchain(
                 compiler=data["compiler"],
                 version=data["version"],
                 digest=data["digest"],
@@ -186,6 +201,8 @@ class ProbeCache:
             )
         except (OSError, ValueError, KeyError, TypeError, IndexError, ConfigError):
             return None
+        self._witness[digest_bytes(_IDENT.encode(ident))] = (found, data["tools"], data["dirs"])
+        return found
 
     def put(self, ident: list[Any], tc: Toolchain, tools: Sequence[Tool] = (), dirs: Sequence[list[Any]] = ()) -> None:
         """Remember ``tc``; ``tools``: the programs it runs and files it reads, as hashed
@@ -193,6 +210,8 @@ class ProbeCache:
         before the probe looked (:func:`dir_idents`). Not when one of the tools changed
         within the last moments: its stat cannot vouch for it yet."""
         path = self._path(ident)
+        tool_rows = [[name, real, *snap] for name, real, snap in tools]
+        self._witness[digest_bytes(_IDENT.encode(ident))] = (tc, tool_rows, [list(d) for d in dirs])
         # (a dir ident is [path, dev, ino, mtime, ctime]; [path] when there is none)
         dir_snaps = [(d[1], d[2], 0, d[3], d[4]) for d in dirs if len(d) == 5]
         if path is None or any(is_racy(snap) for snap in [*(s for _, _, s in tools), *dir_snaps]):
@@ -210,7 +229,7 @@ class ProbeCache:
             "link_roots": list(tc.link_roots),
             "prefix": tc.prefix,
             "load_baseline": None if tc.load_baseline is None else dataclasses.asdict(tc.load_baseline),
-            "tools": [[name, real, *snap] for name, real, snap in tools],
+            "tools": tool_rows,
             "dirs": [list(d) for d in dirs],
         }
         tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
@@ -251,6 +270,11 @@ class ProbeMemo:
 
     def __getitem__(self, key: Hashable) -> Toolchain:
         return self._found[key][0]
+
+    def forget(self, key: Hashable) -> None:
+        """Probe ``key`` again next time (its toolchain was found changed)."""
+        with self._lock:
+            self._found.pop(key, None)
 
 
 def _baseline_from(value: object) -> LoadBaseline | None:

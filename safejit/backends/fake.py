@@ -23,7 +23,7 @@ from typing import Any, Final
 from .. import faults
 from ..closure.hashing import digest_bytes, read_file
 from ..errors import CompileError, FlagPolicyError, LimitExceededError, LoadError
-from ..spec import Source, Toolchain
+from ..spec import BuildSpec, Source, Toolchain
 from .base import CompileContext, CompileOutput, Products, Runner, macro_flags
 
 __all__ = ["FakeBackend", "FakeKernel", "FakeLibrary"]
@@ -59,6 +59,9 @@ class FakeBackend:
 
     def toolchain(self, source: Source, run: Runner) -> Toolchain:
         return Toolchain(compiler="fake", version="safejit fake backend 1", digest=digest_bytes(_MAGIC), roots=())
+
+    def toolchain_unchanged(self, spec: BuildSpec) -> bool:
+        return True
 
     def argv(
         self,

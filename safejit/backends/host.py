@@ -96,6 +96,19 @@ class HostBackend:
         language = self.language(source)
         return self._probed.get(language, lambda: self._probe(language, run))
 
+    def toolchain_unchanged(self, spec: BuildSpec) -> bool:
+        try:
+            same = self._probes.unchanged(self._ident(spec.language), spec.toolchain)
+        except (OSError, ConfigError):
+            same = False
+        if not same:
+            self._probed.forget(spec.language)
+        return same
+
+    def _ident(self, language: str) -> list[Any]:
+        """What the probe of ``language``'s compiler is keyed by: the driver's stat now."""
+        return [*file_ident(self.compiler_path(language)), _PROBE_SCHEMA, language]
+
     def _probe(self, language: str, run: Runner) -> Toolchain:
         compiler = self.compiler_path(language)
         ident = [*file_ident(compiler), _PROBE_SCHEMA, language]

@@ -108,7 +108,7 @@ def iter_leaves(
         info = _info(layout.root, found)
         if info is not None:
             yield info
-        elif unreadable is not None:
+        elif unreadable is not None and os.path.lexists(found.path):  # (not one pruned meanwhile)
             unreadable.append(found)
 
 

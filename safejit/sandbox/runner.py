@@ -30,7 +30,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -38,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from .. import _env, faults
+from .. import _env, _forksafe, faults
 from .._background import background
 from ..errors import CompileError, CompileTimeout, ConfigError, SandboxUnavailableError
 from . import SYSTEM_PATH
@@ -136,7 +135,7 @@ class Sandbox:
         self._cc = cc
         self._ids_known: tuple[tuple[int, int] | None] | None = None  # (looked up at the first run)
         self._exe: tuple[list[str], tuple[int, ...]] | None = None
-        self._exe_lock = threading.Lock()
+        self._exe_lock = _forksafe.Lock()
         self._walls: Walls | None = None
         self._abi = -1
         self._described: tuple[Walls, str] | None = None
@@ -144,7 +143,7 @@ class Sandbox:
         # The shim started ahead: [Shim] or []. A list, so that the finalizer below can
         # end it when this Sandbox goes without close().
         self._spares: list[Shim] = []
-        self._spare_lock = threading.Lock()
+        self._spare_lock = _forksafe.Lock()
         self._closed = False
         weakref.finalize(self, _retire_all, self._spares, self._spare_lock)
 
@@ -460,7 +459,7 @@ def _close_quietly(fd: int, owner: int) -> None:
             os.close(fd)
 
 
-def _retire_all(spares: list[Shim], lock: threading.Lock) -> None:
+def _retire_all(spares: list[Shim], lock: _forksafe.Lock) -> None:
     with lock:
         mine = [s for s in spares if s.owner == os.getpid()]
         spares.clear()

@@ -87,7 +87,7 @@ def test_a_relative_root_without_a_working_directory_is_a_config_error(tmp_path,
         ("memory_max_bytes", True),
         ("inventory", 5),
         ("host_cc", 5),
-        ("nvcc", ""),
+        ("nvcc", b"/usr/local/cuda/bin/nvcc"),
     ],
 )
 def test_a_field_of_the_wrong_type_is_a_config_error_naming_it(field, value):
@@ -99,3 +99,29 @@ def test_a_field_of_the_wrong_type_is_a_config_error_naming_it(field, value):
 
 def test_a_count_too_large_for_a_float_is_no_overflow():
     assert safejit.Config(memory_max_entries=10**400).memory_max_entries == 10**400
+
+
+@pytest.mark.parametrize("field", ["inventory", "nvcc", "ascend_home", "host_cc", "host_cxx"])
+def test_an_empty_path_is_unset_as_it_always_was(field, monkeypatch):
+    """A variable set to nothing unsets it (CI, containers): since the type checks it was
+    refused, and every Runtime() with it."""
+    assert getattr(safejit.Config(**{field: ""}), field) is None
+    monkeypatch.setenv(f"SAFEJIT_{field.upper()}", "")
+    assert getattr(safejit.Config.from_env(), field) is None
+
+
+def test_a_whole_number_written_as_a_float_is_a_count():
+    config = safejit.Config(memory_max_bytes=2e9, max_artifact_bytes=1e9)
+    assert (config.memory_max_bytes, config.max_artifact_bytes) == (2_000_000_000, 1_000_000_000)
+    assert type(config.memory_max_bytes) is int
+
+
+def test_a_default_cache_root_that_is_not_utf8_is_a_config_error(tmp_path, monkeypatch):
+    """An explicit root that is not UTF-8 was refused, the default one (XDG_CACHE_HOME)
+    taken: published to, and every later disk hit raised UnicodeEncodeError."""
+    import os
+
+    bad = os.fsdecode(os.fsencode(str(tmp_path)) + b"/xdg\xff")
+    monkeypatch.setenv("XDG_CACHE_HOME", bad)
+    with pytest.raises(safejit.ConfigError, match="not UTF-8"):
+        safejit.Config().resolved_cache_dirs()

@@ -124,7 +124,7 @@ rt.compile(safejit.Source("#define A 1\n", "a"))  # (wired; a usage record to co
 # compile in flight (slowed at the compiler's spawn) when this one forks.
 hold, go = threading.Event(), threading.Event()
 def holder():
-    with rt._init_lock, statedir._lock:
+    with rt._init_lock, statedir._lock, rt._wired[0].sandbox._spare_lock:
         hold.set()
         go.wait(30)
 threading.Thread(target=holder).start()
@@ -138,6 +138,8 @@ if pid == 0:
     done = threading.Event()
     out = {}
     def child():
+        import gc
+        gc.collect()  # (the parent's parts, let go: their finalizers run here)
         out["b"] = rt.compile(safejit.Source("#define B 2\n", "b")).kernel("B")()
         out["c"] = rt.compile(safejit.Source("#define C 3\n", "c")).kernel("C")()
         out["stats"] = rt.stats()
@@ -208,3 +210,33 @@ def test_close_while_a_compile_is_under_way_refuses_its_entry(make_runtime):
     with pytest.raises(safejit.LoadError, match="closed"):
         rt._init()
     assert rt._wired is None
+
+
+def test_close_from_a_signal_handler_while_parts_are_wired_does_not_hang(make_runtime, monkeypatch):
+    """close() took the set-up lock that the thread it interrupted (a signal handler's,
+    a finalizer's) was holding while it wired the parts: it waited on itself for good."""
+    from safejit import runtime as runtime_module
+
+    rt = make_runtime(backend="fake")
+    real = runtime_module.Parts
+
+    def interrupted(*args, **kwargs):
+        parts = real(*args, **kwargs)
+        rt.close()  # (the handler, run in this thread while it holds the set-up lock)
+        return parts
+
+    monkeypatch.setattr(runtime_module, "Parts", interrupted)
+    got: list[object] = []
+
+    def compile_() -> None:
+        try:
+            rt.compile(safejit.Source("#define A 1\n", "a"))
+        except safejit.SafejitError as exc:
+            got.append(exc)
+
+    worker = threading.Thread(target=compile_, daemon=True)
+    worker.start()
+    worker.join(20)
+    assert not worker.is_alive(), "close() from the wiring thread hung"
+    assert len(got) == 1 and isinstance(got[0], safejit.LoadError)
+    assert rt._wired is None  # (what was wired meanwhile was closed, not kept)

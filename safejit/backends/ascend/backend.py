@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from ...closure.hashing import hash_file
 from ...errors import CompileError, ConfigError, FlagPolicyError, LoadError
-from ...spec import Source, Toolchain
+from ...spec import BuildSpec, Source, Toolchain
 from .._argv import run_argv
 from .._elf import ElfError, section_names
 from .._toolchain import ProbeCache, ProbeMemo, compiler_search_dirs, file_ident, run_text
@@ -82,6 +82,16 @@ class AscendBackend:
 
     def toolchain(self, source: Source, run: Runner) -> Toolchain:
         return self._toolchain.get("", lambda: self._probe(run))
+
+    def toolchain_unchanged(self, spec: BuildSpec) -> bool:
+        try:
+            _, bisheng, lld = find_toolkit(self._homes)
+            same = self._probes.unchanged([*file_ident(bisheng), *file_ident(lld), _PROBE_SCHEMA], spec.toolchain)
+        except (OSError, ConfigError):
+            same = False
+        if not same:
+            self._toolchain.forget("")
+        return same
 
     def _probe(self, run: Runner) -> Toolchain:
         home, bisheng, lld = find_toolkit(self._homes)

@@ -169,6 +169,23 @@ class CudaBackend:
                     )
             return self._recorder is not None
 
+    def toolchain_unchanged(self, spec: BuildSpec) -> bool:
+        try:
+            if self.compiler == "nvrtc":
+                ident = [*file_ident(library_path()), _PROBE_SCHEMA, "nvrtc"]
+            else:
+                ident = [*file_ident(self.nvcc_path()), *file_ident(self._host_cxx()), _PROBE_SCHEMA, "nvcc"]
+            same = self._probes.unchanged(ident, spec.toolchain)
+        except (OSError, ConfigError):
+            same = False
+        if not same:
+            self._toolchains.forget(self.compiler)
+        return same
+
+    @staticmethod
+    def _host_cxx() -> str:
+        return os.path.realpath(shutil.which("g++", path=SYSTEM_PATH) or "/usr/bin/g++")
+
     def _probe_nvrtc(self) -> Toolchain:
         if _nvrtc is None:
             raise ConfigError("the CUDA backend needs cuda-python: pip install 'safejit[cuda]'")
@@ -206,7 +223,7 @@ class CudaBackend:
 
     def _probe_nvcc(self, run: Runner) -> Toolchain:
         nvcc = self.nvcc_path()
-        host = os.path.realpath(shutil.which("g++", path=SYSTEM_PATH) or "/usr/bin/g++")
+        host = self._host_cxx()
         ident = [*file_ident(nvcc), *file_ident(host), _PROBE_SCHEMA, "nvcc"]
         cached = self._probes.get(ident)
         if cached is not None:

@@ -169,15 +169,11 @@ def test_no_compiler_on_the_fixed_path_says_which_setting_to_use(monkeypatch, ma
         make_runtime().compile(ONE)
 
 
-def test_a_compiler_upgraded_under_a_running_process_is_used_and_keyed_as_such(make_runtime, tmp_path, monkeypatch):
-    """A process kept the toolchain it probed first for good: after the compiler was
-    replaced it built with the new one under the old one's key, and a process whose
-    compiler is still the old one then loaded that binary from the shared cache. Past
-    RECHECK_S it looks again (a stat of each program) and keys builds by what it runs."""
+def _wrapper_cc(tmp_path: Path):
+    """A host compiler (a wrapper of the system's) and how to install version N of it."""
     import os
     import shutil
 
-    monkeypatch.setattr(probe, "RECHECK_S", 0.0)
     real_cc = os.path.realpath(shutil.which("cc") or "/usr/bin/cc")
     cc = tmp_path / "bin" / "cc"
     cc.parent.mkdir()
@@ -188,6 +184,16 @@ def test_a_compiler_upgraded_under_a_running_process_is_used_and_keyed_as_such(m
         new.chmod(0o755)
         os.replace(new, cc)
 
+    return cc, install
+
+
+def test_a_compiler_upgraded_under_a_running_process_is_used_and_keyed_as_such(make_runtime, tmp_path, monkeypatch):
+    """A process kept the toolchain it probed first for good: after the compiler was
+    replaced it built with the new one under the old one's key, and a process whose
+    compiler is still the old one then loaded that binary from the shared cache. Past
+    RECHECK_S it looks again (a stat of each program) and keys builds by what it runs."""
+    monkeypatch.setattr(probe, "RECHECK_S", 0.0)
+    cc, install = _wrapper_cc(tmp_path)
     src = safejit.Source("int ver(void) { return CCVER; }\n", "ver")
     install(1)
     running = make_runtime(host_cc=str(cc))
@@ -199,4 +205,24 @@ def test_a_compiler_upgraded_under_a_running_process_is_used_and_keyed_as_such(m
     assert upgraded.artifact.build_key == fresh.artifact.build_key and fresh.artifact.tier == "disk"
     install(1)  # (rolled back: a v1 process must not find the v2 build)
     old = make_runtime(host_cc=str(cc)).compile(safejit.Source("int ver(void) { return CCVER; } /* 2 */\n", "ver"))
+    assert old.kernel("ver")() == 1 and old.artifact.tier == "compiled"
+
+
+def test_a_build_across_a_compiler_upgrade_is_not_published_under_the_old_key(make_runtime, tmp_path, caplog):
+    """Within RECHECK_S of its last look a process still keys builds by the toolchain it
+    found: one built after the compiler was replaced was published under the old one's
+    key, and a process on the old compiler loaded the new one's binary. A build whose
+    toolchain changed since its probe is returned, not published."""
+    import logging
+
+    cc, install = _wrapper_cc(tmp_path)
+    install(1)
+    running = make_runtime(host_cc=str(cc))
+    assert running.compile(safejit.Source("int ver(void) { return CCVER; }\n", "ver")).kernel("ver")() == 1
+    install(2)
+    later = safejit.Source("int ver(void) { return CCVER; } /* later */\n", "ver")
+    with caplog.at_level(logging.WARNING):
+        assert running.compile(later).kernel("ver")() == 2
+    install(1)
+    old = make_runtime(host_cc=str(cc)).compile(later)
     assert old.kernel("ver")() == 1 and old.artifact.tier == "compiled"

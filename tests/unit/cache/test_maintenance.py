@@ -438,3 +438,15 @@ def test_a_leaf_this_user_cannot_read_is_a_finding_not_left_out(cache_dir, monke
     (finding,) = json.loads(capsys.readouterr().out)["findings"]
     assert finding["path"] == info.path
     assert maintenance.prune(str(cache_dir), max_age_s=0, grace_s=0).removed == 0  # (never removed unread)
+
+
+def test_a_leaf_pruned_while_verify_walks_is_no_finding(cache_dir):
+    """A leaf a concurrent prune removed after the walk found it was reported 'this user
+    cannot read the leaf' (exit 1); it is gone, and nothing to report."""
+    infos = _fill(cache_dir, 3)
+    walked = maintenance.verify_all(str(cache_dir))
+    next(walked)  # (the walk has listed the leaves)
+    for info in infos:
+        _age(info.path, 3600)
+    maintenance.prune(str(cache_dir), max_age_s=60, grace_s=0)
+    assert [bad for _, bad in walked if bad is not None and bad.reason is Miss.IO] == []
