@@ -31,7 +31,7 @@ from .cache.memory import Entry, MemoryTier
 from .cache.usage import usage_name, write_usage
 from .closure.hashing import open_regular
 from .config import Config
-from .errors import CacheError, ConfigError, LoadError
+from .errors import CacheError, ConfigError, LoadError, SafejitError
 from .inventory import InventoryWriter
 from .inventory import Request as InventoryRequest
 from .kernel import Artifact, Module
@@ -438,7 +438,7 @@ def _flush_at_exit(ref: weakref.ref[Runtime]) -> None:
     if rt is not None and not rt._closed:
         try:
             rt.flush_usage()
-        except CacheError as exc:
+        except SafejitError as exc:  # (at exit: said, never a traceback)
             logger.warning("%s", exc)
 
 

@@ -76,3 +76,20 @@ def test_every_variable_safejit_reads_is_known(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING):
         _env.config_overrides()
     assert not any("SAFEJIT_SANDBOX_UID" in m for m in caplog.messages)
+
+
+def test_a_bad_fault_spec_is_said_at_exit_without_a_traceback(tmp_path):
+    """The usage record written at exit met the bad SAFEJIT_FAULTS too: an atexit
+    traceback, as the handler let only CacheError through."""
+    code = (
+        "import safejit\n"
+        "rt = safejit.Runtime()\n"
+        "try:\n"
+        "    rt.compile(safejit.Source('int f(void) { return 1; }', 'f'))\n"
+        "except safejit.ConfigError:\n"
+        "    pass\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAFEJIT_")}
+    env.update(SAFEJIT_FAULTS="nonsense", XDG_CACHE_HOME=str(tmp_path), XDG_STATE_HOME=str(tmp_path / "state"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
