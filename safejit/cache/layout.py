@@ -186,12 +186,17 @@ class CacheLayout:
         ``tenant_only`` and ``backend_only`` when given."""
         for tenant, backend, build in self.build_dirs(tenant_only, backend_only):
             key = build_key_of(build.name)
-            if key is None or not build.is_dir(follow_symlinks=False):
+            if key is None or not build.is_dir(follow_symlinks=False) or not in_its_shard(build.path, key):
                 continue
             for leaf in entries(build.path):
                 deps = deps_key_of(leaf.name)
                 if deps is not None and leaf.is_dir(follow_symlinks=False):
                     yield LeafPath(tenant, backend, key, deps, leaf.path)
+
+
+def in_its_shard(build_path: str, key: str) -> bool:
+    """Whether a build dir lies in the shard its key names (where lookups look for it)."""
+    return os.path.basename(os.path.dirname(build_path)) == key[:2]
 
 
 def build_key_of(name: str) -> str | None:

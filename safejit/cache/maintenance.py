@@ -44,6 +44,7 @@ from .layout import (
     build_key_of,
     deps_key_of,
     entries,
+    in_its_shard,
     is_real_dir,
 )
 from .leaf import MANIFEST_LIMIT, Manifest, Rejection, VerifiedLeaf, decode_manifest
@@ -165,6 +166,9 @@ def damaged(root: str) -> list[tuple[str, str]]:
             continue
         if not build.is_dir(follow_symlinks=False):
             out.append((build.path, f"a build directory that is not a directory ({kind_of(build)})"))
+            continue
+        if not in_its_shard(build.path, build.name[len("build-") :]):
+            out.append((build.path, "a build directory in another key's shard (no lookup finds it)"))
             continue
         for entry in sorted_entries(build.path):
             if deps_key_of(entry.name) is None:

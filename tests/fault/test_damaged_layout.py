@@ -281,3 +281,22 @@ def test_verify_fix_says_quarantined_only_of_what_it_moved(fake, cache_dir, caps
     report = json.loads(capsys.readouterr().out)
     (finding,) = [f for f in report["findings"] if f["path"] == str(leaf)]
     assert finding["fixed"] == "quarantined" and not leaf.exists() and len(quarantined(cache_dir)) == 1
+
+
+def test_a_build_dir_in_another_keys_shard_is_a_finding(fake, cache_dir, capsys):
+    """A build dir moved to another shard (no lookup finds it there): ls said its manifest
+    could not be read, verify that all was well, prune never removed it."""
+    fake().compile(SRC)
+    settle()
+    build = _only_leaf(cache_dir).parent
+    elsewhere = build.parent.parent / ("zz" if build.parent.name != "zz" else "yy")
+    elsewhere.mkdir()
+    moved = elsewhere / build.name
+    build.rename(moved)
+    assert maintenance.check(str(cache_dir)) != []
+    assert cli.main(["verify", "--cache-dir", str(cache_dir)]) == 1
+    assert "another key's shard" in capsys.readouterr().out
+    assert cli.main(["ls", "--cache-dir", str(cache_dir)]) == 1
+    assert "manifest cannot be read" not in capsys.readouterr().out
+    assert cli.main(["verify", "--fix", "--cache-dir", str(cache_dir)]) == 1
+    assert not moved.exists() and len(quarantined(cache_dir)) == 1
