@@ -15,6 +15,7 @@ import atexit
 import logging
 import math
 import os
+import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
@@ -84,6 +85,7 @@ class Runtime:
         self._usage_name = usage_name()
         self._inventory = InventoryWriter(cfg.inventory) if cfg.inventory else None
         self._closed = False
+        self._close_once = threading.Lock()  # (taken without waiting, never released: signal-safe)
         ref = weakref.ref(self)
 
         def observe() -> list[tuple[int, int, int, dict[str, str]]]:
@@ -276,7 +278,8 @@ class Runtime:
         """Close every cached module (each unloaded once nothing holds it) and release resources. Safe to call twice."""
         # (no lock: close() may run in a signal handler or a finalizer of the very thread
         # that is wiring parts, which then finds it closed and closes them itself)
-        first, self._closed = not self._closed, True
+        first = self._close_once.acquire(blocking=False)  # (never released: one close writes the record)
+        self._closed = True
         if first:
             try:
                 self.flush_usage()
@@ -289,8 +292,9 @@ class Runtime:
         for entry in self._memory.close():  # (a compile that ends after this is refused its entry)
             entry.value.close()
         instruments.unregister(self._observer)
-        if self._wired is not None:
-            self._wired[0].close()
+        wired = self._wired
+        if wired is not None:
+            wired[0].close()
 
     def flush_usage(self) -> None:
         """Write this process's counters into the cache root for ``safejit stats``.

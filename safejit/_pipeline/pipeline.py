@@ -225,17 +225,20 @@ class Pipeline:
             on_start=lambda: disk.make_build_dir_later(root, key),  # work the compile does not wait for
             on_artifact=on_artifact if early is not None else None,
         )
+        started = time.monotonic()
         try:
             built = self._run(job, workdir.scratch, root)
         except BaseException:
             if early is not None:
                 early.cancel()  # (before the work dir is deleted: no write may land in it after)
             raise
-        changed = built.vouched and not self.parts.backend.toolchain_unchanged(resolved.spec)
+        changed = built.vouched and not self.parts.backend.toolchain_unchanged(resolved.spec, started)
         if changed:  # (its compiler was replaced since it was probed: built by which one?)
             logger.warning(
                 "not caching %s: its toolchain changed since it was probed; it is probed again", resolved.spec.name
             )
+            self.counters.outcome(Outcome.SKIPPED)
+            instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: Outcome.SKIPPED})
         if not built.vouched or changed:
             if early is not None:
                 early.cancel()

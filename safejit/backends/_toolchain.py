@@ -148,16 +148,25 @@ class ProbeCache:
 
     def __init__(self, state_dir: str | None) -> None:
         self._dir = state_dir
-        #: What this process found or probed, per identity: the toolchain, and the programs
-        #: and dirs that vouch for it (as the file holds them), for :meth:`unchanged`.
-        self._witness: dict[str, tuple[Toolchain, list[Any], list[Any]]] = {}
+        #: What this process found or probed, per identity: the toolchain, the programs and
+        #: dirs that vouch for it (as the file holds them), and since when (monotonic), for
+        #: :meth:`unchanged`.
+        self._witness: dict[str, tuple[Toolchain, list[Any], list[Any], float]] = {}
 
-    def unchanged(self, ident: list[Any], tc: Toolchain) -> bool:
-        """Whether ``tc``, found or probed in this process under ``ident``, still stands:
-        the driver is the same file (``ident``: its stat now), each program it runs and
-        each dir it finds them in unchanged — a stat each, no file read."""
+    def _witnessed(self, ident: list[Any], tc: Toolchain, tools: list[Any], dirs: list[Any]) -> None:
+        key = digest_bytes(_IDENT.encode(ident))
+        old = self._witness.get(key)
+        if old is None or old[:3] != (tc, tools, dirs):  # (the same again keeps its first time)
+            self._witness[key] = (tc, tools, dirs, time.monotonic())
+
+    def unchanged(self, ident: list[Any], tc: Toolchain, since: float) -> bool:
+        """Whether ``tc``, found or probed in this process under ``ident`` no later than
+        ``since`` (a build's start), still stands: the driver is that same file
+        (``ident``: its stat now), each program it runs and each dir it finds them in
+        unchanged — a stat each, no file read. A driver first seen after ``since`` (one
+        replaced and then put back while the build ran) vouches for nothing."""
         witness = self._witness.get(digest_bytes(_IDENT.encode(ident)))
-        if witness is None or witness[0] != tc:
+        if witness is None or witness[0] != tc or witness[3] > since:
             return False
         tools, dirs = witness[1], witness[2]
         return all(_reached(name) == ident_of[1:] for name, *ident_of in tools) and all(
@@ -201,7 +210,7 @@ class ProbeCache:
             )
         except (OSError, ValueError, KeyError, TypeError, IndexError, ConfigError):
             return None
-        self._witness[digest_bytes(_IDENT.encode(ident))] = (found, data["tools"], data["dirs"])
+        self._witnessed(ident, found, data["tools"], data["dirs"])
         return found
 
     def put(self, ident: list[Any], tc: Toolchain, tools: Sequence[Tool] = (), dirs: Sequence[list[Any]] = ()) -> None:
@@ -211,7 +220,7 @@ class ProbeCache:
         within the last moments: its stat cannot vouch for it yet."""
         path = self._path(ident)
         tool_rows = [[name, real, *snap] for name, real, snap in tools]
-        self._witness[digest_bytes(_IDENT.encode(ident))] = (tc, tool_rows, [list(d) for d in dirs])
+        self._witnessed(ident, tc, tool_rows, [list(d) for d in dirs])
         # (a dir ident is [path, dev, ino, mtime, ctime]; [path] when there is none)
         dir_snaps = [(d[1], d[2], 0, d[3], d[4]) for d in dirs if len(d) == 5]
         if path is None or any(is_racy(snap) for snap in [*(s for _, _, s in tools), *dir_snaps]):

@@ -169,10 +169,11 @@ class Backend(Protocol):
         """The probed toolchain that compiles ``source`` (remembered)."""
         ...
 
-    def toolchain_unchanged(self, spec: BuildSpec) -> bool:
-        """Whether the toolchain ``spec`` was keyed by is still the one its compiler is
-        (asked after a build, before it is published: one built across an upgrade is
-        not); when not, it is probed again next time."""
+    def toolchain_unchanged(self, spec: BuildSpec, since: float) -> bool:
+        """Whether the toolchain ``spec`` was keyed by is still the one its compiler is,
+        as it was when the build began (``since``, monotonic): asked after a build, before
+        it is published (one built across an upgrade is not); when not, it is probed
+        again next time."""
         ...
 
     def language(self, source: Source) -> str: ...

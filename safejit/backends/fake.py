@@ -60,7 +60,7 @@ class FakeBackend:
     def toolchain(self, source: Source, run: Runner) -> Toolchain:
         return Toolchain(compiler="fake", version="safejit fake backend 1", digest=digest_bytes(_MAGIC), roots=())
 
-    def toolchain_unchanged(self, spec: BuildSpec) -> bool:
+    def toolchain_unchanged(self, spec: BuildSpec, since: float) -> bool:
         return True
 
     def argv(

@@ -96,9 +96,9 @@ class HostBackend:
         language = self.language(source)
         return self._probed.get(language, lambda: self._probe(language, run))
 
-    def toolchain_unchanged(self, spec: BuildSpec) -> bool:
+    def toolchain_unchanged(self, spec: BuildSpec, since: float) -> bool:
         try:
-            same = self._probes.unchanged(self._ident(spec.language), spec.toolchain)
+            same = self._probes.unchanged(self._ident(spec.language), spec.toolchain, since)
         except (OSError, ConfigError):
             same = False
         if not same:

@@ -240,3 +240,28 @@ def test_close_from_a_signal_handler_while_parts_are_wired_does_not_hang(make_ru
     assert not worker.is_alive(), "close() from the wiring thread hung"
     assert len(got) == 1 and isinstance(got[0], safejit.LoadError)
     assert rt._wired is None  # (what was wired meanwhile was closed, not kept)
+
+
+def test_two_threads_closing_at_once_write_one_usage_record(make_runtime, cache_dir):
+    """close() from two threads at once: both wrote the usage record through the same
+    temporary name, and one failed (a CacheError under on_cache_error='raise')."""
+    rt = make_runtime(backend="fake")
+    rt.compile(safejit.Source("#define A 1\n", "a"))
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def close() -> None:
+        barrier.wait()
+        try:
+            rt.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=close) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    records = list((cache_dir / "v1" / "usage").rglob("*.json"))
+    assert len(records) == 1

@@ -83,10 +83,12 @@ class AscendBackend:
     def toolchain(self, source: Source, run: Runner) -> Toolchain:
         return self._toolchain.get("", lambda: self._probe(run))
 
-    def toolchain_unchanged(self, spec: BuildSpec) -> bool:
+    def toolchain_unchanged(self, spec: BuildSpec, since: float) -> bool:
         try:
             _, bisheng, lld = find_toolkit(self._homes)
-            same = self._probes.unchanged([*file_ident(bisheng), *file_ident(lld), _PROBE_SCHEMA], spec.toolchain)
+            same = self._probes.unchanged(
+                [*file_ident(bisheng), *file_ident(lld), _PROBE_SCHEMA], spec.toolchain, since
+            )
         except (OSError, ConfigError):
             same = False
         if not same:

@@ -94,6 +94,7 @@ class CudaBackend:
         self._recorder: str | None = None
         self._recorder_known = False
         self._toolchains = ProbeMemo()
+        self._nvrtc: Toolchain | None = None
         self._lock = threading.Lock()
 
     @property
@@ -130,9 +131,12 @@ class CudaBackend:
         return arch
 
     def toolchain(self, source: Source, run: Runner) -> Toolchain:
-        return self._toolchains.get(
-            self.compiler, lambda: self._probe_nvrtc() if self.compiler == "nvrtc" else self._probe_nvcc(run)
-        )
+        if self.compiler == "nvrtc":  # (the library this process loads: probed once, never again)
+            with self._lock:
+                if self._nvrtc is None:
+                    self._nvrtc = self._probe_nvrtc()
+                return self._nvrtc
+        return self._toolchains.get(self.compiler, lambda: self._probe_nvcc(run))
 
     def _include_dir(self) -> list[str]:
         """The toolkit's include dir (cuda_runtime_api.h, ...) and CCCL's (cuda/std/...), in
@@ -169,13 +173,12 @@ class CudaBackend:
                     )
             return self._recorder is not None
 
-    def toolchain_unchanged(self, spec: BuildSpec) -> bool:
+    def toolchain_unchanged(self, spec: BuildSpec, since: float) -> bool:
+        if self.compiler == "nvrtc":
+            return True  # (the library this process loaded, probed once: it cannot change under it)
         try:
-            if self.compiler == "nvrtc":
-                ident = [*file_ident(library_path()), _PROBE_SCHEMA, "nvrtc"]
-            else:
-                ident = [*file_ident(self.nvcc_path()), *file_ident(self._host_cxx()), _PROBE_SCHEMA, "nvcc"]
-            same = self._probes.unchanged(ident, spec.toolchain)
+            ident = [*file_ident(self.nvcc_path()), *file_ident(self._host_cxx()), _PROBE_SCHEMA, "nvcc"]
+            same = self._probes.unchanged(ident, spec.toolchain, since)
         except (OSError, ConfigError):
             same = False
         if not same:

@@ -6,6 +6,7 @@ its own changes no driver, and must not leave a silently stale cache."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -226,3 +227,54 @@ def test_a_build_across_a_compiler_upgrade_is_not_published_under_the_old_key(ma
     install(1)
     old = make_runtime(host_cc=str(cc)).compile(later)
     assert old.kernel("ver")() == 1 and old.artifact.tier == "compiled"
+
+
+def test_a_build_across_a_compiler_replaced_and_put_back_is_not_published(make_runtime, tmp_path, monkeypatch):
+    """The compiler replaced (v2) under a build keyed by v1, then put back (v1 again, a new
+    file of the same bytes) and probed again while the build ran: that probe vouched, by
+    value, for the toolchain the build was keyed by, and v2's binary went under v1's key.
+    A probe first seen after the build began vouches for nothing."""
+    import os
+    import shutil
+    import threading
+
+    monkeypatch.setattr(probe, "RECHECK_S", 3600.0)  # (no look of its own in this test)
+    real_cc = os.path.realpath(shutil.which("cc") or "/usr/bin/cc")
+    cc = tmp_path / "bin" / "cc"
+    cc.parent.mkdir()
+
+    def running_v2() -> bool:  # (v2's sleep under way: the sandbox lets it write nothing to say so)
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x001.37\x00":
+                    return True
+            except OSError:
+                continue
+        return False
+
+    def install(version: int) -> None:
+        new = cc.with_suffix(".new")
+        slow = "sleep 1.37; " if version == 2 else ""
+        new.write_text(f'#!/bin/sh\n{slow}exec {real_cc} -DCCVER={version} "$@"\n')
+        new.chmod(0o755)
+        os.replace(new, cc)
+
+    install(1)
+    rt = make_runtime(host_cc=str(cc))
+    assert rt.compile(safejit.Source("int ver(void) { return CCVER; }\n", "ver")).kernel("ver")() == 1
+    install(2)
+    k = safejit.Source("int ver(void) { return CCVER; } /* k */\n", "ver")
+    got: list[int] = []
+    build = threading.Thread(target=lambda: got.append(rt.compile(k).kernel("ver")()))
+    build.start()
+    for _ in range(400):  # (until v2 runs the build)
+        if running_v2():
+            break
+        time.sleep(0.01)
+    install(1)  # (put back while the build runs, and probed again by another compile)
+    rt._init()[0].backend._probed.forget("c")
+    assert rt.compile(safejit.Source("int other(void) { return CCVER; }\n", "other")).kernel("other")() == 1
+    build.join(60)
+    assert got == [2]
+    fresh = make_runtime(host_cc=str(cc)).compile(k)
+    assert fresh.kernel("ver")() == 1 and fresh.artifact.tier == "compiled"
