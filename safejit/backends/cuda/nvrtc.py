@@ -40,7 +40,7 @@ from typing import Any, Final
 from ...closure.hashing import read_beneath
 from ...closure.scan import HAS_INCLUDE as _HAS_INCLUDE
 from ...closure.scan import as_read
-from ...errors import CompileError, CompileTimeout, LimitExceededError, PathConfinementError
+from ...errors import CompileError, CompileTimeout, LimitExceededError, PathConfinementError, SandboxUnavailableError
 from ...sandbox import SYSTEM_PATH
 from ...sandbox._wait import readable
 from ...sandbox.landlock import abi as landlock_abi
@@ -342,6 +342,12 @@ class NvrtcWorker:
         if hello is None:
             self._kill()
             raise CompileError("the NVRTC worker died while starting", log="")
+        if hello.get("refused"):
+            self._kill()
+            raise SandboxUnavailableError(
+                f"the NVRTC worker cannot be confined as sandbox='required' asks: {hello['refused']} "
+                "(NVRTC loads the CUDA driver, whose thread Landlock would leave unconfined, where one is installed)"
+            )
         self.recording, self.why = bool(hello.get("recording")), str(hello.get("why", ""))
         self.landlock = landlock_abi() if hello.get("landlock") is True else 0
         return proc

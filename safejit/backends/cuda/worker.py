@@ -25,6 +25,7 @@ import tempfile
 from typing import Any
 
 from safejit.backends.cuda.nvrtc import NvrtcRequest, NvrtcResult, nvrtc_compile_once
+from safejit.sandbox.landlock import LandlockError
 from safejit.sandbox.landlock import restrict as landlock_restrict
 from safejit.sandbox.lookups import Lookup, Recorder
 
@@ -109,7 +110,11 @@ def main(argv: list[str]) -> int:
     os.chdir(cwd)
     os.rmdir(cwd)
     recorder = Recorder(library) if library else None  # (loaded while it can still be read)
-    landlocked = landlock_restrict(roots, [], deny_net=True, required=required)
+    try:
+        landlocked = landlock_restrict(roots, [], deny_net=True, required=required)
+    except LandlockError as exc:  # (said in the hello: the parent raises it, named)
+        _write(sys.stdout.buffer, {"recording": False, "why": "", "landlock": False, "refused": str(exc)})
+        return 3
     why = "" if library else "no recorder"
     if recorder is not None:
         try:
