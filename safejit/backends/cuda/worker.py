@@ -1,9 +1,10 @@
 """The isolated NVRTC worker: ``python -I -c ... ARCH [options]``.
 
-It loads NVRTC, compiles once to finish loading everything NVRTC needs, then takes
-away its own filesystem and network access (Landlock, when the kernel offers it;
-``--require-landlock`` makes that mandatory): it may read only under ``--roots``
-(the declared source roots and the toolchain's include dirs), none at all without.
+It loads NVRTC, then takes away its own filesystem and network access (Landlock,
+when the kernel offers it; ``--require-landlock`` makes that mandatory): it may read
+only under ``--roots`` (the declared source roots and the toolchain's include dirs)
+and NVRTC's own directory (the builtins library its first compile loads), none at all
+without; then it compiles once, confined, to finish loading what NVRTC needs.
 With ``--lookups LIBRARY`` it then installs the lookup recorder
 (``safejit.sandbox.lookups``), and a request that asks for it gets back every path
 NVRTC looked up while compiling, found or not. It first writes a hello
@@ -24,7 +25,7 @@ import sys
 import tempfile
 from typing import Any
 
-from safejit.backends.cuda.nvrtc import NvrtcRequest, NvrtcResult, nvrtc_compile_once
+from safejit.backends.cuda.nvrtc import NvrtcRequest, NvrtcResult, library_path, nvrtc_compile_once
 from safejit.sandbox.landlock import LandlockError
 from safejit.sandbox.landlock import restrict as landlock_restrict
 from safejit.sandbox.lookups import Lookup, Recorder
@@ -101,8 +102,10 @@ def main(argv: list[str]) -> int:
     arch = argv[0] if argv else "sm_90"
     roots, library, required = _options(argv)
     warm = NvrtcRequest(b'extern "C" __global__ void safejit_warm() {}\n', "warm", [f"--gpu-architecture={arch}"], [])
-    nvrtc_compile_once(warm)
-    resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
+    from cuda.bindings import nvrtc
+
+    nvrtc.nvrtcVersion()  # (NVRTC itself loaded while everything may still be read)
+    own = os.path.dirname(library_path())  # (its builtins library, loaded by the first compile)
     # An empty working directory, removed at once: even without Landlock a relative include
     # finds nothing (nothing can be made in a removed directory), and however the worker
     # ends (killed at a timeout), it leaves nothing behind.
@@ -111,10 +114,15 @@ def main(argv: list[str]) -> int:
     os.rmdir(cwd)
     recorder = Recorder(library) if library else None  # (loaded while it can still be read)
     try:
-        landlocked = landlock_restrict(roots, [], deny_net=True, required=required)
+        landlocked = landlock_restrict([*roots, own], [], deny_net=True, required=required)
     except LandlockError as exc:  # (said in the hello: the parent raises it, named)
         _write(sys.stdout.buffer, {"recording": False, "why": "", "landlock": False, "refused": str(exc)})
         return 3
+    # The first compile, confined: NVRTC loads its builtins from its own dir, and where the
+    # CUDA driver is installed it cannot load that (it lies outside what the worker may
+    # read), so the driver's thread, which Landlock would leave unconfined, never starts.
+    nvrtc_compile_once(warm)
+    resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
     why = "" if library else "no recorder"
     if recorder is not None:
         try:
