@@ -6,7 +6,8 @@
 ``Runtime`` owns the public API and the memory tier; the data path below it is
 ``safejit._pipeline`` (``Resolver`` turns a request into a confined BuildSpec and its
 key; ``Pipeline`` runs disk, lock, build, publish, load; ``Parts`` holds what the
-first compile creates).
+first compile creates). Past the style's ~450 lines: most of it is the public API's
+documentation, and fork and close handling, which belong to the façade alone.
 """
 
 from __future__ import annotations

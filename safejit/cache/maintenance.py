@@ -9,6 +9,8 @@ directory file descriptors opened one component at a time with ``O_NOFOLLOW``
 (``rename``/``unlink``/``rmtree`` relative to them): a directory swapped for a
 symlink meanwhile makes the operation fail, never act outside ``<root>/v1``.
 Nothing at all is changed when ``v1`` itself is not a real directory.
+(One module past the style's ~450 lines: every operation here walks the same layout
+with the same hostile-ground rules, and verify, prune and gc share its findings.)
 
 The descriptor helpers are ``_walk``'s; usage records are read back by ``usage``
 (and re-exported here, with the other operations ``safejit`` runs on a root).

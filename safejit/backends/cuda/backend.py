@@ -1,7 +1,9 @@
 """CUDA backend: NVRTC (in process, or in an isolated worker) or nvcc to a cubin.
 
 Cubins are cached — never PTX, which an older driver may refuse. Compiling
-needs no GPU; loading and launching do (see ``launch``).
+needs no GPU; loading and launching do (see ``launch``). Past the style's ~450 lines:
+the two compilers' probes, argv and closure rules are kept side by side, as each
+mirrors the other.
 """
 
 from __future__ import annotations
