@@ -40,7 +40,8 @@ _TOKEN: Final = re.compile("\0([a-z][0-9]+)\0")
 
 def find_leaf(arg: str, roots: Iterable[str]) -> tuple[str, str]:
     """``(path, id)`` of the leaf ``arg`` names: a leaf (or one-leaf build) directory,
-    or a prefix of a leaf's short id, build key or deps key (at least 4 hex digits).
+    or a prefix of a leaf's short id or build key (at least 4 hex digits) or of its deps
+    key (more than 8: a shorter one reads as an id or a build key).
     ``CliError`` when none or several match."""
     if os.path.lexists(arg):
         return _leaf_dir(arg)
@@ -48,7 +49,8 @@ def find_leaf(arg: str, roots: Iterable[str]) -> tuple[str, str]:
     if not _HEX.match(prefix):
         raise CliError(
             f"{arg}: neither a leaf directory nor a leaf id",
-            "an id is the ID column of `safejit ls` (or a prefix of a build or deps key, 4 hex digits or more)",
+            "an id is the ID column of `safejit ls` (or a prefix of a build key, 4 hex digits or more, "
+            "or of a deps key, more than 8: a shorter one reads as an id)",
         )
     matches = [
         info
