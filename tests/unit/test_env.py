@@ -93,3 +93,14 @@ def test_a_bad_fault_spec_is_said_at_exit_without_a_traceback(tmp_path):
     env.update(SAFEJIT_FAULTS="nonsense", XDG_CACHE_HOME=str(tmp_path), XDG_STATE_HOME=str(tmp_path / "state"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(
+    "name, field", [("SAFEJIT_MEMORY_MAX_BYTES", "memory_max_bytes"), ("SAFEJIT_REMOTE_MAX_BYTES", "remote_max_bytes")]
+)
+def test_byte_variables_take_sizes_as_cache_max_bytes_does(monkeypatch, name, field):
+    """SAFEJIT_CACHE_MAX_BYTES took 10G, the other byte variables refused it."""
+    monkeypatch.setenv(name, "1G")
+    assert getattr(safejit.Config.from_env(), field) == 1 << 30
+    monkeypatch.setenv(name, "4096")
+    assert getattr(safejit.Config.from_env(), field) == 4096
