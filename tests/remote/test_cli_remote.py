@@ -371,3 +371,17 @@ def test_the_readme_lists_every_json_key(filled):
         (row,) = [line for line in readme.splitlines() if line.startswith(f"| `remote {command}` |")]
         keys = set(cli("remote", command, "--remote", url, "--json").json())
         assert keys == {k for k in keys if f"`{k}`" in row}, (command, row)
+
+
+def test_a_key_of_another_type_in_the_index_space_is_one_finding(filled, redis_server):
+    """One string key where an index should be stopped every remote command (WRONGTYPE in
+    the scan: 'cannot be reached', exit 2); it is a finding of that key now."""
+    url, _ = filled
+    if url.startswith("s3://"):
+        pytest.skip("a key type is Redis's")
+    redis_server.admin().set("sj:v1:default:fake:idx:" + "c" * 64, b"not an index")
+    for command in ("ls", "verify"):
+        ran = cli("remote", command, "--remote", url, "--json")
+        assert ran.rc == 1, ran
+        assert any(f["path"].startswith("remote:" + "c" * 64) for f in ran.json()["findings"]), ran.out
+    assert cli("remote", "stats", "--remote", url).rc == 0

@@ -362,7 +362,10 @@ class RedisStore(Engine["_redis.Redis"]):
         pipe = client.pipeline(transaction=False)
         for name in fresh:
             getattr(pipe, command)(prefix + name)
-        return int(after), list(zip(fresh, (int(n) for n in pipe.execute()), strict=True))
+        # (a key of another type, WRONGTYPE, is there, its size unknown: reading it says why,
+        # a finding of that key; it stopped the whole scan)
+        sizes = [1 if isinstance(n, Exception) else int(n) for n in pipe.execute(raise_on_error=False)]
+        return int(after), list(zip(fresh, sizes, strict=True))
 
     def ping(self) -> None:
         self._guard.admit("ping")
