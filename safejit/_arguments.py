@@ -57,6 +57,17 @@ def argument_error(call: str, source: Any, **arguments: Any) -> ConfigError:
         check_arguments(call, source, **arguments)
     except ConfigError as exc:
         return exc
+    for name, value in arguments.items():
+        items = value.values() if isinstance(value, Mapping) else value if isinstance(value, (tuple, list)) else ()
+        for item in items:
+            try:
+                hash(item)
+            except TypeError:
+                return ConfigError(
+                    f"{call}({name}=...) holds {type(item).__name__} {item!r:.60}: its values must be str, int, "
+                    "float or bool",
+                    argument=name,
+                )
     return ConfigError(f"{call}(): the source and arguments must be hashable values (str, int, float, bool)")
 
 

@@ -120,3 +120,13 @@ def test_a_closed_runtime_refuses_to_compile_or_build(make_runtime):
         with pytest.raises(safejit.LoadError, match="closed"):
             call()
     assert rt.stats()["memory_entries"] == 0
+
+
+@pytest.mark.parametrize("argument", ["include_dirs", "flags", "name_expressions"])
+def test_a_nested_list_names_its_argument(make_runtime, argument):
+    """A list inside a sequence argument was 'the source and arguments must be hashable
+    values', naming none of them."""
+    rt = make_runtime(backend="fake")
+    with pytest.raises(safejit.ConfigError, match=f"compile\\({argument}=") as caught:
+        rt.compile(safejit.Source("#define A 1\n", "a"), **{argument: [["x"]]})
+    assert caught.value.argument == argument
