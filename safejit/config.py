@@ -181,7 +181,10 @@ class Config:
             raise ConfigError(f"Config.backend must be one of {BACKENDS}, got {self.backend!r}")
         self._check_types()
         if not _TENANT.match(self.tenant):
-            raise ConfigError(f"Config.tenant {self.tenant!r} must match {_TENANT.pattern}")
+            raise ConfigError(
+                f"Config.tenant {self.tenant!r} must be 1 to 63 of a-z 0-9 _ . - (lowercase), "
+                "starting with a letter or digit"
+            )
         for name in self.declared_extras:
             if not _IDENT.match(name):
                 raise ConfigError(f"declared extra {name!r} is not an identifier")
