@@ -97,3 +97,25 @@ def test_whether_an_outside_file_exists_is_not_told(make_runtime, project, outsi
         told.append((type(exc.value), str(exc.value).replace(name, "<name>")))
         _assert_refused(exc, cache_dir)
     assert told[0] == told[1] and told[0][0] is safejit.PathConfinementError, told
+
+
+def test_nvrtc_files_the_worker_may_read_for_itself_are_outside_like_any(make_runtime, project, cache_dir):
+    """The worker may read NVRTC's builtins library (its first compile loads it): a probe
+    of a file there was a PathConfinementError naming it, one of an absent name the
+    generic error without a name — an existence oracle, and the worker read the file. Both
+    are the one generic refusal now, and the directory itself is not readable."""
+    import os
+
+    from safejit.backends.cuda.nvrtc import library_path
+
+    libdir = os.path.dirname(library_path())
+    there = next(n for n in sorted(os.listdir(libdir)) if n.startswith("libnvrtc-builtins.so"))
+    errors = []
+    for name in (there, "libnvrtc.so.13", "safejit-absent.so"):
+        code = f'#if __has_include("{libdir}/{name}")\n#define X 1\n#endif\nextern "C" __global__ void k() {{}}\n'
+        rt = make_runtime(backend="cuda", source_roots=(str(project),))
+        with pytest.raises(safejit.PathConfinementError) as exc:
+            rt.compile(safejit.Source(code, "k"), arch="sm_90")
+        errors.append((str(exc.value), getattr(exc.value, "path", None)))
+    assert errors[0] == errors[1] == errors[2] and errors[0][1] is None, errors
+    assert_nothing_published(cache_dir)

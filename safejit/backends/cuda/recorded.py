@@ -116,7 +116,10 @@ def compile_recorded(
     under = tuple(r.rstrip("/") + "/" for r in roots)
     # A lookup outside the roots fails the compile one way, whether a file is there (Landlock
     # refused it; no Landlock: found) or not: which of the two is no business of the source's.
-    outside = first_outside(reads.denied, roots) or first_outside(reads.absent, roots)
+    # (read outside them counts too: a file the worker may read for NVRTC's own sake)
+    outside = (
+        first_outside(reads.denied, roots) or first_outside(reads.absent, roots) or first_outside(reads.deps, roots)
+    )
     for path in reads.denied:
         if outside is None:
             confine(path)  # (a file under a root by name, outside it through a symlink: refused)

@@ -3,8 +3,8 @@
 It loads NVRTC, then takes away its own filesystem and network access (Landlock,
 when the kernel offers it; ``--require-landlock`` makes that mandatory): it may read
 only under ``--roots`` (the declared source roots and the toolchain's include dirs)
-and NVRTC's own directory (the builtins library its first compile loads), none at all
-without; then it compiles once, confined, to finish loading what NVRTC needs.
+and NVRTC's builtins library (which its first compile loads), none at all without;
+then it compiles once, confined, to finish loading what NVRTC needs.
 With ``--lookups LIBRARY`` it then installs the lookup recorder
 (``safejit.sandbox.lookups``), and a request that asks for it gets back every path
 NVRTC looked up while compiling, found or not. It first writes a hello
@@ -105,7 +105,10 @@ def main(argv: list[str]) -> int:
     from cuda.bindings import nvrtc
 
     nvrtc.nvrtcVersion()  # (NVRTC itself loaded while everything may still be read)
-    own = os.path.dirname(library_path())  # (its builtins library, loaded by the first compile)
+    # Its builtins library, which the first compile loads: those files alone, not their dir
+    # (which may hold the CUDA driver, or be /usr/lib/<triple>).
+    with os.scandir(os.path.dirname(library_path())) as it:
+        own = [e.path for e in it if e.name.startswith("libnvrtc-builtins.so") and e.is_file()]
     # An empty working directory, removed at once: even without Landlock a relative include
     # finds nothing (nothing can be made in a removed directory), and however the worker
     # ends (killed at a timeout), it leaves nothing behind.
@@ -114,7 +117,7 @@ def main(argv: list[str]) -> int:
     os.rmdir(cwd)
     recorder = Recorder(library) if library else None  # (loaded while it can still be read)
     try:
-        landlocked = landlock_restrict([*roots, own], [], deny_net=True, required=required)
+        landlocked = landlock_restrict([*roots, *own], [], deny_net=True, required=required)
     except LandlockError as exc:  # (said in the hello: the parent raises it, named)
         _write(sys.stdout.buffer, {"recording": False, "why": "", "landlock": False, "refused": str(exc)})
         return 3
