@@ -10,7 +10,7 @@ import ctypes
 import math
 import operator
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 from .errors import ArgumentTypeError, ArgumentValueError
@@ -147,6 +147,8 @@ def _float(v: Any, limit: float | None, where: Where, p: Param) -> float:
         v = v.value
     if isinstance(v, (str, bytes)) or not (hasattr(type(v), "__float__") or hasattr(type(v), "__index__")):
         raise _bad(where, p, "expected a real number", v)
+    if getattr(getattr(v, "dtype", None), "kind", "") == "c":  # (NumPy's complex has __float__: its real part)
+        raise _bad(where, p, "expected a real number", v)
     try:
         number = float(v)
     except (OverflowError, TypeError, ValueError) as exc:
@@ -171,7 +173,7 @@ def _pointer(v: Any, pointee: str, const: bool, where: Where, p: Param, ns: dict
             return v
         return ctypes.addressof(ctypes.c_char.from_buffer(v)) if v else None
     if isinstance(v, _CData) or type(v).__name__ == "CArgObject":  # (ctypes.byref(x) is no _CData)
-        return _ctypes_pointer(v, pointee, where, p)
+        return _ctypes_pointer(v, pointee, const, where, p)
     hint = ""
     if isinstance(v, int):
         hint = " (a raw address: pass ctypes.c_void_p(address))"
@@ -183,6 +185,8 @@ def _pointer(v: Any, pointee: str, const: bool, where: Where, p: Param, ns: dict
 def _array_address(v: Any, pointee: str, const: bool, where: Where, p: Param) -> int:
     iface = v.__array_interface__
     typestr, shape, strides = iface.get("typestr", "?"), tuple(iface.get("shape", ())), iface.get("strides")
+    if _holds_objects(v, iface, typestr):
+        raise _bad(where, p, f"expected {_wanted(pointee)}", v, got="an array of Python objects (dtype object)")
     itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 0
     if not _dtype_fits(pointee, typestr, itemsize):
         raise _bad(where, p, f"expected {_wanted(pointee)}", v, got=f"an array of {_dtype_name(typestr)}")
@@ -195,10 +199,20 @@ def _array_address(v: Any, pointee: str, const: bool, where: Where, p: Param) ->
     return int(address)
 
 
-def _ctypes_pointer(v: Any, pointee: str, where: Where, p: Param) -> Any:
+def _holds_objects(v: Any, iface: Mapping[str, Any], typestr: str) -> bool:
+    """Whether the array holds Python objects (pointers the kernel would overwrite), as a
+    whole or in a field of a structured dtype."""
+    if typestr[1:2] == "O" or getattr(getattr(v, "dtype", None), "hasobject", False):
+        return True
+    return any("O" in str(field[1]) for field in iface.get("descr") or () if len(field) > 1)
+
+
+def _ctypes_pointer(v: Any, pointee: str, const: bool, where: Where, p: Param) -> Any:
     if isinstance(v, ctypes.c_void_p):
         return v  # an explicit address: the caller vouches for it
     if isinstance(v, ctypes.c_char_p) and pointee in ("ci1", "cu1", "v"):
+        if not const:  # (its bytes are a bytes object's, read-only, as passing bytes itself says)
+            raise _unusable(where, p, f"a c_char_p's bytes are read-only, and {p.spelling} is not const")
         return v
     target = type(v)
     if isinstance(v, (ctypes.Array, ctypes._Pointer)):

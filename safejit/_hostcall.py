@@ -79,6 +79,15 @@ class Prepared(NamedTuple):
 _MISSING: Final = type("_Missing", (), {"__repr__": lambda self: "<missing>"})()
 
 
+def _by_value(code: str, *, ret: bool = False) -> str:
+    """A recorded type code as a call may pass it: a scalar no converter knows (``_Float16``,
+    a pointee-only code, as a manifest may hold it) cannot be checked; it was taken for a
+    pointer, and any address passed for it."""
+    if code.startswith(("!", "p")) or code in SCALAR_CTYPES or (ret and code == "v"):
+        return code
+    return f"!a {code} passed by value"
+
+
 def prepare(name: str, fn: Any, signature: Any, state: Any, argtypes: Sequence[Any] | None, restype: Any) -> Prepared:
     """The checked call of the kernel ``name`` (the ctypes function ``fn``; ``signature``:
     the build's, with ``.ret``, ``.params`` and ``.varargs``, or None; ``state.closed``:
@@ -92,7 +101,8 @@ def prepare(name: str, fn: Any, signature: Any, state: Any, argtypes: Sequence[A
         ret_code, ret_spelling = declared(restype) if restype is not None else ("v", "void")
         return _build(name, fn, params, (ret_code, ret_spelling), state, list(argtypes), restype, text=None)
     (ret_code, ret_spelling), raw_params, varargs = signature.ret, signature.params, signature.varargs
-    params = [Param(i, repr(p[0]) if p[0] else f"#{i + 1}", p[1], p[2]) for i, p in enumerate(raw_params)]
+    ret_code = _by_value(ret_code, ret=True)
+    params = [Param(i, repr(p[0]) if p[0] else f"#{i + 1}", _by_value(p[1]), p[2]) for i, p in enumerate(raw_params)]
     text = _text(name, ret_spelling, params, varargs)
     given = list(argtypes) if argtypes is not None else None
     if given is not None and ((len(given) != len(params) and not varargs) or len(given) < len(params)):
@@ -224,8 +234,8 @@ def _fast(p: Param, ns: dict[str, Any]) -> tuple[Any, str]:
     if pointee in TYPESTRS:  # an array of the pointee's dtype: its buffer (writable, C-contiguous)
         ns[f"D{i}"] = NoArray
         return ctypes.c_void_p, f"addressof(cfb(a{i})) if a{i}.__class__ is ND and a{i}.dtype is D{i} else {rest}"
-    if pointee == "v":
-        return ctypes.c_void_p, f"addressof(cfb(a{i})) if a{i}.__class__ is ND else {rest}"
+    if pointee == "v":  # (an array of Python objects never: the kernel would write over them)
+        return ctypes.c_void_p, f"addressof(cfb(a{i})) if a{i}.__class__ is ND and not a{i}.dtype.hasobject else {rest}"
     return ctypes.c_void_p, rest
 
 

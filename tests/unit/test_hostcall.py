@@ -31,6 +31,10 @@ _Bool odd(uint64_t v) { return v & 1; }
 unsigned char first(const uint8_t *bytes) { return bytes[0]; }
 long count(void *any, size_t n) { return any ? (long)n : -1; }
 char grade(int v) { return (char)('A' + v); }
+struct pair { int64_t a; void *p; };
+void poke(struct pair *s) { s->a = 1; }
+void shout(char *s) { s[0] = 'X'; }
+_Float16 halfway(int v) { return (_Float16)v; }
 """
 
 KERNELS_CXX = r"""
@@ -115,6 +119,40 @@ def test_bytes_are_read_only_and_bytearrays_are_not(mod):
     assert mod.kernel("grade")(1) == b"B"  # a plain char returns as a character, as ctypes and cffi give it
     assert mod.kernel("count")(np.zeros(3, dtype=np.int16), 3) == 3  # void *: any dtype
     assert mod.kernel("count")(None, 3) == -1  # None is NULL
+
+
+def test_an_array_of_python_objects_is_refused_for_any_pointer(mod):
+    """A void * (any dtype) or a struct pointer (any dtype of its size) took an array of
+    Python objects, whole or in a field: the kernel wrote over the object pointers and
+    the process crashed when the array was freed."""
+    objects = np.array([object(), object()], dtype=object)
+    with pytest.raises(ArgumentTypeError, match="Python objects"):
+        mod.kernel("count")(objects, 2)
+    record = np.zeros(1, dtype=[("a", "O"), ("p", "<u8")])
+    with pytest.raises(ArgumentTypeError, match="Python objects"):
+        mod.kernel("poke")(record)
+    assert mod.kernel("poke")(np.zeros(1, dtype=[("a", "<i8"), ("p", "<u8")])) is None
+
+
+def test_a_c_char_p_is_read_only_for_a_non_const_char_pointer(mod):
+    """bytes were refused for a char *, a c_char_p of the same bytes taken: the kernel
+    wrote into an immutable bytes object (a constant of the caller's code)."""
+    data = b"secret"
+    with pytest.raises(ArgumentValueError, match="read-only"):
+        mod.kernel("shout")(ctypes.c_char_p(data))
+    assert data == b"secret"
+
+
+def test_a_complex_number_is_no_real_number(mod):
+    """NumPy's complex scalars have __float__ (their real part, with a warning only)."""
+    with pytest.raises(ArgumentTypeError, match="expected a real number"):
+        mod.kernel("half")(np.complex128(1 + 2j))
+
+
+def test_a_float16_by_value_cannot_be_checked(mod):
+    """_Float16 by value was taken for a pointer: any address passed, the result read as one."""
+    with pytest.raises(ArgumentTypeError, match="cannot be checked"):
+        mod.kernel("halfway")(3)
 
 
 def test_nothing_is_called_when_an_argument_is_wrong(mod):

@@ -70,6 +70,8 @@ def encode_argument(arg: Any, size: int, declared: Any, kernel: str, index: int)
     where = f"{kernel} argument {index}"
     if declared is not None:
         value = declared(arg) if not isinstance(arg, declared) else arg
+        if isinstance(arg, int) and getattr(value, "value", arg) != arg:  # (ctypes wraps: 2**40+7 as c_int32 is 7)
+            raise ConfigError(f"{where}: {arg} does not fit the declared {declared.__name__}")
         if ctypes.sizeof(value) != size:
             raise ConfigError(
                 f"{where}: declared {declared.__name__} is {ctypes.sizeof(value)} bytes, the kernel takes {size}"
@@ -162,7 +164,11 @@ def _plan_one(arg: Any, size: int) -> tuple[str, str | None] | None:
     if isinstance(arg, ctypes._SimpleCData):
         return (f"{size}s", "to_bytes") if ctypes.sizeof(kind) == size else None
     dtype = getattr(arg, "dtype", None)
-    if dtype is not None and getattr(arg, "ndim", None) == 0 and getattr(dtype, "kind", "") in "biuf":  # NumPy
+    # NumPy scalars only, whose type fixes their dtype: the packer checks the type alone,
+    # and a later ndarray of another dtype or shape would pass it (packed truncated or padded)
+    if dtype is not None and getattr(arg, "ndim", None) == 0 and getattr(dtype, "kind", "") in "biuf":
+        if kind.__name__ == "ndarray":
+            return None
         return (f"{size}s", "tobytes") if dtype.itemsize == size else None
     return None
 

@@ -322,3 +322,35 @@ def test_without_the_c_path_launches_take_the_python_path(fake_driver):
     assert out["kind"] == "method"
     assert out["seen"]["entry"] == "cuLaunchKernel"
     assert out["seen"]["params"] == ["007f000000000000", "0000003f", "03000000"]
+
+
+def test_a_later_ndarray_is_never_packed_by_an_earlier_0d_arrays_plan():
+    """A 0-d ndarray planned a '{size}s' packing checked by type alone: any later ndarray
+    passed (a host array for a pointer, an int64 for a 4-byte int), truncated or padded
+    into the parameter's bytes. NumPy scalars (whose type fixes the dtype) keep the plan."""
+    import struct
+
+    np = pytest.importorskip("numpy")
+    from safejit.backends.cuda.args import encode_argument
+    from safejit.backends.cuda.launch import CudaKernel
+
+    k = CudaKernel("k", None, [(0, 8), (8, 4)], None)
+    k.pack((np.array(0x7F0000001000, dtype=np.uint64), np.array(16, dtype=np.int32)))
+    with pytest.raises(safejit.ConfigError):
+        k.pack((np.array([1.5, 2.5]), np.array(2**40 + 7, dtype=np.int64)))
+    k.pack((np.uint64(0x7F0000002000), np.int32(5)))
+    assert struct.unpack_from("<Qi", bytes(k._local.bufs[0])) == (0x7F0000002000, 5)
+    assert encode_argument(np.array(1.5, np.float32), 4, None, "k", 0) == struct.pack("<f", 1.5)
+
+
+def test_a_declared_argument_that_does_not_fit_is_refused():
+    """With argtypes declared, ctypes wrapped an int that does not fit (2**40+7 as c_int32
+    is 7, -1 as c_uint32 is 0xffffffff); undeclared, the same value was refused."""
+    import ctypes
+
+    from safejit.backends.cuda.args import encode_argument
+
+    for value, declared in ((2**40 + 7, ctypes.c_int32), (-1, ctypes.c_uint32)):
+        with pytest.raises(safejit.ConfigError, match="does not fit"):
+            encode_argument(value, 4, declared, "k", 0)
+    assert encode_argument(7, 4, ctypes.c_int32, "k", 0) == (7).to_bytes(4, "little")
