@@ -364,7 +364,11 @@ class RedisStore(Engine["_redis.Redis"]):
             getattr(pipe, command)(prefix + name)
         # (a key of another type, WRONGTYPE, is there, its size unknown: reading it says why,
         # a finding of that key; it stopped the whole scan)
-        sizes = [1 if isinstance(n, Exception) else int(n) for n in pipe.execute(raise_on_error=False)]
+        sizes = []
+        for reply in pipe.execute(raise_on_error=False):
+            if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
+                raise reply  # (NOPERM above all: another tenant's keys stay denied)
+            sizes.append(1 if isinstance(reply, Exception) else int(reply))
         return int(after), list(zip(fresh, sizes, strict=True))
 
     def ping(self) -> None:
