@@ -39,7 +39,8 @@ INT_RANGES: Final = {
 }
 INT_RANGES.update({"ci1": INT_RANGES["i1"], "cu1": INT_RANGES["u1"]})
 FLOAT_MAX: Final = 3.4028234663852886e38
-_LONG_DOUBLE: Final = f"f{ctypes.sizeof(ctypes.c_longdouble)}"
+_LD_SIZE: Final = ctypes.sizeof(ctypes.c_longdouble)
+_LONG_DOUBLE: Final = f"f{_LD_SIZE}"
 SCALAR_CTYPES: Final[dict[str, Any]] = {
     "i1": ctypes.c_int8, "u1": ctypes.c_uint8, "i2": ctypes.c_int16, "u2": ctypes.c_uint16,
     "i4": ctypes.c_int32, "u4": ctypes.c_uint32, "i8": ctypes.c_int64, "u8": ctypes.c_uint64,
@@ -142,7 +143,18 @@ def _bool(v: Any, where: Where, p: Param) -> bool:
     raise _bad(where, p, "expected a bool", v)
 
 
-def _float(v: Any, limit: float | None, where: Where, p: Param) -> float:
+def _float(v: Any, limit: float | None, where: Where, p: Param) -> Any:
+    if p.code == _LONG_DOUBLE:  # (a long double's own bits, not a double's 53 of them)
+        if isinstance(v, ctypes.c_longdouble):
+            return v
+        dtype = getattr(v, "dtype", None)  # (NumPy's longdouble: type char 'g', as wide as C's)
+        if (
+            dtype is not None
+            and getattr(dtype, "char", "") == "g"
+            and getattr(v, "ndim", None) == 0
+            and dtype.itemsize == _LD_SIZE
+        ):
+            return ctypes.c_longdouble.from_buffer_copy(v.tobytes())
     if isinstance(v, ctypes._SimpleCData) and _ctype_code(type(v)) in ("f4", "f8", _LONG_DOUBLE):
         v = v.value
     if isinstance(v, (str, bytes)) or not (hasattr(type(v), "__float__") or hasattr(type(v), "__index__")):

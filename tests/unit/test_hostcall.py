@@ -35,6 +35,7 @@ struct pair { int64_t a; void *p; };
 void poke(struct pair *s) { s->a = 1; }
 void shout(char *s) { s[0] = 'X'; }
 _Float16 halfway(int v) { return (_Float16)v; }
+double below_double(long double x) { return (double)((x - 1.0L) * 1152921504606846976.0L); }
 """
 
 KERNELS_CXX = r"""
@@ -141,6 +142,17 @@ def test_a_c_char_p_is_read_only_for_a_non_const_char_pointer(mod):
     with pytest.raises(ArgumentValueError, match="read-only"):
         mod.kernel("shout")(ctypes.c_char_p(data))
     assert data == b"secret"
+
+
+def test_a_long_double_keeps_its_bits(mod):
+    """A long double parameter got a double's 53 bits of NumPy's longdouble or a
+    c_longdouble (converted through Python's float)."""
+    if np.dtype(np.longdouble).itemsize != ctypes.sizeof(ctypes.c_longdouble) or np.finfo(np.longdouble).nmant < 60:
+        pytest.skip("long double is no wider than double here")
+    x = np.longdouble(1) + np.longdouble(2) ** -60
+    assert mod.kernel("below_double")(x) == 1.0
+    assert mod.kernel("below_double")(ctypes.c_longdouble.from_buffer_copy(x.tobytes())) == 1.0
+    assert mod.kernel("below_double")(1.5) == 0.5 * 2.0**60
 
 
 def test_a_complex_number_is_no_real_number(mod):
