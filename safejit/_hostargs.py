@@ -213,17 +213,43 @@ def _array_address(v: Any, pointee: str, const: bool, where: Where, p: Param) ->
 
 def _holds_objects(v: Any, iface: Mapping[str, Any], typestr: str) -> bool:
     """Whether the array holds Python objects (pointers the kernel would overwrite), as a
-    whole or in a field of a structured dtype."""
-    if typestr[1:2] == "O" or getattr(getattr(v, "dtype", None), "hasobject", False):
-        return True
-    return any("O" in str(field[1]) for field in iface.get("descr") or () if len(field) > 1)
+    whole or in a field of a structured dtype (nested ones too)."""
+    dtype = getattr(v, "dtype", None)
+    if dtype is not None and hasattr(dtype, "hasobject"):
+        return bool(dtype.hasobject)
+    return typestr[1:2] == "O" or _descr_holds_objects(iface.get("descr") or ())
+
+
+def _descr_holds_objects(descr: Any) -> bool:
+    for field in descr:
+        kind = field[1] if len(field) > 1 else ""
+        if isinstance(kind, list) and _descr_holds_objects(kind):
+            return True
+        if isinstance(kind, str) and kind[1:2] == "O":
+            return True
+    return False
+
+
+def _views_objects(v: Any) -> bool:
+    """Whether a ctypes object is a view of an array of Python objects (``from_buffer`` of
+    one keeps the buffer it views among its ``_objects``)."""
+    seen: list[Any] = [getattr(v, "_objects", None)]
+    while seen:
+        held = seen.pop()
+        if isinstance(held, memoryview) and "O" in held.format:
+            return True
+        if isinstance(held, dict):
+            seen.extend(held.values())
+    return False
 
 
 def _ctypes_pointer(v: Any, pointee: str, const: bool, where: Where, p: Param) -> Any:
     if isinstance(v, ctypes.c_void_p):
         return v  # an explicit address: the caller vouches for it
+    if _views_objects(v):
+        raise _bad(where, p, f"expected {_wanted(pointee)}", v, got="a view of an array of Python objects")
     if isinstance(v, ctypes.c_char_p) and pointee in ("ci1", "cu1", "v"):
-        if not const:  # (its bytes are a bytes object's, read-only, as passing bytes itself says)
+        if not const and isinstance(v._objects, bytes):  # (made of a bytes object: read-only, as bytes are)
             raise _unusable(where, p, f"a c_char_p's bytes are read-only, and {p.spelling} is not const")
         return v
     target = type(v)

@@ -133,6 +133,12 @@ def test_an_array_of_python_objects_is_refused_for_any_pointer(mod):
     with pytest.raises(ArgumentTypeError, match="Python objects"):
         mod.kernel("poke")(record)
     assert mod.kernel("poke")(np.zeros(1, dtype=[("a", "<i8"), ("p", "<u8")])) is None
+    view = (ctypes.c_char * 16).from_buffer(objects)  # (a ctypes view of them: refused too)
+    with pytest.raises(ArgumentTypeError, match="Python objects"):
+        mod.kernel("count")(view, 2)
+    # (a field named with an O holds no object: taken, on the first calls and the generated one)
+    named = np.zeros(1, dtype=[("a", [("Offset", "<i8")]), ("p", "<u8")])
+    assert mod.kernel("poke")(named) is None and mod.kernel("count")(named, 1) == 1
 
 
 def test_a_c_char_p_is_read_only_for_a_non_const_char_pointer(mod):
@@ -142,6 +148,9 @@ def test_a_c_char_p_is_read_only_for_a_non_const_char_pointer(mod):
     with pytest.raises(ArgumentValueError, match="read-only"):
         mod.kernel("shout")(ctypes.c_char_p(data))
     assert data == b"secret"
+    writable = ctypes.create_string_buffer(b"hello")  # (a c_char_p over writable memory: taken)
+    mod.kernel("shout")(ctypes.cast(writable, ctypes.c_char_p))
+    assert writable.value == b"Xello"
 
 
 def test_a_long_double_keeps_its_bits(mod):

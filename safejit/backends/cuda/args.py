@@ -65,12 +65,16 @@ def make_packer(
     return packer
 
 
+#: ctypes' integer type codes (c_int32 is "i", ...): the types an int may not overflow.
+_INT_CODES: Final = frozenset("bBhHiIlLqQ")
+
+
 def encode_argument(arg: Any, size: int, declared: Any, kernel: str, index: int) -> bytes:
     """The bytes of one argument for a parameter of ``size`` bytes."""
     where = f"{kernel} argument {index}"
     if declared is not None:
         value = declared(arg) if not isinstance(arg, declared) else arg
-        if isinstance(arg, int) and getattr(value, "value", arg) != arg:  # (ctypes wraps: 2**40+7 as c_int32 is 7)
+        if isinstance(arg, int) and getattr(declared, "_type_", "") in _INT_CODES and value.value != arg:  # (wraps)
             raise ConfigError(f"{where}: {arg} does not fit the declared {declared.__name__}")
         if ctypes.sizeof(value) != size:
             raise ConfigError(
@@ -167,7 +171,7 @@ def _plan_one(arg: Any, size: int) -> tuple[str, str | None] | None:
     # NumPy scalars only, whose type fixes their dtype: the packer checks the type alone,
     # and a later ndarray of another dtype or shape would pass it (packed truncated or padded)
     if dtype is not None and getattr(arg, "ndim", None) == 0 and getattr(dtype, "kind", "") in "biuf":
-        if kind.__name__ == "ndarray":
+        if any(c.__name__ == "ndarray" for c in kind.__mro__):  # (subclasses too: masked, memmap)
             return None
         return (f"{size}s", "tobytes") if dtype.itemsize == size else None
     return None

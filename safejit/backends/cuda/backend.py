@@ -97,6 +97,7 @@ class CudaBackend:
         self._recorder_known = False
         self._toolchains = ProbeMemo()
         self._nvrtc: Toolchain | None = None
+        self._worker_toolchain: Toolchain | None = None
         self._lock = threading.Lock()
 
     @property
@@ -133,11 +134,15 @@ class CudaBackend:
         return arch
 
     def toolchain(self, source: Source, run: Runner) -> Toolchain:
-        if self.compiler == "nvrtc":  # (the library this process loads: probed once, never again)
+        if self.compiler == "nvrtc" and not self._worker_wanted:  # (loaded here once: it cannot change)
             with self._lock:
                 if self._nvrtc is None:
+                    if _nvrtc is not None:
+                        _nvrtc.nvrtcVersion()  # (loaded now: the file probed is the one this process runs)
                     self._nvrtc = self._probe_nvrtc()
                 return self._nvrtc
+        if self.compiler == "nvrtc":  # (the worker loads the file anew: looked at as nvcc is)
+            return self._toolchains.get("nvrtc", self._probe_nvrtc)
         return self._toolchains.get(self.compiler, lambda: self._probe_nvcc(run))
 
     def _include_dir(self) -> list[str]:
@@ -176,10 +181,13 @@ class CudaBackend:
             return self._recorder is not None
 
     def toolchain_unchanged(self, spec: BuildSpec, since: float) -> bool:
-        if self.compiler == "nvrtc":
+        if self.compiler == "nvrtc" and not self._worker_wanted:
             return True  # (the library this process loaded, probed once: it cannot change under it)
         try:
-            ident = [*file_ident(self.nvcc_path()), *file_ident(self._host_cxx()), _PROBE_SCHEMA, "nvcc"]
+            if self.compiler == "nvrtc":
+                ident = [*file_ident(library_path()), _PROBE_SCHEMA, "nvrtc"]
+            else:
+                ident = [*file_ident(self.nvcc_path()), *file_ident(self._host_cxx()), _PROBE_SCHEMA, "nvcc"]
             same = self._probes.unchanged(ident, spec.toolchain, since)
         except (OSError, ConfigError):
             same = False
@@ -331,7 +339,7 @@ class CudaBackend:
         spec = ctx.spec
         started = time.perf_counter()
         options = recorded_options(spec.argv[1:], ctx.search_dirs, ctx.expand)
-        worker = self._worker_client(spec.arch, ctx.read_roots)
+        worker = self._worker_client(spec.arch, ctx.read_roots, spec.toolchain)
         result, reads = compile_recorded(
             spec.code,
             spec.name,
@@ -374,7 +382,7 @@ class CudaBackend:
                     f"{option.split(chr(0))[0]!r} needs NVRTC's lookups recorded (the worker, and a C compiler)",
                     flag=option.split("\0")[0],
                 )
-        worker = self._worker_client(spec.arch, ()) if self._worker_wanted else None
+        worker = self._worker_client(spec.arch, (), spec.toolchain) if self._worker_wanted else None
         once = worker.compile_once if worker is not None else nvrtc_compile_once
         result, headers = compile_with_headers(
             spec.code,
@@ -444,14 +452,16 @@ class CudaBackend:
             raise CompileError(text, log=log)
         warnings.warn(text, SpillWarning, stacklevel=4)
 
-    def _worker_client(self, arch: str | None, roots: Sequence[str]) -> NvrtcWorker:
+    def _worker_client(self, arch: str | None, roots: Sequence[str], toolchain: Toolchain) -> NvrtcWorker:
         """The worker, started again when the roots it may read have changed (a source
-        root's symlink re-pointed); it records lookups when this backend does."""
+        root's symlink re-pointed) or NVRTC has (the library it loaded is the one probed
+        then); it records lookups when this backend does."""
         recorder = self._recorder if self.records_lookups() else None
         with self._lock:
             worker = old = self._worker
-            if worker is None or worker.roots != tuple(roots):
+            if worker is None or worker.roots != tuple(roots) or self._worker_toolchain != toolchain:
                 worker = self._worker = NvrtcWorker(arch or "sm_90", self._require_landlock, roots, recorder)
+                self._worker_toolchain = toolchain
                 if old is not None:
                     old.close()
             return worker

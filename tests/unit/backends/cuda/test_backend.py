@@ -707,3 +707,35 @@ def test_a_header_swapped_for_a_link_after_it_was_confined_is_not_read(tmp_path,
     with pytest.raises(safejit.PathConfinementError, match="changed while it was read"):
         given.hand_over(None, '"', "k.h")
     assert given.headers == {}
+
+
+def test_an_nvrtc_library_replaced_under_a_running_process_is_probed_again(tmp_path, monkeypatch):
+    """NVRTC was probed once per process, and a build's toolchain never looked at again:
+    the worker loads the library anew (at each start), so after a wheel upgrade its builds
+    went under the old probe's key. It is looked at again as nvcc is, and a build whose
+    library changed since its probe is not published."""
+    import os
+    import shutil
+    import time
+    import types
+
+    from safejit.backends import _toolchain
+    from safejit.backends.cuda import backend as cuda_backend
+    from safejit.backends.cuda.nvrtc import library_path
+
+    monkeypatch.setattr(_toolchain, "RECHECK_S", 0.0)
+    be = cuda_backend.CudaBackend(compiler="nvrtc", state_dir=str(tmp_path), worker=True)
+    source = safejit.Source('extern "C" __global__ void k() {}', "k")
+    tc = be.toolchain(source, None)
+    since = time.monotonic()
+    new = tmp_path / "lib" / "libnvrtc.so.13"
+    new.parent.mkdir()
+    shutil.copy(library_path(), new)
+    with open(new, "ab") as fh:
+        fh.write(b"v2")  # (another build of the library)
+    for builtins in os.listdir(os.path.dirname(library_path())):
+        if builtins.startswith("libnvrtc-builtins"):
+            shutil.copy(os.path.join(os.path.dirname(library_path()), builtins), new.parent / builtins)
+    monkeypatch.setattr(cuda_backend, "library_path", lambda: str(new))
+    assert not be.toolchain_unchanged(types.SimpleNamespace(toolchain=tc, language="cuda"), since)
+    assert be.toolchain(source, None) != tc

@@ -340,6 +340,10 @@ def test_a_later_ndarray_is_never_packed_by_an_earlier_0d_arrays_plan():
         k.pack((np.array([1.5, 2.5]), np.array(2**40 + 7, dtype=np.int64)))
     k.pack((np.uint64(0x7F0000002000), np.int32(5)))
     assert struct.unpack_from("<Qi", bytes(k._local.bufs[0])) == (0x7F0000002000, 5)
+    masked = CudaKernel("k", None, [(0, 8), (8, 4)], None)  # (an ndarray subclass: no plan either)
+    masked.pack((np.ma.masked_array(np.uint64(0x7F0000001000)), np.int32(1)))
+    with pytest.raises(safejit.ConfigError):
+        masked.pack((np.ma.masked_array([1.5, 2.5]), np.int32(1)))
     assert encode_argument(np.array(1.5, np.float32), 4, None, "k", 0) == struct.pack("<f", 1.5)
 
 
@@ -354,3 +358,5 @@ def test_a_declared_argument_that_does_not_fit_is_refused():
         with pytest.raises(safejit.ConfigError, match="does not fit"):
             encode_argument(value, 4, declared, "k", 0)
     assert encode_argument(7, 4, ctypes.c_int32, "k", 0) == (7).to_bytes(4, "little")
+    assert encode_argument(0, 8, ctypes.c_void_p, "k", 0) == bytes(8)  # (NULL: its value reads None)
+    assert encode_argument(65, 1, ctypes.c_char, "k", 0) == b"A"
