@@ -233,13 +233,19 @@ def _descr_holds_objects(descr: Any) -> bool:
 def _views_objects(v: Any) -> bool:
     """Whether a ctypes object is a view of an array of Python objects (``from_buffer`` of
     one keeps the buffer it views among its ``_objects``)."""
-    seen: list[Any] = [getattr(v, "_objects", None)]
-    while seen:
-        held = seen.pop()
+    todo: list[Any] = [getattr(v, "_objects", None)]
+    visited: set[int] = set()
+    while todo:
+        held = todo.pop()
+        if id(held) in visited:  # (a cast's _objects hold the object cast, whose hold it again)
+            continue
+        visited.add(id(held))
         if isinstance(held, memoryview) and "O" in held.format:
             return True
         if isinstance(held, dict):
-            seen.extend(held.values())
+            todo.extend(held.values())
+        elif isinstance(held, _CData):  # (a cast keeps what it was made of)
+            todo.append(getattr(held, "_objects", None))
     return False
 
 

@@ -133,9 +133,10 @@ def test_an_array_of_python_objects_is_refused_for_any_pointer(mod):
     with pytest.raises(ArgumentTypeError, match="Python objects"):
         mod.kernel("poke")(record)
     assert mod.kernel("poke")(np.zeros(1, dtype=[("a", "<i8"), ("p", "<u8")])) is None
-    view = (ctypes.c_char * 16).from_buffer(objects)  # (a ctypes view of them: refused too)
-    with pytest.raises(ArgumentTypeError, match="Python objects"):
-        mod.kernel("count")(view, 2)
+    view = (ctypes.c_char * 16).from_buffer(objects)  # (a ctypes view of them: refused too, cast or not)
+    for passed in (view, ctypes.cast(view, ctypes.c_char_p), ctypes.cast(view, ctypes.POINTER(ctypes.c_int64))):
+        with pytest.raises(ArgumentTypeError, match="Python objects"):
+            mod.kernel("count")(passed, 2)
     # (a field named with an O holds no object: taken, on the first calls and the generated one)
     named = np.zeros(1, dtype=[("a", [("Offset", "<i8")]), ("p", "<u8")])
     assert mod.kernel("poke")(named) is None and mod.kernel("count")(named, 1) == 1
