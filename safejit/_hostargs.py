@@ -9,8 +9,9 @@ from __future__ import annotations
 import ctypes
 import math
 import operator
+import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 from .errors import ArgumentTypeError, ArgumentValueError
@@ -230,23 +231,46 @@ def _descr_holds_objects(descr: Any) -> bool:
     return False
 
 
-def _views_objects(v: Any) -> bool:
-    """Whether a ctypes object is a view of an array of Python objects (``from_buffer`` of
-    one keeps the buffer it views among its ``_objects``)."""
+def _held(v: Any) -> Iterator[Any]:
+    """What a ctypes object keeps alive (``_objects``): the buffers and objects it was made
+    of, through casts (each once: a cast's ``_objects`` hold it again)."""
     todo: list[Any] = [getattr(v, "_objects", None)]
     visited: set[int] = set()
     while todo:
         held = todo.pop()
-        if id(held) in visited:  # (a cast's _objects hold the object cast, whose hold it again)
+        if id(held) in visited:
             continue
         visited.add(id(held))
-        if isinstance(held, memoryview) and "O" in held.format:
-            return True
+        yield held
         if isinstance(held, dict):
             todo.extend(held.values())
-        elif isinstance(held, _CData):  # (a cast keeps what it was made of)
+        elif isinstance(held, _CData):
             todo.append(getattr(held, "_objects", None))
-    return False
+
+
+def _object_buffer(view: memoryview) -> bool:
+    dtype = getattr(getattr(view, "obj", None), "dtype", None)
+    if dtype is not None and hasattr(dtype, "hasobject"):
+        return bool(dtype.hasobject)
+    return "O" in re.sub(r":[^:]*:", "", view.format)  # (a structured format names its fields)
+
+
+def _views_objects(v: Any) -> bool:
+    """Whether a ctypes object is a view of an array of Python objects (``from_buffer`` of
+    one keeps the buffer it views among its ``_objects``)."""
+    return any(isinstance(held, memoryview) and _object_buffer(held) for held in _held(v))
+
+
+def _writable(v: Any) -> bool:
+    """Whether a c_char_p is NULL or points into memory known to be writable (a ctypes
+    buffer it was made of, a writable memoryview): one of bytes, or of a bare address, is not."""
+    if ctypes.cast(v, ctypes.c_void_p).value is None:
+        return True
+    return any(
+        (isinstance(held, ctypes.Array) and not isinstance(held, bytes))
+        or (isinstance(held, memoryview) and not held.readonly)
+        for held in _held(v)
+    )
 
 
 def _ctypes_pointer(v: Any, pointee: str, const: bool, where: Where, p: Param) -> Any:
@@ -255,8 +279,13 @@ def _ctypes_pointer(v: Any, pointee: str, const: bool, where: Where, p: Param) -
     if _views_objects(v):
         raise _bad(where, p, f"expected {_wanted(pointee)}", v, got="a view of an array of Python objects")
     if isinstance(v, ctypes.c_char_p) and pointee in ("ci1", "cu1", "v"):
-        if not const and isinstance(v._objects, bytes):  # (made of a bytes object: read-only, as bytes are)
-            raise _unusable(where, p, f"a c_char_p's bytes are read-only, and {p.spelling} is not const")
+        if not const and not _writable(v):  # (bytes, or a bare address: read-only as far as anyone knows)
+            raise _unusable(
+                where,
+                p,
+                f"a c_char_p's bytes are read-only, and {p.spelling} is not const "
+                "(pass a ctypes buffer, or ctypes.c_void_p(address) to vouch for one)",
+            )
         return v
     target = type(v)
     if isinstance(v, (ctypes.Array, ctypes._Pointer)):

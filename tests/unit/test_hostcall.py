@@ -140,6 +140,7 @@ def test_an_array_of_python_objects_is_refused_for_any_pointer(mod):
     # (a field named with an O holds no object: taken, on the first calls and the generated one)
     named = np.zeros(1, dtype=[("a", [("Offset", "<i8")]), ("p", "<u8")])
     assert mod.kernel("poke")(named) is None and mod.kernel("count")(named, 1) == 1
+    assert mod.kernel("count")((ctypes.c_char * 16).from_buffer(named), 1) == 1  # (its view too)
 
 
 def test_a_c_char_p_is_read_only_for_a_non_const_char_pointer(mod):
@@ -152,6 +153,11 @@ def test_a_c_char_p_is_read_only_for_a_non_const_char_pointer(mod):
     writable = ctypes.create_string_buffer(b"hello")  # (a c_char_p over writable memory: taken)
     mod.kernel("shout")(ctypes.cast(writable, ctypes.c_char_p))
     assert writable.value == b"Xello"
+    other = b"secret-two"  # (a cast of bytes, or their bare address: nothing says they are writable)
+    for passed in (ctypes.cast(other, ctypes.c_char_p), ctypes.c_char_p(ctypes.cast(other, ctypes.c_void_p).value)):
+        with pytest.raises(ArgumentValueError, match="read-only"):
+            mod.kernel("shout")(passed)
+    assert other == b"secret-two"
 
 
 def test_a_long_double_keeps_its_bits(mod):
