@@ -122,7 +122,7 @@ def cmd_prune(args: argparse.Namespace, out: Out) -> int:
         out.line(("cache root ", "bold"), (root, "bold"))
         out.line(
             f"  {p.examined} leaves; {verb} {p.removed} ({size_text(p.freed)}); "
-            f"spared {p.kept_recent} used within the last {args.grace:.0f}s"
+            f"spared {p.kept_recent} used within the last {args.grace:.6g}s"
         )
         if p.failed:
             out.line((f"  could not remove {p.failed} (not this user's to remove?)", "warn"))

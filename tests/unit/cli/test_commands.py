@@ -322,6 +322,13 @@ def test_prune_dry_run_deletes_nothing(cache_dir):
     assert set(data["roots"][0]) == {"root", "leaves", "removed", "freed_bytes", "spared", "failed"}
 
 
+def test_prune_says_a_huge_grace_in_a_few_digits(cache_dir):
+    _fill(cache_dir, "alpha")
+    ran = cli("prune", "--max-age", "1d", "--grace", "1e300w", "--dry-run", "--cache-dir", str(cache_dir))
+    assert ran.rc == 0 and "used within the last 6.048e+305s" in ran.out, ran.out
+    assert "used within the last 60s" in cli("prune", "--max-age", "1d", "--dry-run", "--cache-dir", str(cache_dir)).out
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
