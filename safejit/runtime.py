@@ -13,6 +13,7 @@ documentation, and fork and close handling, which belong to the façade alone.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import math
 import os
@@ -76,7 +77,7 @@ class Runtime:
             max_entries=cfg.memory_max_entries,
             max_bytes=cfg.memory_max_bytes,
             max_staleness_s=cfg.max_staleness_s,
-            on_evict=self._evicted,
+            on_evict=functools.partial(_evicted, self._attrs),  # (not a method: the tier keeps no runtime alive)
             trace_hits=cfg.trace_memory_hits,
             attrs=self._attrs,
         )
@@ -88,10 +89,10 @@ class Runtime:
         self._closed = False
         self._close_once = threading.Lock()  # (taken without waiting, never released: signal-safe)
         ref = weakref.ref(self)
+        memory, attrs = self._memory, self._attrs  # (not the runtime: its hits are read once more when it goes)
 
         def observe() -> list[tuple[int, int, int, dict[str, str]]]:
-            rt = ref()
-            return [] if rt is None else [(rt._memory.hits, len(rt._memory), rt._memory.bytes, rt._attrs)]
+            return [(memory.hits, len(memory), memory.bytes, attrs)]
 
         self._observer = observe
         instruments.register(observe)
@@ -341,8 +342,16 @@ class Runtime:
             if found is Miss.STALE:
                 self._counters.add(Miss.STALE.value)
                 logger.info("memory entry for %s is stale; looking again", name_of(source))
-            module = self._memory.produce(key, lambda: self._produce((source, *key[1:])), now)
-            root_span.set_attribute(ATTR.TIER, module.artifact.tier)
+            made_here = False
+
+            def make() -> tuple[Entry[Module], Module]:
+                nonlocal made_here
+                made_here = True
+                return self._produce((source, *key[1:]))
+
+            module = self._memory.produce(key, make, now, found)
+            # (a call that waited on another's compile was served from memory)
+            root_span.set_attribute(ATTR.TIER, module.artifact.tier if made_here else Tier.MEMORY)
             return module
 
     def _produce(self, req: Request) -> tuple[Entry[Module], Module]:
@@ -397,9 +406,10 @@ class Runtime:
                 wired = self._wired
         return wired
 
-    def _evicted(self, module: Module) -> None:
-        # The module stays loaded while callers hold it; the finalizer unloads it after.
-        instruments.evictions.add(1, self._attrs)
+
+def _evicted(attrs: Mapping[str, str], module: Module) -> None:
+    # The module stays loaded while callers hold it; the finalizer unloads it after.
+    instruments.evictions.add(1, attrs)
 
 
 def _request(

@@ -242,13 +242,15 @@ class BuildJob:
             except CompileError as exc:
                 self.counters.add("errors")
                 s.add_event("compiler.log", {"safejit.log": exc.log[:LOG_EVENT_CAP]})
-                # (a failed run, a timeout above all, took compiler time too: on the dashboards)
-                instruments.compile_duration.record(time.perf_counter() - began, self._attrs)
+                # (a failed run, a timeout above all, took compiler time too: on the dashboards,
+                # told apart by its error.type)
+                self._record_failed_run(began, exc)
                 raise
             except PolicyError as exc:  # (what the compiler made is refused: LoadTimeCodeError)
                 kind = type(exc).__name__
                 s.set_attribute(ATTR.KIND, kind)
                 instruments.policy_violations.add(1, {**self._attrs, ATTR.KIND: kind})
+                self._record_failed_run(began, exc)
                 raise
             finally:
                 self.started()  # (a compile that failed before starting its process)
@@ -266,6 +268,10 @@ class BuildJob:
                 limit=self.config.max_artifact_bytes,
             )
         return out
+
+    def _record_failed_run(self, began: float, exc: Exception) -> None:
+        attrs = {**self._attrs, ATTR.ERROR_TYPE: type(exc).__name__}
+        instruments.compile_duration.record(time.perf_counter() - began, attrs)
 
     def _tools_closure(self, reads: Mapping[str, tuple[str, ...]]) -> Closure:
         """The closure of what each other tool read: the assembler's (what inline asm

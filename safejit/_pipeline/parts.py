@@ -86,7 +86,7 @@ class Parts:
         from ..cache.remote.tier import RemoteTier
 
         settings = config.remote_settings(**_env.remote_credentials(settings.engine))
-        attrs = {ATTR.BACKEND: config.backend, ATTR.TENANT: config.tenant}
+        attrs = {ATTR.BACKEND: config.backend, ATTR.TENANT: config.tenant, ATTR.REMOTE_ENGINE: settings.engine}
         store = open_store(
             settings,
             tenant=config.tenant,

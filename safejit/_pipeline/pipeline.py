@@ -28,7 +28,7 @@ from ..cache.staging import EarlyWrite, Workdir, background
 from ..config import Config
 from ..errors import CacheError, CompileError, SafejitError
 from ..outcomes import Miss, Outcome, Tier
-from ..telemetry import ATTR, SPAN, instruments, span
+from ..telemetry import ATTR, SPAN, in_this_context, instruments, span
 from .build_job import BuildJob
 from .parts import Parts
 from .records import Counters
@@ -138,16 +138,18 @@ class Pipeline:
         remote = self.parts.remote
         assert remote is not None
         key = resolved.key
-        got: VerifiedLeaf | Any = remote.lookup(key, resolved.anchors)
+        first = remote.lookup(key, resolved.anchors, counted=False)
+        got: VerifiedLeaf | Any = first
         lease = None
         if not isinstance(got, VerifiedLeaf):
             deadline = time.monotonic() + self.config.compile_timeout_s + self.config.remote_lease_ttl_s
             got = remote.claim(key, resolved.anchors, deadline=deadline)
             if not isinstance(got, VerifiedLeaf):
                 lease = got
+        remote.count(got if isinstance(got, VerifiedLeaf) else first)  # (a leaf through the lease is a hit)
         if isinstance(got, VerifiedLeaf):
             self.counters.add("remote_hits")
-            background().submit(self._backfill, root, key, got, lock)
+            background().submit(in_this_context(self._backfill), root, key, got, lock)
             return Obtained(got, Tier.REMOTE, _load(load, got)), None
         keeper = remote.keep(lease) if lease is not None else None
         try:
@@ -166,8 +168,11 @@ class Pipeline:
         """Publish a remote hit to the disk tier (off the hit path), then let the local
         build lock go."""
         try:
-            with span(SPAN.PUBLISH, {ATTR.DEPS_KEY: leaf.manifest.deps_key, ATTR.TIER: Tier.REMOTE}):
+            man = leaf.manifest
+            attrs = {ATTR.DEPS_KEY: man.deps_key, ATTR.DEPS_COUNT: len(man.deps), ATTR.TIER: Tier.REMOTE}
+            with span(SPAN.PUBLISH, attrs) as s:
                 _, outcome = self.parts.disk.publish(root, key, leaf)
+                s.set_attribute(ATTR.OUTCOME, outcome)
             instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: outcome})
         except (OSError, SafejitError) as exc:
             logger.warning("could not keep the remote's leaf on disk: %s", exc)

@@ -182,9 +182,14 @@ class DiskTier:
                     hit, rejections = self.lookup_root(root, build_key, anchors)
                     self._report(s, rejections, hit, counted)
             if hit is not None:
+                if counted and not quiet:
+                    instruments.lookup(Tier.DISK, "hit", "verified", self._attrs)
                 return hit
             first = first or (rejections[0] if rejections else None)
-        return first or Rejection(Miss.ABSENT)
+        missed = first or Rejection(Miss.ABSENT)
+        if counted and not quiet:  # (one request, one count: whichever roots it took)
+            instruments.lookup(Tier.DISK, "miss", missed.reason, self._attrs)
+        return missed
 
     def lookup_root(
         self, root: str, build_key: str, anchors: Anchors, *, quiet: bool = False
@@ -236,6 +241,8 @@ class DiskTier:
         return isinstance(self.verify(leaf, root, build[len("build-") :], None), VerifiedLeaf)
 
     def _report(self, s: Any, rejections: list[Rejection], hit: VerifiedLeaf | None, counted: bool = True) -> None:
+        """One root's span: its result, and an event per leaf rejected; each rejection is
+        counted (``reject``) on top of the request's own hit or miss."""
         for rej in rejections:
             event = {ATTR.REASON: rej.reason, "safejit.leaf": rej.leaf, "safejit.detail": rej.detail}
             s.add_event("leaf.rejected", event)
@@ -245,13 +252,8 @@ class DiskTier:
             s.set_attributes(
                 {ATTR.RESULT: "hit", ATTR.DEPS_KEY: hit.manifest.deps_key, ATTR.DEPS_COUNT: len(hit.manifest.deps)}
             )
-            if counted:
-                instruments.lookup(Tier.DISK, "hit", "verified", self._attrs)
             return
-        reason = rejections[0].reason if rejections else Miss.ABSENT
-        s.set_attributes({ATTR.RESULT: "miss", ATTR.REASON: reason})
-        if counted:
-            instruments.lookup(Tier.DISK, "miss", reason, self._attrs)
+        s.set_attributes({ATTR.RESULT: "miss", ATTR.REASON: rejections[0].reason if rejections else Miss.ABSENT})
 
     def _candidates(self, root: str, build_key: str, rejections: list[Rejection]) -> list[str]:
         """Leaves under ``build-<K>`` in one root, newest first. Anything else standing

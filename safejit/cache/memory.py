@@ -131,19 +131,23 @@ class MemoryTier(Generic[T]):
 
     def find(self, key: Hashable, now: float) -> T | Miss:
         """The value of ``key`` for a call made at ``now``, revalidated when its window
-        has passed; else why not (``absent``, or ``stale``: the entry is dropped)."""
+        has passed; else why not (``absent``, or ``stale``: the entry is dropped). A miss
+        is counted by :meth:`produce`, once the call is known not to be served from
+        memory all the same; a hit within its window (one traced: ``trace_hits``) is
+        counted as the fast path's are, in ``hits`` only."""
         entry = self.entries.get(key)
         if entry is None:
             with span(SPAN.MEMORY_LOOKUP, {ATTR.TIER: Tier.MEMORY, ATTR.RESULT: "miss", ATTR.REASON: Miss.ABSENT}):
                 pass
-            instruments.lookup(Tier.MEMORY, "miss", Miss.ABSENT, self._attrs)
             return Miss.ABSENT
         with span(SPAN.MEMORY_LOOKUP, {ATTR.TIER: Tier.MEMORY}) as s:
-            fresh = self.fresh(entry, now)
-            result, reason = ("hit", "revalidated") if fresh else ("miss", Miss.STALE)
+            within = now - entry.checked < self.max_staleness_s
+            fresh = within or self.revalidate(entry, time.monotonic())
+            result, reason = ("hit", "fresh" if within else "revalidated") if fresh else ("miss", Miss.STALE)
             s.set_attributes({ATTR.RESULT: result, ATTR.REASON: reason})
-        instruments.lookup(Tier.MEMORY, result, reason, self._attrs)
         if fresh:
+            if not within:
+                instruments.lookup(Tier.MEMORY, "hit", "revalidated", self._attrs)
             entry.ref = True
             self.hits += 1
             return entry.value
@@ -189,19 +193,29 @@ class MemoryTier(Generic[T]):
         return True
 
     # -- producing -------------------------------------------------------------
-    def produce(self, key: Hashable, make: Callable[[], tuple[Entry[T], T]], now: float) -> T:
-        """The value of ``key`` for a call made at ``now``. ``make`` returns the entry to
-        keep and what its caller gets; it runs once for concurrent callers, who get the
-        same — but a caller that joined one in flight gets it only if the entry is
-        fresh for that caller's own time (else ``make`` runs again)."""
-        while True:
-            entry, made, mine = self._single_flight(key, make)
-            if mine:
-                return made
-            if self.fresh(entry, now):
-                self.hits += 1  # (served from memory: another caller's compile, waited for)
-                return made
-            self.discard(key, entry)
+    def produce(
+        self, key: Hashable, make: Callable[[], tuple[Entry[T], T]], now: float, missed: Miss = Miss.ABSENT
+    ) -> T:
+        """The value of ``key`` for a call made at ``now``, which :meth:`find` missed
+        (``missed``: why). ``make`` returns the entry to keep and what its caller gets; it
+        runs once for concurrent callers, who get the same — but a caller that joined one
+        in flight gets it only if the entry is fresh for that caller's own time (else
+        ``make`` runs again). Each call is counted once: a hit when it was served another
+        caller's compile, else the miss (also when the compile failed)."""
+        served = False
+        try:
+            while True:
+                entry, made, mine = self._single_flight(key, make)
+                if mine:
+                    return made
+                if self.fresh(entry, now):
+                    self.hits += 1  # (served from memory: another caller's compile, waited for)
+                    served = True
+                    return made
+                self.discard(key, entry)
+        finally:
+            if not served:
+                instruments.lookup(Tier.MEMORY, "miss", missed, self._attrs)
 
     def _single_flight(self, key: Hashable, make: Callable[[], tuple[Entry[T], T]]) -> tuple[Entry[T], T, bool]:
         with self._lock:

@@ -14,22 +14,27 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
+from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.trace import Span
+from opentelemetry.trace import Span, StatusCode
 
+from .. import _forksafe
 from .._version import __version__
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 __all__ = [
     "ATTR",
     "DURATION_BUCKETS",
     "METRIC",
     "SPAN",
+    "in_this_context",
     "instruments",
+    "mark_failed",
     "meter",
     "setup",
     "span",
@@ -92,6 +97,7 @@ class ATTR:
     DIRECTION: Final = "safejit.direction"
     TO: Final = "safejit.to"
     ERROR_TYPE: Final = "error.type"
+    REMOTE_ENGINE: Final = "safejit.remote.engine"
 
 
 #: Seconds, 1 ms to 10 min.
@@ -152,6 +158,9 @@ class _Instruments:
             METRIC.REMOTE_UPLOADS, unit="{leaf}", description="Remote uploads by outcome"
         )
         self._sources: list[Callable[[], Iterable[tuple[int, int, int, dict[str, str]]]]] = []
+        self._sources_lock = _forksafe.Lock()
+        #: Hits of the runtimes gone, per attribute set: still in the counter's total.
+        self._retired_hits: dict[tuple[tuple[str, str], ...], int] = {}
         meter.create_observable_counter(
             METRIC.MEMORY_HITS,
             [self._observe_hits],
@@ -177,15 +186,24 @@ class _Instruments:
 
     def register(self, source: Callable[[], Iterable[tuple[int, int, int, dict[str, str]]]]) -> None:
         """Add a runtime's (hits, entries, bytes, attributes) source for the observables."""
-        self._sources.append(source)
+        with self._sources_lock:
+            self._sources.append(source)
 
     def unregister(self, source: Callable[[], Iterable[tuple[int, int, int, dict[str, str]]]]) -> None:
-        if source in self._sources:
-            self._sources.remove(source)
+        """Drop a runtime's source; its hits so far stay in the hits counter's total (a
+        monotonic counter never goes down: a closed runtime's hits read as a reset)."""
+        with self._sources_lock:
+            if source in self._sources:
+                self._sources.remove(source)
+                for hits, _, _, attrs in source():
+                    key = tuple(sorted(attrs.items()))
+                    self._retired_hits[key] = self._retired_hits.get(key, 0) + hits
 
     def _observe(self, index: int) -> list[Observation]:
-        totals: dict[tuple[tuple[str, str], ...], int] = {}
-        for source in list(self._sources):
+        with self._sources_lock:
+            sources = list(self._sources)
+            totals: dict[tuple[tuple[str, str], ...], int] = dict(self._retired_hits) if index == 0 else {}
+        for source in sources:
             for hits, entries, size, attrs in source():
                 key = tuple(sorted(attrs.items()))
                 totals[key] = totals.get(key, 0) + (hits, entries, size)[index]
@@ -202,6 +220,30 @@ class _Instruments:
 
 
 instruments = _Instruments()
+
+
+def in_this_context(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn``, to be run on another thread within this thread's trace context now: the
+    spans it opens are children of the span current here (work handed to the background)."""
+    now = otel_context.get_current()
+
+    def run(*args: Any, **kwargs: Any) -> T:
+        token = otel_context.attach(now)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with suppress(Exception):
+                otel_context.detach(token)
+
+    return run
+
+
+def mark_failed(s: Span, error_type: str, description: str = "") -> None:
+    """Mark ``s`` failed as a span whose block raised is (status ERROR, ``error.type``),
+    for work that failed without raising (a remote failure turned into a miss)."""
+    with suppress(Exception):
+        s.set_status(StatusCode.ERROR, description or None)
+        s.set_attribute(ATTR.ERROR_TYPE, error_type)
 
 
 @contextmanager

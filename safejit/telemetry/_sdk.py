@@ -6,6 +6,7 @@ The library itself never configures the SDK; this module is for programs.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -39,16 +40,73 @@ def setup(
     ``console`` prints spans; ``otlp_endpoint`` exports spans and metrics over
     OTLP/HTTP; ``prometheus_port`` serves ``/metrics``; ``memory`` keeps spans
     in an in-memory exporter, which is returned.
+
+    OpenTelemetry keeps the providers installed first: a second call with the same
+    settings returns what the first did (its exporter; no second ``/metrics`` server),
+    one with other settings, or a call after a program installed providers of its own,
+    is a :class:`ConfigError` (what it installed would receive nothing).
     """
+    global _installed
     from opentelemetry import metrics, trace
 
+    settings = {
+        "console": console,
+        "otlp_endpoint": otlp_endpoint,
+        "prometheus_port": prometheus_port,
+        "prometheus_addr": prometheus_addr,
+        "memory": memory,
+        "service_name": service_name,
+    }
+    with _lock:
+        if _installed is not None:
+            if _installed[0] != settings:
+                raise ConfigError(
+                    f"safejit.telemetry.setup was called already, with {_installed[0]}: OpenTelemetry keeps the "
+                    "providers installed first, so other settings cannot take effect"
+                )
+            return _installed[1]
+        exporter = _install(trace, metrics, **settings)  # type: ignore[arg-type]
+        _installed = (settings, exporter)
+        return exporter
+
+
+_lock = threading.Lock()
+#: The first call's settings and what it returned.
+_installed: tuple[dict[str, Any], Any] | None = None
+
+
+def _install(
+    trace: Any,
+    metrics: Any,
+    *,
+    console: bool,
+    otlp_endpoint: str | None,
+    prometheus_port: int | None,
+    prometheus_addr: str,
+    memory: bool,
+    service_name: str,
+) -> Any:
+    # Every package needed first (a missing one is named, nothing installed or started).
     with _needs("opentelemetry-sdk", "safejit.telemetry.setup"):
         from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.metrics.export import MetricReader
+        from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    if otlp_endpoint:
+        with _needs("opentelemetry-exporter-otlp-proto-http", "otlp_endpoint"):
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    if prometheus_port is not None:
+        with _needs("opentelemetry-exporter-prometheus", "prometheus_port"):
+            from opentelemetry.exporter.prometheus import PrometheusMetricReader
+            from prometheus_client import start_http_server
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        raise ConfigError(
+            "an OpenTelemetry tracer provider is installed already: safejit.telemetry.setup would install "
+            "one that receives nothing (add safejit's exporters to the program's own providers instead)"
+        )
 
     resource = Resource.create({"service.name": service_name})
     tracer_provider = TracerProvider(resource=resource)
@@ -60,18 +118,9 @@ def setup(
         tracer_provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
     readers: list[MetricReader] = []
     if otlp_endpoint:
-        with _needs("opentelemetry-exporter-otlp-proto-http", "otlp_endpoint"):
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-
         tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{otlp_endpoint}/v1/traces")))
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=f"{otlp_endpoint}/v1/metrics")))
     if prometheus_port is not None:
-        with _needs("opentelemetry-exporter-prometheus", "prometheus_port"):
-            from opentelemetry.exporter.prometheus import PrometheusMetricReader
-            from prometheus_client import start_http_server
-
         start_http_server(port=prometheus_port, addr=prometheus_addr)
         readers.append(PrometheusMetricReader())
     trace.set_tracer_provider(tracer_provider)

@@ -134,9 +134,9 @@ def test_a_lease_let_go_between_a_nodes_try_and_its_look_is_a_hit_not_a_compile(
     real_lookup = tier.lookup
     looks: list[str] = []
 
-    def first_look_misses(key, anchors):
+    def first_look_misses(key, anchors, **kwargs):
         looks.append(key)  # (the first: before a's upload was there)
-        return real_lookup(key if len(looks) > 1 else "0" * len(key), anchors)
+        return real_lookup(key if len(looks) > 1 else "0" * len(key), anchors, **kwargs)
 
     monkeypatch.setattr(tier, "lookup", first_look_misses)
     monkeypatch.setattr(tier, "take_lease", lambda key: None)  # (a still held it then)

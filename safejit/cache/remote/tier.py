@@ -27,7 +27,7 @@ from ...closure.anchors import Anchors
 from ...closure.hashing import digest_bytes
 from ...keys import deps_key as compute_deps_key
 from ...outcomes import Miss, Tier
-from ...telemetry import ATTR, SPAN, instruments, span
+from ...telemetry import ATTR, SPAN, instruments, mark_failed, span
 from ..leaf import (
     ClosureMemo,
     Manifest,
@@ -57,6 +57,10 @@ MISS_OF: Final[Mapping[str, Miss]] = {
     "error": Miss.REMOTE_ERROR,
     "circuit_open": Miss.CIRCUIT_OPEN,
 }
+
+
+#: Misses that are the remote failing (its lookup span is marked failed), not its answer.
+_REMOTE_FAILED: Final = frozenset({Miss.REMOTE_TIMEOUT, Miss.REMOTE_REFUSED, Miss.REMOTE_DENIED, Miss.REMOTE_ERROR})
 
 
 def _whole(view: memoryview) -> bytes:
@@ -94,24 +98,35 @@ class RemoteTier:
         self._verifier = verifier
         self._memo = memo
         self._max_bytes = min(max_artifact_bytes, store.settings.max_bytes)
-        self._attrs = {**attrs, "safejit.remote.engine": store.engine}
+        self._attrs = {**attrs, ATTR.REMOTE_ENGINE: store.engine}
         self._node = f"{socket.gethostname()}:{os.getpid()}"
         #: The uploads this node offers (``uploads.py``).
         self.uploads = UploadQueue(store, self._attrs)
 
     # -- lookup ------------------------------------------------------------------
-    def lookup(self, build_key: str, anchors: Anchors) -> VerifiedLeaf | Rejection:
+    def lookup(self, build_key: str, anchors: Anchors, *, counted: bool = True) -> VerifiedLeaf | Rejection:
         """The newest leaf of ``build_key`` on the remote that verifies here, else the
-        first reason one did not (``absent``: none there). One round trip on a miss."""
+        first reason one did not (``absent``: none there). One round trip on a miss.
+        Not ``counted``: the caller counts the request's outcome (:meth:`count`) once it
+        is known (a leaf may still come through the lease)."""
         with span(SPAN.REMOTE_LOOKUP, {ATTR.TIER: Tier.REMOTE, ATTR.BUILD_KEY: build_key, **self._attrs}) as s:
             found = self._lookup(build_key, anchors)
             if isinstance(found, VerifiedLeaf):
                 s.set_attributes({ATTR.RESULT: "hit", ATTR.BYTES: len(found.artifact)})
-                instruments.lookup(Tier.REMOTE, "hit", "verified", self._attrs)
             else:
                 s.set_attributes({ATTR.RESULT: "miss", ATTR.REASON: found.reason})
-                instruments.lookup(Tier.REMOTE, "miss", found.reason, self._attrs)
+                if found.reason in _REMOTE_FAILED:  # (the remote failed, not just had nothing)
+                    mark_failed(s, RemoteError.__name__, found.detail)
+        if counted:
+            self.count(found)
         return found
+
+    def count(self, found: VerifiedLeaf | Rejection) -> None:
+        """Count one request's remote outcome (``safejit.cache.lookups``)."""
+        if isinstance(found, VerifiedLeaf):
+            instruments.lookup(Tier.REMOTE, "hit", "verified", self._attrs)
+        else:
+            instruments.lookup(Tier.REMOTE, "miss", found.reason, self._attrs)
 
     def _lookup(self, build_key: str, anchors: Anchors) -> VerifiedLeaf | Rejection:
         try:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from ...outcomes import Outcome
-from ...telemetry import ATTR, SPAN, instruments, span
+from ...telemetry import ATTR, SPAN, instruments, mark_failed, span
 from ..leaf import VerifiedLeaf, encode_manifest
 from .lease import LeaseKeeper
 from .store import Put, RemoteError, RemoteStore
@@ -191,8 +191,9 @@ class UploadQueue:
 
     def _upload(self, item: Upload) -> None:
         man = item.leaf.manifest
-        outcome, detail, reason = Outcome.UPLOADED, "", ""
-        with span(SPAN.REMOTE_PUBLISH, {ATTR.BUILD_KEY: item.build_key, ATTR.BYTES: man.artifact_size, **self._attrs}):
+        outcome, detail, reason, error_type = Outcome.UPLOADED, "", "", ""
+        attrs = {ATTR.BUILD_KEY: item.build_key, ATTR.BYTES: man.artifact_size, **self._attrs}
+        with span(SPAN.REMOTE_PUBLISH, attrs) as s:
             try:
                 if item.unless_present and man.deps_key in self.store.index(item.build_key):
                     outcome, detail = Outcome.UPLOAD_SKIPPED, PRESENT
@@ -207,12 +208,17 @@ class UploadQueue:
             except RemoteError as exc:
                 logger.info("uploading %s failed: %s", man.name, exc)
                 outcome, detail, reason = Outcome.UPLOAD_FAILED, str(exc), exc.reason
+                error_type = type(exc).__name__
             except Exception as exc:  # (never the worker's end: every upload gets its outcome)
                 logger.exception("uploading %s failed", man.name)
                 outcome, detail, reason = Outcome.UPLOAD_FAILED, type(exc).__name__, "error"
+                error_type = type(exc).__name__
             finally:
                 if item.keeper is not None:
                     item.keeper.stop()
+            s.set_attribute(ATTR.OUTCOME, outcome)
+            if outcome is Outcome.UPLOAD_FAILED:
+                mark_failed(s, error_type, detail)
         if outcome is Outcome.UPLOADED:
             self.uploaded += 1
         self._done(item, outcome, detail, reason)

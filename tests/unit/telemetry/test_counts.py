@@ -1,0 +1,148 @@
+"""What the metrics count, with the real SDK: one lookup outcome per request and tier
+(whatever cache roots it took; a call served another caller's compile is a memory hit,
+not also a miss), a memory-hits counter that never goes down when a Runtime closes,
+compiler time of failed runs told apart by ``error.type``, and ``setup`` called twice."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+import pytest
+
+import safejit
+from safejit.telemetry import _sdk
+
+LOOKUP_KEYS = ("safejit.tier", "safejit.result", "safejit.reason")
+
+
+def _tenant() -> str:
+    return "t" + uuid.uuid4().hex[:10]
+
+
+def _points(reader, name: str, tenant: str) -> list[Any]:
+    data = reader.get_metrics_data()
+    found = []
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                if metric.name == name:
+                    found += [p for p in metric.data.data_points if p.attributes.get("safejit.tenant") == tenant]
+    return found
+
+
+def _lookups(reader, tenant: str) -> dict[tuple[str, ...], int]:
+    return {
+        tuple(str(p.attributes.get(k)) for k in LOOKUP_KEYS): p.value
+        for p in _points(reader, "safejit.cache.lookups", tenant)
+    }
+
+
+def _memory_hits(reader, tenant: str) -> int:
+    return sum(p.value for p in _points(reader, "safejit.cache.memory.hits", tenant))
+
+
+def test_one_request_is_one_disk_lookup_whatever_roots_it_takes(make_runtime, metric_reader, tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    t = _tenant()
+    rt = make_runtime(cache_dirs=(str(first), str(second)), tenant=t)
+    rt.compile(safejit.Source("int one(void) { return 1; }", "one"))
+    assert _lookups(metric_reader, t) == {("memory", "miss", "absent"): 1, ("disk", "miss", "absent"): 1}
+
+    # A leaf in the second root only: a miss in the first and a hit in the second are one hit.
+    t2 = _tenant()
+    make_runtime(cache_dirs=(str(second),), tenant=t2).compile(safejit.Source("int two(void) { return 2; }", "two"))
+    make_runtime(cache_dirs=(str(first), str(second)), tenant=t2).compile(
+        safejit.Source("int two(void) { return 2; }", "two")
+    )
+    assert _lookups(metric_reader, t2)[("disk", "hit", "verified")] == 1
+    assert _lookups(metric_reader, t2)[("disk", "miss", "absent")] == 1  # (the first runtime's own)
+
+
+def test_a_call_served_another_callers_compile_is_a_memory_hit_and_not_a_miss(make_runtime, metric_reader, spans):
+    t = _tenant()
+    rt = make_runtime(tenant=t)
+    src = safejit.Source("int one(void) { return 1; }", "one")
+    calls = 4
+    barrier = threading.Barrier(calls)
+
+    def call() -> None:
+        barrier.wait()
+        rt.compile(src)
+
+    threads = [threading.Thread(target=call) for _ in range(calls)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    compiles = rt.stats()["compiles"]
+    misses = _lookups(metric_reader, t).get(("memory", "miss", "absent"), 0)
+    hits = _memory_hits(metric_reader, t)
+    assert misses + hits == calls and misses == compiles, (misses, hits, compiles)
+    tiers = sorted(str(s.attributes["safejit.tier"]) for s in spans.get_finished_spans() if s.name == "safejit.compile")
+    assert tiers.count("compiled") == compiles and tiers.count("memory") == calls - compiles, tiers
+
+
+def test_the_memory_hits_counter_never_goes_down_when_a_runtime_closes(make_runtime, metric_reader):
+    t = _tenant()
+    src = safejit.Source("int one(void) { return 1; }", "one")
+    a, b = make_runtime(tenant=t), make_runtime(tenant=t)
+    for _ in range(100):
+        a.compile(src)
+    for _ in range(10):
+        b.compile(src)
+    before = _memory_hits(metric_reader, t)
+    assert before == 99 + 9  # (each runtime's first call compiled or hit the disk)
+    a.close()
+    assert _memory_hits(metric_reader, t) == before
+    b.compile(src)
+    assert _memory_hits(metric_reader, t) == before + 1
+    del a
+    assert _memory_hits(metric_reader, t) == before + 1  # (and when it is collected)
+
+
+def test_a_traced_memory_hit_is_counted_as_the_fast_paths_are(make_runtime, metric_reader, spans):
+    t = _tenant()
+    rt = make_runtime(tenant=t, trace_memory_hits=True)
+    src = safejit.Source("int one(void) { return 1; }", "one")
+    for _ in range(3):
+        rt.compile(src)
+    assert _lookups(metric_reader, t) == {("memory", "miss", "absent"): 1, ("disk", "miss", "absent"): 1}
+    assert _memory_hits(metric_reader, t) == 2
+    reasons = [
+        s.attributes.get("safejit.reason") for s in spans.get_finished_spans() if s.name.endswith("memory.lookup")
+    ]
+    assert reasons == ["absent", "fresh", "fresh"], reasons
+
+
+AT_LOAD = "void boom(void) __attribute__((constructor));\nvoid boom(void) {}\nint one(void) { return 1; }\n"
+
+
+def _durations(reader, tenant: str) -> dict[str, int]:
+    return {str(p.attributes.get("error.type")): p.count for p in _points(reader, "safejit.compile.duration", tenant)}
+
+
+def test_compiler_time_of_a_failed_run_is_told_apart_by_its_error_type(make_runtime, metric_reader):
+    t = _tenant()
+    rt = make_runtime(tenant=t, compile_timeout_s=0.5)
+    rt.compile(safejit.Source("int one(void) { return 1; }", "one"))
+    with pytest.raises(safejit.CompileError):
+        rt.compile(safejit.Source("int broken(void) { return }", "broken"))
+    with pytest.raises(safejit.LoadTimeCodeError):
+        rt.compile(safejit.Source(AT_LOAD, "one"))
+    assert _durations(metric_reader, t) == {"None": 1, "CompileError": 1, "LoadTimeCodeError": 1}
+
+
+def test_setup_twice_returns_what_the_first_call_did_or_refuses_other_settings(monkeypatch):
+    # (the first call's settings as setup() keeps them: all of them, defaults included)
+    first = {"console": False, "otlp_endpoint": None, "prometheus_port": None, "prometheus_addr": "127.0.0.1"}
+    monkeypatch.setattr(_sdk, "_installed", ({**first, "memory": True, "service_name": "safejit"}, "first exporter"))
+    assert _sdk.setup(memory=True) == "first exporter"
+    with pytest.raises(safejit.ConfigError, match="called already"):
+        _sdk.setup(memory=True, console=True)
+
+
+def test_setup_after_a_program_installed_its_own_provider_says_so(otel_sdk):
+    with pytest.raises(safejit.ConfigError, match="tracer provider is installed already"):
+        _sdk.setup(memory=True)
