@@ -105,7 +105,9 @@ class HmacSigner:
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()
 
     def verify(self, message: bytes, signature: str) -> bool:
-        return isinstance(signature, str) and hmac.compare_digest(self.sign(message), signature)
+        # (compare_digest raises on a str with a character past ASCII: such a value, as
+        # anyone who can write a leaf may plant, is a bad signature, never an exception)
+        return isinstance(signature, str) and signature.isascii() and hmac.compare_digest(self.sign(message), signature)
 
     def __repr__(self) -> str:
         return f"HmacSigner(key_id={self.key_id!r})"

@@ -216,6 +216,29 @@ def test_an_unsigned_or_foreign_signed_leaf_is_a_miss_under_verify_keys(node, pr
     assert fresh.compile(SRC, include_dirs=_inc(project)).artifact.tier == "remote"
 
 
+def test_a_planted_signature_past_ascii_is_a_miss_not_an_exception_out_of_compile(node, project, redis_server):
+    key = b"shared-hmac-key-0123456789abcdef"
+    _published(node("a", signing_key=key), project)
+
+    def plant(data: dict) -> None:
+        data["signature"] = {"alg": "hmac-sha256", "key_id": "", "value": "\u00e9" * 64}
+
+    _rewrite(redis_server, plant)
+    b = node("b", signing_key=key)
+    mod = b.compile(SRC, include_dirs=_inc(project))
+    assert mod.artifact.tier == "compiled" and mod.kernel("INNER")() == 41
+
+
+def test_a_check_that_raises_on_the_remotes_data_is_a_miss_never_raised(node, project, monkeypatch, caplog):
+    from safejit.cache.remote import tier as tier_module
+
+    _published(node("a"), project)
+    monkeypatch.setattr(tier_module, "compute_deps_key", lambda *a: 1 / 0)  # (any check the data breaks)
+    b = node("b")
+    assert b.compile(SRC, include_dirs=_inc(project)).artifact.tier == "compiled"
+    assert "checking the remote's leaves" in caplog.text
+
+
 def test_a_negative_header_present_locally_makes_the_remote_leaf_a_miss(node, project, tmp_path):
     first, second = project / "include", project / "second"
     second.mkdir()

@@ -130,6 +130,13 @@ class RemoteTier:
 
     def _lookup(self, build_key: str, anchors: Anchors) -> VerifiedLeaf | Rejection:
         try:
+            return self._look(build_key, anchors)
+        except Exception as exc:  # (whatever the remote's data makes a check raise is a miss, never raised)
+            logger.exception("checking the remote's leaves of %s failed", build_key)
+            return Rejection(Miss.REMOTE_ERROR, f"{type(exc).__name__}: {exc}", root="remote")
+
+    def _look(self, build_key: str, anchors: Anchors) -> VerifiedLeaf | Rejection:
+        try:
             index = self.store.index(build_key)
         except RemoteError as exc:
             return Rejection(MISS_OF[exc.reason], str(exc), root="remote")

@@ -73,6 +73,17 @@ def test_hmac_still_accepted_with_and_without_key_id():
     assert Verifier().check(MESSAGE, sig) == "unknown_key_id"
 
 
+@pytest.mark.parametrize("planted", ["\u00e9" * 64, "0" * 63 + "\u00e9", "\udc80" * 64, "\u00e9"])
+def test_a_hmac_signature_past_ascii_is_a_bad_signature_not_an_exception(planted):
+    """Anyone who can write a leaf can plant any text as its signature: compare_digest
+    raised TypeError on one past ASCII, out of every lookup of that kernel."""
+    signer = HmacSigner(b"k" * 32)
+    verifier = Verifier(hmac=[signer])
+    assert signer.verify(MESSAGE, planted) is False
+    assert verifier.check(MESSAGE, planted, alg=ALG_HMAC, key_id=signer.key_id) == "bad_signature"
+    assert verifier.check(MESSAGE, planted) == "bad_signature"  # (no key id: every key is tried)
+
+
 def test_hmac_signer_keeps_its_sign_and_verify_contract():
     signer = HmacSigner(b"k" * 32)
     assert signer.verify(MESSAGE, signer.sign(MESSAGE)) is True
