@@ -343,14 +343,20 @@ def test_index_entries_the_store_leaves_out_are_a_finding(env, node, project, re
     (art,) = _publish(node("a", signing_key=SIGNER.private_pem()), project, "k")
     admin = redis_server.admin()
     index = f"sj:v1:default:fake:idx:{art.build_key}"
-    admin.hset(index, "d" * 64, b"x" * (2 << 20))  # over max_manifest_bytes (1 MiB)
     admin.hset(index, "not a deps key\x1b[2J", b"{}")
     for command in ("ls", "verify"):
         ran = cli("remote", command, "--remote", redis_server.url, "--json")
         assert ran.rc == 1
         (finding,) = ran.json()["findings"]
         assert finding["path"] == f"remote:{art.build_key}" and finding["reason"] == "manifest"
-        assert finding["detail"].startswith("2 of 3 entries left out: over 1048576 bytes")
+        assert finding["detail"].startswith("1 of 2 entries left out: over 1048576 bytes, or not named by a deps key")
+    # An entry over max_manifest_bytes (1 MiB): the index is not read past it (oversize).
+    admin.hset(index, "d" * 64, b"x" * (2 << 20))
+    for command in ("ls", "verify"):
+        ran = cli("remote", command, "--remote", redis_server.url, "--json")
+        assert ran.rc == 1
+        (finding,) = ran.json()["findings"]
+        assert finding["path"] == f"remote:{art.build_key}" and finding["reason"] == "oversize", finding
 
 
 def test_credentials_in_the_url_are_never_shown(env, node, project, redis_server):

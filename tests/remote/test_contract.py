@@ -15,6 +15,7 @@ from safejit.cache.remote import Lease, Put, RemoteError
 from safejit.cache.remote.codec import RAW, ZSTD
 from safejit.closure.hashing import digest_bytes
 
+from ._servers import BUCKET
 from .conftest import hexkey
 
 K = hexkey("build")
@@ -59,10 +60,20 @@ def test_oversize_manifest_is_refused_before_sending(engine_url, make_store):
     assert dict(store.index(K)) == {}
 
 
-def test_index_leaves_out_entries_over_the_manifest_limit(engine_url, make_store):
+def test_an_index_entry_over_the_manifest_limit_is_never_read(engine_url, make_store):
+    """S3 lists sizes first: such an entry is left out. Redis sends the entries in one reply:
+    the read stops at the one over the limit, the index is oversize (a miss)."""
     make_store(engine_url).publish_manifest(K, D1, b"y" * 200)
     make_store(engine_url).publish_manifest(K, D2, b"small")
-    assert dict(make_store(engine_url, max_manifest_bytes=100).index(K)) == {D2: b"small"}
+    store = make_store(engine_url, max_manifest_bytes=100)
+    if store.engine == "s3":
+        assert dict(store.index(K)) == {D2: b"small"}
+        return
+    with pytest.raises(RemoteError) as info:
+        store.index(K)
+    assert info.value.reason == "oversize"
+    assert store.breaker.state == "closed"  # (stored data, from a server that is up)
+    assert dict(make_store(engine_url).index(K)) == {D1: b"y" * 200, D2: b"small"}
 
 
 def test_index_is_per_tenant_and_backend(engine_url, make_store):
@@ -435,7 +446,7 @@ def test_s3_conditional_write_conflict_is_retried_once(s3_url, make_store):
     assert info.value.reason == "error" and len(calls) == 2
 
 
-def test_redis_keys_of_the_wrong_type_are_an_error_and_the_next_command_gets_its_own_reply(redis_server, make_store):
+def test_redis_keys_of_the_wrong_type_are_corrupt_and_the_next_command_gets_its_own_reply(redis_server, make_store):
     store = make_store(redis_server.url)
     admin = redis_server.admin()
     admin.set(f"sj:v1:t1:cuda:idx:{K}", b"not a hash")
@@ -444,12 +455,17 @@ def test_redis_keys_of_the_wrong_type_are_an_error_and_the_next_command_gets_its
     for _ in range(2):
         with pytest.raises(RemoteError) as info:
             store.index(K)
-        assert info.value.reason == "error" and "WRONGTYPE" in str(info.value)
+        assert info.value.reason == "corrupt" and "WRONGTYPE" in str(info.value)
         with pytest.raises(RemoteError) as info:
             store.get_blob(blob)
-        assert info.value.reason == "error" and "WRONGTYPE" in str(info.value)
+        assert info.value.reason == "corrupt" and "WRONGTYPE" in str(info.value)
         store.publish_manifest(D1, D2, b"m")
         assert dict(store.index(D1)) == {D2: b"m"}
+    # (a poisoned key is no failure of the remote: the breaker stays closed for the others)
+    for _ in range(20):
+        with pytest.raises(RemoteError):
+            store.index(K)
+    assert store.breaker.state == "closed"
 
 
 def test_a_closed_store_makes_no_connection_again(engine_url, make_store):
@@ -550,3 +566,27 @@ def test_an_s3_lease_that_cannot_be_read_is_taken_over(s3_url, s3_client, make_s
     store = make_store(s3_url)
     lease = store.acquire_lease(K)
     assert lease is not None and store.lease_holder(K) == lease.token
+
+
+def test_s3_objects_under_an_index_that_are_no_leaves_neither_hide_its_leaves_nor_fill_it(
+    s3_url, s3_client, make_store
+):
+    """A writer's create-only PUTs may put anything under ``idx/<K>/``: those objects are no
+    leaves (not ``<deps key>.json``), so they are passed over, never counted against the cap;
+    and an index's listing is read a bounded number of pages (never the whole prefix)."""
+    store = make_store(s3_url)
+    assert store.publish_manifest(K, D1, b"{}") is Put.CREATED
+    prefix = s3_url.split("?")[0].split("/", 3)[3] + f"/v1/t1/cuda/idx/{K}/"
+    for i in range(64):  # (they sort before the leaf)
+        s3_client.put_object(Bucket=BUCKET, Key=f"{prefix}0{i:02d}", Body=b"")
+    assert dict(store.index(K)) == {D1: b"{}"}
+    assert store.publish_manifest(K, D2, b"{}") is Put.CREATED
+    assert dict(store.index(K)) == {D1: b"{}", D2: b"{}"}
+
+
+def test_an_s3_lease_nested_past_any_parser_is_an_expired_one(s3_url, s3_client, make_store):
+    store = make_store(s3_url)
+    prefix = s3_url.split("?")[0].split("/", 3)[3]
+    s3_client.put_object(Bucket=BUCKET, Key=f"{prefix}/v1/t1/cuda/lease/{K}", Body=b"[" * 4000)
+    assert store.lease_holder(K) is None  # (unreadable: taken for expired, not an error)
+    assert store.acquire_lease(K, holder="me") is not None

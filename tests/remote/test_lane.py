@@ -73,7 +73,7 @@ def test_an_error_reply_drops_the_connection_and_the_next_read_is_its_own(redis_
     redis_server.admin().set(store.layout.redis_idx(hexkey("not a hash")), b"a string")
     with pytest.raises(RemoteError) as info:
         store.index(hexkey("not a hash"))
-    assert info.value.reason == "error" and "WRONGTYPE" in str(info.value)
+    assert info.value.reason == "corrupt" and "WRONGTYPE" in str(info.value)
     assert dict(store.index(K)) == {D: b'{"m": 1}'}
 
 

@@ -5,6 +5,7 @@ raised; and the commands, packed as redis-py packs them (``_resp.pack``)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -163,9 +164,9 @@ def test_an_index_reply_is_its_field_value_pairs(pair):
     ours, theirs = pair
     theirs.sendall(b"*4\r\n$1\r\na\r\n$1\r\n1\r\n$2\r\nbb\r\n$0\r\n\r\n")
     got = replies(ours)
-    assert got.pairs(100) == [(b"a", b"1"), (b"bb", b"")] and got.drained
+    assert got.pairs(100, entries=64, budget=1 << 20) == [(b"a", b"1"), (b"bb", b"")] and got.drained
     theirs.sendall(b"*0\r\n")
-    assert replies(ours).pairs(100) == []
+    assert replies(ours).pairs(100, entries=64, budget=1 << 20) == []
 
 
 def test_an_index_reply_in_pieces_is_read_whole(pair):
@@ -174,26 +175,61 @@ def test_an_index_reply_in_pieces_is_read_whole(pair):
     wire = b"*2\r\n$64\r\n%b\r\n$%d\r\n%b\r\n" % (b"f" * 64, len(value), value)
     writer = _trickle(theirs, wire, 5000)
     got = replies(ours)
-    assert got.pairs(len(value)) == [(b"f" * 64, value)] and got.drained
+    assert got.pairs(len(value), entries=64, budget=1 << 20) == [(b"f" * 64, value)] and got.drained
     writer.join()
 
 
-def test_an_index_value_over_the_limit_is_received_and_not_kept(pair, monkeypatch):
-    monkeypatch.setattr(_resp, "_PIECE", 100)
+@pytest.mark.parametrize(
+    ("wire", "why"),
+    [
+        (b"*4\r\n$1\r\na\r\n$1000\r\n", "an entry of 1000 bytes, over 10"),
+        (b"*132\r\n", "66 entries, more than the index holds (64)"),
+        (b"*4\r\n$1\r\na\r\n$9\r\n123456789\r\n$1\r\nb\r\n$10\r\n", "more than 20 bytes in all"),
+    ],
+)
+def test_an_index_reply_past_its_bounds_is_oversize_and_read_no_further(pair, wire, why):
+    """A hostile server (or a writer past the publish script's cap) sends any number of
+    entries of any size: the read stops at the line that shows it, nothing past it read."""
     ours, theirs = pair
-    big = b"x" * 1000
-    theirs.sendall(b"*4\r\n$1\r\na\r\n$1000\r\n%b\r\n$1\r\nb\r\n$2\r\nok\r\n" % big)
-    got = replies(ours)
-    assert got.pairs(10) == [(b"a", None), (b"b", b"ok")] and got.drained
-    theirs.sendall(b"+PONG\r\n")  # nothing past the reply was read
-    assert ours.recv(100) == b"+PONG\r\n"
+    theirs.sendall(wire)
+    with pytest.raises(RemoteError) as info:
+        replies(ours).pairs(10, entries=64, budget=20)
+    assert info.value.reason == "oversize" and why in str(info.value)
+    theirs.sendall(b"+PONG\r\n")  # (what followed the line was never asked for)
+    assert ours.recv(100).endswith(b"+PONG\r\n")
+
+
+def test_a_reply_sent_a_byte_at_a_time_ends_at_its_deadline(pair):
+    """Each wait is bounded by the socket's timeout; all of them together by the deadline."""
+    ours, theirs = pair
+    ours.settimeout(0.2)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        theirs.sendall(b"*2\r\n$1\r\na\r\n$100\r\n")
+        while not stop.wait(0.01):
+            with contextlib.suppress(OSError):
+                theirs.sendall(b"x")
+
+    sender = threading.Thread(target=trickle, daemon=True)
+    sender.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises((redis.exceptions.TimeoutError, TimeoutError)) as info:  # (both: reason timeout)
+            Replies(redis, SimpleNamespace(_sock=ours), time.monotonic() + 0.3).pairs(1000, entries=64, budget=1 << 20)
+    finally:
+        stop.set()
+        sender.join()
+    assert classify(info.value) == "timeout"
+    assert time.monotonic() - started < 1.5  # (a byte each 10 ms for 100 bytes: ~1 s without it)
+    assert ours.gettimeout() == 0.2  # (the socket's own timeout, put back)
 
 
 def test_an_error_reply_to_an_index_read_is_a_response_error(pair):
     ours, theirs = pair
     theirs.sendall(b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n")
     with pytest.raises(redis.exceptions.ResponseError):
-        replies(ours).pairs(100)
+        replies(ours).pairs(100, entries=64, budget=1 << 20)
 
 
 @pytest.mark.parametrize(
@@ -211,7 +247,7 @@ def test_any_other_index_reply_is_an_invalid_response(pair, wire):
     ours, theirs = pair
     theirs.sendall(wire)
     with pytest.raises(redis.exceptions.InvalidResponse):
-        replies(ours).pairs(100)
+        replies(ours).pairs(100, entries=64, budget=1 << 20)
 
 
 @pytest.mark.parametrize(
@@ -267,3 +303,16 @@ def test_a_client_panic_is_a_remote_error(redis_server, make_store, monkeypatch)
     with pytest.raises(RemoteError) as info:
         store.lease_holder(K)
     assert info.value.reason == "error" and "_Panic" in str(info.value)
+
+
+def test_a_scan_whose_cursor_never_comes_back_to_zero_ends(make_store, scripted, monkeypatch):
+    """A server that answers every SCAN with a cursor of 7 and no key kept `safejit remote
+    stats|ls|verify` going for good."""
+    from safejit.cache.remote import redis as redis_engine
+
+    monkeypatch.setattr(redis_engine, "SCAN_PAGES_MAX", 50)
+    server = scripted({b"PING": b"+PONG\r\n", b"SCAN": b"*2\r\n$1\r\n7\r\n*0\r\n"})
+    store = make_store(server.url)
+    with pytest.raises(RemoteError) as info:
+        list(store.scan("index", limit=10))
+    assert info.value.reason == "error" and "did not end within 50 pages" in str(info.value)

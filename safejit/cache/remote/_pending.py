@@ -71,7 +71,10 @@ class PendingGet:
             raise self._error
         conn, self._conn = self._conn, None
         try:
-            replies = Replies(self._store._redis, conn)
+            # (the whole reply within the deadline the lane's sockets wait for each piece of it,
+            # counted from here: not the caller's own checks while the bytes travelled)
+            deadline = time.monotonic() + self._store.settings.reply_deadline(self._cap + 1)
+            replies = Replies(self._store._redis, conn, deadline)
             head = replies.bulk(1, expect=1)
             hasher = new_hasher() if head == RAW_HEAD else None
             payload = replies.bulk(self._cap + 1, expect=self._cap, hasher=hasher)

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 from typing import Any, Final, Protocol
+
+from .store import RemoteError
 
 __all__ = ["Hasher", "Replies", "command_name", "pack"]
 
@@ -40,14 +43,18 @@ class Replies:
     nothing but the commands whose replies are read here (redis-py's parser holds no byte
     of them); any failure leaves the connection to be dropped."""
 
-    __slots__ = ("_errors", "_left", "_sock")
+    __slots__ = ("_deadline", "_errors", "_left", "_sock")
 
-    def __init__(self, redis: Any, conn: Any) -> None:
+    def __init__(self, redis: Any, conn: Any, deadline: float | None = None) -> None:
         self._errors = redis.exceptions
         self._sock = conn._sock
         if self._sock is None:
             raise self._errors.ConnectionError("Connection closed by server.")
         self._left = b""  # bytes received past the last reply or line read
+        #: When the replies must all be in (``time.monotonic()``): each wait is bounded by the
+        #: socket's timeout, and all of them together by this (a server that sends a byte
+        #: now and then would hold a read for good).
+        self._deadline = deadline
 
     @property
     def drained(self) -> bool:
@@ -69,21 +76,27 @@ class Replies:
             raise self._errors.InvalidResponse(f"unexpected reply to GETRANGE: {line[:40]!r}")
         return self._ended(self._exactly(size, hasher))
 
-    def pairs(self, limit: int) -> list[tuple[bytes | None, bytes | None]]:
-        """The next reply, HGETALL's: its (field, value) pairs. A value (or field) over
-        ``limit`` bytes is not kept (None): its bytes are received and dropped."""
+    def pairs(self, limit: int, *, entries: int, budget: int) -> list[tuple[bytes, bytes]]:
+        """The next reply, HGETALL's: its (field, value) pairs, at most ``entries`` of them,
+        each at most ``limit`` bytes long and all of them ``budget``: a reply past any of
+        these is ``oversize``, and nothing past the first line that shows it is read (the
+        connection, its reply unread, is dropped)."""
         line = self._line(_INDEX_GUESS)
         n = self._count(line, b"*", "HGETALL")
         if n % 2:
             raise self._errors.InvalidResponse(f"unexpected reply to HGETALL: {line[:40]!r}")
-        flat: list[bytes | None] = []
+        if n // 2 > entries:
+            raise RemoteError("oversize", "index", f"{n // 2} entries, more than the index holds ({entries})")
+        flat: list[bytes] = []
+        total = 0
         for _ in range(n):
             size = self._count(self._line(_INDEX_GUESS), b"$", "HGETALL")
-            if size <= limit:
-                flat.append(self._ended(self._exactly(size)))
-            else:
-                self._skip(size)
-                flat.append(None)
+            total += size
+            if size > limit:
+                raise RemoteError("oversize", "index", f"an entry of {size} bytes, over {limit}")
+            if total > budget:
+                raise RemoteError("oversize", "index", f"entries of more than {budget} bytes in all")
+            flat.append(self._ended(self._exactly(size)))
         return list(zip(flat[::2], flat[1::2], strict=True))
 
     def _count(self, line: bytes, kind: bytes, command: str) -> int:
@@ -101,14 +114,22 @@ class Replies:
             raise self._errors.InvalidResponse("a bulk string not ended by CRLF")
         return value
 
-    def _skip(self, size: int) -> None:
-        """Receive a bulk string's ``size`` bytes and its CRLF, keeping none of them."""
-        left = size + 2
-        while left > 0:
-            left -= len(self._exactly(min(left, _PIECE)))
-
     def _recv(self, n: int) -> bytes:
-        got: bytes = self._sock.recv(n)
+        sock, timeout = self._sock, None
+        if self._deadline is not None:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise self._errors.TimeoutError("the reply took longer than its deadline")
+            timeout = sock.gettimeout()
+            if timeout is not None and left < timeout:
+                sock.settimeout(left)  # (the last wait ends at the deadline; put back below)
+            else:
+                timeout = None
+        try:
+            got: bytes = sock.recv(n)
+        finally:
+            if timeout is not None:
+                sock.settimeout(timeout)
         if not got:
             raise self._errors.ConnectionError("Connection closed by server.")
         return got

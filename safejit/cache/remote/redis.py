@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar, cast
 
@@ -85,6 +86,14 @@ class _Script:
             return client.eval(self.text, 1, key, *args)
 
 
+#: An index read's bytes in all, in manifests' worth (``max_manifest_bytes``): a writer
+#: bypassing the publish script (plain HSETNX) could fill an index past ``index_cap``.
+INDEX_BUDGET: Final = 8
+
+#: SCAN pages read at most for one listing (a keyspace of 100 million keys, at SCAN_PAGE slots
+#: a page): a server whose cursor never comes back to 0 would keep a listing going for good.
+SCAN_PAGES_MAX: Final = 100_000
+
 #: Keys asked for per SCAN call (the server examines about this many slots per call).
 SCAN_PAGE: Final = 1000
 
@@ -106,6 +115,10 @@ def classify(exc: BaseException) -> Reason:
         return "denied"
     if isinstance(exc, errors.ResponseError) and str(exc).startswith("ACL failure in script"):
         return "denied"  # (a command a script ran that the user may not: no NOPERM prefix then)
+    if isinstance(exc, errors.ResponseError) and str(exc).startswith("WRONGTYPE"):
+        # (a key of another type where a value was looked for: stored data that does not
+        # decode, from a server that is up; one such key must not open the breaker for all)
+        return "corrupt"
     found = os_reason(exc)
     if found is not None:
         return found
@@ -209,17 +222,20 @@ class RedisStore(Engine["_redis.Redis"]):
 
     def index(self, build_key: str) -> Mapping[str, bytes]:
         self._guard.admit("index")
-        limit = self.settings.max_manifest_bytes
+        settings = self.settings
+        limit, entries = settings.max_manifest_bytes, settings.index_cap
         request = pack("HGETALL", self.layout.redis_idx(build_key))
         pairs = self._guard.run(
             "index",
             "remote.get",
-            lambda: self._exchange(request, lambda replies: replies.pairs(limit)),
-            received=lambda r: sum(len(v or b"") for _, v in r),
+            lambda: self._exchange(
+                request, lambda replies: replies.pairs(limit, entries=entries, budget=INDEX_BUDGET * limit)
+            ),
+            received=lambda r: sum(len(v) for _, v in r),
         )
         out: dict[str, bytes] = {}
         for field, value in pairs:
-            if field is not None and value is not None and is_hex(name := field.decode("ascii", "replace")):
+            if is_hex(name := field.decode("ascii", "replace")):
                 out[name] = value
         return out
 
@@ -229,7 +245,7 @@ class RedisStore(Engine["_redis.Redis"]):
         conn = lane.take()
         try:
             conn._sock.sendall(request)
-            replies = Replies(self._redis, conn)
+            replies = Replies(self._redis, conn, time.monotonic() + self.settings.reply_deadline(0))
             got = read(replies)
         except BaseException:
             lane.drop(conn)  # (a reply left unread would be the next command's)
@@ -337,7 +353,9 @@ class RedisStore(Engine["_redis.Redis"]):
         prefix = self.layout.redis_prefix(kind)
         seen: set[str] = set()
         cursor = 0
-        while len(seen) < limit:
+        for _ in range(SCAN_PAGES_MAX):
+            if len(seen) >= limit:
+                return
             self._guard.admit("scan")
             page = functools.partial(self._page, self.client(), cursor, kind, prefix, seen, limit - len(seen))
             cursor, found = self._guard.run("scan", "remote.get", page)
@@ -347,6 +365,7 @@ class RedisStore(Engine["_redis.Redis"]):
                     yield Scanned(name, size)
             if cursor == 0:
                 return
+        raise RemoteError("error", "scan", f"SCAN did not end within {SCAN_PAGES_MAX} pages", engine=self.engine)
 
     @staticmethod
     def _page(

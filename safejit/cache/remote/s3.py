@@ -58,6 +58,8 @@ T = TypeVar("T")
 _LEASE_BODY_LIMIT: Final = 4096
 #: Objects asked for per LIST page (S3's largest page).
 SCAN_PAGE: Final = 1000
+#: The pages of an index's listing read at most (objects other than leaves fill pages too).
+_INDEX_PAGES: Final = 4
 #: A concurrent conditional write to the same key (409 ConditionalRequestConflict) is retried once.
 _CONFLICT_RETRIES: Final = 1
 
@@ -210,18 +212,17 @@ class S3Store(Engine[Any]):
         manifest_store = self._store(limit)
 
         def fetch() -> dict[str, bytes]:
-            # One LIST (all a miss costs), then one GET per leaf listed, at most index_cap.
+            # One LIST (all a miss costs), then one GET per leaf listed, at most index_cap:
+            # the first index_cap objects named as leaves are (anything else under the
+            # prefix, a writer's junk, is passed over, never counted), and no page is
+            # listed past them.
             out: dict[str, bytes] = {}
-            for meta in self._obstore.list(store, prefix).collect()[: self.settings.index_cap]:
-                path = str(meta["path"])
-                name = path[len(prefix) :].removesuffix(".json")
-                if not (path.startswith(prefix) and path.endswith(".json") and is_hex(name)):
-                    continue
-                if int(meta["size"]) > limit:
+            for path, size in self._leaves(store, prefix):
+                if size > limit:
                     continue
                 got = self._get(manifest_store, path, limit)
                 if got is not None and len(got[0]) <= limit and got[1] <= limit:
-                    out[name] = got[0]
+                    out[path[len(prefix) : -len(".json")]] = got[0]
             return out
 
         return self._run("index", "remote.get", fetch, received=lambda r: sum(len(v) for v in r.values()))
@@ -235,9 +236,8 @@ class S3Store(Engine[Any]):
 
         def publish() -> Put:
             # The cap is checked, then the put is conditional: concurrent writers may overshoot
-            # the cap by their number, never overwrite.
-            listing = self._obstore.list(store, prefix).collect()
-            names = {str(m["path"]) for m in listing}
+            # the cap by their number, never overwrite. (Only leaves count.)
+            names = {name for name, _ in self._leaves(store, prefix, limit=self.settings.index_cap + 1)}
             if path in names:
                 return Put.EXISTS
             if len(names) >= self.settings.index_cap:
@@ -245,6 +245,24 @@ class S3Store(Engine[Any]):
             return self._create(store, path, manifest)
 
         return self._run("publish", "remote.put", publish, sent=len(manifest))
+
+    def _leaves(self, store: Any, prefix: str, *, limit: int | None = None) -> Iterator[tuple[str, int]]:
+        """``(path, size)`` of the first ``limit`` (default ``index_cap``) objects under an
+        index's ``prefix`` named as leaves (``<deps key>.json``), listed a page at a time
+        and no page further."""
+        wanted = self.settings.index_cap if limit is None else limit
+        if wanted <= 0:
+            return
+        for pages, page in enumerate(self._obstore.list(store, prefix, chunk_size=SCAN_PAGE)):
+            if pages == _INDEX_PAGES:  # (a prefix filled with other objects: no listing without end)
+                return
+            for meta in page:
+                path = str(meta["path"])
+                if path.startswith(prefix) and path.endswith(".json") and is_hex(path[len(prefix) : -len(".json")]):
+                    yield path, int(meta["size"])
+                    wanted -= 1
+                    if wanted == 0:
+                        return
 
     # -- blobs ---------------------------------------------------------------
 
@@ -415,7 +433,8 @@ class S3Store(Engine[Any]):
             token, expires = str(data["token"]), float(data["expires"])
             if not math.isfinite(expires):
                 raise ValueError("expiry")
-        except (ValueError, KeyError, TypeError, OverflowError):  # (float() of a huge integer)
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError):  # (float() of a huge
+            # integer; a body nested thousands deep, which json.loads cannot parse)
             return ("", 0.0, etag)  # unreadable: treat as expired, so it can be taken over
         return (token, expires, etag)
 

@@ -111,5 +111,11 @@ class RemoteSettings:
             bucket *= 2
         return min(bucket, self.timeout_max_s)
 
+    def reply_deadline(self, nbytes: int = 0) -> float:
+        """Seconds a whole reply of ``nbytes`` may take to arrive (each wait for a piece of it
+        is bounded by :meth:`deadline_class`): that, or for a large one twice the time its
+        size takes at ``bytes_per_s`` (past ``timeout_max_s``, which bounds each wait)."""
+        return max(self.deadline_class(nbytes), 2 * nbytes / self.bytes_per_s)
+
     def redact(self, text: str) -> str:
         return self.url.redact(text)
