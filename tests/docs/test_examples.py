@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pytest
 
+from safejit.cache.remote.redis import FUNCTIONS
 from tests.remote._servers import Valkey, free_port, start_valkey
 
 REPO = Path(__file__).resolve().parents[2]
@@ -208,12 +209,15 @@ def _valkey_with_doc_users(request: pytest.FixtureRequest) -> str:
     valkey: Valkey = request.getfixturevalue("docs_valkey")
     admin = valkey.admin()
     admin.flushall()  # (leaves are write-once: a block sees its own, never one from before)
-    admin.script_flush()
+    admin.function_flush()
     for user in admin.acl_users():
         if user != "default":
             admin.acl_deluser(user)
     for line in acl_lines():
         admin.execute_command(*shlex.split(line))
+    # The recipe's admin step (a valkey-cli line there): the functions writers may call.
+    assert "FUNCTION LOAD REPLACE" in (REPO / "docs" / "remote.md").read_text()
+    admin.function_load(FUNCTIONS, replace=True)
     return f"127.0.0.1:{valkey.port}"
 
 

@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from safejit.cache.remote import Put, RemoteError
+from safejit.cache.remote.redis import FUNCTIONS
 
 from .conftest import hexkey
 
@@ -25,12 +26,14 @@ def doc_acl_lines() -> list[str]:
     return lines
 
 
-def create_users(admin, tenant: str) -> None:
+def create_users(admin, tenant: str, *, load_functions: bool = True) -> None:
     for line in doc_acl_lines():
         line = re.sub(r"\bt1\b", tenant, line)
         for role in ("reader", "writer", "auditor"):
             line = line.replace(f"{role.upper()}-PASSWORD", f"{tenant}-{role}-pw")
         admin.execute_command(*shlex.split(line))
+    if load_functions:  # (the admin's step in docs/remote.md: writers may not load them)
+        admin.function_load(FUNCTIONS, replace=True)
 
 
 @pytest.fixture
@@ -177,14 +180,39 @@ def test_connecting_sends_nothing_a_least_privilege_user_may_not_run(users, make
 
 
 def test_a_command_a_script_may_not_run_is_denied_not_an_error(redis_server, make_store):
-    """A permission refused inside a script comes back without the NOPERM prefix ('ACL
+    """A permission refused inside a function comes back without the NOPERM prefix ('ACL
     failure in script'): it was an error, counted by the breaker as the remote failing."""
     admin = redis_server.admin()
+    admin.function_load(FUNCTIONS, replace=True)
     admin.execute_command(
         "ACL", "SETUSER", "sj-t1-nohsetnx", "on", ">pw", "resetkeys", "-@all", "~sj:v1:t1:*",
-        "+evalsha", "+eval", "+script|load", "+ping",
+        "+fcall", "+ping",
     )  # fmt: skip
     store = make_store(f"redis://sj-t1-nohsetnx:pw@127.0.0.1:{redis_server.port}/0", tenant="t1")
     for _ in range(20):
         denied(lambda: store.publish_manifest(K, D, b"{}"))
     assert store.breaker.state == "closed"  # type: ignore[attr-defined]
+
+
+def test_a_writer_runs_the_safejit_functions_only_never_any_lua(redis_server, make_store, users):
+    """A writer allowed EVAL could run a loop that stalls the server for every tenant."""
+    writer = make_store(users("t1", "writer"), tenant="t1")
+    assert writer.publish_manifest(K, D, b"{}") is Put.CREATED
+    as_writer = redis.Redis(port=redis_server.port, username="sj-t1-writer", password="t1-writer-pw")
+    for lua in (lambda: as_writer.eval("return 1", 0), lambda: as_writer.function_load(FUNCTIONS, replace=True)):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            lua()
+    as_writer.close()
+
+
+def test_a_writer_on_a_server_without_the_functions_is_denied_and_told_why(redis_server, make_store):
+    admin = redis_server.admin()
+    admin.function_flush()
+    create_users(admin, "t3", load_functions=False)
+    writer = make_store(f"redis://sj-t3-writer:t3-writer-pw@127.0.0.1:{redis_server.port}/0", tenant="t3")
+    with pytest.raises(RemoteError) as info:
+        writer.publish_manifest(K, D, b"{}")
+    assert info.value.reason == "denied" and "FUNCTION LOAD" in str(info.value)
+    assert admin.keys("sj:v1:t3:*") == []  # (nothing published)
+    admin.function_load(FUNCTIONS, replace=True)
+    assert writer.publish_manifest(K, D, b"{}") is Put.CREATED

@@ -275,7 +275,7 @@ def scripted():
     ("answers", "call"),
     [
         ({b"GET": b":1\r\n"}, lambda store: store.lease_holder(K)),  # an integer for the holder's token
-        ({b"EVALSHA": b"$3\r\nabc\r\n"}, lambda store: store.publish_manifest(K, D, b"{}")),  # text for a count
+        ({b"FCALL": b"$3\r\nabc\r\n"}, lambda store: store.publish_manifest(K, D, b"{}")),  # text for a count
     ],
     ids=["holder", "publish"],
 )

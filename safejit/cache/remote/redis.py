@@ -1,6 +1,6 @@
 """The Redis-protocol engine (Redis >= 7, Valkey >= 8, and compatible servers) through
 redis-py (+ hiredis): explicit connect and socket timeouts, no automatic retries, no
-handshake beyond AUTH, and every operation a single-key command or script.
+handshake beyond AUTH, and every operation a single-key command or function (FCALL).
 
 Deadlines: redis-py bounds each socket wait by the connection's ``socket_timeout``, so
 connections are pooled per deadline class (the floor, doubling up to the cap): a
@@ -46,44 +46,55 @@ from .store import (
 if TYPE_CHECKING:
     import redis as _redis
 
-__all__ = ["RedisStore"]
+__all__ = ["FUNCTIONS", "RedisStore"]
 
 T = TypeVar("T")
 
-#: Write-once manifest, capped per build key: 1 created, 0 exists, -1 full.
-_PUBLISH: Final = """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
-if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return -1 end
-return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+#: The server-side functions (Redis >= 7, Valkey: ``FUNCTION LOAD``), each on its one key:
+#: ``publish`` a write-once manifest, capped per build key (1 created, 0 exists, -1 full);
+#: ``renew`` a lease only while it holds our token; ``release`` (compare-and-delete) likewise.
+#: Functions, not scripts: a user allowed EVAL may run any Lua, a loop that stalls the server
+#: for every tenant; one allowed FCALL only these, once an admin loaded them (they persist).
+FUNCTIONS: Final = """#!lua name=safejit_v1
+redis.register_function('safejit_publish_v1', function(keys, args)
+  if redis.call('HEXISTS', keys[1], args[1]) == 1 then return 0 end
+  if redis.call('HLEN', keys[1]) >= tonumber(args[3]) then return -1 end
+  return redis.call('HSETNX', keys[1], args[1], args[2])
+end)
+redis.register_function('safejit_renew_v1', function(keys, args)
+  if redis.call('GET', keys[1]) == args[1] then return redis.call('PEXPIRE', keys[1], args[2]) end
+  return 0
+end)
+redis.register_function('safejit_release_v1', function(keys, args)
+  if redis.call('GET', keys[1]) == args[1] then return redis.call('DEL', keys[1]) end
+  return 0
+end)
 """
-#: Extend a lease only while it holds our token.
-_RENEW: Final = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-#: Compare-and-delete: release a lease only while it holds our token.
-_RELEASE: Final = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
-class _Script:
-    """A Lua script run by EVALSHA, falling back to EVAL (which also caches it) once."""
+class _Function:
+    """One of :data:`FUNCTIONS`, called by FCALL; loaded first where it is not there yet, if
+    this user may (an admin loads them once for users who may not: docs/remote.md)."""
 
-    def __init__(self, text: str) -> None:
-        import hashlib
-
-        self.text = text
-        self.sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
+    def __init__(self, name: str) -> None:
+        self.name = f"safejit_{name}_v1"
 
     def __call__(self, client: _redis.Redis, key: str, *args: Any) -> Any:
         import redis
 
         try:
-            return client.evalsha(self.sha, 1, key, *args)
-        except redis.exceptions.NoScriptError:
-            return client.eval(self.text, 1, key, *args)
+            return client.fcall(self.name, 1, key, *args)
+        except redis.exceptions.ResponseError as exc:
+            if "Function not found" not in str(exc):
+                raise
+        try:
+            client.function_load(FUNCTIONS, replace=True)
+        except redis.exceptions.NoPermissionError as exc:
+            raise redis.exceptions.NoPermissionError(
+                f"the server has not the safejit functions loaded, and this user may not load them: an admin "
+                f"loads them once with FUNCTION LOAD (docs/remote.md) [{exc}]"
+            ) from None
+        return client.fcall(self.name, 1, key, *args)
 
 
 #: An index read's bytes in all, in manifests' worth (``max_manifest_bytes``): a writer
@@ -97,9 +108,7 @@ SCAN_PAGES_MAX: Final = 100_000
 #: Keys asked for per SCAN call (the server examines about this many slots per call).
 SCAN_PAGE: Final = 1000
 
-_SCRIPTS: Final = {
-    name: _Script(text) for name, text in (("publish", _PUBLISH), ("renew", _RENEW), ("release", _RELEASE))
-}
+_SCRIPTS: Final = {name: _Function(name) for name in ("publish", "renew", "release")}
 
 
 def classify(exc: BaseException) -> Reason:
@@ -113,8 +122,8 @@ def classify(exc: BaseException) -> Reason:
         return "denied"
     if isinstance(exc, errors.ResponseError) and str(exc).startswith(("NOPERM", "WRONGPASS", "NOAUTH")):
         return "denied"
-    if isinstance(exc, errors.ResponseError) and str(exc).startswith("ACL failure in script"):
-        return "denied"  # (a command a script ran that the user may not: no NOPERM prefix then)
+    if isinstance(exc, errors.ResponseError) and str(exc).startswith("ACL failure in"):
+        return "denied"  # (a command a function ran that the user may not: no NOPERM prefix then)
     if isinstance(exc, errors.ResponseError) and str(exc).startswith("WRONGTYPE"):
         # (a key of another type where a value was looked for: stored data that does not
         # decode, from a server that is up; one such key must not open the breaker for all)
