@@ -12,6 +12,7 @@ a no-op. Applications (and the CLI) configure the SDK, e.g. with
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from typing import Any, Final, TypeVar
@@ -21,11 +22,12 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Span, StatusCode
 
-from .. import _forksafe
 from .._version import __version__
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+#: A runtime's (hits, entries, bytes, attributes), for the memory observables.
+_Source = Callable[[], Iterable[tuple[int, int, int, dict[str, str]]]]
 
 __all__ = [
     "ATTR",
@@ -157,10 +159,8 @@ class _Instruments:
         self.remote_uploads = meter.create_counter(
             METRIC.REMOTE_UPLOADS, unit="{leaf}", description="Remote uploads by outcome"
         )
-        self._sources: list[Callable[[], Iterable[tuple[int, int, int, dict[str, str]]]]] = []
-        self._sources_lock = _forksafe.Lock()
-        #: Hits of the runtimes gone, per attribute set: still in the counter's total.
-        self._retired_hits: dict[tuple[tuple[str, str], ...], int] = {}
+        #: Each live runtime's source, or what a runtime gone counted (its hits stay).
+        self._sources: list[_Source | tuple[tuple[int, int, int, dict[str, str]], ...]] = []
         meter.create_observable_counter(
             METRIC.MEMORY_HITS,
             [self._observe_hits],
@@ -184,30 +184,35 @@ class _Instruments:
             name, unit="s", description=description, explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS)
         )
 
-    def register(self, source: Callable[[], Iterable[tuple[int, int, int, dict[str, str]]]]) -> None:
+    def register(self, source: _Source) -> None:
         """Add a runtime's (hits, entries, bytes, attributes) source for the observables."""
-        with self._sources_lock:
-            self._sources.append(source)
+        self._sources.append(source)
 
-    def unregister(self, source: Callable[[], Iterable[tuple[int, int, int, dict[str, str]]]]) -> None:
-        """Drop a runtime's source; its hits so far stay in the hits counter's total (a
-        monotonic counter never goes down: a closed runtime's hits read as a reset)."""
-        with self._sources_lock:
-            if source in self._sources:
-                self._sources.remove(source)
-                for hits, _, _, attrs in source():
-                    key = tuple(sorted(attrs.items()))
-                    self._retired_hits[key] = self._retired_hits.get(key, 0) + hits
+    def unregister(self, source: _Source) -> None:
+        """Replace a runtime's source by what it counted: its hits stay in the hits
+        counter's total (a monotonic counter never goes down: a closed runtime's hits would
+        read as a reset), its entries and bytes are gone. No lock: this runs from a
+        finalizer (within a collection, on whatever thread, maybe in :meth:`_observe`) and
+        from ``close()`` in a signal handler; one list item replaced is atomic, and the
+        list is only ever appended to or changed in place."""
+        try:
+            at = self._sources.index(source)
+        except ValueError:
+            return  # (let go already: close(), then the finalizer)
+        self._sources[at] = tuple((hits, 0, 0, attrs) for hits, _, _, attrs in source())
 
     def _observe(self, index: int) -> list[Observation]:
-        with self._sources_lock:
-            sources = list(self._sources)
-            totals: dict[tuple[tuple[str, str], ...], int] = dict(self._retired_hits) if index == 0 else {}
-        for source in sources:
-            for hits, entries, size, attrs in source():
+        totals: dict[tuple[tuple[str, str], ...], int] = {}
+        for source in list(self._sources):
+            for hits, entries, size, attrs in source if isinstance(source, tuple) else source():
                 key = tuple(sorted(attrs.items()))
                 totals[key] = totals.get(key, 0) + (hits, entries, size)[index]
         return [Observation(v, dict(k)) for k, v in totals.items()]
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child counts its own hits: its memory tiers start at 0, and the runtimes
+        its parent had closed are not its own."""
+        self._sources = [source for source in self._sources if not isinstance(source, tuple)]
 
     def _observe_hits(self, options: CallbackOptions) -> list[Observation]:
         return self._observe(0)
@@ -220,6 +225,7 @@ class _Instruments:
 
 
 instruments = _Instruments()
+os.register_at_fork(after_in_child=instruments._after_fork_in_child)
 
 
 def in_this_context(fn: Callable[..., T]) -> Callable[..., T]:

@@ -102,10 +102,19 @@ def _install(
         with _needs("opentelemetry-exporter-prometheus", "prometheus_port"):
             from opentelemetry.exporter.prometheus import PrometheusMetricReader
             from prometheus_client import start_http_server
-    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+    traces = memory or console or bool(otlp_endpoint)
+    meters = bool(otlp_endpoint) or prometheus_port is not None
+    # (what a program installed itself is kept by OpenTelemetry: one installed over it
+    # would receive nothing; each provider is checked only where this call installs one)
+    if traces and not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         raise ConfigError(
             "an OpenTelemetry tracer provider is installed already: safejit.telemetry.setup would install "
-            "one that receives nothing (add safejit's exporters to the program's own providers instead)"
+            "one that receives nothing (add safejit's span exporters to the program's own provider instead)"
+        )
+    if meters and isinstance(metrics.get_meter_provider(), MeterProvider):
+        raise ConfigError(
+            "an OpenTelemetry meter provider is installed already: safejit.telemetry.setup would install "
+            "one that receives nothing (add a metric reader to the program's own provider instead)"
         )
 
     resource = Resource.create({"service.name": service_name})
@@ -123,7 +132,8 @@ def _install(
     if prometheus_port is not None:
         start_http_server(port=prometheus_port, addr=prometheus_addr)
         readers.append(PrometheusMetricReader())
-    trace.set_tracer_provider(tracer_provider)
+    if traces:
+        trace.set_tracer_provider(tracer_provider)
     if readers:
         metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
     return exporter

@@ -94,8 +94,9 @@ class Valkey:
             self.proc.stderr.close()
 
 
-def start_valkey(workdir: Path) -> Valkey:
-    """Start a server with no persistence in ``workdir``; wait for PING."""
+def start_valkey(workdir: Path, *extra: str) -> Valkey:
+    """Start a server with no persistence in ``workdir`` (``extra``: more of its options);
+    wait for PING."""
     import redis
 
     binary = server_binary()
@@ -115,6 +116,7 @@ def start_valkey(workdir: Path) -> Valkey:
             "--dir", str(workdir),
             "--logfile", str(workdir / "server.log"),
             "--daemonize", "no",
+            *extra,
         ]  # fmt: skip
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         server = Valkey(proc, port, workdir, unix)

@@ -590,3 +590,70 @@ def test_an_s3_lease_nested_past_any_parser_is_an_expired_one(s3_url, s3_client,
     s3_client.put_object(Bucket=BUCKET, Key=f"{prefix}/v1/t1/cuda/lease/{K}", Body=b"[" * 4000)
     assert store.lease_holder(K) is None  # (unreadable: taken for expired, not an error)
     assert store.acquire_lease(K, holder="me") is not None
+
+
+def test_an_index_filled_by_the_publish_function_is_always_read_whole(redis_server, make_store):
+    """The publish function lets in no more manifest bytes than a read takes (8 manifests'
+    worth): an index it filled is readable, never oversize; one more leaf is FULL."""
+    store = make_store(redis_server.url, max_manifest_bytes=1000)
+    for i in range(8):
+        assert store.publish_manifest(K, hexkey(f"d{i}"), b"m" * 1000) is Put.CREATED
+    assert store.publish_manifest(K, hexkey("d8"), b"m") is Put.FULL  # (8000 bytes there: the budget)
+    assert len(store.index(K)) == 8
+
+
+def test_a_large_index_over_a_link_as_slow_as_bytes_per_s_says_is_read(redis_server, make_store):
+    """An index read's whole-reply deadline is sized for the largest index a read takes at
+    the link's bytes_per_s (it was the 50 ms of an empty one: a timeout, then the breaker)."""
+    from ._servers import Proxy
+
+    writer = make_store(redis_server.url)
+    for i in range(4):
+        writer.publish_manifest(K, hexkey(f"big{i}"), b"m" * 1_000_000)
+    proxy = Proxy(redis_server.port, rate=50e6)
+    try:
+        store = make_store(f"redis://127.0.0.1:{proxy.port}/0", bytes_per_s=50e6)
+        for _ in range(4):
+            assert len(store.index(K)) == 4
+        assert store.breaker.state == "closed"
+    finally:
+        proxy.close()
+
+
+def test_a_server_without_functions_runs_the_same_code_as_scripts(tmp_path, make_store):
+    """Redis 6 or Dragonfly (here a Valkey with FCALL and FUNCTION renamed away): publishing
+    and leases work as scripts, and nothing counts as the remote failing."""
+    from ._servers import start_valkey
+
+    server = start_valkey(tmp_path / "nofcall", "--rename-command", "FCALL", "", "--rename-command", "FUNCTION", "")
+    try:
+        store = make_store(server.url)
+        for i in range(5):
+            assert store.publish_manifest(K, hexkey(f"s{i}"), b"{}") is Put.CREATED
+        lease = store.acquire_lease(K, holder="me")
+        assert lease is not None and store.renew_lease(lease) and store.release_lease(lease)
+        assert len(store.index(K)) == 5 and store.breaker.state == "closed"
+    finally:
+        server.stop()
+
+
+def test_a_lease_is_renewed_and_let_go_on_a_server_at_maxmemory(redis_server, make_store):
+    """Functions are refused whole at maxmemory unless flagged allow-oom: a node could no
+    longer let its lease go, and the others waited on it."""
+    store = make_store(redis_server.url)
+    store.publish_manifest(hexkey("warm"), D1, b"{}")  # (the functions loaded)
+    lease = store.acquire_lease(K, holder="me")
+    assert lease is not None
+    admin = redis_server.admin()
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", str(int(admin.info("memory")["used_memory"]) + (1 << 20)))
+    try:
+        with pytest.raises(Exception, match="maxmemory"):
+            for i in range(10_000):
+                admin.set(f"filler:{i}", b"x" * 512)
+        assert store.renew_lease(lease) is True
+        assert store.release_lease(lease) is True
+        assert store.lease_holder(K) is None
+    finally:
+        admin.config_set("maxmemory", "0")
+        admin.delete(*[f"filler:{i}" for i in range(10_000)])

@@ -184,7 +184,10 @@ def test_an_index_reply_in_pieces_is_read_whole(pair):
     [
         (b"*4\r\n$1\r\na\r\n$1000\r\n", "an entry of 1000 bytes, over 10"),
         (b"*132\r\n", "66 entries, more than the index holds (64)"),
-        (b"*4\r\n$1\r\na\r\n$9\r\n123456789\r\n$1\r\nb\r\n$10\r\n", "more than 20 bytes in all"),
+        (
+            b"*6\r\n$1\r\na\r\n$9\r\n123456789\r\n$1\r\nb\r\n$9\r\n123456789\r\n$1\r\nc\r\n$9\r\n",
+            "more than 20 bytes in all",
+        ),
     ],
 )
 def test_an_index_reply_past_its_bounds_is_oversize_and_read_no_further(pair, wire, why):

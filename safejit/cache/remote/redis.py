@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar, cast
 
@@ -50,55 +51,105 @@ __all__ = ["FUNCTIONS", "RedisStore"]
 
 T = TypeVar("T")
 
-#: The server-side functions (Redis >= 7, Valkey: ``FUNCTION LOAD``), each on its one key:
-#: ``publish`` a write-once manifest, capped per build key (1 created, 0 exists, -1 full);
-#: ``renew`` a lease only while it holds our token; ``release`` (compare-and-delete) likewise.
-#: Functions, not scripts: a user allowed EVAL may run any Lua, a loop that stalls the server
-#: for every tenant; one allowed FCALL only these, once an admin loaded them (they persist).
-FUNCTIONS: Final = """#!lua name=safejit_v1
-redis.register_function('safejit_publish_v1', function(keys, args)
-  if redis.call('HEXISTS', keys[1], args[1]) == 1 then return 0 end
-  if redis.call('HLEN', keys[1]) >= tonumber(args[3]) then return -1 end
-  return redis.call('HSETNX', keys[1], args[1], args[2])
-end)
-redis.register_function('safejit_renew_v1', function(keys, args)
-  if redis.call('GET', keys[1]) == args[1] then return redis.call('PEXPIRE', keys[1], args[2]) end
-  return 0
-end)
-redis.register_function('safejit_release_v1', function(keys, args)
-  if redis.call('GET', keys[1]) == args[1] then return redis.call('DEL', keys[1]) end
-  return 0
-end)
-"""
+#: What runs on the server, each on its one key: ``publish`` a write-once manifest, capped
+#: per build key in leaves and in bytes (1 created, 0 exists, -1 full); ``renew`` a lease only
+#: while it holds our token; ``release`` (compare-and-delete) likewise. With the flags of
+#: each as a function (a lease is let go, or kept, on a server at maxmemory too).
+_BODIES: Final = {
+    "publish": (
+        """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
+if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return -1 end
+local total = string.len(ARGV[2])
+for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+  total = total + redis.call('HSTRLEN', KEYS[1], field)
+end
+if total > tonumber(ARGV[4]) then return -1 end
+return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+""",
+        "",
+    ),
+    "renew": (
+        """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+""",
+        "'allow-oom'",
+    ),
+    "release": (
+        """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+""",
+        "'allow-oom'",
+    ),
+}
+_VERSION: Final = "v2"
+
+#: The server-side functions (Redis >= 7, Valkey: ``FUNCTION LOAD``). Functions, not
+#: scripts: a user allowed EVAL may run any Lua, a loop that stalls the server for every
+#: tenant; one allowed FCALL only these, once an admin loaded them (they persist). Where the
+#: server has no FCALL (Redis 6, Dragonfly) the same bodies run as scripts (EVALSHA), for a
+#: writer the server lets run them.
+FUNCTIONS: Final = f"#!lua name=safejit_{_VERSION}\n" + "".join(
+    f"redis.register_function{{function_name='safejit_{name}_{_VERSION}', "
+    f"callback=function(KEYS, ARGV){body}end, flags={{{flags}}}}}\n"
+    for name, (body, flags) in _BODIES.items()
+)
 
 
 class _Function:
     """One of :data:`FUNCTIONS`, called by FCALL; loaded first where it is not there yet, if
-    this user may (an admin loads them once for users who may not: docs/remote.md)."""
+    this user may (an admin loads them once for users who may not: docs/remote.md); run as a
+    script where the server has no FCALL."""
 
     def __init__(self, name: str) -> None:
-        self.name = f"safejit_{name}_v1"
+        import hashlib
+
+        self.name = f"safejit_{name}_{_VERSION}"
+        self.script = _BODIES[name][0]
+        self.sha = hashlib.sha1(self.script.encode(), usedforsecurity=False).hexdigest()
 
     def __call__(self, client: _redis.Redis, key: str, *args: Any) -> Any:
         import redis
 
+        if client not in _NO_FCALL:
+            try:
+                return client.fcall(self.name, 1, key, *args)
+            except redis.exceptions.ResponseError as exc:
+                text = str(exc)
+                if "unknown command" in text.lower():
+                    _NO_FCALL.add(client)
+                elif "Function not found" in text:
+                    _load(client)
+                    return client.fcall(self.name, 1, key, *args)
+                else:
+                    raise
         try:
-            return client.fcall(self.name, 1, key, *args)
-        except redis.exceptions.ResponseError as exc:
-            if "Function not found" not in str(exc):
-                raise
-        try:
-            client.function_load(FUNCTIONS, replace=True)
-        except redis.exceptions.NoPermissionError as exc:
-            raise redis.exceptions.NoPermissionError(
-                f"the server has not the safejit functions loaded, and this user may not load them: an admin "
-                f"loads them once with FUNCTION LOAD (docs/remote.md) [{exc}]"
-            ) from None
-        return client.fcall(self.name, 1, key, *args)
+            return client.evalsha(self.sha, 1, key, *args)
+        except redis.exceptions.NoScriptError:
+            return client.eval(self.script, 1, key, *args)
 
 
-#: An index read's bytes in all, in manifests' worth (``max_manifest_bytes``): a writer
-#: bypassing the publish script (plain HSETNX) could fill an index past ``index_cap``.
+#: Clients of a server without FCALL (they run the bodies as scripts).
+_NO_FCALL: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _load(client: _redis.Redis) -> None:
+    import redis
+
+    try:
+        client.function_load(FUNCTIONS, replace=True)
+    except redis.exceptions.NoPermissionError as exc:
+        raise redis.exceptions.NoPermissionError(
+            f"the server has not the safejit functions loaded, and this user may not load them: an admin "
+            f"loads them once with FUNCTION LOAD (docs/remote.md) [{exc}]"
+        ) from None
+
+
+#: An index's manifests in all, in manifests' worth (``max_manifest_bytes``): what the
+#: publish function lets in, and what a read takes (past it, one a writer filled bypassing
+#: the function with plain HSETNX, the read stops: oversize).
 INDEX_BUDGET: Final = 8
 
 #: SCAN pages read at most for one listing (a keyspace of 100 million keys, at SCAN_PAGE slots
@@ -254,7 +305,9 @@ class RedisStore(Engine["_redis.Redis"]):
         conn = lane.take()
         try:
             conn._sock.sendall(request)
-            replies = Replies(self._redis, conn, time.monotonic() + self.settings.reply_deadline(0))
+            # (the whole reply within the time the largest index a read takes may need)
+            largest = INDEX_BUDGET * self.settings.max_manifest_bytes
+            replies = Replies(self._redis, conn, time.monotonic() + self.settings.reply_deadline(largest))
             got = read(replies)
         except BaseException:
             lane.drop(conn)  # (a reply left unread would be the next command's)
@@ -273,10 +326,11 @@ class RedisStore(Engine["_redis.Redis"]):
         self._guard.admit("publish")
         client = self.client(len(manifest))
         cap = self.settings.index_cap
+        budget = INDEX_BUDGET * self.settings.max_manifest_bytes  # (what a read takes: no more)
         return self._guard.run(
             "publish",
             "remote.put",
-            lambda: _put_of(_SCRIPTS["publish"](client, key, deps_key, manifest, cap)),
+            lambda: _put_of(_SCRIPTS["publish"](client, key, deps_key, manifest, cap, budget)),
             sent=len(manifest),
         )
 

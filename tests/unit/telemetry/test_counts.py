@@ -5,6 +5,7 @@ compiler time of failed runs told apart by ``error.type``, and ``setup`` called 
 
 from __future__ import annotations
 
+import gc
 import threading
 import uuid
 from typing import Any
@@ -98,8 +99,14 @@ def test_the_memory_hits_counter_never_goes_down_when_a_runtime_closes(make_runt
     assert _memory_hits(metric_reader, t) == before
     b.compile(src)
     assert _memory_hits(metric_reader, t) == before + 1
-    del a
-    assert _memory_hits(metric_reader, t) == before + 1  # (and when it is collected)
+    # And when a runtime nobody closed is collected:
+    c = safejit.Runtime(config=safejit.Config(cache_dirs=b.config.cache_dirs, tenant=t))
+    for _ in range(3):
+        c.compile(src)
+    assert _memory_hits(metric_reader, t) == before + 1 + 2
+    del c
+    gc.collect()
+    assert _memory_hits(metric_reader, t) == before + 1 + 2
 
 
 def test_a_traced_memory_hit_is_counted_as_the_fast_paths_are(make_runtime, metric_reader, spans):
@@ -146,3 +153,57 @@ def test_setup_twice_returns_what_the_first_call_did_or_refuses_other_settings(m
 def test_setup_after_a_program_installed_its_own_provider_says_so(otel_sdk):
     with pytest.raises(safejit.ConfigError, match="tracer provider is installed already"):
         _sdk.setup(memory=True)
+
+
+def test_a_runtime_let_go_while_the_hits_are_being_read_neither_hangs_nor_loses_them():
+    """A finalizer (a collection) or a signal handler's close() unregisters a runtime on the
+    thread that is reading the observables: a lock taken there hung the process for good."""
+    from safejit.telemetry import instruments
+
+    attrs = {"safejit.tenant": _tenant()}
+    gone: list[Any] = []
+
+    def second() -> list[tuple[int, int, int, dict[str, str]]]:
+        return [(5, 1, 10, attrs)]
+
+    def first() -> list[tuple[int, int, int, dict[str, str]]]:
+        if not gone:
+            gone.append(1)
+            instruments.unregister(second)  # (as a finalizer would, mid-read, on this thread)
+        return [(3, 1, 10, attrs)]
+
+    instruments.register(first)
+    instruments.register(second)
+    try:
+        reader = threading.Thread(target=lambda: gone.append(instruments._observe(0)), daemon=True)
+        reader.start()
+        reader.join(10)
+        assert not reader.is_alive()
+        totals = {tuple(o.attributes.items()): o.value for o in instruments._observe(0)}
+        assert totals[tuple(attrs.items())] == 8  # (the second's hits stay; its entries are gone)
+        entries = {tuple(o.attributes.items()): o.value for o in instruments._observe(1)}
+        assert entries[tuple(attrs.items())] == 1
+    finally:
+        instruments.unregister(first)
+
+
+def test_a_forked_child_counts_its_own_hits_only(make_runtime, metric_reader):
+    import os
+
+    t = _tenant()
+    src = safejit.Source("int one(void) { return 1; }", "one")
+    warm = safejit.Runtime(config=safejit.Config(cache_dirs=make_runtime().config.cache_dirs, tenant=t))
+    for _ in range(10):
+        warm.compile(src)
+    warm.close()
+    assert _memory_hits(metric_reader, t) == 9
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        os.write(write, str(_memory_hits(metric_reader, t)).encode())
+        os._exit(0)
+    os.close(write)
+    got = os.read(read, 100)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert got == b"0"

@@ -37,3 +37,42 @@ def test_prometheus_endpoint_serves_the_contract_names(cache_dir):
     assert any(line.startswith("safejit_cache_lookups_total{") for line in lines)
     assert any(line.startswith("safejit_compile_duration_seconds_bucket{") and 'le="0.001"' in line for line in lines)
     assert any(line.startswith("safejit_cache_memory_hits_total{") and line.endswith(" 1.0") for line in lines)
+
+
+OWN_PROVIDERS = r"""
+import sys, urllib.request
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+import safejit, safejit.telemetry
+port, own = int(sys.argv[1]), sys.argv[3]
+(trace.set_tracer_provider if own == "tracer" else metrics.set_meter_provider)(
+    TracerProvider() if own == "tracer" else MeterProvider()
+)
+try:
+    safejit.telemetry.setup(prometheus_port=port)
+except safejit.ConfigError as exc:
+    print("refused:", exc)
+    raise SystemExit(0)
+again = safejit.telemetry.setup(prometheus_port=port)  # (the same settings: what the first did)
+rt = safejit.Runtime(config=safejit.Config(cache_dirs=(sys.argv[2],)))
+rt.compile(safejit.Source("int add(int a, int b) { return a + b; }", "add"))
+print(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode())
+"""
+
+
+def test_setup_for_metrics_keeps_a_programs_own_tracer_and_refuses_over_its_own_meter(cache_dir):
+    """Each provider is checked where setup installs one: a program with a tracer provider of
+    its own still gets /metrics (it was refused); one with its own meter provider is told
+    (setup installed a reader that received nothing, silently)."""
+    runs = {}
+    for own in ("tracer", "meter"):
+        runs[own] = subprocess.run(
+            [sys.executable, "-c", OWN_PROVIDERS, str(_free_port()), str(cache_dir), own],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+    assert any(line.startswith("safejit_cache_lookups_total{") for line in runs["tracer"].splitlines())
+    assert runs["meter"].startswith("refused: an OpenTelemetry meter provider is installed already")
