@@ -22,6 +22,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Span, StatusCode
 
+from .. import _forksafe
 from .._version import __version__
 
 logger = logging.getLogger(__name__)
@@ -159,8 +160,12 @@ class _Instruments:
         self.remote_uploads = meter.create_counter(
             METRIC.REMOTE_UPLOADS, unit="{leaf}", description="Remote uploads by outcome"
         )
-        #: Each live runtime's source, or what a runtime gone counted (its hits stay).
-        self._sources: list[_Source | tuple[tuple[int, int, int, dict[str, str]], ...]] = []
+        #: Each live runtime's source (by id), the sources let go and not yet folded in, and
+        #: the hits of those folded in, per attribute set (still in the counter's total).
+        self._sources: dict[int, _Source] = {}
+        self._leaving: list[_Source] = []
+        self._retired_hits: dict[tuple[tuple[str, str], ...], int] = {}
+        self._sources_lock = _forksafe.Lock()
         meter.create_observable_counter(
             METRIC.MEMORY_HITS,
             [self._observe_hits],
@@ -186,33 +191,52 @@ class _Instruments:
 
     def register(self, source: _Source) -> None:
         """Add a runtime's (hits, entries, bytes, attributes) source for the observables."""
-        self._sources.append(source)
+        with self._sources_lock:
+            self._settle()
+            self._sources[id(source)] = source
 
     def unregister(self, source: _Source) -> None:
-        """Replace a runtime's source by what it counted: its hits stay in the hits
-        counter's total (a monotonic counter never goes down: a closed runtime's hits would
-        read as a reset), its entries and bytes are gone. No lock: this runs from a
-        finalizer (within a collection, on whatever thread, maybe in :meth:`_observe`) and
-        from ``close()`` in a signal handler; one list item replaced is atomic, and the
-        list is only ever appended to or changed in place."""
-        try:
-            at = self._sources.index(source)
-        except ValueError:
-            return  # (let go already: close(), then the finalizer)
-        self._sources[at] = tuple((hits, 0, 0, attrs) for hits, _, _, attrs in source())
+        """Let a runtime's source go; its hits stay in the hits counter's total (a monotonic
+        counter never goes down: a closed runtime's hits would read as a reset). Never
+        waits: this runs from finalizers (within a collection, on whatever thread, maybe
+        the one reading the observables) and from ``close()`` in a signal handler. When
+        the lock is held (here or elsewhere) the source is let go by the next holder; it
+        counts as it did until then."""
+        self._leaving.append(source)
+        if self._sources_lock.acquire(blocking=False):
+            try:
+                self._settle()
+            finally:
+                self._sources_lock.release()
+
+    def _settle(self) -> None:
+        """Under the lock: fold the sources let go into the totals (each once)."""
+        while self._leaving:
+            try:
+                source = self._leaving.pop()
+            except IndexError:  # (taken by a settle on another thread: none is, under the lock)
+                return
+            if self._sources.pop(id(source), None) is None:
+                continue  # (let go already: close(), then the finalizer)
+            for hits, _, _, attrs in source():
+                key = tuple(sorted(attrs.items()))
+                self._retired_hits[key] = self._retired_hits.get(key, 0) + hits
 
     def _observe(self, index: int) -> list[Observation]:
-        totals: dict[tuple[tuple[str, str], ...], int] = {}
-        for source in list(self._sources):
-            for hits, entries, size, attrs in source if isinstance(source, tuple) else source():
-                key = tuple(sorted(attrs.items()))
-                totals[key] = totals.get(key, 0) + (hits, entries, size)[index]
+        with self._sources_lock:
+            self._settle()
+            sources = list(self._sources.values())
+            totals: dict[tuple[tuple[str, str], ...], int] = dict(self._retired_hits) if index == 0 else {}
+            for source in sources:  # (a source reads a few ints: nothing that waits)
+                for hits, entries, size, attrs in source():
+                    key = tuple(sorted(attrs.items()))
+                    totals[key] = totals.get(key, 0) + (hits, entries, size)[index]
         return [Observation(v, dict(k)) for k, v in totals.items()]
 
     def _after_fork_in_child(self) -> None:
         """A forked child counts its own hits: its memory tiers start at 0, and the runtimes
-        its parent had closed are not its own."""
-        self._sources = [source for source in self._sources if not isinstance(source, tuple)]
+        its parent had let go are not its own."""
+        self._retired_hits = {}
 
     def _observe_hits(self, options: CallbackOptions) -> list[Observation]:
         return self._observe(0)

@@ -111,7 +111,7 @@ def _install(
             "an OpenTelemetry tracer provider is installed already: safejit.telemetry.setup would install "
             "one that receives nothing (add safejit's span exporters to the program's own provider instead)"
         )
-    if meters and isinstance(metrics.get_meter_provider(), MeterProvider):
+    if meters and type(metrics.get_meter_provider()).__name__ != "_ProxyMeterProvider":  # (the API's own)
         raise ConfigError(
             "an OpenTelemetry meter provider is installed already: safejit.telemetry.setup would install "
             "one that receives nothing (add a metric reader to the program's own provider instead)"

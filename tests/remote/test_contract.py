@@ -596,10 +596,11 @@ def test_an_index_filled_by_the_publish_function_is_always_read_whole(redis_serv
     """The publish function lets in no more manifest bytes than a read takes (8 manifests'
     worth): an index it filled is readable, never oversize; one more leaf is FULL."""
     store = make_store(redis_server.url, max_manifest_bytes=1000)
-    for i in range(8):
-        assert store.publish_manifest(K, hexkey(f"d{i}"), b"m" * 1000) is Put.CREATED
-    assert store.publish_manifest(K, hexkey("d8"), b"m") is Put.FULL  # (8000 bytes there: the budget)
-    assert len(store.index(K)) == 8
+    puts = [store.publish_manifest(K, hexkey(f"d{i}"), b"m" * 1000) for i in range(12)]
+    created = puts.count(Put.CREATED)
+    # (8,000 bytes of names and manifests: 7 leaves of 64 + 1,000 bytes, then FULL)
+    assert created == 7 and puts[created:] == [Put.FULL] * (12 - created), puts
+    assert len(store.index(K)) == created
 
 
 def test_a_large_index_over_a_link_as_slow_as_bytes_per_s_says_is_read(redis_server, make_store):
@@ -657,3 +658,18 @@ def test_a_lease_is_renewed_and_let_go_on_a_server_at_maxmemory(redis_server, ma
     finally:
         admin.config_set("maxmemory", "0")
         admin.delete(*[f"filler:{i}" for i in range(10_000)])
+
+
+def test_the_publish_function_never_walks_an_index_past_its_hard_cap(redis_server, make_store):
+    """Whatever cap the caller passes, the function refuses past 1,024 leaves before it walks
+    the index: a writer that filled one with plain HSETNX (millions of fields) and asked for
+    a cap of 10**12 held the server for seconds, every tenant's commands BUSY."""
+    store = make_store(redis_server.url, index_cap=10**6)
+    admin = redis_server.admin()
+    index = store.layout.redis_idx(K)
+    pipe = admin.pipeline(transaction=False)
+    for i in range(1100):
+        pipe.hsetnx(index, hexkey(f"filled{i}"), b"m")
+    pipe.execute()
+    assert store.publish_manifest(K, D1, b"{}") is Put.FULL  # (1,100 small ones: within every other cap)
+    assert admin.hexists(index, D1) == 0

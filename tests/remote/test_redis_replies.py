@@ -319,3 +319,68 @@ def test_a_scan_whose_cursor_never_comes_back_to_zero_ends(make_store, scripted,
     with pytest.raises(RemoteError) as info:
         list(store.scan("index", limit=10))
     assert info.value.reason == "error" and "did not end within 50 pages" in str(info.value)
+
+
+def test_an_index_replys_deadline_grows_with_the_sizes_it_announces_only(pair):
+    """A small index keeps a small deadline however large an index could be (sized for the
+    largest, a server trickling a tiny one held a lookup for seconds); a large one gets
+    the time its size needs."""
+    ours, theirs = pair
+    ours.settimeout(1.0)
+
+    def allow(nbytes: int) -> float:
+        return 0.2 if nbytes < 1000 else 5.0
+
+    theirs.sendall(b"*2\r\n$1\r\na\r\n$100\r\n" + b"x" * 10)  # (then nothing more)
+    started = time.monotonic()
+    with pytest.raises((redis.exceptions.TimeoutError, TimeoutError)):
+        Replies(redis, SimpleNamespace(_sock=ours), time.monotonic() + 0.2, allow=allow).pairs(
+            5000, entries=64, budget=1 << 20
+        )
+    assert time.monotonic() - started < 0.9
+    ours.close()
+    theirs.close()
+
+    ours, theirs = socket.socketpair()
+    ours.settimeout(1.0)
+    value = b"y" * 2000
+
+    def send_slowly() -> None:
+        theirs.sendall(b"*2\r\n$1\r\na\r\n$2000\r\n" + value[:1000])
+        time.sleep(0.5)  # (past the small deadline, within the large one)
+        theirs.sendall(value[1000:] + b"\r\n")
+
+    sender = threading.Thread(target=send_slowly, daemon=True)
+    sender.start()
+    got = Replies(redis, SimpleNamespace(_sock=ours), time.monotonic() + 0.2, allow=allow).pairs(
+        5000, entries=64, budget=1 << 20
+    )
+    sender.join()
+    assert got == [(b"a", value)]
+    ours.close()
+    theirs.close()
+
+
+def test_an_index_replys_budget_counts_its_names_too(pair):
+    """A writer's plain HSETNX may use names as long as the manifest limit: counted, or a
+    read took 64 such names (66 MB) past the budget."""
+    ours, theirs = pair
+    theirs.sendall(b"*2\r\n$12\r\nnnnnnnnnnnnn\r\n$1\r\nv\r\n")
+    with pytest.raises(RemoteError) as info:
+        replies(ours).pairs(100, entries=64, budget=10)
+    assert info.value.reason == "oversize"
+
+
+@pytest.mark.parametrize(
+    ("text", "unknown"),
+    [
+        ("unknown command 'FCALL', with args beginning with: 'safejit_publish_v3' ", True),  # Valkey
+        ("ERR unknown command `FCALL`, with args beginning with: `safejit_publish_v3`, ", True),  # Redis 6
+        ("Unknown command called from script script: safejit_publish_v3, on @user_function:7.", False),
+        ("unknown command 'HSTRLEN'", False),
+    ],
+)
+def test_only_fcall_itself_unknown_makes_a_client_run_scripts(text, unknown):
+    from safejit.cache.remote.redis import _FCALL_UNKNOWN
+
+    assert bool(_FCALL_UNKNOWN.search(text)) is unknown

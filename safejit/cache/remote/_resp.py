@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import inspect
 import time
+from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from .store import RemoteError
@@ -43,9 +44,11 @@ class Replies:
     nothing but the commands whose replies are read here (redis-py's parser holds no byte
     of them); any failure leaves the connection to be dropped."""
 
-    __slots__ = ("_deadline", "_errors", "_left", "_sock")
+    __slots__ = ("_allow", "_deadline", "_errors", "_left", "_sock", "_start")
 
-    def __init__(self, redis: Any, conn: Any, deadline: float | None = None) -> None:
+    def __init__(
+        self, redis: Any, conn: Any, deadline: float | None = None, *, allow: Callable[[int], float] | None = None
+    ) -> None:
         self._errors = redis.exceptions
         self._sock = conn._sock
         if self._sock is None:
@@ -55,6 +58,14 @@ class Replies:
         #: socket's timeout, and all of them together by this (a server that sends a byte
         #: now and then would hold a read for good).
         self._deadline = deadline
+        #: ``allow(nbytes)``: seconds a reply of that size may take (counted from now); the
+        #: deadline grows with what the reply says it carries, as it says it (a small reply
+        #: keeps the deadline of a small one).
+        self._start, self._allow = time.monotonic(), allow
+
+    def _expect(self, nbytes: int) -> None:
+        if self._allow is not None and self._deadline is not None:
+            self._deadline = max(self._deadline, self._start + self._allow(nbytes))
 
     @property
     def drained(self) -> bool:
@@ -78,7 +89,7 @@ class Replies:
 
     def pairs(self, limit: int, *, entries: int, budget: int) -> list[tuple[bytes, bytes]]:
         """The next reply, HGETALL's: its (field, value) pairs, at most ``entries`` of them,
-        each at most ``limit`` bytes long and the values ``budget`` in all: a reply past any of
+        each at most ``limit`` bytes long and ``budget`` in all: a reply past any of
         these is ``oversize``, and nothing past the first line that shows it is read (the
         connection, its reply unread, is dropped)."""
         line = self._line(_INDEX_GUESS)
@@ -89,9 +100,10 @@ class Replies:
             raise RemoteError("oversize", "index", f"{n // 2} entries, more than the index holds ({entries})")
         flat: list[bytes] = []
         total = 0
-        for i in range(n):
+        for _ in range(n):
             size = self._count(self._line(_INDEX_GUESS), b"$", "HGETALL")
-            total += size if i % 2 else 0  # (the values: what the publish function counts too)
+            total += size  # (names and manifests: what the publish function counts too)
+            self._expect(total)
             if size > limit:
                 raise RemoteError("oversize", "index", f"an entry of {size} bytes, over {limit}")
             if total > budget:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -52,17 +53,19 @@ __all__ = ["FUNCTIONS", "RedisStore"]
 T = TypeVar("T")
 
 #: What runs on the server, each on its one key: ``publish`` a write-once manifest, capped
-#: per build key in leaves and in bytes (1 created, 0 exists, -1 full); ``renew`` a lease only
+#: per build key in leaves (never past 1,024 whatever the caller asks: the function walks the
+#: index, and an index a writer filled with millions of fields would hold the server) and in
+#: bytes, names and manifests, as a read counts them (1 created, 0 exists, -1 full); ``renew`` a lease only
 #: while it holds our token; ``release`` (compare-and-delete) likewise. With the flags of
 #: each as a function (a lease is let go, or kept, on a server at maxmemory too).
 _BODIES: Final = {
     "publish": (
         """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
-if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return -1 end
-local total = string.len(ARGV[2])
+if redis.call('HLEN', KEYS[1]) >= math.min(tonumber(ARGV[3]), 1024) then return -1 end
+local total = string.len(ARGV[1]) + string.len(ARGV[2])
 for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
-  total = total + redis.call('HSTRLEN', KEYS[1], field)
+  total = total + string.len(field) + redis.call('HSTRLEN', KEYS[1], field)
 end
 if total > tonumber(ARGV[4]) then return -1 end
 return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
@@ -84,7 +87,7 @@ return 0
         "'allow-oom'",
     ),
 }
-_VERSION: Final = "v2"
+_VERSION: Final = "v3"
 
 #: The server-side functions (Redis >= 7, Valkey: ``FUNCTION LOAD``). Functions, not
 #: scripts: a user allowed EVAL may run any Lua, a loop that stalls the server for every
@@ -113,13 +116,13 @@ class _Function:
     def __call__(self, client: _redis.Redis, key: str, *args: Any) -> Any:
         import redis
 
-        if client not in _NO_FCALL:
+        if time.monotonic() >= _NO_FCALL.get(client, 0.0):
             try:
                 return client.fcall(self.name, 1, key, *args)
             except redis.exceptions.ResponseError as exc:
                 text = str(exc)
-                if "unknown command" in text.lower():
-                    _NO_FCALL.add(client)
+                if _FCALL_UNKNOWN.search(text):  # (FCALL itself; not a command a function called)
+                    _NO_FCALL[client] = time.monotonic() + _NO_FCALL_S
                 elif "Function not found" in text:
                     _load(client)
                     return client.fcall(self.name, 1, key, *args)
@@ -131,8 +134,12 @@ class _Function:
             return client.eval(self.script, 1, key, *args)
 
 
-#: Clients of a server without FCALL (they run the bodies as scripts).
-_NO_FCALL: weakref.WeakSet[Any] = weakref.WeakSet()
+#: Clients of a server found without FCALL, and until when they run the bodies as scripts
+#: (then FCALL is tried again: the server at that address may have been upgraded).
+_NO_FCALL: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+_NO_FCALL_S: Final = 60.0
+#: The server's answer to a FCALL it does not know (Valkey, Redis: quoted ' or `).
+_FCALL_UNKNOWN: Final = re.compile(r"unknown command ['`]fcall['`]", re.IGNORECASE)
 
 
 def _load(client: _redis.Redis) -> None:
@@ -305,9 +312,9 @@ class RedisStore(Engine["_redis.Redis"]):
         conn = lane.take()
         try:
             conn._sock.sendall(request)
-            # (the whole reply within the time the largest index a read takes may need)
-            largest = INDEX_BUDGET * self.settings.max_manifest_bytes
-            replies = Replies(self._redis, conn, time.monotonic() + self.settings.reply_deadline(largest))
+            # (the whole reply within its deadline, which grows with the sizes it announces)
+            allow = self.settings.reply_deadline
+            replies = Replies(self._redis, conn, time.monotonic() + allow(0), allow=allow)
             got = read(replies)
         except BaseException:
             lane.drop(conn)  # (a reply left unread would be the next command's)

@@ -155,36 +155,58 @@ def test_setup_after_a_program_installed_its_own_provider_says_so(otel_sdk):
         _sdk.setup(memory=True)
 
 
-def test_a_runtime_let_go_while_the_hits_are_being_read_neither_hangs_nor_loses_them():
-    """A finalizer (a collection) or a signal handler's close() unregisters a runtime on the
-    thread that is reading the observables: a lock taken there hung the process for good."""
+@pytest.mark.parametrize("where", ["observe", "unregister"])
+def test_a_runtime_let_go_from_within_the_observables_neither_hangs_nor_loses_its_hits(where):
+    """A finalizer (a collection) or a signal handler's close() lets a runtime go on the
+    thread that is reading the observables, or letting another runtime go: a lock taken
+    there hung the process for good."""
     from safejit.telemetry import instruments
 
     attrs = {"safejit.tenant": _tenant()}
-    gone: list[Any] = []
+    reentered: list[int] = []
 
     def second() -> list[tuple[int, int, int, dict[str, str]]]:
         return [(5, 1, 10, attrs)]
 
     def first() -> list[tuple[int, int, int, dict[str, str]]]:
-        if not gone:
-            gone.append(1)
-            instruments.unregister(second)  # (as a finalizer would, mid-read, on this thread)
+        if not reentered:
+            reentered.append(1)
+            instruments.unregister(second)  # (as a finalizer would, in the middle, on this thread)
         return [(3, 1, 10, attrs)]
 
     instruments.register(first)
     instruments.register(second)
+    step = (lambda: instruments._observe(0)) if where == "observe" else (lambda: instruments.unregister(first))
+    worker = threading.Thread(target=step, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive() and reentered
     try:
-        reader = threading.Thread(target=lambda: gone.append(instruments._observe(0)), daemon=True)
-        reader.start()
-        reader.join(10)
-        assert not reader.is_alive()
-        totals = {tuple(o.attributes.items()): o.value for o in instruments._observe(0)}
-        assert totals[tuple(attrs.items())] == 8  # (the second's hits stay; its entries are gone)
+        hits = {tuple(o.attributes.items()): o.value for o in instruments._observe(0)}
         entries = {tuple(o.attributes.items()): o.value for o in instruments._observe(1)}
-        assert entries[tuple(attrs.items())] == 1
+        assert hits[tuple(attrs.items())] == 8  # (both runtimes' hits stay, however they went)
+        assert entries.get(tuple(attrs.items()), 0) == (1 if where == "observe" else 0)
     finally:
         instruments.unregister(first)
+
+
+def test_runtimes_let_go_leave_nothing_behind_in_the_observables():
+    """One Runtime per request for the life of a process: what the observables keep, and
+    what a collection reads, stays the live runtimes' (it grew by one per runtime ever made)."""
+    from safejit.telemetry import instruments
+
+    attrs = {"safejit.tenant": _tenant()}
+    before = len(instruments._sources)
+    for _ in range(2000):
+
+        def source() -> list[tuple[int, int, int, dict[str, str]]]:
+            return [(1, 0, 0, attrs)]
+
+        instruments.register(source)
+        instruments.unregister(source)
+    assert len(instruments._sources) == before and not instruments._leaving
+    hits = {tuple(o.attributes.items()): o.value for o in instruments._observe(0)}
+    assert hits[tuple(attrs.items())] == 2000
 
 
 def test_a_forked_child_counts_its_own_hits_only(make_runtime, metric_reader):
