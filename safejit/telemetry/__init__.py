@@ -160,10 +160,11 @@ class _Instruments:
         self.remote_uploads = meter.create_counter(
             METRIC.REMOTE_UPLOADS, unit="{leaf}", description="Remote uploads by outcome"
         )
-        #: Each live runtime's source (by id), the sources let go and not yet folded in, and
-        #: the hits of those folded in, per attribute set (still in the counter's total).
-        self._sources: dict[int, _Source] = {}
-        self._leaving: list[_Source] = []
+        #: Each live runtime's source (by id; once let go, what it counted until folded in),
+        #: the ids let go and not yet folded in, and the hits of those folded in, per
+        #: attribute set (still in the counter's total).
+        self._sources: dict[int, _Source | tuple[tuple[int, int, int, dict[str, str]], ...]] = {}
+        self._leaving: list[int] = []
         self._retired_hits: dict[tuple[tuple[str, str], ...], int] = {}
         self._sources_lock = _forksafe.Lock()
         meter.create_observable_counter(
@@ -199,10 +200,14 @@ class _Instruments:
         """Let a runtime's source go; its hits stay in the hits counter's total (a monotonic
         counter never goes down: a closed runtime's hits would read as a reset). Never
         waits: this runs from finalizers (within a collection, on whatever thread, maybe
-        the one reading the observables) and from ``close()`` in a signal handler. When
-        the lock is held (here or elsewhere) the source is let go by the next holder; it
-        counts as it did until then."""
-        self._leaving.append(source)
+        the one reading the observables) and from ``close()`` in a signal handler. The
+        source is swapped at once for what it counted (one dict item: atomic), so nothing
+        of its runtime is kept; the next holder of the lock folds that into the totals."""
+        key = id(source)
+        if self._sources.get(key) is not source:
+            return  # (let go already: close(), then the finalizer)
+        self._sources[key] = tuple((hits, 0, 0, attrs) for hits, _, _, attrs in source())
+        self._leaving.append(key)
         if self._sources_lock.acquire(blocking=False):
             try:
                 self._settle()
@@ -210,17 +215,16 @@ class _Instruments:
                 self._sources_lock.release()
 
     def _settle(self) -> None:
-        """Under the lock: fold the sources let go into the totals (each once)."""
+        """Under the lock: fold the counts of the sources let go into the totals (each once)."""
         while self._leaving:
-            try:
-                source = self._leaving.pop()
-            except IndexError:  # (taken by a settle on another thread: none is, under the lock)
-                return
-            if self._sources.pop(id(source), None) is None:
-                continue  # (let go already: close(), then the finalizer)
-            for hits, _, _, attrs in source():
-                key = tuple(sorted(attrs.items()))
-                self._retired_hits[key] = self._retired_hits.get(key, 0) + hits
+            key = self._leaving.pop()
+            counted = self._sources.get(key)
+            if not isinstance(counted, tuple):
+                continue
+            del self._sources[key]
+            for hits, _, _, attrs in counted:
+                name = tuple(sorted(attrs.items()))
+                self._retired_hits[name] = self._retired_hits.get(name, 0) + hits
 
     def _observe(self, index: int) -> list[Observation]:
         with self._sources_lock:
@@ -228,7 +232,7 @@ class _Instruments:
             sources = list(self._sources.values())
             totals: dict[tuple[tuple[str, str], ...], int] = dict(self._retired_hits) if index == 0 else {}
             for source in sources:  # (a source reads a few ints: nothing that waits)
-                for hits, entries, size, attrs in source():
+                for hits, entries, size, attrs in source if isinstance(source, tuple) else source():
                     key = tuple(sorted(attrs.items()))
                     totals[key] = totals.get(key, 0) + (hits, entries, size)[index]
         return [Observation(v, dict(k)) for k, v in totals.items()]

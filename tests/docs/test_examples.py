@@ -216,8 +216,9 @@ def _valkey_with_doc_users(request: pytest.FixtureRequest) -> str:
     for line in acl_lines():
         admin.execute_command(*shlex.split(line))
     # The recipe's admin step (a valkey-cli line there): the functions writers may call.
-    assert "FUNCTION LOAD REPLACE" in (REPO / "docs" / "remote.md").read_text()
-    admin.function_load(FUNCTIONS, replace=True)
+    assert "admin.function_load(library, replace=True)" in (REPO / "docs" / "remote.md").read_text()
+    for library in FUNCTIONS:
+        admin.function_load(library, replace=True)
     return f"127.0.0.1:{valkey.port}"
 
 

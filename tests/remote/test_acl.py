@@ -33,7 +33,8 @@ def create_users(admin, tenant: str, *, load_functions: bool = True) -> None:
             line = line.replace(f"{role.upper()}-PASSWORD", f"{tenant}-{role}-pw")
         admin.execute_command(*shlex.split(line))
     if load_functions:  # (the admin's step in docs/remote.md: writers may not load them)
-        admin.function_load(FUNCTIONS, replace=True)
+        for library in FUNCTIONS:
+            admin.function_load(library, replace=True)
 
 
 @pytest.fixture
@@ -183,7 +184,8 @@ def test_a_command_a_script_may_not_run_is_denied_not_an_error(redis_server, mak
     """A permission refused inside a function comes back without the NOPERM prefix ('ACL
     failure in script'): it was an error, counted by the breaker as the remote failing."""
     admin = redis_server.admin()
-    admin.function_load(FUNCTIONS, replace=True)
+    for library in FUNCTIONS:
+        admin.function_load(library, replace=True)
     admin.execute_command(
         "ACL", "SETUSER", "sj-t1-nohsetnx", "on", ">pw", "resetkeys", "-@all", "~sj:v1:t1:*",
         "+fcall", "+ping",
@@ -199,7 +201,7 @@ def test_a_writer_runs_the_safejit_functions_only_never_any_lua(redis_server, ma
     writer = make_store(users("t1", "writer"), tenant="t1")
     assert writer.publish_manifest(K, D, b"{}") is Put.CREATED
     as_writer = redis.Redis(port=redis_server.port, username="sj-t1-writer", password="t1-writer-pw")
-    for lua in (lambda: as_writer.eval("return 1", 0), lambda: as_writer.function_load(FUNCTIONS, replace=True)):
+    for lua in (lambda: as_writer.eval("return 1", 0), lambda: as_writer.function_load(FUNCTIONS[0], replace=True)):
         with pytest.raises(redis.exceptions.NoPermissionError):
             lua()
     as_writer.close()
@@ -214,5 +216,6 @@ def test_a_writer_on_a_server_without_the_functions_is_denied_and_told_why(redis
         writer.publish_manifest(K, D, b"{}")
     assert info.value.reason == "denied" and "FUNCTION LOAD" in str(info.value)
     assert admin.keys("sj:v1:t3:*") == []  # (nothing published)
-    admin.function_load(FUNCTIONS, replace=True)
+    for library in FUNCTIONS:
+        admin.function_load(library, replace=True)
     assert writer.publish_manifest(K, D, b"{}") is Put.CREATED

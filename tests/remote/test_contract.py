@@ -673,3 +673,19 @@ def test_the_publish_function_never_walks_an_index_past_its_hard_cap(redis_serve
     pipe.execute()
     assert store.publish_manifest(K, D1, b"{}") is Put.FULL  # (1,100 small ones: within every other cap)
     assert admin.hexists(index, D1) == 0
+
+
+def test_the_functions_load_beside_those_of_another_release(redis_server, make_store):
+    """A function's name holds a digest of its code: one of another release (an older body)
+    stays loaded for its writers, and this release's load beside it."""
+    from safejit.cache.remote.redis import FUNCTIONS
+
+    admin = redis_server.admin()
+    older = FUNCTIONS[0].replace("safejit_publish_", "safejit_publish_0ld").replace("1024", "2048")
+    admin.function_load(older, replace=True)
+    for library in FUNCTIONS:
+        admin.function_load(library, replace=True)
+    names = {dict(zip(lib[::2], lib[1::2], strict=True))[b"library_name"].decode() for lib in admin.function_list()}
+    assert len(names & {lib.split("name=", 1)[1].split("\n", 1)[0] for lib in FUNCTIONS}) == 3
+    assert any(name.startswith("safejit_publish_0ld") for name in names)
+    assert make_store(redis_server.url).publish_manifest(K, D1, b"{}") is Put.CREATED

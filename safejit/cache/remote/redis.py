@@ -87,15 +87,25 @@ return 0
         "'allow-oom'",
     ),
 }
-_VERSION: Final = "v3"
 
-#: The server-side functions (Redis >= 7, Valkey: ``FUNCTION LOAD``). Functions, not
-#: scripts: a user allowed EVAL may run any Lua, a loop that stalls the server for every
-#: tenant; one allowed FCALL only these, once an admin loaded them (they persist). Where the
-#: server has no FCALL (Redis 6, Dragonfly) the same bodies run as scripts (EVALSHA), for a
-#: writer the server lets run them.
-FUNCTIONS: Final = f"#!lua name=safejit_{_VERSION}\n" + "".join(
-    f"redis.register_function{{function_name='safejit_{name}_{_VERSION}', "
+
+def _named(name: str) -> str:
+    """A body's function (and library) name: its own digest in it, so that a release that
+    leaves a body as it was keeps its name (nothing to load again), and one that changes it
+    never runs the old one under the new name."""
+    import hashlib
+
+    body, flags = _BODIES[name]
+    return f"safejit_{name}_{hashlib.sha256(f'{flags}:{body}'.encode()).hexdigest()[:12]}"
+
+
+#: The server-side functions (Redis >= 7, Valkey: ``FUNCTION LOAD``), a library each.
+#: Functions, not scripts: a user allowed EVAL may run any Lua, a loop that stalls the
+#: server for every tenant; one allowed FCALL only these, once an admin loaded them (they
+#: persist). Where the server has no FCALL (Redis 6, Dragonfly) the same bodies run as
+#: scripts (EVALSHA), for a writer the server lets run them.
+FUNCTIONS: Final = tuple(
+    f"#!lua name={_named(name)}\nredis.register_function{{function_name='{_named(name)}', "
     f"callback=function(KEYS, ARGV){body}end, flags={{{flags}}}}}\n"
     for name, (body, flags) in _BODIES.items()
 )
@@ -109,7 +119,7 @@ class _Function:
     def __init__(self, name: str) -> None:
         import hashlib
 
-        self.name = f"safejit_{name}_{_VERSION}"
+        self.name = _named(name)
         self.script = _BODIES[name][0]
         self.sha = hashlib.sha1(self.script.encode(), usedforsecurity=False).hexdigest()
 
@@ -146,7 +156,8 @@ def _load(client: _redis.Redis) -> None:
     import redis
 
     try:
-        client.function_load(FUNCTIONS, replace=True)
+        for library in FUNCTIONS:
+            client.function_load(library, replace=True)
     except redis.exceptions.NoPermissionError as exc:
         raise redis.exceptions.NoPermissionError(
             f"the server has not the safejit functions loaded, and this user may not load them: an admin "

@@ -229,3 +229,26 @@ def test_a_forked_child_counts_its_own_hits_only(make_runtime, metric_reader):
     os.close(read)
     os.waitpid(pid, 0)
     assert got == b"0"
+
+
+def test_a_runtime_collected_while_the_observables_are_busy_keeps_nothing_alive(make_runtime, metric_reader):
+    """Let go while another holder has the lock (a collection under way), a runtime's memory
+    tier, and the modules in it, were kept until some later holder came by."""
+    import weakref
+
+    from safejit.telemetry import instruments
+
+    t = _tenant()
+    rt = safejit.Runtime(config=safejit.Config(cache_dirs=make_runtime().config.cache_dirs, tenant=t))
+    src = safejit.Source("int one(void) { return 1; }", "one")
+    for _ in range(3):
+        rt.compile(src)
+    tier = weakref.ref(rt._memory)
+    assert instruments._sources_lock.acquire(timeout=10)
+    try:
+        del rt
+        gc.collect()
+        assert tier() is None  # (its source swapped for its counts at once)
+    finally:
+        instruments._sources_lock.release()
+    assert _memory_hits(metric_reader, t) == 2
