@@ -520,13 +520,13 @@ def test_close_lets_a_lease_release_under_way_end_first(redis_server, make_store
     a, b = make_store(redis_server.url, timeout_s=2.0), make_store(redis_server.url)
     lease = a.acquire_lease(K, holder="a", ttl_s=30)
     assert lease is not None
-    sent, real = threading.Event(), engine._SCRIPTS["release"]
+    sent, real = threading.Event(), engine.SERVER_CODE["release"]
 
     def release(*args):
         sent.set()
         return real(*args)
 
-    monkeypatch.setitem(engine._SCRIPTS, "release", release)
+    monkeypatch.setitem(engine.SERVER_CODE, "release", release)
     redis_server.admin().execute_command("CLIENT", "PAUSE", 300, "WRITE")
     released: list[bool] = []
     thread = threading.Thread(target=lambda: released.append(a.release_lease(lease)))

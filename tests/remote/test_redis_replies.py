@@ -381,6 +381,6 @@ def test_an_index_replys_budget_counts_its_names_too(pair):
     ],
 )
 def test_only_fcall_itself_unknown_makes_a_client_run_scripts(text, unknown):
-    from safejit.cache.remote.redis import _FCALL_UNKNOWN
+    from safejit.cache.remote._functions import _FCALL_UNKNOWN
 
     assert bool(_FCALL_UNKNOWN.search(text)) is unknown

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-import re
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar, cast
 
@@ -27,6 +25,7 @@ from ... import faults
 from ...errors import ConfigError
 from . import codec
 from ._engine import Engine
+from ._functions import FUNCTIONS, SERVER_CODE
 from ._guard import os_reason
 from ._lane import Lane
 from ._pending import PendingGet
@@ -52,118 +51,6 @@ __all__ = ["FUNCTIONS", "RedisStore"]
 
 T = TypeVar("T")
 
-#: What runs on the server, each on its one key: ``publish`` a write-once manifest, capped
-#: per build key in leaves (never past 1,024 whatever the caller asks: the function walks the
-#: index, and an index a writer filled with millions of fields would hold the server) and in
-#: bytes, names and manifests, as a read counts them (1 created, 0 exists, -1 full); ``renew`` a lease only
-#: while it holds our token; ``release`` (compare-and-delete) likewise. With the flags of
-#: each as a function (a lease is let go, or kept, on a server at maxmemory too).
-_BODIES: Final = {
-    "publish": (
-        """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
-if redis.call('HLEN', KEYS[1]) >= math.min(tonumber(ARGV[3]), 1024) then return -1 end
-local total = string.len(ARGV[1]) + string.len(ARGV[2])
-for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
-  total = total + string.len(field) + redis.call('HSTRLEN', KEYS[1], field)
-end
-if total > tonumber(ARGV[4]) then return -1 end
-return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
-""",
-        "",
-    ),
-    "renew": (
-        """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-""",
-        "'allow-oom'",
-    ),
-    "release": (
-        """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-""",
-        "'allow-oom'",
-    ),
-}
-
-
-def _named(name: str) -> str:
-    """A body's function (and library) name: its own digest in it, so that a release that
-    leaves a body as it was keeps its name (nothing to load again), and one that changes it
-    never runs the old one under the new name."""
-    import hashlib
-
-    body, flags = _BODIES[name]
-    return f"safejit_{name}_{hashlib.sha256(f'{flags}:{body}'.encode()).hexdigest()[:12]}"
-
-
-#: The server-side functions (Redis >= 7, Valkey: ``FUNCTION LOAD``), a library each.
-#: Functions, not scripts: a user allowed EVAL may run any Lua, a loop that stalls the
-#: server for every tenant; one allowed FCALL only these, once an admin loaded them (they
-#: persist). Where the server has no FCALL (Redis 6, Dragonfly) the same bodies run as
-#: scripts (EVALSHA), for a writer the server lets run them.
-FUNCTIONS: Final = tuple(
-    f"#!lua name={_named(name)}\nredis.register_function{{function_name='{_named(name)}', "
-    f"callback=function(KEYS, ARGV){body}end, flags={{{flags}}}}}\n"
-    for name, (body, flags) in _BODIES.items()
-)
-
-
-class _Function:
-    """One of :data:`FUNCTIONS`, called by FCALL; loaded first where it is not there yet, if
-    this user may (an admin loads them once for users who may not: docs/remote.md); run as a
-    script where the server has no FCALL."""
-
-    def __init__(self, name: str) -> None:
-        import hashlib
-
-        self.name = _named(name)
-        self.script = _BODIES[name][0]
-        self.sha = hashlib.sha1(self.script.encode(), usedforsecurity=False).hexdigest()
-
-    def __call__(self, client: _redis.Redis, key: str, *args: Any) -> Any:
-        import redis
-
-        if time.monotonic() >= _NO_FCALL.get(client, 0.0):
-            try:
-                return client.fcall(self.name, 1, key, *args)
-            except redis.exceptions.ResponseError as exc:
-                text = str(exc)
-                if _FCALL_UNKNOWN.search(text):  # (FCALL itself; not a command a function called)
-                    _NO_FCALL[client] = time.monotonic() + _NO_FCALL_S
-                elif "Function not found" in text:
-                    _load(client)
-                    return client.fcall(self.name, 1, key, *args)
-                else:
-                    raise
-        try:
-            return client.evalsha(self.sha, 1, key, *args)
-        except redis.exceptions.NoScriptError:
-            return client.eval(self.script, 1, key, *args)
-
-
-#: Clients of a server found without FCALL, and until when they run the bodies as scripts
-#: (then FCALL is tried again: the server at that address may have been upgraded).
-_NO_FCALL: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
-_NO_FCALL_S: Final = 60.0
-#: The server's answer to a FCALL it does not know (Valkey, Redis: quoted ' or `).
-_FCALL_UNKNOWN: Final = re.compile(r"unknown command ['`]fcall['`]", re.IGNORECASE)
-
-
-def _load(client: _redis.Redis) -> None:
-    import redis
-
-    try:
-        for library in FUNCTIONS:
-            client.function_load(library, replace=True)
-    except redis.exceptions.NoPermissionError as exc:
-        raise redis.exceptions.NoPermissionError(
-            f"the server has not the safejit functions loaded, and this user may not load them: an admin "
-            f"loads them once with FUNCTION LOAD (docs/remote.md) [{exc}]"
-        ) from None
-
 
 #: An index's manifests in all, in manifests' worth (``max_manifest_bytes``): what the
 #: publish function lets in, and what a read takes (past it, one a writer filled bypassing
@@ -176,8 +63,6 @@ SCAN_PAGES_MAX: Final = 100_000
 
 #: Keys asked for per SCAN call (the server examines about this many slots per call).
 SCAN_PAGE: Final = 1000
-
-_SCRIPTS: Final = {name: _Function(name) for name in ("publish", "renew", "release")}
 
 
 def classify(exc: BaseException) -> Reason:
@@ -348,7 +233,7 @@ class RedisStore(Engine["_redis.Redis"]):
         return self._guard.run(
             "publish",
             "remote.put",
-            lambda: _put_of(_SCRIPTS["publish"](client, key, deps_key, manifest, cap, budget)),
+            lambda: _put_of(SERVER_CODE["publish"](client, key, deps_key, manifest, cap, budget)),
             sent=len(manifest),
         )
 
@@ -409,14 +294,14 @@ class RedisStore(Engine["_redis.Redis"]):
         self._guard.admit("lease")
         client = self.client()
         ms = max(1, round(lease.ttl_s * 1000))
-        got = self._guard.run("lease", "remote.lease", lambda: _SCRIPTS["renew"](client, key, lease.token, ms))
+        got = self._guard.run("lease", "remote.lease", lambda: SERVER_CODE["renew"](client, key, lease.token, ms))
         return bool(got)
 
     def release_lease(self, lease: Lease) -> bool:
         key = self.layout.redis_lease(lease.build_key)
         self._guard.admit("lease", releasing=True)
         with self._releasing(self.client, self._new_client, _drop_client) as client:
-            got = self._guard.run("lease", "remote.lease", lambda: _SCRIPTS["release"](client, key, lease.token))
+            got = self._guard.run("lease", "remote.lease", lambda: SERVER_CODE["release"](client, key, lease.token))
         return bool(got)
 
     def lease_holder(self, build_key: str) -> str | None:
