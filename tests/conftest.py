@@ -215,3 +215,16 @@ def spans(otel_sdk):
 @pytest.fixture
 def metric_reader(otel_sdk):
     return otel_sdk[1]
+
+
+def metric_points(reader, name: str, **match: str) -> list[Any]:
+    """The data points of the metric ``name`` the reader collects now whose attributes
+    include ``match`` (attribute names with dots: pass them as ``**{"safejit.tenant": t}``)."""
+    data = reader.get_metrics_data()
+    found = []
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                if metric.name == name:
+                    found += [p for p in metric.data.data_points if match.items() <= dict(p.attributes).items()]
+    return found

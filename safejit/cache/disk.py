@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final
 
-from .. import faults
+from .. import _forksafe, faults
 from ..closure.anchors import Anchors
 from ..closure.hashing import digest_bytes
 from ..closure.scan import DepState
@@ -65,6 +65,9 @@ from .leaf import (
 from .staging import LOCK_BLANK, EarlyWrite, Staging, Workdir, background
 
 __all__ = ["BEFORE_COMMIT", "DiskTier"]
+
+#: Held while a build dir's path is walked and made (``DiskTier._make_build_dir``).
+_walking = _forksafe.Lock()
 
 logger = logging.getLogger(__name__)
 
@@ -471,6 +474,20 @@ class DiskTier:
         fsync of their parents: if a power cut loses the directory entry, the leaf is a
         miss, never a damaged hit."""
         base = CacheLayout(root).base
+        # One walk at a time in this process (a compile's publish and the background one its
+        # lookup started walk the same path: one moved aside, as "not a directory", what the
+        # other had just made in a planted symlink's place, and the other's next mkdir failed).
+        # Another process's walk may still do that: the path is walked again, once.
+        with _walking:
+            for attempt in range(2):
+                try:
+                    self._walk_to(root, base, bdir)
+                    return
+                except FileNotFoundError:
+                    if attempt:
+                        raise
+
+    def _walk_to(self, root: str, base: str, bdir: str) -> None:
         path = base
         for part in os.path.relpath(bdir, base).split(os.sep):
             path = os.path.join(path, part)

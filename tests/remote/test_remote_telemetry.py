@@ -14,6 +14,7 @@ from opentelemetry.trace import StatusCode
 from safejit import faults
 from safejit.cache.remote import RemoteSettings, open_store
 from safejit.outcomes import Outcome
+from tests.conftest import metric_points
 
 from ._servers import free_port
 from .test_tier import SRC, _inc, _published
@@ -25,21 +26,8 @@ def _tenant() -> str:
     return "t" + uuid.uuid4().hex[:10]
 
 
-def _points(reader, name: str, **match: str) -> list:
-    data = reader.get_metrics_data()
-    found = []
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                if metric.name == name:
-                    found += [
-                        p for p in metric.data.data_points if all(p.attributes.get(k) == v for k, v in match.items())
-                    ]
-    return found
-
-
 def _remote_lookups(reader, tenant: str) -> dict[tuple[str, ...], int]:
-    points = _points(reader, "safejit.cache.lookups", **{"safejit.tenant": tenant, "safejit.tier": "remote"})
+    points = metric_points(reader, "safejit.cache.lookups", **{"safejit.tenant": tenant, "safejit.tier": "remote"})
     return {tuple(str(p.attributes.get(k)) for k in LOOKUP_KEYS): p.value for p in points}
 
 
@@ -90,7 +78,7 @@ def test_a_lookup_the_remote_failed_is_a_failed_span_and_its_metrics_carry_the_e
     assert lookup.status.status_code is StatusCode.ERROR and lookup.attributes["error.type"] == "RemoteError"
     assert lookup.attributes["safejit.reason"] == "refused"
     assert _remote_lookups(reader, t) == {("remote", "miss", "refused"): 1}
-    durations = _points(reader, "safejit.remote.duration", **{"safejit.tenant": t})
+    durations = metric_points(reader, "safejit.remote.duration", **{"safejit.tenant": t})
     assert durations and all(p.attributes.get("safejit.remote.engine") == "redis" for p in durations)
 
 

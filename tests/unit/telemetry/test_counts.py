@@ -14,6 +14,7 @@ import pytest
 
 import safejit
 from safejit.telemetry import _sdk
+from tests.conftest import metric_points
 
 LOOKUP_KEYS = ("safejit.tier", "safejit.result", "safejit.reason")
 
@@ -23,14 +24,7 @@ def _tenant() -> str:
 
 
 def _points(reader, name: str, tenant: str) -> list[Any]:
-    data = reader.get_metrics_data()
-    found = []
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                if metric.name == name:
-                    found += [p for p in metric.data.data_points if p.attributes.get("safejit.tenant") == tenant]
-    return found
+    return metric_points(reader, name, **{"safejit.tenant": tenant})
 
 
 def _lookups(reader, tenant: str) -> dict[tuple[str, ...], int]:
