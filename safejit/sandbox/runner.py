@@ -16,7 +16,8 @@ a Python callback between fork and exec, which is unsafe in threaded programs):
   processes (counted per run in its user namespace).
 
 ``Sandbox.describe()`` says which of them a run gets. (One class, the runner with
-its spare shims, whose parts share its state: hence the module's length.)
+its spare shims, whose parts share its state: hence the module's length, past the
+style's ~450 lines.)
 """
 
 from __future__ import annotations
