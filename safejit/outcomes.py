@@ -50,6 +50,7 @@ class Miss(StrEnum):
     REMOTE_TIMEOUT = "timeout"
     REMOTE_REFUSED = "refused"
     REMOTE_DENIED = "denied"
+    REMOTE_UNWRITABLE = "unwritable"
     REMOTE_ERROR = "error"
     CIRCUIT_OPEN = "circuit_open"
 
@@ -85,6 +86,7 @@ _TEXT: Final = {
     Miss.REMOTE_TIMEOUT: "the remote did not answer in time",
     Miss.REMOTE_REFUSED: "nothing answers at the remote's address",
     Miss.REMOTE_DENIED: "the remote refused this user the key or the command",
+    Miss.REMOTE_UNWRITABLE: "the remote takes no writes now (full, or a read-only replica)",
     Miss.REMOTE_ERROR: "the remote failed the request",
     Miss.CIRCUIT_OPEN: "the remote is failing: it was not asked (circuit breaker open)",
 }

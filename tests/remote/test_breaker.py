@@ -66,7 +66,7 @@ def test_a_success_between_timeouts_resets_the_run(clock):
 
 def test_answers_from_a_live_server_are_not_failures(clock):
     breaker = make(clock)
-    calls(breaker, ["denied", "oversize", "corrupt"] * 10)
+    calls(breaker, ["denied", "oversize", "corrupt", "unwritable"] * 10)
     assert breaker.state == "closed"
 
 

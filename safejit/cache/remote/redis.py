@@ -65,6 +65,13 @@ SCAN_PAGES_MAX: Final = 100_000
 SCAN_PAGE: Final = 1000
 
 
+#: Error replies of a server that is up but refuses writes now: out of memory under
+#: ``noeviction``, a read-only replica, persistence failing (``stop-writes-on-bgsave-error``),
+#: too few replicas (``min-replicas-to-write``). (redis-py raises the first two as their own
+#: classes, the code cut off; a reply read here keeps it.)
+_UNWRITABLE: Final = ("OOM ", "READONLY ", "MISCONF ", "NOREPLICAS ")
+
+
 def classify(exc: BaseException) -> Reason:
     """The reason for a redis-py (or socket) exception."""
     import redis
@@ -82,6 +89,12 @@ def classify(exc: BaseException) -> Reason:
         # (a key of another type where a value was looked for: stored data that does not
         # decode, from a server that is up; one such key must not open the breaker for all)
         return "corrupt"
+    if isinstance(exc, errors.OutOfMemoryError | errors.ReadOnlyError) or (
+        isinstance(exc, errors.ResponseError) and str(exc).startswith(_UNWRITABLE)
+    ):
+        # (a live server that refuses writes, full or a replica: a failure of every upload
+        # that must not open the breaker in front of the reads it still answers)
+        return "unwritable"
     found = os_reason(exc)
     if found is not None:
         return found

@@ -95,6 +95,8 @@ def classify(exc: BaseException) -> Reason:
         return "refused"
     if "403 Forbidden" in text or "401 Unauthorized" in text or "AccessDenied" in text:
         return "denied"
+    if "507 Insufficient Storage" in text or "StorageFull" in text:
+        return "unwritable"  # (a full store, MinIO's XMinioStorageFull: it still serves reads)
     return os_reason(exc) or "error"
 
 

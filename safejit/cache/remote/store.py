@@ -47,9 +47,11 @@ __all__ = [
 #:                  WRONGPASS; S3 401/403);
 #: ``oversize``     a value over its cap (artifact, manifest, decompressed size);
 #: ``corrupt``      the stored bytes do not decode (unknown codec, bad zstd frame);
+#: ``unwritable``   the server is up but takes no writes now (Redis OOM at maxmemory, a
+#:                  read-only replica, MISCONF, NOREPLICAS; S3 507): reads still work;
 #: ``error``        anything else (connection reset mid-transfer, a server error reply);
 #: ``circuit_open`` the breaker is open: the remote was not asked.
-Reason = Literal["timeout", "refused", "denied", "oversize", "corrupt", "error", "circuit_open"]
+Reason = Literal["timeout", "refused", "denied", "oversize", "corrupt", "unwritable", "error", "circuit_open"]
 REASONS: Final[frozenset[str]] = frozenset(get_args(Reason))
 
 

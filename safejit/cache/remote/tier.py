@@ -54,6 +54,7 @@ MISS_OF: Final[Mapping[str, Miss]] = {
     "denied": Miss.REMOTE_DENIED,
     "oversize": Miss.OVERSIZE,
     "corrupt": Miss.ARTIFACT,
+    "unwritable": Miss.REMOTE_UNWRITABLE,
     "error": Miss.REMOTE_ERROR,
     "circuit_open": Miss.CIRCUIT_OPEN,
 }

@@ -1,0 +1,101 @@
+"""A server that is up but takes no writes — full (``maxmemory`` under ``noeviction``) or
+a read-only replica — on real servers: every upload fails as ``unwritable``, the breaker
+stays closed, and the node keeps its remote hits (a full cache is a read cache, not a
+dead one). Nothing is published there meanwhile."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+import safejit
+from safejit.cache.remote.s3 import classify as s3_classify
+from safejit.outcomes import Outcome
+
+from ._servers import start_valkey
+
+SRC = safejit.Source('#include "inner.h"\n#define VALUE 7\n', "k")
+
+
+@pytest.fixture
+def primary(tmp_path):
+    server = start_valkey(tmp_path / "primary", "--maxmemory-policy", "noeviction")
+    yield server
+    server.stop()
+
+
+def _runtime(tmp_path: Path, project: Path, name: str, url: str) -> safejit.Runtime:
+    return safejit.Runtime(
+        config=safejit.Config(
+            backend="fake", remote=url, source_roots=(str(project),), cache_dirs=(str(tmp_path / f"disk-{name}"),)
+        )
+    )
+
+
+def _uploaded_leaf(tmp_path: Path, project: Path, url: str) -> None:
+    rt = _runtime(tmp_path, project, "a", url)
+    rt.compile(SRC, include_dirs=(str(project / "include"),))
+    (done,) = rt.flush_uploads(10).results
+    assert done.outcome is Outcome.UPLOADED
+    rt.close()
+
+
+def _refused_uploads_then_a_hit(tmp_path: Path, project: Path, url: str, keys_before: int, admin) -> None:
+    rt = _runtime(tmp_path, project, "b", url)
+    try:
+        for i in range(8):  # leases and uploads: well past the breaker's 10 calls, all refused
+            rt.compile(
+                safejit.Source(f'#include "inner.h"\n#define OTHER {i}\n', "k"),
+                include_dirs=(str(project / "include"),),
+            )
+        results = rt.flush_uploads(10).results
+        assert [r.outcome for r in results] == [Outcome.UPLOAD_FAILED] * 8
+        assert all("unwritable" in r.detail for r in results), results[0].detail
+        remote = rt._init()[0].remote
+        assert remote is not None and remote.store.breaker.state == "closed"
+        # The leaf the server had before it filled: still a remote hit here.
+        before = rt.stats().get("remote_hits", 0)
+        rt.compile(SRC, include_dirs=(str(project / "include"),))
+        assert rt.stats()["remote_hits"] == before + 1
+        assert rt.stats()["compiles"] == 8
+    finally:
+        rt.close()
+    assert admin.dbsize() == keys_before  # nothing was written while it took no writes
+
+
+def test_a_full_server_fails_uploads_as_unwritable_and_keeps_serving_hits(tmp_path, project, primary):
+    _uploaded_leaf(tmp_path, project, primary.url)
+    admin = primary.admin()
+    admin.config_set("maxmemory", 1)  # (any write is now over it)
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        admin.set("probe", b"x")
+    _refused_uploads_then_a_hit(tmp_path, project, primary.url, admin.dbsize(), admin)
+
+
+def test_a_read_only_replica_fails_uploads_as_unwritable_and_keeps_serving_hits(tmp_path, project, primary):
+    _uploaded_leaf(tmp_path, project, primary.url)
+    replica = start_valkey(tmp_path / "replica", "--replicaof", "127.0.0.1", str(primary.port))
+    try:
+        admin = replica.admin()
+        deadline = time.monotonic() + 20
+        while admin.dbsize() != primary.admin().dbsize() or admin.info("replication")["master_link_status"] != "up":
+            assert time.monotonic() < deadline, "the replica did not sync"
+            time.sleep(0.05)
+        _refused_uploads_then_a_hit(tmp_path, project, replica.url, admin.dbsize(), admin)
+    finally:
+        replica.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("Generic S3 error: ... 507 Insufficient Storage ...", "unwritable"),
+        ("<Code>XMinioStorageFull</Code>", "unwritable"),
+        ("Generic S3 error: ... 500 Internal Server Error ...", "error"),
+    ],
+)
+def test_s3_full_store_is_unwritable(text, reason):
+    assert s3_classify(Exception(text)) == reason
