@@ -213,19 +213,23 @@ def config_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]
     return out
 
 
-def remote_credentials(engine: str) -> dict[str, str]:
-    """The remote's credentials from the environment (only those set): SAFEJIT_REMOTE_*,
-    and for S3 the AWS_* variables its SDKs read."""
+def remote_credentials(engine: str, *, has_user: bool = False, has_password: bool = False) -> dict[str, str]:
+    """The remote's credentials from the environment (only those set) that the URL lacks
+    (``has_user``, ``has_password``: what its userinfo holds; the URL's win):
+    SAFEJIT_REMOTE_*, and for S3 the AWS_* variables its SDKs read — a key and its
+    secret together, only where neither the URL nor SAFEJIT_REMOTE_* gives either, and
+    their session token with them (never attached to another key)."""
     env = os.environ
     found = {
-        "username": env.get("SAFEJIT_REMOTE_USERNAME"),
-        "password": env.get("SAFEJIT_REMOTE_PASSWORD"),
+        "username": None if has_user else env.get("SAFEJIT_REMOTE_USERNAME"),
+        "password": None if has_password else env.get("SAFEJIT_REMOTE_PASSWORD"),
         "session_token": env.get("SAFEJIT_REMOTE_SESSION_TOKEN"),
     }
-    if engine == "s3":
-        found["username"] = found["username"] or env.get("AWS_ACCESS_KEY_ID")
-        found["password"] = found["password"] or env.get("AWS_SECRET_ACCESS_KEY")
-        found["session_token"] = found["session_token"] or env.get("AWS_SESSION_TOKEN")
+    if engine == "s3" and not (has_user or has_password or found["username"] or found["password"]):
+        key, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
+        if key and secret:  # (a pair, or none: obstore's own chain then)
+            found.update(username=key, password=secret)
+            found["session_token"] = found["session_token"] or env.get("AWS_SESSION_TOKEN")
     return {k: v for k, v in found.items() if v}
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from . import _env
+from .cache.layout import RESERVED
 from .closure.depfiles import UNLISTABLE
 from .errors import ConfigError
 
@@ -185,6 +186,8 @@ class Config:
                 f"Config.tenant {self.tenant!r} must be 1 to 63 of a-z 0-9 _ . - (lowercase), "
                 "starting with a letter or digit"
             )
+        if self.tenant in RESERVED:  # (the cache's own directories beside the tenants')
+            raise ConfigError(f"Config.tenant {self.tenant!r} is reserved (not one of {sorted(RESERVED)})")
         for name in self.declared_extras:
             if not _IDENT.match(name):
                 raise ConfigError(f"declared extra {name!r} is not an identifier")
@@ -231,25 +234,32 @@ class Config:
         if self.remote_mode not in ("read-write", "read-only", "off"):
             raise ConfigError(f"Config.remote_mode must be read-write|read-only|off, got {self.remote_mode!r}")
         if self.remote is not None:
-            self.remote_settings()  # (the URL and numbers parse; no I/O)
+            self.remote_settings(env=True)  # (the URL, numbers and credentials parse; no I/O)
 
-    def remote_settings(self, **credentials: str | None) -> Any:
+    def remote_settings(self, *, env: bool = False) -> Any:
         """The remote's settings (``safejit.cache.remote.RemoteSettings``), or None when
-        no remote is configured or it is off."""
+        no remote is configured or it is off. ``env``: with the credentials the URL lacks
+        taken from the environment (:func:`safejit._env.remote_credentials`)."""
         if self.remote is None or self.remote_mode == "off":
             return None
         from .cache.remote.settings import RemoteSettings
 
         if not isinstance(self.remote, str):
             raise ConfigError("Config.remote must be a URL string")
-        return RemoteSettings.from_url(
-            self.remote,
-            **credentials,
-            connect_timeout_s=self.remote_connect_timeout_s,
-            timeout_s=self.remote_timeout_s,
-            max_bytes=self.remote_max_bytes,
-            lease_ttl_s=self.remote_lease_ttl_s,
+        fields: dict[str, Any] = {
+            "connect_timeout_s": self.remote_connect_timeout_s,
+            "timeout_s": self.remote_timeout_s,
+            "max_bytes": self.remote_max_bytes,
+            "lease_ttl_s": self.remote_lease_ttl_s,
+        }
+        found = RemoteSettings.from_url(self.remote, **fields)
+        if not env:
+            return found
+        url = found.url
+        creds = _env.remote_credentials(
+            found.engine, has_user=url.username is not None, has_password=url.password is not None
         )
+        return RemoteSettings.from_url(self.remote, **creds, **fields) if creds else found
 
     def _check_verify_keys(self) -> None:
         keys = self.verify_keys

@@ -79,13 +79,12 @@ class Parts:
     def _open_remote(self, config: Config) -> RemoteTier | None:
         """The remote tier, when one is configured (its engine's client library is
         imported now, not before; no connection is made until the first lookup)."""
-        settings = config.remote_settings()
+        settings = config.remote_settings(env=True)
         if settings is None:
             return None
         from ..cache.remote import open_store
         from ..cache.remote.tier import RemoteTier
 
-        settings = config.remote_settings(**_env.remote_credentials(settings.engine))
         attrs = {ATTR.BACKEND: config.backend, ATTR.TENANT: config.tenant, ATTR.REMOTE_ENGINE: settings.engine}
         store = open_store(
             settings,

@@ -227,7 +227,11 @@ def _remote_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], js:
     r = sub.add_parser("remote", help=text, description=text, formatter_class=_Help)
     rsub = r.add_subparsers(dest="remote_command", required=True, metavar="COMMAND", help="what to do")
     where = argparse.ArgumentParser(add_help=False)
-    where.add_argument("--remote", metavar="URL", help="the remote (default: SAFEJIT_REMOTE); credentials masked")
+    where.add_argument(
+        "--remote",
+        metavar="URL",
+        help="the remote (default: SAFEJIT_REMOTE); credentials masked, a password better in SAFEJIT_REMOTE_PASSWORD",
+    )
     where.add_argument("--tenant", help="the tenant namespace (default: SAFEJIT_TENANT, else default)")
     where.add_argument("--backend", help="the backend's index: host, cuda, ascend or fake (default: SAFEJIT_BACKEND)")
 

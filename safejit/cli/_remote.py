@@ -6,15 +6,17 @@ line's error (exit 2, one line, credentials masked)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Final
+from urllib.parse import urlsplit
 
-from .. import _env
 from ..cache.maintenance import leaf_id
 from ..cache.remote import RemoteError, RemoteStore, open_store
 from ..config import Config
 from ._common import CliError, Finding, config_for
+from ._out import Out
 
 __all__ = [
     "OPERATOR_TIMEOUT_S",
@@ -25,6 +27,7 @@ __all__ = [
     "round_trip",
     "shown_url",
     "store_of",
+    "warn_password_in_argv",
 ]
 
 #: The floor of each operation's deadline for the operator commands, unless one is
@@ -51,13 +54,23 @@ def remote_config(args: argparse.Namespace, *, mode: str) -> Config:
     return cfg.replace(remote=url, remote_mode=mode)
 
 
+def warn_password_in_argv(url: str | None, out: Out) -> None:
+    """Warn when ``--remote``'s URL holds a password: a command line is seen by every user
+    of the machine (``ps``, ``/proc/<pid>/cmdline``) and kept in shell history."""
+    with contextlib.suppress(ValueError):
+        if url and urlsplit(url).password:
+            out.warn(
+                "the --remote URL holds a password, which every user of this machine can read in its "
+                "process list: give it in SAFEJIT_REMOTE_PASSWORD instead"
+            )
+
+
 def store_of(cfg: Config, *, timeout_s: float | None = OPERATOR_TIMEOUT_S) -> RemoteStore:
     """The store ``cfg`` names (no I/O yet), credentials from the URL or the environment;
     operations wait at least ``timeout_s`` unless the configuration sets a floor."""
     if cfg.remote_timeout_s is None and timeout_s is not None:
         cfg = cfg.replace(remote_timeout_s=timeout_s)
-    found = cfg.remote_settings()
-    settings = cfg.remote_settings(**_env.remote_credentials(found.engine))
+    settings = cfg.remote_settings(env=True)
     return open_store(settings, tenant=cfg.tenant, backend=cfg.backend)
 
 

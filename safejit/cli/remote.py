@@ -23,7 +23,16 @@ from ..policy.trust import signature_policy, signer_of
 from ..telemetry import ATTR
 from ._common import EXIT_FINDINGS, EXIT_OK, CliError, Finding, age_text, show_findings, size_text
 from ._out import Out
-from ._remote import Entries, remote_config, remote_error, remote_finding, round_trip, shown_url, store_of
+from ._remote import (
+    Entries,
+    remote_config,
+    remote_error,
+    remote_finding,
+    round_trip,
+    shown_url,
+    store_of,
+    warn_password_in_argv,
+)
 
 __all__ = ["cmd_remote"]
 
@@ -34,6 +43,7 @@ TEXT_LIMIT: Final = 200
 
 def cmd_remote(args: argparse.Namespace, out: Out) -> int:
     command = {"stats": _stats, "ls": _ls, "verify": _verify}[args.remote_command]
+    warn_password_in_argv(args.remote, out)
     cfg = remote_config(args, mode="read-only")
     store = store_of(cfg)
     try:

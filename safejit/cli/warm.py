@@ -13,7 +13,7 @@ from ..outcomes import Outcome
 from ..runtime import Runtime
 from ._common import EXIT_FINDINGS, EXIT_OK, CliError, config_for
 from ._out import Out
-from ._remote import round_trip, store_of
+from ._remote import round_trip, store_of, warn_password_in_argv
 
 __all__ = ["cmd_warm"]
 
@@ -126,6 +126,7 @@ def cmd_warm(args: argparse.Namespace, out: Out) -> int:
 
     from ..inventory import read_inventory
 
+    warn_password_in_argv(args.remote, out)
     remote = _remote_of(args)
     signing_key = _signing_key(args.signing_key)
     skipped: list[int] = []

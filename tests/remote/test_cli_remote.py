@@ -274,8 +274,11 @@ def test_a_down_server_is_one_line_and_exit_2_within_the_connect_timeout(env, co
     started = time.monotonic()
     ran = cli("remote", command, "--remote", url)
     assert time.monotonic() - started < 1.0  # (connect: 100 ms; nothing listens: refused at once)
-    assert ran.rc == 2 and ran.out == "" and len(ran.err.splitlines()) == 1
-    assert ran.err.startswith("error: ") and "refused" in ran.err
+    # (the password on the command line is warned of first)
+    warning, error = ran.err.splitlines()
+    assert warning.startswith("warning: ") and "SAFEJIT_REMOTE_PASSWORD" in warning
+    assert ran.rc == 2 and ran.out == ""
+    assert error.startswith("error: ") and "refused" in error
     assert "hunter2-secret" not in ran.err and "***" in ran.err
 
 

@@ -145,6 +145,44 @@ def test_a_credential_not_percent_encoded_never_shows_in_the_error(url):
     assert not any(piece in text for piece in ("Zx9Kq2Lm", "Pw7Rt", "Tr0ub", "4dor", "AKID:12")), text
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sj-writer:Zx9Kq2LmPw7Rt@cache.internal:6379",  # (no scheme: user:pw reads as scheme:path)
+        "//sj-writer:Zx9Kq2LmPw7Rt@cache.internal:6379",
+        "redis//sj-writer:Zx9Kq2LmPw7Rt@cache.internal",
+        "Zx9Kq2LmPw7Rt@cache.internal",
+        "ftp://u:Zx9Kq2LmPw7Rt@cache.internal",
+        "redis://cache/0?passwd=Zx9Kq2LmPw7Rt",  # (a credential under a name of its own)
+        "redis://cache/0?auth=Zx9Kq2LmPw7Rt&db=1",
+        "redis://cache?db=0;password=Zx9Kq2LmPw7Rt",  # (';' is no separator: one value)
+        "redis://cache?pass%77ord=Zx9Kq2LmPw7Rt",
+        "s3://bucket-1/p?endpoint=http%3A%2F%2Fk%3AZx9Kq2LmPw7Rt%40host",
+        "s3://bucket-1/p?x-amz-security-token=Zx9Kq2LmPw7Rt",
+        "redis://cache:6379/0#Zx9Kq2LmPw7Rt",
+    ],
+)
+def test_a_credential_in_a_url_of_no_known_shape_never_shows_in_the_error(url):
+    """The scheme's ':' was taken to be the first ':' (``user:pw@host`` showed the
+    password), and the query was echoed unless a credential's name was one of five."""
+    with pytest.raises(ConfigError) as info:
+        parse_url(url)
+    text = str(info.value) + repr(info.value) + "".join(traceback.format_exception(info.value))
+    assert "Zx9Kq2Lm" not in text and "Pw7Rt" not in text, text
+
+
+def test_plain_values_of_known_parameters_still_show():
+    with pytest.raises(ConfigError) as info:
+        parse_url("s3://bucket-1/p?endpoint=http://minio:9000&region=eu-west-1&typo=1")
+    assert "endpoint=http://minio:9000&region=eu-west-1&typo=***" in str(info.value)
+
+
+def test_an_s3_access_key_id_shows_its_last_four_characters_at_most():
+    assert str(parse_url("s3://AKIAIOSFODNN7EXAMPLE:s3cr3t@bucket-1/p")).startswith("s3://***MPLE:***@bucket-1")
+    assert str(parse_url("s3://testing:s3cr3t@bucket-1/p")).startswith("s3://***:***@bucket-1")
+    assert str(parse_url("redis://writer:s3cr3t@cache")).startswith("redis://writer:***@")  # (a user: by design)
+
+
 def test_secret_never_prints():
     secret = Secret(PASSWORD)
     for text in (str(secret), repr(secret), f"{secret}", f"{secret!r}", f"{secret:>20}", "%s" % secret):  # noqa: UP031 (logging formats with %)

@@ -7,6 +7,8 @@ import dataclasses
 import pytest
 
 import safejit
+from safejit import Config
+from safejit.errors import ConfigError
 
 KEY = b"k" * 32
 
@@ -125,3 +127,64 @@ def test_a_default_cache_root_that_is_not_utf8_is_a_config_error(tmp_path, monke
     monkeypatch.setenv("XDG_CACHE_HOME", bad)
     with pytest.raises(safejit.ConfigError, match="not UTF-8"):
         safejit.Config().resolved_cache_dirs()
+
+
+@pytest.mark.parametrize("tenant", ["tmp", "locks", "quarantine", "tools", "usage"])
+def test_a_tenant_named_as_one_of_the_caches_own_directories_is_refused(tenant, tmp_path):
+    """Its leaves landed in the cache's own directories (v1/tools/...): listed nowhere,
+    and removed by gc whatever their age."""
+    with pytest.raises(ConfigError, match="reserved"):
+        Config(tenant=tenant, cache_dirs=(str(tmp_path / "c"),))
+    assert not (tmp_path / "c").exists()
+
+
+def _s3(cfg_url: str) -> Config:
+    return Config(remote=cfg_url, backend="fake")
+
+
+def test_credentials_in_the_url_win_over_the_environment(monkeypatch):
+    """With AWS_* set (CI runners, laptops) and a key in the URL, every compile raised
+    ConfigError ("a password is given both in the URL and by the caller"), and an
+    AWS_SESSION_TOKEN was attached to the URL's key."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAENVENVENVENVENV1")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "env-token")
+    url = _s3("s3://AKIAURLURLURLURLURL2:url-secret@bucket-1/p").remote_settings(env=True).url
+    assert (url.username, url.password.reveal(), url.session_token) == ("AKIAURLURLURLURLURL2", "url-secret", None)
+    monkeypatch.setenv("SAFEJIT_REMOTE_PASSWORD", "env-password")
+    monkeypatch.setenv("SAFEJIT_REMOTE_USERNAME", "env-user")
+    url = Config(remote="redis://writer:url-password@cache").remote_settings(env=True).url
+    assert (url.username, url.password.reveal()) == ("writer", "url-password")
+    url = Config(remote="redis://writer@cache").remote_settings(env=True).url  # (what the URL lacks)
+    assert (url.username, url.password.reveal()) == ("writer", "env-password")
+
+
+def test_aws_variables_apply_as_a_pair_with_their_token(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAENVENVENVENVENV1")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "env-token")
+    url = _s3("s3://bucket-1/p").remote_settings(env=True).url  # (a key without its secret: none)
+    assert (url.username, url.password, url.session_token) == (None, None, None)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+    url = _s3("s3://bucket-1/p").remote_settings(env=True).url
+    assert (url.username, url.password.reveal(), url.session_token.reveal()) == (
+        "AKIAENVENVENVENVENV1",
+        "env-secret",
+        "env-token",
+    )
+
+
+def test_a_runtime_with_url_and_env_credentials_compiles(monkeypatch, tmp_path):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAENVENVENVENVENV1")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+    rt = safejit.Runtime(
+        config=Config(
+            backend="fake",
+            remote="s3://AKIAURLURLURLURLURL2:url-secret@bucket-1/p?endpoint=http://127.0.0.1:9&region=x",
+            cache_dirs=(str(tmp_path / "c"),),
+            remote_connect_timeout_s=0.05,
+        )
+    )
+    try:
+        assert rt.compile(safejit.Source("#define V 1\n", "v")) is not None  # (the remote is down: a miss)
+    finally:
+        rt.close()

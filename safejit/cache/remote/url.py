@@ -121,6 +121,8 @@ class RemoteURL:
         auth = ""
         if self.username is not None or self.password is not None:
             auth = quote(self.username or "", safe="")
+            if self.scheme == "s3" and auth:  # (an access key id names the principal and its account)
+                auth = _MASK + auth[-4:] if len(auth) >= 16 else _MASK
             auth += f":{_MASK}@" if self.password is not None else "@"
         if self.scheme == "unix":
             return f"unix://{auth}{self.path}" + (f"?db={self.db}" if self.db else "")
@@ -138,9 +140,12 @@ class RemoteURL:
 
 
 _USERINFO = re.compile(r"(//[^/@:\s]*:)[^@\s]*@")
-#: Credentials put in a query string (refused): their values are masked in the message too.
+#: Credentials put in a query string (refused).
 _QUERY_SECRETS: Final = ("password", "pass", "secret", "secret_access_key", "token")
-_QUERY_SECRET = re.compile(r"([?&](?:" + "|".join(_QUERY_SECRETS) + r")=)[^&#\s]*", re.IGNORECASE)
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+#: The query parameters whose values a message may show, when plain (:data:`_PLAIN`).
+_SHOWN: Final = frozenset().union(*_QUERY.values())
+_PLAIN = re.compile(r"[A-Za-z0-9._:/-]*\Z")
 
 
 def parse_url(
@@ -210,25 +215,42 @@ def _secret(value: str | Secret | None) -> Secret | None:
 
 
 def _scrub(url: str) -> str:
-    """``url`` with whatever may be a credential masked: the userinfo after its user name,
-    up to the last '@' (a password may hold '@', '/', '?' or '#' not percent-encoded, and
-    the '//' may be missing), and credentials in the query."""
-    start, end = _userinfo(url)
-    if start < end:
+    """``url`` with whatever may be a credential masked: the userinfo up to the last '@'
+    (a password may hold '@', '/', '?' or '#' not percent-encoded) — after its user name
+    where the scheme is one of ours, whole where it is not (``user:pw@host`` has no
+    scheme, and no way to tell a user from a password) — and every query value but the
+    plain ones of the parameters a scheme accepts (a credential under any name, a value
+    joined by ';', an endpoint with a userinfo), and any fragment."""
+    start, end, known = _userinfo(url)
+    if start <= end:
         user, colon, _ = url[start:end].partition(":")
-        if colon or "/" in user or "?" in user or "#" in user:
+        if not known:
+            url = f"{url[:start]}{_MASK}@{url[end + 1 :]}"
+        elif colon or "/" in user or "?" in user or "#" in user:
             user = user.split("/")[0].split("?")[0].split("#")[0] + ":" if colon else ""
             url = f"{url[:start]}{user}{_MASK}@{url[end + 1 :]}"
-    return _QUERY_SECRET.sub(r"\1" + _MASK, url)
+        end = url.rfind("@")
+    head, hash_, _ = url[end + 1 :].partition("#")
+    rest, question, query = head.partition("?")
+    if question:
+        pairs = []
+        for pair in query.split("&"):
+            name, equals, value = pair.partition("=")
+            if equals and not (unquote(name) in _SHOWN and _PLAIN.match(unquote(value))):
+                value = _MASK
+            pairs.append(f"{name}{equals}{value}")
+        rest += "?" + "&".join(pairs)
+    return url[: end + 1] + rest + ("#" + _MASK if hash_ else "")
 
 
-def _userinfo(url: str) -> tuple[int, int]:
-    """Where the userinfo of ``url`` may lie: after the scheme's ':' and its slashes, up to
-    the last '@' (``start >= end``: there is none)."""
-    start = url.find(":") + 1
-    while url[start : start + 1] == "/":
-        start += 1
-    return (start, url.rfind("@")) if start > 0 else (0, -1)
+def _userinfo(url: str) -> tuple[int, int, bool]:
+    """Where the userinfo of ``url`` may lie — after ``scheme://`` (at the start when there
+    is none), up to the last '@' (``start > end``: there is none) — and whether the
+    scheme is one of ours."""
+    found = _SCHEME.match(url)
+    start = found.end() if found else 0
+    known = found is not None and found.group(1).lower() in SCHEMES
+    return start, url.rfind("@"), known
 
 
 def _withheld(url: str, message: str) -> str:
@@ -236,8 +258,8 @@ def _withheld(url: str, message: str) -> str:
     the host ('/', '?', '#', '@' not percent-encoded): then the pieces it cut out of it (a
     database, a bucket, a query decoded, however short) may be in the message, which is
     replaced by one that says only what to fix."""
-    start, end = _userinfo(url)
-    secret = url[start:end].partition(":")[2] if start < end else ""
+    start, end, known = _userinfo(url)
+    secret = (url[start:end].partition(":")[2] if known else url[start:end]) if start < end else ""
     if any(c in secret for c in "/?#@"):
         return (
             f"remote URL {_scrub(url)!r} does not parse as meant (details withheld: they would show part of a "
@@ -267,7 +289,7 @@ def _query(url: str, scheme: str, text: str) -> dict[str, str]:
 
 def _db(url: str, text: str) -> int:
     if not text.isdigit() or len(text) > 5:
-        raise ConfigError(f"remote URL {_scrub(url)!r}: the database must be a small number, got {text!r}")
+        raise ConfigError(f"remote URL {_scrub(url)!r}: the database must be a small number")
     return int(text)
 
 
