@@ -70,10 +70,22 @@ def _kept(p: Prototype) -> tuple[Any, ...]:
     return ret, tuple((text(n), code(c), text(t)) for n, c, t in p.params), p.varargs
 
 
+def is_clang(version: str) -> bool:
+    """Whether a compiler that says ``version`` of itself is clang (else gcc)."""
+    return "clang" in version.lower()
+
+
 def signature_flags(toolchain: Toolchain) -> tuple[str, ...]:
     """The flags that have ``toolchain`` describe each function's prototype (after the
     user's flags: a ``-g0`` there does not turn them off)."""
-    return _CLANG if "clang" in toolchain.version.lower() else _GCC
+    return _CLANG if is_clang(toolchain.version) else _GCC
+
+
+def no_caret_flag(version: str) -> str:
+    """The flag that keeps a compiler from quoting a source line under a diagnostic
+    (after the user's flags): a ``#line`` directive can name any file, which gcc then
+    reopens to quote — a line of a file outside the roots in the log."""
+    return "-fno-caret-diagnostics" if is_clang(version) else "-fno-diagnostics-show-caret"
 
 
 def host_products(artifact: bytes) -> Products:

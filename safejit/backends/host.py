@@ -31,7 +31,7 @@ from ._elf import ElfError, dynsym_functions
 from ._host_library import HostLibrary
 from ._load_time import baseline_of, load_time_code
 from ._native import resolve_native
-from ._signatures import host_products, signature_flags
+from ._signatures import host_products, is_clang, no_caret_flag, signature_flags
 from ._toolchain import (
     ProbeCache,
     ProbeMemo,
@@ -50,7 +50,13 @@ __all__ = ["HostBackend", "HostLibrary", "elf_exported_functions", "refuse_load_
 
 logger = logging.getLogger(__name__)
 
-_PROBE_SCHEMA: Final = 7
+_PROBE_SCHEMA: Final = 8
+
+
+def _assembler_flags(version: str) -> tuple[str, ...]:
+    """What has the compiler that says ``version`` of itself assemble with GNU as, whose
+    ``--MD`` lists the files inline asm reads: clang's integrated assembler lists none."""
+    return ("-fno-integrated-as",) if is_clang(version) else ()
 
 
 class HostBackend:
@@ -135,8 +141,10 @@ class HostBackend:
                     roots.append(os.path.dirname(path))
         roots.append(os.path.dirname(compiler))
         # Inline asm can read files (.incbin, .include) that no depfile of the compiler
-        # names; GNU as writes its own (--MD). Without it such reads go unseen.
-        probe = [compiler, "-c", "-x", language, "/dev/null", "-o", "/dev/null", "-Wa,--MD,/dev/null"]
+        # names; GNU as writes its own (--MD). Without it such reads go unseen. (clang's
+        # own assembler lists nothing: clang is made to run GNU as, as gcc does.)
+        probe = [compiler, "-c", "-x", language, *_assembler_flags(version), "/dev/null", "-o", "/dev/null"]
+        probe.append("-Wa,--MD,/dev/null")
         asm_deps = run(probe, cwd="", timeout=60, extra_read=where).returncode == 0
         if not asm_deps:
             logger.warning(
@@ -229,6 +237,7 @@ class HostBackend:
             PCH_GUARD,  # (first: no precompiled header can stand in for a header unrecorded)
             *(f for f in flags if not f.startswith("-l")),
             *signature_flags(toolchain),  # (after the user's: what each kernel takes, in DWARF)
+            no_caret_flag(toolchain.version),
             "-fno-lto",
         ]
         argv += macro_flags(defines)
@@ -236,7 +245,7 @@ class HostBackend:
         if quote_dir is not None:
             argv += ["-iquote", quote_dir]
         if toolchain.asm_deps:
-            argv.append(ASM_DEP_FLAG)
+            argv += [*_assembler_flags(toolchain.version), ASM_DEP_FLAG]
         if toolchain.link_deps:
             argv.append(LD_DEP_FLAG)
         argv += ["-MD", "-MF", "{DEP}", "-o", "{OUT}", "-x", language, "{SRC}", *libs]

@@ -159,15 +159,32 @@ _TOKENS = re.compile(
 )
 
 
+#: Trigraphs (C++ before 17, C before 23, and any ``-trigraphs``): ``??=`` is a ``#``,
+#: ``??/`` a backslash (a line splice before a newline), and so on.
+_TRIGRAPH = re.compile(rb"\?\?([=/'()!<>-])")
+_TRIGRAPHS: Final = dict(zip(b"=/'()!<>-", (bytes([c]) for c in b"#\\^[]|{}~"), strict=True))
+
+
 def as_read(data: bytes, *, always: bool = False) -> bytes:
-    """``data`` as the preprocessor reads its directives — line splices joined, comments
-    a space, ``%:`` a ``#`` — when something could hide one (``always``: whenever it
-    holds a comment or a splice); else ``data`` (the usual case, at no cost)."""
+    """``data`` as the preprocessor reads its directives — trigraphs replaced (whether
+    the compiler takes them or not: a directive seen that is none costs at most a
+    refusal), line splices joined, comments a space, ``%:`` a ``#`` — when something
+    could hide one (``always``: whenever it holds a comment or a splice); else ``data``
+    (the usual case, at no cost)."""
+    if b"??" in data:
+        data = _TRIGRAPH.sub(lambda m: _TRIGRAPHS[m.group(1)[0]], data)
+        always = True
     if not (b"%:" in data or _HIDDEN.search(data) or (always and (b"/*" in data or b"\\\n" in data))):
         return data
     joined = data.replace(b"\\\r\n", b"").replace(b"\\\n", b"")
     kept = _TOKENS.sub(lambda m: b" " if m.group(0)[:1] == b"/" else m.group(0), joined)
     return kept.replace(b"%:", b"#")
+
+
+def _may_splice(data: bytes) -> bool:
+    """Whether a line splice may join a word ``data`` seems not to hold (``\\`` or ``??/``
+    before a newline)."""
+    return b"\\\n" in data or b"\\\r\n" in data or b"??/" in data
 
 
 def quoted_includes(data: bytes) -> list[str]:
@@ -183,7 +200,7 @@ def computed_include(data: bytes) -> bool:
 
 def _includes(data: bytes) -> tuple[list[str], bool]:
     """:func:`quoted_includes` and :func:`computed_include`, ``data`` read once."""
-    if b"include" not in data and b"\\\n" not in data and b"%:" not in data:
+    if b"include" not in data and not _may_splice(data) and b"%:" not in data:
         return [], False
     # Read both ways, and what either finds kept: a lookalike the reading as the
     # preprocessor would drop (a raw string, say) costs at most a spurious negative.
@@ -195,7 +212,7 @@ def _includes(data: bytes) -> tuple[list[str], bool]:
 def has_include_probes(data: bytes) -> list[tuple[str, str]]:
     """``(kind, name)`` of the headers probed with ``__has_include`` (literal arguments
     only), kind ``"`` (looked for next to the file first) or ``<``."""
-    if b"__has_include" not in data:
+    if b"__has_include" not in data and not _may_splice(data):
         return []
     # (as the preprocessor reads it only: a probe in a comment is none, and refusing one
     # that names a path outside the roots refused a sound compile)

@@ -187,7 +187,9 @@ _GCC_EXACT: Final = frozenset(
         *_pairs("stack-clash-protection"),
         "-fcf-protection",
         # diagnostics output (to the log only)
-        *_pairs("diagnostics-color", "diagnostics-show-caret", "diagnostics-show-option", "show-column"),
+        # (no caret: a #line directive names any file, and gcc reopens it to quote a line)
+        *_pairs("diagnostics-color", "diagnostics-show-option", "show-column"),
+        "-fno-diagnostics-show-caret",
         # OpenMP: links the toolchain's libgomp (see LIBRARIES), whose initialiser only reads
         # this process's OMP_* settings; -fopenmp-simd uses no runtime at all.
         *("-fopenmp", "-fopenmp-simd"),
@@ -264,7 +266,7 @@ LIBRARIES: Final = frozenset(
 GCC: Final = Family(
     name="gcc",
     options=OptionTable(_GCC_EXACT, _GCC_VALUED),
-    path_flags=("-isystem", "-iquote", "-idirafter", "-include", "-imacros", "-I"),
+    path_flags=("-isystem", "-iquote", "-idirafter", "-include", "-I"),
     libraries=LIBRARIES,
     linker=True,
     machine=frozenset({"-march=native", "-mtune=native", "-mcpu=native"}),
@@ -456,7 +458,7 @@ BISHENG: Final = Family(
             "-W": _WARNING,
         },
     ),
-    path_flags=("-isystem", "-iquote", "-idirafter", "-include", "-imacros", "-I"),
+    path_flags=("-isystem", "-iquote", "-idirafter", "-include", "-I"),
 )
 
 FAMILIES: Final = {f.name: f for f in (GCC, NVCC, NVRTC, BISHENG)}
@@ -542,6 +544,9 @@ REASONS: Final = {
     "-fmodule": "reads or writes module files elsewhere",
     "-fprebuilt-module-path": "reads files elsewhere",
     "-include-pch": "reads a precompiled header",
+    # (gcc reads -imacros files before every -include, so before safejit's guard: their
+    # .gch, the compiler's binary state, would be loaded, and no depfile names it)
+    "-imacros": "may load a precompiled header (.gch) no dependency list names",
     "--pch": "reads or writes precompiled headers",
     "-pch": "reads or writes precompiled headers",
     "--create-pch": "writes a precompiled header",

@@ -28,7 +28,7 @@ from .flag_tables import LINKER, LINKER_NEXT, LINKER_REASONS, PTXAS, REASONS, Fa
 __all__ = ["PATH_FLAGS", "MachineResolver", "check_defines", "check_flags"]
 
 #: Flags whose value is a path (the host family's; each family lists its own).
-PATH_FLAGS: Final = ("-isystem", "-iquote", "-idirafter", "-include", "-imacros", "-I")
+PATH_FLAGS: Final = ("-isystem", "-iquote", "-idirafter", "-include", "-I")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 Confiner = Callable[[str, str], str]  # (path, what) -> anchored token text

@@ -5,11 +5,12 @@ exists, nor the working directory a relative one was resolved in)."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
 import safejit
-from tests.security._support import needs_landlock
+from tests.security._support import assert_no_secret, assert_nothing_published, needs_landlock
 
 OK = "int k(void) { return 1; }\n"
 
@@ -132,3 +133,25 @@ def test_a_probe_of_a_link_out_of_a_root_is_refused_whether_its_target_is_there(
             rt.compile(safejit.Source(code, "k"), include_dirs=(str(inc),))
         said.append((type(exc.value), str(exc.value)))
     assert said[0] == said[1] and said[0][0] is safejit.UndeclaredDependencyError, said
+
+
+@pytest.mark.parametrize(
+    "backend", ["host", pytest.param("cuda", marks=pytest.mark.skipif(not shutil.which("nvcc"), reason="no nvcc"))]
+)
+def test_a_line_directive_never_quotes_a_file_in_a_diagnostic(make_runtime, outside, cache_dir, backend):
+    """``#line 1 "/any/file"`` then an error: gcc reopened the named file to quote its line
+    under the message (the compile log, hence CompileError.log, held a line of any file
+    the compiler could read; with the sandbox off or a system file, read it did)."""
+    extra = {"cuda_compiler": "nvcc"} if backend == "cuda" else {}
+    rt = make_runtime(backend=backend, sandbox="off", **extra)
+    code = f'#line 1 "{outside}/secret"\n#error the line quoted here\n'
+    with pytest.raises(safejit.CompileError) as exc:
+        rt.compile(safejit.Source(code, "k"), **({"arch": "sm_90"} if backend == "cuda" else {}))
+    assert "the line quoted here" in exc.value.log  # (the diagnostic itself is kept)
+    assert_no_secret(exc.value, exc.value.log)
+    assert_nothing_published(cache_dir)
+
+
+def test_a_caret_cannot_be_turned_back_on(make_runtime):
+    with pytest.raises(safejit.FlagPolicyError):
+        make_runtime().compile(safejit.Source(OK, "k"), flags=("-fdiagnostics-show-caret",))

@@ -119,3 +119,18 @@ def test_nvrtc_files_the_worker_may_read_for_itself_are_outside_like_any(make_ru
         errors.append((str(exc.value), getattr(exc.value, "path", None)))
     assert errors[0] == errors[1] == errors[2] and errors[0][1] is None, errors
     assert_nothing_published(cache_dir)
+
+
+@pytest.mark.parametrize(
+    "directive",
+    ['??=include "{outside}/secret.h"', '#inc??/\nlude "{outside}/secret.h"', '??=include ??/\n"{outside}/secret.h"'],
+)
+def test_in_process_nvrtc_sees_a_directive_spelt_with_trigraphs(make_runtime, project, outside, cache_dir, directive):
+    """C++ before 17 takes ``??=`` for ``#`` and ``??/`` for a backslash: the scanner that
+    hands in-process NVRTC its headers did not, and NVRTC opened the file itself, in this
+    process, unconfined (the secret compiled into the cubin, the manifest naming none)."""
+    rt = make_runtime(backend="cuda", source_roots=(str(project),), nvrtc_worker=False)
+    code = directive.format(outside=outside) + "\n" + KERNEL.format(value="SECRET")
+    with pytest.raises(safejit.PathConfinementError) as exc:
+        rt.compile(safejit.Source(code, "s"), arch="sm_90", flags=("-std=c++11",))
+    _assert_refused(exc, cache_dir)

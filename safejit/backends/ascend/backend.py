@@ -16,7 +16,7 @@ from typing import Any, Final
 from ...closure.hashing import hash_file
 from ...errors import CompileError, ConfigError, FlagPolicyError, LoadError
 from ...spec import BuildSpec, Source, Toolchain
-from .._argv import run_argv
+from .._argv import PCH_GUARD, run_argv
 from .._elf import ElfError, section_names
 from .._toolchain import ProbeCache, ProbeMemo, compiler_search_dirs, file_ident, run_text
 from ..base import CompileContext, CompileOutput, Products, Runner, macro_flags
@@ -138,6 +138,8 @@ class AscendBackend:
             "cce",
             "--cce-aicore-only",
             arch_flag,
+            "-include",
+            PCH_GUARD,  # (first: clang takes a .pch for the first -include's header)
             *flags,
             *macro_flags(defines),
             *(f"-I{d}" for d in include_dirs),
@@ -148,7 +150,10 @@ class AscendBackend:
         argv += ["-MD", "-MF", "{DEP}", "-o", "{OBJ}", "{SRC}"]
         lld = toolchain.version.split("\nld.lld: ", 1)[1].split("\n", 1)[0]
         # One spec, two sandboxed steps: "--" separates the linker's argv.
-        return (*argv, "--", lld, "-m", "aicorelinux", "-Ttext=0", "{OBJ}", "-o", "{OUT}")
+        # --no-dependent-libraries: a source's ``#pragma comment(lib, "<path>")`` (its object's
+        # .deplibs) would have the linker open any file and quote it in its errors.
+        link = ("-m", "aicorelinux", "-Ttext=0", "--no-dependent-libraries")
+        return (*argv, "--", lld, *link, "{OBJ}", "-o", "{OUT}")
 
     def compile(self, ctx: CompileContext) -> CompileOutput:
         spec = ctx.spec

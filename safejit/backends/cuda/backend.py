@@ -25,6 +25,7 @@ from ...sandbox import lookups as lookup_recorder
 from ...sandbox.statedir import StateDir
 from ...spec import BuildSpec, Source, Toolchain
 from .._argv import run_argv
+from .._signatures import no_caret_flag
 from .._toolchain import (
     ProbeCache,
     ProbeMemo,
@@ -60,6 +61,19 @@ _PROBE_SCHEMA: Final = 4
 #: ``argv[0]`` of an NVRTC compile whose headers are handed over in memory (where its
 #: lookups cannot be recorded): how NVRTC finds headers is part of the key.
 NVRTC_IN_MEMORY: Final = "nvrtc-headers-in-memory"
+
+
+#: Path flags nvcc takes only with their value as the next argument ("Unknown option
+#: '-isystem/x'"); the policy's form, joined, stays the key's.
+_SEPARATE: Final = ("-isystem", "-include")
+
+
+def _separated(flags: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    for flag in flags:
+        prefix = next((p for p in _SEPARATE if flag.startswith(p) and len(flag) > len(p)), None)
+        out += [flag] if prefix is None else [prefix, flag[len(prefix) :]]
+    return out
 
 
 class SpillWarning(UserWarning):
@@ -291,7 +305,8 @@ class CudaBackend:
             how = "nvrtc" if self.records_lookups() else NVRTC_IN_MEMORY
             macros = macro_flags(defines)
             return (how, f"--gpu-architecture={arch}", "-default-device", "--ptxas-options=-v", *flags, *macros)
-        host = toolchain.version.split("\nhost: ", 1)[1].split(" ", 1)[0]
+        host_version = toolchain.version.split("\nhost: ", 1)[1]
+        host = host_version.split(" ", 1)[0]
         # Macros whose text nvcc's shell could act on go into a header (nvcc_shell.py),
         # before the tenant's own -include files, as -D would be.
         others, _, _ = split_macros(flags, defines)
@@ -304,7 +319,9 @@ class CudaBackend:
             host,
             "--ptxas-options=-v",
             *header_args(flags, defines),
-            *others,
+            *_separated(others),
+            # (after the user's: the host preprocessor quotes no line of a file a #line names)
+            f"-Xcompiler={no_caret_flag(host_version)}",
             *(f"-I{d}" for d in include_dirs),
         ]
         if quote_dir is not None:

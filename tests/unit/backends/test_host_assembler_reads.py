@@ -4,7 +4,9 @@ lists them (``--MD``). A change to one is a miss, never a stale binary."""
 
 from __future__ import annotations
 
+import glob
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -145,3 +147,27 @@ def test_a_malformed_assembler_list_is_refused(tmp_path, data):
 def test_a_malformed_or_missing_linker_list_is_refused(tmp_path, data):
     with pytest.raises(ValueError):
         tool_reads(str(tmp_path), (), {str(tmp_path / ".ld.d"): data})
+
+
+#: A clang, where one is installed (not on the CI machine: the test runs where it is).
+CLANG = shutil.which("clang") or next(iter(sorted(glob.glob("/usr/bin/clang-[0-9]*"))), None)
+
+
+@pytest.mark.skipif(CLANG is None, reason="no clang")
+def test_clang_assembles_with_gnu_as_so_that_its_reads_are_listed(make_runtime, tmp_path):
+    """clang's integrated assembler lists nothing it reads: an ``.incbin`` went unseen (a
+    stale binary after the file changed; with the sandbox off, any file the compiler's
+    user can read embedded in the artifact). clang runs GNU as, with --MD, as gcc does."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    path = _data(root, ".incbin", 3)
+    src = _kernel(".incbin", path)
+    clang = CLANG
+    first = make_runtime(source_roots=(str(root),), host_cc=clang)
+    module = first.compile(src)
+    assert module.kernel("first")() == 3
+    assert "-fno-integrated-as" in _manifest(module).argv
+    assert path.name in [relpath for _, relpath, _ in _manifest(module).deps]
+    _data(root, ".incbin", 5)
+    settle()
+    assert make_runtime(source_roots=(str(root),), host_cc=clang).compile(src).kernel("first")() == 5

@@ -47,10 +47,11 @@ done
 """
 
 LLD = r"""#!/bin/sh
-# STAND-IN for CANN's ld.lld (tests only): -m aicorelinux -Ttext=0 IN -o OUT
+# STAND-IN for CANN's ld.lld (tests only): -m aicorelinux -Ttext=0 --no-dependent-libraries IN -o OUT
 case "$*" in *--version*) echo "LLD stand-in 0.1 (safejit tests)"; exit 0;; esac
-[ "$1" = "-m" ] && [ "$2" = "aicorelinux" ] && [ "$3" = "-Ttext=0" ] || { echo "unexpected argv: $*" >&2; exit 2; }
-exec /usr/bin/ld -r "$4" -o "$6"
+[ "$1" = "-m" ] && [ "$2" = "aicorelinux" ] && [ "$3" = "-Ttext=0" ] && [ "$4" = "--no-dependent-libraries" ] ||
+  { echo "unexpected argv: $*" >&2; exit 2; }
+exec /usr/bin/ld -r "$5" -o "$7"
 """
 
 ADD = """#include "tile.h"
@@ -159,6 +160,21 @@ def test_npu_arch_spelling_for_numeric_architectures(make_runtime, toolkit, asce
     )
     argv = json.loads((Path(art.path) / "manifest.json").read_text())["argv"]
     assert "--npu-arch=dav-2201" in argv and "aicorelinux" in argv and "-Ttext=0" in argv
+
+
+def test_no_precompiled_header_and_no_library_a_source_names(make_runtime, toolkit, ascend_project):
+    """bisheng (clang) takes ``X.h.pch`` for the first ``-include X.h`` (binary state no
+    depfile names: a stale hit after it changed); a ``#pragma comment(lib, "<path>")``
+    had ld.lld open any file and quote it in its errors. The guard goes first; the
+    linker takes no library an object names."""
+    art = _rt(make_runtime, toolkit, ascend_project).build(
+        safejit.Source(ADD, "add_custom"), include_dirs=(str(ascend_project / "include"),), arch="dav-c220"
+    )
+    argv = json.loads((Path(art.path) / "manifest.json").read_text())["argv"]
+    first = argv.index("-include")
+    assert argv[first + 1] == "{GUARD}" and first < min(i for i, a in enumerate(argv) if a.startswith("-I"))
+    link = argv[argv.index("--") + 1 :]
+    assert "--no-dependent-libraries" in link
 
 
 def test_include_outside_the_roots_is_refused(make_runtime, toolkit, ascend_project, cache_dir, tmp_path):

@@ -739,3 +739,19 @@ def test_an_nvrtc_library_replaced_under_a_running_process_is_probed_again(tmp_p
     monkeypatch.setattr(cuda_backend, "library_path", lambda: str(new))
     assert not be.toolchain_unchanged(types.SimpleNamespace(toolchain=tc, language="cuda"), since)
     assert be.toolchain(source, None) != tc
+
+
+@pytest.mark.skipif(not HAVE_NVCC, reason="no nvcc")
+@pytest.mark.parametrize("flag", ["-isystem", "-include"])
+def test_nvcc_takes_path_flags_other_than_dash_i(make_runtime, cuda_project, flag):
+    """nvcc takes -isystem and -include only with the path as the next argument: the
+    policy's joined form ("-isystem/x") was "nvcc fatal: Unknown option"."""
+    inc = cuda_project / "include"
+    value = str(inc / "scale.h") if flag == "-include" else str(inc)
+    code = ("" if flag == "-include" else "#include <scale.h>\n") + (
+        'extern "C" __global__ void k(float* p) { *p = SCALE; }\n'
+    )
+    art = _rt(make_runtime, cuda_project, "nvcc").build(safejit.Source(code, "k"), arch="sm_90", flags=(flag, value))
+    assert art.kernels == ("k",)
+    deps = json.loads((Path(art.path) / "manifest.json").read_text())["deps"]
+    assert {Path(d[1]).name for d in deps} >= {"scale.h", "detail.h"}
