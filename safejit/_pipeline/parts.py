@@ -18,7 +18,7 @@ from ..cache.statmemo import StatMemo
 from ..closure.anchors import Anchors
 from ..config import Config
 from ..policy import roots as root_policy
-from ..policy.trust import SignaturePolicy, signature_policy, signer_of
+from ..policy.trust import config_policy, signer_of
 from ..sandbox import SYSTEM_PATH
 from ..sandbox.runner import Sandbox
 from ..sandbox.statedir import state_dir
@@ -68,7 +68,7 @@ class Parts:
             tenant=config.tenant,
             backend=config.backend,
             signer=signer,
-            verifier=_signature_policy(config, signer),
+            verifier=config_policy(config, signer),
             max_artifact_bytes=config.max_artifact_bytes,
             memo=StatMemo(private) if config.trust_stat else None,
             staging=Staging(f"artifact.{self.backend.artifact_ext}", scratch=scratch, memory=in_memory, marks=private),
@@ -182,9 +182,3 @@ class _RemoteObserver:
             instruments.remote_bytes.add(sent, {**self._attrs, ATTR.DIRECTION: "sent"})
         if received:
             instruments.remote_bytes.add(received, {**self._attrs, ATTR.DIRECTION: "received"})
-
-
-def _signature_policy(config: Config, signer: object) -> SignaturePolicy | None:
-    """What a leaf's signature is checked against (``policy.trust.signature_policy``);
-    none when no key is configured (``require_signed`` is then false)."""
-    return signature_policy(config.verify_keys, signer, require=bool(config.require_signed))

@@ -231,10 +231,10 @@ class DiskTier:
     def _quarantine_damaged(self, root: str, rejections: list[Rejection]) -> None:
         if any(rej.reason.corrupt for rej in rejections) and root == self.writable_root():
             for rej in rejections:
-                if rej.reason.corrupt and not self._sound_now(rej.leaf, root):
+                if rej.reason.corrupt and not self.sound_now(rej.leaf, root):
                     self.quarantine(rej.leaf, root)
 
-    def _sound_now(self, leaf: str, root: str) -> bool:
+    def sound_now(self, leaf: str, root: str) -> bool:
         """Whether what ``leaf`` names now is a sound leaf: one pruned and published again
         since it was read (another process's lookup moved the damaged one aside first,
         or a prune) is never moved aside for what the old one was."""

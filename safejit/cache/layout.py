@@ -159,6 +159,9 @@ class CacheLayout:
                     stamp = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}"
                     faults.point("disk.rename")
                     os.rename(name, stamp, src_dir_fd=src, dst_dir_fd=quarantine)
+                    # (aged from now, not from its last write: gc keeps it its full age)
+                    with contextlib.suppress(OSError):
+                        os.utime(stamp, dir_fd=quarantine, follow_symlinks=False)
         except OSError:
             return False
         return True

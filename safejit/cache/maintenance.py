@@ -49,7 +49,7 @@ from .layout import (
     in_its_shard,
     is_real_dir,
 )
-from .leaf import MANIFEST_LIMIT, Manifest, Rejection, VerifiedLeaf, decode_manifest
+from .leaf import MANIFEST_LIMIT, Manifest, Rejection, VerifiedLeaf, Verifier, decode_manifest
 from .usage import UsageEntry, read_usage, remove_usage
 
 __all__ = [
@@ -181,12 +181,15 @@ def damaged(root: str) -> list[tuple[str, str]]:
 
 
 def verify_all(
-    root: str, *, fix: bool = False, moved: set[str] | None = None
+    root: str, *, fix: bool = False, moved: set[str] | None = None, verifier: Verifier | None = None
 ) -> Iterator[tuple[LeafInfo, Rejection | None]]:
-    """Integrity of every leaf (marker, manifest, name, artifact bytes); with ``fix``,
-    damaged leaves — and whatever stands where a leaf or build dir should be — are
-    moved to quarantine (the entry itself, never followed); ``moved`` is given the path
-    of each that was (one that could not be, in a cache this user may not write, is not)."""
+    """Integrity of every leaf (marker, manifest, name, artifact bytes; its signature
+    against ``verifier``, as this user's processes check it); with ``fix``, damaged
+    leaves — and whatever stands where a leaf or build dir should be — are moved to
+    quarantine (the entry itself, never followed), unless what the name holds by then
+    is a sound leaf (published again meanwhile); ``moved`` is given the path of each
+    that was (one that could not be, in a cache this user may not write, is not). A
+    leaf removed meanwhile (prune) is no finding."""
     layout = real_layout(root)
     moved = set() if moved is None else moved
     for path, why in damaged(root):
@@ -197,9 +200,15 @@ def verify_all(
     unreadable: list[LeafPath] = []
     for info in iter_leaves(root, unreadable=unreadable):
         # (any size: a leaf larger than some process's limit is still sound, and never set aside)
-        disk = DiskTier((layout.root,), tenant=info.tenant, backend=info.backend, max_artifact_bytes=sys.maxsize)
+        disk = DiskTier(
+            (layout.root,), tenant=info.tenant, backend=info.backend, verifier=verifier, max_artifact_bytes=sys.maxsize
+        )
         result = disk.verify(info.path, layout.root, info.build_key, None)
         bad = None if isinstance(result, VerifiedLeaf) else result
+        if bad is not None and bad.reason is Miss.GONE:
+            continue
+        if bad is not None and bad.reason.corrupt and disk.sound_now(info.path, layout.root):
+            bad = None  # (a prune and a publish replaced it while it was read: what is there is sound)
         if bad is None:
             extra = _foreign(info.path)
             if extra:  # (the leaf verifies, but holds what no publish wrote)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..cache import maintenance
+from ..policy.trust import config_policy
 from ..sandbox.statedir import state_dir
 from ._common import (
     EXIT_FINDINGS,
@@ -24,13 +25,15 @@ __all__ = ["cmd_gc", "cmd_prune", "cmd_verify"]
 
 def cmd_verify(args: argparse.Namespace, out: Out) -> int:
     roots = cache_roots(args.cache_dir)
+    # (signatures checked as this user's processes check them: SAFEJIT_VERIFY_KEYS, ...)
+    verifier = config_policy(config_for(args.cache_dir))
     findings: list[Finding] = []
     checked = 0
     for root in roots.dirs:
         count = sum(1 for _ in maintenance.iter_leaves(root))
         with out.progress(f"verifying {root}", count) as done:
             moved: set[str] = set()
-            for info, bad in maintenance.verify_all(root, fix=args.fix, moved=moved):
+            for info, bad in maintenance.verify_all(root, fix=args.fix, moved=moved, verifier=verifier):
                 checked += 1
                 done(checked)
                 if bad is not None:

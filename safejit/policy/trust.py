@@ -46,6 +46,7 @@ __all__ = [
     "Verdict",
     "Verifier",
     "check_hmac_key",
+    "config_policy",
     "load_public_key",
     "public_key_id",
     "signature_policy",
@@ -334,3 +335,11 @@ def signature_policy(
     if not publics and not hmacs and not require:
         return None
     return SignaturePolicy(Verifier(publics, hmac=hmacs), require=require)
+
+
+def config_policy(config: Any, signer: object | None = None) -> SignaturePolicy | None:
+    """The signature policy a ``safejit.Config`` sets: its ``verify_keys``, its signing
+    key's own (``signer``, else made from ``config.signing_key``), ``require_signed``."""
+    if signer is None and config.signing_key:
+        signer = signer_of(config.signing_key)
+    return signature_policy(config.verify_keys, signer, require=bool(config.require_signed))

@@ -14,6 +14,7 @@ import pytest
 
 import safejit
 from safejit.cache import fsio, maintenance
+from safejit.cache.leaf import Rejection
 from safejit.cli import parse_age, parse_size
 from safejit.outcomes import Miss
 from tests.conftest import assert_cache_sound, leaves, settle
@@ -449,4 +450,49 @@ def test_a_leaf_pruned_while_verify_walks_is_no_finding(cache_dir):
     for info in infos:
         _age(info.path, 3600)
     maintenance.prune(str(cache_dir), max_age_s=60, grace_s=0)
-    assert [bad for _, bad in walked if bad is not None and bad.reason is Miss.IO] == []
+    assert [bad for _, bad in walked if bad is not None] == []  # (nor "gone": exit 1 for a prune)
+
+
+def test_verify_fix_leaves_a_leaf_published_again_while_it_was_read(cache_dir, monkeypatch):
+    """verify read the old leaf's marker and the new leaf's manifest (a prune and a
+    publish between): it took a sound leaf for a damaged one and moved it aside."""
+    (info,) = _fill(cache_dir, 1)
+    real = maintenance.DiskTier.verify
+    calls = []
+
+    def torn(self, leaf, root, build_key, memo):  # (the first read straddles a republish)
+        calls.append(leaf)
+        if len(calls) == 1:
+            return Rejection(Miss.MANIFEST, "manifest does not match its commit marker", leaf, root)
+        return real(self, leaf, root, build_key, memo)
+
+    monkeypatch.setattr(maintenance.DiskTier, "verify", torn)
+    moved: set[str] = set()
+    assert [bad for _, bad in maintenance.verify_all(str(cache_dir), fix=True, moved=moved)] == [None]
+    assert moved == set() and os.path.isdir(info.path) and len(calls) == 2
+
+
+def test_a_quarantined_leaf_is_kept_for_gcs_full_age(cache_dir):
+    """Moved aside with its old mtime, it was removed by the next gc at once."""
+    (info,) = _fill(cache_dir, 1)
+    _age(info.path, 3 * 86400)
+    (Path(info.path) / "artifact.so").write_bytes(b"damaged")
+    moved: set[str] = set()
+    assert [bad.reason for _, bad in maintenance.verify_all(str(cache_dir), fix=True, moved=moved)] == [Miss.ARTIFACT]
+    assert moved == {info.path}
+    assert maintenance.gc(str(cache_dir))["quarantine"] == 0
+    assert len(os.listdir(cache_dir / "v1" / "quarantine")) == 1
+    assert maintenance.gc(str(cache_dir), now=time.time() + 2 * 86400)["quarantine"] == 1
+
+
+def test_verify_checks_signatures_as_this_users_processes_do(cache_dir, tmp_path):
+    """A leaf another writer replaced with an unsigned one: every node that requires a
+    signature misses it, and verify said 1/1 leaves verify."""
+    from safejit.policy.trust import Ed25519Signer, config_policy
+
+    pem = Ed25519Signer.generate().private_pem()
+    signed = safejit.Config(cache_dirs=(str(cache_dir),), signing_key=pem)
+    _fill(cache_dir, 1)  # (unsigned)
+    findings = [bad for _, bad in maintenance.verify_all(str(cache_dir), verifier=config_policy(signed))]
+    assert [b.reason for b in findings if b is not None] == [Miss.UNSIGNED]
+    assert [b for _, b in maintenance.verify_all(str(cache_dir))] == [None]  # (no key: as before)
