@@ -38,8 +38,10 @@ from .fsio import (
     Flock,
     fsync_dir,
     fsync_file,
+    group_writable,
     lock_file,
     makedirs_durable,
+    mkdir_shared,
     read_bytes,
     rename,
     shared_dir_mode,
@@ -492,12 +494,12 @@ class DiskTier:
         for part in os.path.relpath(bdir, base).split(os.sep):
             path = os.path.join(path, part)
             try:
-                os.mkdir(path, 0o775)
+                mkdir_shared(path)
             except FileExistsError:
                 if not is_real_dir(path):
                     logger.warning("quarantining %s: not a directory", path)
                     self.quarantine(path, root)
-                    os.mkdir(path, 0o775)
+                    mkdir_shared(path)
 
     def make_build_dir_later(self, root: str, build_key: str) -> None:
         """Create ``build-<K>`` in the background while the compiler runs (publish makes
@@ -598,7 +600,7 @@ def _fill_stage(stage: str, files: dict[str, bytes], *, prepared: bool, synced: 
     if entries_changed:
         fsync_dir(stage)
     if not prepared:
-        os.chmod(stage, shared_dir_mode())
+        os.chmod(stage, shared_dir_mode(group_writable(os.path.dirname(stage))))
 
 
 def _fsync_quietly(path: str) -> None:

@@ -19,8 +19,10 @@ __all__ = [
     "Flock",
     "fsync_dir",
     "fsync_file",
+    "group_writable",
     "lock_file",
     "makedirs_durable",
+    "mkdir_shared",
     "read_bytes",
     "remove_tree",
     "rename",
@@ -137,12 +139,15 @@ def read_bytes(path: str, limit: int) -> bytes:
         os.close(fd)
 
 
-def shared_dir_mode() -> int:
+def shared_dir_mode(group: bool = False) -> int:
     """The mode a directory of the shared tree gets: ``0775`` less this process's umask, as
     ``mkdir`` gives (so a root shared by a group, setgid with umask 002, stays writable by
-    the group; with the usual 022, 0755; never writable by others, even with umask 000).
-    Leaves' files are 0644 whatever the umask."""
+    the group; with the usual 022, 0755; never writable by others, even with umask 000);
+    with ``group`` (the tree is shared by a group: :func:`group_writable`), ``0775``
+    whatever the umask. Leaves' files are 0644 whatever the umask."""
     global _umask
+    if group:
+        return 0o775
     if _umask is None:
         try:
             with open("/proc/self/status", "rb") as f:
@@ -156,8 +161,45 @@ def shared_dir_mode() -> int:
 _umask: int | None = None
 
 
-def makedirs_durable(path: str, mode: int = 0o775) -> None:
-    """``mkdir -p`` that fsyncs each parent whose entries it changed."""
+def group_writable(path: str) -> bool:
+    """Whether the directory ``path`` is one a group shares (:func:`_shared_by_group`)."""
+    try:
+        return _shared_by_group(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _shared_by_group(mode: int) -> bool:
+    """A directory set up to be shared by a group, as docs/security.md says (setgid, group-
+    writable); not one anyone may write (``/tmp``: a root made there stays this user's)."""
+    return bool(mode & stat.S_ISGID and mode & stat.S_IWGRP and not mode & stat.S_IWOTH)
+
+
+def mkdir_shared(path: str, *, dir_fd: int | None = None, group: bool | None = None) -> None:
+    """``mkdir`` of a directory of the shared tree (``FileExistsError`` as ``mkdir``), made
+    :func:`shared_dir_mode`: writable by the group, whatever this process's umask, where
+    the tree is shared by a group (``group``; None: where the directory it is made in is
+    set up to be, setgid and group-writable). One user's usual 022 left what it made first closed to the rest of
+    the group: their publishes failed under it, their hits could not renew its leaves'
+    age, their prunes could not remove them."""
+    os.mkdir(path, 0o775, dir_fd=dir_fd)
+    if shared_dir_mode() & stat.S_IWGRP:
+        return  # (the umask keeps it already)
+    if group is None:
+        parent = os.fstat(dir_fd) if dir_fd is not None else os.stat(os.path.dirname(path) or ".")
+        group = _shared_by_group(parent.st_mode)
+    if not group:
+        return
+    # (by descriptor: a name another member of the group swapped for a symlink is not followed)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, 0o775 | (os.fstat(fd).st_mode & stat.S_ISGID))
+    finally:
+        os.close(fd)
+
+
+def makedirs_durable(path: str) -> None:
+    """``mkdir -p`` (:func:`mkdir_shared`) that fsyncs each parent whose entries it changed."""
     missing = []
     cur = path
     while not os.path.isdir(cur):
@@ -168,7 +210,7 @@ def makedirs_durable(path: str, mode: int = 0o775) -> None:
         cur = parent
     for d in reversed(missing):
         with contextlib.suppress(FileExistsError):
-            os.mkdir(d, mode)
+            mkdir_shared(d)
         fsync_dir(os.path.dirname(d))
 
 

@@ -44,7 +44,7 @@ from typing import Final
 from .. import _forksafe, faults
 from .._background import background, settle
 from .._proc import owner, sweep
-from .fsio import fsync_file, remove_tree, write_file
+from .fsio import fsync_file, group_writable, mkdir_shared, remove_tree, write_file
 from .layout import MANIFEST, MARKER, CacheLayout
 
 __all__ = [
@@ -162,7 +162,7 @@ def make(
             os.mkdir(wd.tmp, 0o700)
             os.mkdir(wd.src, 0o700)
             blanks.append((os.path.join(wd.src, SOURCE_BLANK), 0o600))
-        os.mkdir(wd.stage, 0o775)
+        mkdir_shared(wd.stage, group=group_writable(base))  # (the leaf it becomes)
         for blank, mode in blanks:
             fd = os.open(blank, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
             try:

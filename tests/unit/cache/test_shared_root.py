@@ -29,11 +29,20 @@ print(json.dumps(out))
 """
 
 
-def _as(uid: int, home: Path, *args: str, python: str = "") -> subprocess.CompletedProcess[str]:
+def _as(uid: int, home: Path, *args: str, python: str = "", umask: str = "002") -> subprocess.CompletedProcess[str]:
     home.mkdir(exist_ok=True)
     os.chown(home, uid, GROUP)
     env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    argv = ["setpriv", f"--reuid={uid}", f"--regid={GROUP}", "--clear-groups", "--", "sh", "-c", 'umask 002; exec "$@"']
+    argv = [
+        "setpriv",
+        f"--reuid={uid}",
+        f"--regid={GROUP}",
+        "--clear-groups",
+        "--",
+        "sh",
+        "-c",
+        f'umask {umask}; exec "$@"',
+    ]
     run = [*argv, "sh", python or _PYTHON[0], *args]
     return subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
 
@@ -82,6 +91,28 @@ def test_two_users_of_a_group_share_a_root(shared, tmp_path):
     assert [(v, t) for v, t, _ in got] == [(0, "disk"), (1, "compiled")]
     assert os.stat(leaf).st_mtime > 1_000_000_000  # b's hit counts for prune's order
     assert os.stat(got[1][2]).st_uid == b
+
+
+def test_a_member_with_the_usual_umask_leaves_the_root_shared(shared, tmp_path):
+    """One member with umask 022 made what it made first 0755: the others' publishes
+    under it failed, their hits could not renew its leaves' age, their prunes could not
+    remove them. Whatever a member makes in a group-writable root is group-writable."""
+    a, b = USERS
+    first = _as(a, tmp_path / "ha", "-c", CHILD, str(shared), "1", umask="022")
+    assert first.returncode == 0, first.stderr[-2000:]
+    ((_, _, leaf),) = json.loads(first.stdout)
+    closed = [str(d) for d in shared.rglob("*") if d.is_dir() and not os.stat(d).st_mode & 0o020]
+    assert closed == []
+    os.utime(leaf, (1_000_000_000, 1_000_000_000))
+    second = _as(b, tmp_path / "hb", "-c", CHILD, str(shared), "1")
+    assert second.returncode == 0 and json.loads(second.stdout)[0][1] == "disk", second.stderr[-2000:]
+    assert os.stat(leaf).st_mtime > 1_000_000_000
+    prune = (
+        "import sys; from safejit.cache import maintenance; "
+        "print(maintenance.prune(sys.argv[1], max_age_s=0, grace_s=0).removed)"
+    )
+    pruned = _as(b, tmp_path / "hb", "-c", prune, str(shared))
+    assert pruned.stdout.strip() == "1" and not os.path.exists(leaf), pruned.stderr[-2000:]
 
 
 def test_no_directory_of_a_cache_is_writable_by_others_even_with_umask_0(tmp_path):
