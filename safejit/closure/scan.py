@@ -165,13 +165,12 @@ _TRIGRAPH = re.compile(rb"\?\?([=/'()!<>-])")
 _TRIGRAPHS: Final = dict(zip(b"=/'()!<>-", (bytes([c]) for c in b"#\\^[]|{}~"), strict=True))
 
 
-def as_read(data: bytes, *, always: bool = False) -> bytes:
-    """``data`` as the preprocessor reads its directives — trigraphs replaced (whether
-    the compiler takes them or not: a directive seen that is none costs at most a
-    refusal), line splices joined, comments a space, ``%:`` a ``#`` — when something
-    could hide one (``always``: whenever it holds a comment or a splice); else ``data``
-    (the usual case, at no cost)."""
-    if b"??" in data:
+def as_read(data: bytes, *, always: bool = False, trigraphs: bool = False) -> bytes:
+    """``data`` as the preprocessor reads its directives — line splices joined, comments
+    a space, ``%:`` a ``#``, and with ``trigraphs`` (C++ before 17, strict C) ``??=`` a
+    ``#``, ``??/`` a backslash — when something could hide one (``always``: whenever it
+    holds a comment or a splice); else ``data`` (the usual case, at no cost)."""
+    if trigraphs and b"??" in data:
         data = _TRIGRAPH.sub(lambda m: _TRIGRAPHS[m.group(1)[0]], data)
         always = True
     if not (b"%:" in data or _HIDDEN.search(data) or (always and (b"/*" in data or b"\\\n" in data))):
@@ -181,10 +180,34 @@ def as_read(data: bytes, *, always: bool = False) -> bytes:
     return kept.replace(b"%:", b"#")
 
 
-def _may_splice(data: bytes) -> bool:
-    """Whether a line splice may join a word ``data`` seems not to hold (``\\`` or ``??/``
-    before a newline)."""
-    return b"\\\n" in data or b"\\\r\n" in data or b"??/" in data
+def readings(data: bytes, *, always: bool = False) -> tuple[bytes, ...]:
+    """``data`` as the preprocessor reads it (:func:`as_read`), with trigraphs and
+    without where it holds one: whether the compiler takes them depends on its mode, and
+    each reading can hide what the other shows (``??/`` ending a comment line splices
+    the next line into the comment, or does not)."""
+    plain = as_read(data, always=always)
+    if b"??" not in data:
+        return (plain,)
+    return tuple(dict.fromkeys((plain, as_read(data, always=always, trigraphs=True))))
+
+
+def _spliced(word: bytes) -> re.Pattern[bytes]:
+    """``word`` with any line splices (``\\`` or ``??/`` before a newline) between its letters."""
+    splices = rb"(?:(?:\\|\?\?/)\r?\n)*"
+    return re.compile(splices.join(re.escape(bytes([c])) for c in word))
+
+
+_INCLUDE_WORD: Final = _spliced(b"include")
+_HAS_INCLUDE_WORD: Final = _spliced(b"__has_include")
+
+
+def _holds(data: bytes, word: bytes, spliced: re.Pattern[bytes]) -> bool:
+    """Whether ``word`` is in ``data``, line splices within it or not (``spliced``)."""
+    if word in data:
+        return True
+    if b"\\" not in data and (b"?" not in data or b"??/" not in data):
+        return False  # (no splice: two memchr-fast looks settle most files)
+    return spliced.search(data) is not None
 
 
 def quoted_includes(data: bytes) -> list[str]:
@@ -200,11 +223,11 @@ def computed_include(data: bytes) -> bool:
 
 def _includes(data: bytes) -> tuple[list[str], bool]:
     """:func:`quoted_includes` and :func:`computed_include`, ``data`` read once."""
-    if b"include" not in data and not _may_splice(data) and b"%:" not in data:
+    if b"%:" not in data and not _holds(data, b"include", _INCLUDE_WORD):
         return [], False
-    # Read both ways, and what either finds kept: a lookalike the reading as the
+    # Read every way, and what any finds kept: a lookalike the reading as the
     # preprocessor would drop (a raw string, say) costs at most a spurious negative.
-    texts = dict.fromkeys((data, as_read(data)))
+    texts = dict.fromkeys((data, *readings(data)))
     quoted = [m.group(1).decode("utf-8", "replace") for t in texts for m in _QUOTED_INCLUDE.finditer(t)]
     return list(dict.fromkeys(quoted)), any(_COMPUTED_INCLUDE.search(t) for t in texts)
 
@@ -212,11 +235,11 @@ def _includes(data: bytes) -> tuple[list[str], bool]:
 def has_include_probes(data: bytes) -> list[tuple[str, str]]:
     """``(kind, name)`` of the headers probed with ``__has_include`` (literal arguments
     only), kind ``"`` (looked for next to the file first) or ``<``."""
-    if b"__has_include" not in data and not _may_splice(data):
+    if not _holds(data, b"__has_include", _HAS_INCLUDE_WORD):
         return []
-    # (as the preprocessor reads it only: a probe in a comment is none, and refusing one
-    # that names a path outside the roots refused a sound compile)
-    found = HAS_INCLUDE.finditer(as_read(data, always=True))
+    # (as the preprocessor reads it only, with trigraphs and without: a probe in a comment
+    # is none, and refusing one that names a path outside the roots refused a sound compile)
+    found = [m for text in readings(data, always=True) for m in HAS_INCLUDE.finditer(text)]
     return list(dict.fromkeys((m.group(1).decode(), m.group(2).decode("utf-8", "replace").strip()) for m in found))
 
 

@@ -39,7 +39,7 @@ from typing import Any, Final
 
 from ...closure.hashing import read_beneath
 from ...closure.scan import HAS_INCLUDE as _HAS_INCLUDE
-from ...closure.scan import as_read
+from ...closure.scan import readings
 from ...errors import CompileError, CompileTimeout, LimitExceededError, PathConfinementError, SandboxUnavailableError
 from ...sandbox import SYSTEM_PATH
 from ...sandbox._wait import readable
@@ -147,7 +147,7 @@ def include_names(data: bytes) -> tuple[list[tuple[str, str]], bool]:
     found, computed = [], False
     # Read both as written and as the preprocessor reads it: a directive either reading
     # finds is handed over or refused (what one reading hides, the other may not).
-    for text in dict.fromkeys((data, as_read(data, always=True))):
+    for text in dict.fromkeys((data, *readings(data, always=True))):
         probes = [(m[1].decode(), m[2].decode("utf-8", "replace").strip()) for m in _HAS_INCLUDE.finditer(text)]
         found += probes
         if b"__has_include" in text and len(probes) != len(_PROBE.findall(text)):

@@ -284,3 +284,25 @@ def test_a_probe_in_a_comment_is_none_and_one_after_a_raw_string_is_seen():
 def test_has_include_probes_are_read_through_comments_and_splices():
     text = b'#if __has_include(/**/"a.h") || __has_include(\\\n<b.h>) || __has_include /* c */ ("c.h")\n#endif\n'
     assert scan.has_include_probes(text) == [('"', "a.h"), ("<", "b.h"), ('"', "c.h")]
+
+
+@pytest.mark.parametrize(
+    ("text", "probes"),
+    [
+        # gcc in its GNU modes takes no trigraph: the probe after the comment is one
+        (b'// what??/\n#if __has_include("opt.h")\n#endif\n', [('"', "opt.h")]),
+        # strict modes do: the probe spliced across the line is one too
+        (b'#if __has_??/\ninclude("z.h")\n#endif\n', [('"', "z.h")]),
+        (b"#if __has_\\\ninclude(<w.h>)\n#endif\n", [("<", "w.h")]),
+        (b"/* __has_include(<c.h>) */\n", []),
+    ],
+)
+def test_a_probe_either_reading_of_trigraphs_shows_is_found(text, probes):
+    """Trigraphs read always: a ``??/`` ending a comment line joined the next line, a
+    probe, to the comment; it was never recorded (a stale hit once the header appeared,
+    and an existence oracle outside the roots)."""
+    assert scan.has_include_probes(text) == probes
+
+
+def test_a_directive_spelt_with_trigraphs_is_found():
+    assert scan.quoted_includes(b'??=include "a.h"\n#inc??/\nlude "b.h"\n') == ["a.h", "b.h"]
