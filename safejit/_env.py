@@ -223,13 +223,13 @@ def remote_credentials(engine: str, *, has_user: bool = False, has_password: boo
     found = {
         "username": None if has_user else env.get("SAFEJIT_REMOTE_USERNAME"),
         "password": None if has_password else env.get("SAFEJIT_REMOTE_PASSWORD"),
-        "session_token": env.get("SAFEJIT_REMOTE_SESSION_TOKEN"),
+        # (S3's temporary credentials only: another engine has none to take)
+        "session_token": env.get("SAFEJIT_REMOTE_SESSION_TOKEN") if engine == "s3" else None,
     }
     if engine == "s3" and not (has_user or has_password or found["username"] or found["password"]):
         key, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
         if key and secret:  # (a pair, or none: obstore's own chain then)
-            found.update(username=key, password=secret)
-            found["session_token"] = found["session_token"] or env.get("AWS_SESSION_TOKEN")
+            found.update(username=key, password=secret, session_token=env.get("AWS_SESSION_TOKEN"))
     return {k: v for k, v in found.items() if v}
 
 

@@ -8,6 +8,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
+from urllib.parse import urlsplit
 
 from . import _env
 from .cache.layout import RESERVED
@@ -243,6 +244,7 @@ class Config:
         if self.remote is None or self.remote_mode == "off":
             return None
         from .cache.remote.settings import RemoteSettings
+        from .cache.remote.url import ENGINES
 
         if not isinstance(self.remote, str):
             raise ConfigError("Config.remote must be a URL string")
@@ -252,14 +254,16 @@ class Config:
             "max_bytes": self.remote_max_bytes,
             "lease_ttl_s": self.remote_lease_ttl_s,
         }
-        found = RemoteSettings.from_url(self.remote, **fields)
         if not env:
-            return found
-        url = found.url
-        creds = _env.remote_credentials(
-            found.engine, has_user=url.username is not None, has_password=url.password is not None
-        )
-        return RemoteSettings.from_url(self.remote, **creds, **fields) if creds else found
+            return RemoteSettings.from_url(self.remote, **fields)
+        try:  # (what the URL holds, before it is parsed with what the environment adds)
+            parts = urlsplit(self.remote)
+            has = (parts.username is not None, parts.password is not None)
+            engine = ENGINES.get(parts.scheme.lower(), "")
+        except ValueError:  # (the parse below says what is wrong)
+            has, engine = (False, False), ""
+        creds = _env.remote_credentials(engine, has_user=has[0], has_password=has[1])
+        return RemoteSettings.from_url(self.remote, **creds, **fields)
 
     def _check_verify_keys(self) -> None:
         keys = self.verify_keys

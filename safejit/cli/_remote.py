@@ -85,13 +85,16 @@ def remote_error(store: RemoteStore, exc: RemoteError) -> CliError:
     return CliError(f"{shown_url(store)}: {exc}")
 
 
-def round_trip(store: RemoteStore) -> float:
-    """Seconds one PING (S3: a HEAD) takes; a failure is the command's error."""
+def round_trip(store: RemoteStore, *, writes: bool = False) -> float:
+    """Seconds one PING (S3: a HEAD) takes; a failure is the command's error — but for a
+    command that only reads (not ``writes``), a server that takes no writes now (Redis
+    answers PING with MISCONF while its snapshots fail) still answers its reads."""
     start = time.perf_counter()
     try:
         store.ping()
     except RemoteError as exc:
-        raise remote_error(store, exc) from None
+        if writes or exc.reason != "unwritable":
+            raise remote_error(store, exc) from None
     return time.perf_counter() - start
 
 

@@ -100,7 +100,7 @@ def _remote_of(args: argparse.Namespace) -> str | None:
         raise CliError("--remote needs a URL, or SAFEJIT_REMOTE set")
     store = store_of(cfg.replace(remote=url or cfg.remote, remote_mode="read-write"))
     try:
-        round_trip(store)
+        round_trip(store, writes=True)
     finally:
         store.close()
     return url

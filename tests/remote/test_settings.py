@@ -160,6 +160,8 @@ def test_a_credential_not_percent_encoded_never_shows_in_the_error(url):
         "s3://bucket-1/p?endpoint=http%3A%2F%2Fk%3AZx9Kq2LmPw7Rt%40host",
         "s3://bucket-1/p?x-amz-security-token=Zx9Kq2LmPw7Rt",
         "redis://cache:6379/0#Zx9Kq2LmPw7Rt",
+        "redis://cache/0?password=ab&Zx9Kq2LmPw7Rt",  # (the tail of a value that held a '&')
+        "s3://AKIAZx9Kq2LmPw7RtXYZW@bucket-1/p?bogus=1",  # (an access key id: its last four at most)
     ],
 )
 def test_a_credential_in_a_url_of_no_known_shape_never_shows_in_the_error(url):

@@ -5,6 +5,7 @@ dead one). Nothing is published there meanwhile."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -99,3 +100,54 @@ def test_a_read_only_replica_fails_uploads_as_unwritable_and_keeps_serving_hits(
 )
 def test_s3_full_store_is_unwritable(text, reason):
     assert s3_classify(Exception(text)) == reason
+
+
+def test_a_waiter_on_a_full_server_compiles_once_the_lease_is_free(primary):
+    """The lease let go, a waiter could not take it (SET NX refused: the server is full),
+    took that for another waiter having it, and watched on until its deadline
+    (compile_timeout_s + lease TTL: minutes) with nothing coming."""
+    from safejit.cache.remote import RemoteSettings, open_store
+    from safejit.cache.remote.tier import RemoteTier
+
+    def tier() -> RemoteTier:
+        store = open_store(RemoteSettings.from_url(primary.url, lease_ttl_s=30.0), tenant="t1", backend="fake")
+        return RemoteTier(store, writable=True, verifier=None, memo=None, max_artifact_bytes=1 << 20, attrs={})
+
+    a, b = tier(), tier()
+    try:
+        key = "ab" * 32
+        lease = a.take_lease(key)
+        assert lease is not None and a.store.renew_lease(lease)  # (the functions loaded, before it is full)
+        primary.admin().config_set("maxmemory", 1)
+        releaser = threading.Timer(0.3, a.store.release_lease, (lease,))
+        releaser.start()
+        started = time.monotonic()
+        assert b.claim(key, None, deadline=started + 60) is None  # type: ignore[arg-type]
+        releaser.join()
+        assert time.monotonic() - started < 30  # (not its deadline)
+        assert b.store.breaker.state == "closed"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_server_whose_snapshots_fail_still_answers_the_read_only_cli(tmp_path, monkeypatch):
+    """Valkey answers PING with MISCONF while its snapshots fail (writes refused, reads
+    answered): ``safejit remote stats`` took that for a server down and exited 2."""
+    from .test_cli_remote import cli
+
+    server = start_valkey(tmp_path / "misconf", "--save", "3600 1", "--dir", "/proc")  # (no snapshot can be made)
+    try:
+        admin = server.admin()
+        admin.bgsave()
+        deadline = time.monotonic() + 20
+        while admin.info("persistence")["rdb_last_bgsave_status"] != "err":
+            assert time.monotonic() < deadline, "the snapshot did not fail"
+            time.sleep(0.05)
+        with pytest.raises(redis.exceptions.ResponseError, match="MISCONF"):
+            admin.ping()
+        monkeypatch.setenv("SAFEJIT_BACKEND", "fake")
+        ran = cli("remote", "stats", "--remote", server.url, "--tenant", "t1")
+        assert ran.rc == 0, ran.err
+    finally:
+        server.stop()

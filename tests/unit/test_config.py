@@ -188,3 +188,21 @@ def test_a_runtime_with_url_and_env_credentials_compiles(monkeypatch, tmp_path):
         assert rt.compile(safejit.Source("#define V 1\n", "v")) is not None  # (the remote is down: a miss)
     finally:
         rt.close()
+
+
+def test_an_s3_key_in_the_url_takes_its_secret_from_the_environment(monkeypatch):
+    """What the CLI's warning says to do (the secret in SAFEJIT_REMOTE_PASSWORD) was refused
+    ("give both the access key id and the secret"), the key id shown whole."""
+    monkeypatch.setenv("SAFEJIT_REMOTE_PASSWORD", "env-secret")
+    url = _s3("s3://AKIAURLURLURLURLURL2@bucket-1/p").remote_settings(env=True).url
+    assert (url.username, url.password.reveal()) == ("AKIAURLURLURLURLURL2", "env-secret")
+
+
+def test_credentials_of_another_engine_in_the_environment_do_not_stop_a_config(monkeypatch):
+    monkeypatch.setenv("SAFEJIT_REMOTE_SESSION_TOKEN", "s3-token")  # (S3's: a Redis URL takes none)
+    assert Config(remote="redis://cache").remote_settings(env=True).url.session_token is None
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAENVENVENVENVENV1")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "aws-token")
+    url = _s3("s3://bucket-1/p").remote_settings(env=True).url
+    assert url.session_token.reveal() == "aws-token"  # (the pair's own, never safejit's)

@@ -250,13 +250,19 @@ class RemoteTier:
     def take_lease(self, build_key: str) -> Lease | None:
         """The build key's lease for this node, if nobody holds it (and this node may
         publish); None otherwise, and when the remote cannot be asked."""
+        got = self._take(build_key)
+        return None if isinstance(got, RemoteError) else got
+
+    def _take(self, build_key: str) -> Lease | RemoteError | None:
+        """:meth:`take_lease`, telling a remote that refused (full, down: the error) from
+        a lease another node holds (None)."""
         if not self.writable:
             return None
         try:
             return self.store.acquire_lease(build_key, holder=self._node)
         except RemoteError as exc:
             logger.debug("lease on %s not taken: %s", build_key[:16], exc)
-            return None
+            return exc
 
     def _held(self, build_key: str) -> bool | None:
         """Whether a node holds the build key's lease; None when the remote cannot say."""
@@ -276,7 +282,7 @@ class RemoteTier:
             return lease
         held = self._held(build_key)
         if held:
-            return self.wait(build_key, anchors, deadline=deadline, take=lambda: self.take_lease(build_key))
+            return self.wait(build_key, anchors, deadline=deadline, take=lambda: self._take(build_key))
         if held is None or not self.writable:
             return None
         found = self._lookup(build_key, anchors)
@@ -287,12 +293,13 @@ class RemoteTier:
         return LeaseKeeper(self.store, lease).start()
 
     def wait(
-        self, build_key: str, anchors: Anchors, *, deadline: float, take: Callable[[], Lease | None]
+        self, build_key: str, anchors: Anchors, *, deadline: float, take: Callable[[], Lease | RemoteError | None]
     ) -> VerifiedLeaf | Lease | None:
         """While another node holds the build key's lease, watch its index: the leaf it
         publishes (verified), or the lease once its holder let it go or died (``take``
-        tries for it: exactly one waiter gets it); None at ``deadline`` or when the
-        lease went away with nothing published and another waiter took it."""
+        tries for it: exactly one waiter gets it; its error: the remote refused it); None
+        at ``deadline``, when the lease went away with nothing published and another waiter
+        took it, or when the free lease could not be taken (a full server: compile now)."""
         pause = 0.005
         with span(SPAN.REMOTE_LEASE_WAIT, {ATTR.BUILD_KEY: build_key, **self._attrs}) as s:
             while time.monotonic() < deadline:
@@ -313,6 +320,9 @@ class RemoteTier:
                         s.set_attribute(ATTR.RESULT, "let go")
                         return None
                     lease = take()
+                    if isinstance(lease, RemoteError):  # (free, and not to be had: a full server)
+                        s.set_attribute(ATTR.RESULT, "unavailable")
+                        return None
                     if lease is not None:
                         s.set_attribute(ATTR.RESULT, "taken over")
                         return lease

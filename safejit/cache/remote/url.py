@@ -226,6 +226,10 @@ def _scrub(url: str) -> str:
         user, colon, _ = url[start:end].partition(":")
         if not known:
             url = f"{url[:start]}{_MASK}@{url[end + 1 :]}"
+        elif url[:start].lower() == "s3://":  # (an access key id, shown as str() shows one)
+            key = user.split("/")[0].split("?")[0].split("#")[0]
+            key = (_MASK + key[-4:] if len(key) >= 16 else _MASK) if key else ""
+            url = f"{url[:start]}{key}{':' + _MASK if colon else ''}@{url[end + 1 :]}"
         elif colon or "/" in user or "?" in user or "#" in user:
             user = user.split("/")[0].split("?")[0].split("#")[0] + ":" if colon else ""
             url = f"{url[:start]}{user}{_MASK}@{url[end + 1 :]}"
@@ -236,7 +240,9 @@ def _scrub(url: str) -> str:
         pairs = []
         for pair in query.split("&"):
             name, equals, value = pair.partition("=")
-            if equals and not (unquote(name) in _SHOWN and _PLAIN.match(unquote(value))):
+            if not equals:  # (a bare word: perhaps the tail of a value that held a '&')
+                name = _MASK if name else name
+            elif not (unquote(name) in _SHOWN and _PLAIN.match(unquote(value))):
                 value = _MASK
             pairs.append(f"{name}{equals}{value}")
         rest += "?" + "&".join(pairs)
