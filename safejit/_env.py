@@ -221,12 +221,15 @@ def remote_credentials(engine: str, *, has_user: bool = False, has_password: boo
     their session token with them (never attached to another key)."""
     env = os.environ
     found = {
-        "username": None if has_user else env.get("SAFEJIT_REMOTE_USERNAME"),
+        # (given with a URL's user but no password too: the same one is taken, another
+        # refused, never the environment's password paired with another's user)
+        "username": None if has_user and has_password else env.get("SAFEJIT_REMOTE_USERNAME"),
         "password": None if has_password else env.get("SAFEJIT_REMOTE_PASSWORD"),
         # (S3's temporary credentials only: another engine has none to take)
         "session_token": env.get("SAFEJIT_REMOTE_SESSION_TOKEN") if engine == "s3" else None,
     }
     if engine == "s3" and not (has_user or has_password or found["username"] or found["password"]):
+        # (the AWS_* pair: only where no key is named at all)
         key, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
         if key and secret:  # (a pair, or none: obstore's own chain then)
             found.update(username=key, password=secret, session_token=env.get("AWS_SESSION_TOKEN"))

@@ -258,7 +258,7 @@ class Config:
             return RemoteSettings.from_url(self.remote, **fields)
         try:  # (what the URL holds, before it is parsed with what the environment adds)
             parts = urlsplit(self.remote)
-            has = (parts.username is not None, parts.password is not None)
+            has = (bool(parts.username), parts.password is not None)  # ("redis://:pw@h": no user)
             engine = ENGINES.get(parts.scheme.lower(), "")
         except ValueError:  # (the parse below says what is wrong)
             has, engine = (False, False), ""

@@ -149,8 +149,8 @@ class DiskTier:
                 continue
             layout = CacheLayout(root)
             try:
-                makedirs_durable(layout.tmp)
-                makedirs_durable(layout.locks)
+                makedirs_durable(layout.tmp, root=layout.root)
+                makedirs_durable(layout.locks, root=layout.root)
                 if not self._layout_there(root):
                     raise OSError(errno.ENOTDIR, "the cache layout is not made of directories", layout.base)
             except OSError as exc:
@@ -410,7 +410,7 @@ class DiskTier:
         stage = workdir.stage if workdir is not None and prepared else self._staging.new_stage(root)
         synced = prepared and workdir is not None and workdir.synced
         try:
-            _fill_stage(stage, files, prepared=prepared, synced=synced, early=early)
+            _fill_stage(stage, files, prepared=prepared, synced=synced, early=early, group=group_writable(root))
             self._make_build_dir(root, bdir)
             # Its age is now: a prepared stage was made up to MAX_AGE_S before, and prune
             # (age, grace, least recently used) judges a leaf by this directory's mtime.
@@ -491,15 +491,16 @@ class DiskTier:
 
     def _walk_to(self, root: str, base: str, bdir: str) -> None:
         path = base
+        group = group_writable(root)
         for part in os.path.relpath(bdir, base).split(os.sep):
             path = os.path.join(path, part)
             try:
-                mkdir_shared(path)
+                mkdir_shared(path, group=group)
             except FileExistsError:
                 if not is_real_dir(path):
                     logger.warning("quarantining %s: not a directory", path)
                     self.quarantine(path, root)
-                    mkdir_shared(path)
+                    mkdir_shared(path, group=group)
 
     def make_build_dir_later(self, root: str, build_key: str) -> None:
         """Create ``build-<K>`` in the background while the compiler runs (publish makes
@@ -547,7 +548,7 @@ class DiskTier:
         try:
             return lock_file(path, timeout, blank=blank)
         except FileNotFoundError:  # the layout vanished meanwhile: made again, then locked
-            makedirs_durable(CacheLayout(root).locks)
+            makedirs_durable(CacheLayout(root).locks, root=root)
             return lock_file(path, timeout, blank=blank)
         except OSError as exc:
             if exc.errno not in _NO_LOCK_FILE:
@@ -570,8 +571,11 @@ _NO_LOCK_FILE: Final = frozenset(
 )
 
 
-def _fill_stage(stage: str, files: dict[str, bytes], *, prepared: bool, synced: bool, early: EarlyWrite | None) -> None:
-    """Make ``stage`` hold exactly ``files``, durably (the marker written last).
+def _fill_stage(
+    stage: str, files: dict[str, bytes], *, prepared: bool, synced: bool, early: EarlyWrite | None, group: bool
+) -> None:
+    """Make ``stage`` hold exactly ``files``, durably (the marker written last); ``group``:
+    the root is one a group shares (a stage made here is made so).
 
     What was written early is used if it holds exactly these bytes, durably. The rest
     is written first, its writeback started, then fsynced: the disk works on all of it
@@ -600,7 +604,7 @@ def _fill_stage(stage: str, files: dict[str, bytes], *, prepared: bool, synced: 
     if entries_changed:
         fsync_dir(stage)
     if not prepared:
-        os.chmod(stage, shared_dir_mode(group_writable(os.path.dirname(stage))))
+        os.chmod(stage, shared_dir_mode(group))
 
 
 def _fsync_quietly(path: str) -> None:

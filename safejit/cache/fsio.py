@@ -143,7 +143,7 @@ def shared_dir_mode(group: bool = False) -> int:
     """The mode a directory of the shared tree gets: ``0775`` less this process's umask, as
     ``mkdir`` gives (so a root shared by a group, setgid with umask 002, stays writable by
     the group; with the usual 022, 0755; never writable by others, even with umask 000);
-    with ``group`` (the tree is shared by a group: :func:`group_writable`), ``0775``
+    with ``group`` (the root is one a group shares: :func:`group_writable`), ``0775``
     whatever the umask. Leaves' files are 0644 whatever the umask."""
     global _umask
     if group:
@@ -161,35 +161,30 @@ def shared_dir_mode(group: bool = False) -> int:
 _umask: int | None = None
 
 
-def group_writable(path: str) -> bool:
-    """Whether the directory ``path`` is one a group shares (:func:`_shared_by_group`)."""
+def group_writable(root: str) -> bool:
+    """Whether the cache root ``root`` is one a group shares, set up as docs/security.md
+    says (setgid and group-writable; not sticky, not writable by all: a group's scratch
+    directory, or ``/tmp``, is no shared cache) — and this process's umask leaves the
+    group its access (077 keeps what it makes private)."""
     try:
-        return _shared_by_group(os.stat(path).st_mode)
+        mode = os.stat(root).st_mode
     except OSError:
         return False
+    shared = mode & stat.S_ISGID and mode & stat.S_IWGRP and not mode & (stat.S_ISVTX | stat.S_IWOTH)
+    keeps_group = shared_dir_mode() & 0o050 == 0o050
+    return bool(shared) and keeps_group
 
 
-def _shared_by_group(mode: int) -> bool:
-    """A directory set up to be shared by a group, as docs/security.md says (setgid, group-
-    writable); not one anyone may write (``/tmp``: a root made there stays this user's)."""
-    return bool(mode & stat.S_ISGID and mode & stat.S_IWGRP and not mode & stat.S_IWOTH)
-
-
-def mkdir_shared(path: str, *, dir_fd: int | None = None, group: bool | None = None) -> None:
-    """``mkdir`` of a directory of the shared tree (``FileExistsError`` as ``mkdir``), made
-    :func:`shared_dir_mode`: writable by the group, whatever this process's umask, where
-    the tree is shared by a group (``group``; None: where the directory it is made in is
-    set up to be, setgid and group-writable). One user's usual 022 left what it made first closed to the rest of
-    the group: their publishes failed under it, their hits could not renew its leaves'
-    age, their prunes could not remove them."""
+def mkdir_shared(path: str, *, dir_fd: int | None = None, group: bool = False) -> None:
+    """``mkdir`` of a directory of a cache's tree (``FileExistsError`` as ``mkdir``), made
+    :func:`shared_dir_mode`; with ``group`` (the root is one a group shares:
+    :func:`group_writable`), writable by the group whatever the umask takes of its write
+    bit. One member's usual 022 left what it made first closed to the others: their
+    publishes failed under it, their hits could not renew its leaves' age, their prunes
+    could not remove them."""
     os.mkdir(path, 0o775, dir_fd=dir_fd)
-    if shared_dir_mode() & stat.S_IWGRP:
-        return  # (the umask keeps it already)
-    if group is None:
-        parent = os.fstat(dir_fd) if dir_fd is not None else os.stat(os.path.dirname(path) or ".")
-        group = _shared_by_group(parent.st_mode)
-    if not group:
-        return
+    if not group or shared_dir_mode() & stat.S_IWGRP:
+        return  # (not shared; or the umask keeps it already)
     # (by descriptor: a name another member of the group swapped for a symlink is not followed)
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
@@ -198,8 +193,10 @@ def mkdir_shared(path: str, *, dir_fd: int | None = None, group: bool | None = N
         os.close(fd)
 
 
-def makedirs_durable(path: str) -> None:
-    """``mkdir -p`` (:func:`mkdir_shared`) that fsyncs each parent whose entries it changed."""
+def makedirs_durable(path: str, *, root: str | None = None) -> None:
+    """``mkdir -p`` that fsyncs each parent whose entries it changed; what it makes below
+    ``root`` (a cache root) :func:`mkdir_shared` as the root says, the rest (the root and
+    its parents) by the umask alone."""
     missing = []
     cur = path
     while not os.path.isdir(cur):
@@ -210,7 +207,8 @@ def makedirs_durable(path: str) -> None:
         cur = parent
     for d in reversed(missing):
         with contextlib.suppress(FileExistsError):
-            mkdir_shared(d)
+            below = root is not None and d.startswith(root.rstrip("/") + "/")
+            mkdir_shared(d, group=below and root is not None and group_writable(root))
         fsync_dir(os.path.dirname(d))
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from .. import faults
-from .fsio import mkdir_shared
+from .fsio import group_writable, mkdir_shared
 
 __all__ = [
     "MANIFEST",
@@ -123,7 +123,7 @@ class CacheLayout:
             for n, part in enumerate(names):
                 if make and n == len(names) - 1:
                     with contextlib.suppress(FileExistsError):
-                        mkdir_shared(part, dir_fd=fd)
+                        mkdir_shared(part, dir_fd=fd, group=group_writable(self.root))
                 nxt = os.open(part, O_DIR, dir_fd=fd)
                 os.close(fd)
                 fd = nxt

@@ -181,10 +181,16 @@ def damaged(root: str) -> list[tuple[str, str]]:
 
 
 def verify_all(
-    root: str, *, fix: bool = False, moved: set[str] | None = None, verifier: Verifier | None = None
+    root: str,
+    *,
+    fix: bool = False,
+    moved: set[str] | None = None,
+    verifier: Verifier | None = None,
+    tenant: str | None = None,
 ) -> Iterator[tuple[LeafInfo, Rejection | None]]:
-    """Integrity of every leaf (marker, manifest, name, artifact bytes; its signature
-    against ``verifier``, as this user's processes check it); with ``fix``, damaged
+    """Integrity of every leaf (marker, manifest, name, artifact bytes; the signature of
+    ``tenant``'s leaves against ``verifier``, as its processes check it: another tenant's
+    keys are its own); with ``fix``, damaged
     leaves — and whatever stands where a leaf or build dir should be — are moved to
     quarantine (the entry itself, never followed), unless what the name holds by then
     is a sound leaf (published again meanwhile); ``moved`` is given the path of each
@@ -201,7 +207,11 @@ def verify_all(
     for info in iter_leaves(root, unreadable=unreadable):
         # (any size: a leaf larger than some process's limit is still sound, and never set aside)
         disk = DiskTier(
-            (layout.root,), tenant=info.tenant, backend=info.backend, verifier=verifier, max_artifact_bytes=sys.maxsize
+            (layout.root,),
+            tenant=info.tenant,
+            backend=info.backend,
+            verifier=verifier if info.tenant == tenant else None,
+            max_artifact_bytes=sys.maxsize,
         )
         result = disk.verify(info.path, layout.root, info.build_key, None)
         bad = None if isinstance(result, VerifiedLeaf) else result

@@ -26,7 +26,7 @@ from typing import Annotated, Final
 import msgspec
 
 from ._walk import kind_of, read_at, real_layout, remove_at
-from .fsio import mkdir_shared
+from .fsio import group_writable, mkdir_shared
 from .layout import O_DIR, VERSION, entries
 
 __all__ = [
@@ -116,7 +116,7 @@ def _made_dirs(root: str, parts: tuple[str, ...]) -> int:
     try:
         for part in parts:
             with contextlib.suppress(FileExistsError):
-                mkdir_shared(part, dir_fd=fd)
+                mkdir_shared(part, dir_fd=fd, group=group_writable(root))
             nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             os.close(fd)
             fd = nxt

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..cache import maintenance
+from ..errors import ConfigError
 from ..policy.trust import config_policy
 from ..sandbox.statedir import state_dir
 from ._common import (
@@ -25,15 +26,20 @@ __all__ = ["cmd_gc", "cmd_prune", "cmd_verify"]
 
 def cmd_verify(args: argparse.Namespace, out: Out) -> int:
     roots = cache_roots(args.cache_dir)
-    # (signatures checked as this user's processes check them: SAFEJIT_VERIFY_KEYS, ...)
-    verifier = config_policy(config_for(args.cache_dir))
+    # (the tenant's signatures checked as its processes check them: SAFEJIT_VERIFY_KEYS, ...)
+    try:
+        cfg = config_for(args.cache_dir)
+        verifier, tenant = config_policy(cfg), cfg.tenant
+    except ConfigError as exc:  # (the leaves are checked all the same)
+        out.warn(f"signatures not checked: {exc}")
+        verifier, tenant = None, None
     findings: list[Finding] = []
     checked = 0
     for root in roots.dirs:
         count = sum(1 for _ in maintenance.iter_leaves(root))
         with out.progress(f"verifying {root}", count) as done:
             moved: set[str] = set()
-            for info, bad in maintenance.verify_all(root, fix=args.fix, moved=moved, verifier=verifier):
+            for info, bad in maintenance.verify_all(root, fix=args.fix, moved=moved, verifier=verifier, tenant=tenant):
                 checked += 1
                 done(checked)
                 if bad is not None:

@@ -173,7 +173,8 @@ def as_read(data: bytes, *, always: bool = False, trigraphs: bool = False) -> by
     if trigraphs and b"??" in data:
         data = _TRIGRAPH.sub(lambda m: _TRIGRAPHS[m.group(1)[0]], data)
         always = True
-    if not (b"%:" in data or _HIDDEN.search(data) or (always and (b"/*" in data or b"\\\n" in data))):
+    splice = b"\\\n" in data or b"\\\r\n" in data
+    if not (b"%:" in data or _HIDDEN.search(data) or (always and (b"/*" in data or splice))):
         return data
     joined = data.replace(b"\\\r\n", b"").replace(b"\\\n", b"")
     kept = _TOKENS.sub(lambda m: b" " if m.group(0)[:1] == b"/" else m.group(0), joined)

@@ -151,3 +151,19 @@ def test_a_server_whose_snapshots_fail_still_answers_the_read_only_cli(tmp_path,
         assert ran.rc == 0, ran.err
     finally:
         server.stop()
+
+
+def test_a_moments_failure_to_take_a_free_lease_keeps_the_waiter_watching(primary):
+    """Only a remote that refuses the lease (full, denied) sends a waiter to compile at
+    once: one timed-out SET NX had it compile beside the holder (two compiles a fleet)."""
+    from safejit.cache.remote import RemoteError, RemoteSettings, open_store
+    from safejit.cache.remote.tier import RemoteTier
+
+    store = open_store(RemoteSettings.from_url(primary.url), tenant="t1", backend="fake")
+    tier = RemoteTier(store, writable=True, verifier=None, memo=None, max_artifact_bytes=1 << 20, attrs={})
+    answers = [RemoteError("timeout", "lease"), "the lease"]
+    try:
+        got = tier.wait("cd" * 32, None, deadline=time.monotonic() + 60, take=lambda: answers.pop(0))  # type: ignore[arg-type]
+        assert got == "the lease" and answers == []
+    finally:
+        tier.close()

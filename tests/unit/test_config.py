@@ -155,8 +155,13 @@ def test_credentials_in_the_url_win_over_the_environment(monkeypatch):
     monkeypatch.setenv("SAFEJIT_REMOTE_USERNAME", "env-user")
     url = Config(remote="redis://writer:url-password@cache").remote_settings(env=True).url
     assert (url.username, url.password.reveal()) == ("writer", "url-password")
+    with pytest.raises(ConfigError, match="username"):  # (whose password: the URL's user's, or env-user's?)
+        Config(remote="redis://writer@cache")
+    monkeypatch.setenv("SAFEJIT_REMOTE_USERNAME", "writer")
     url = Config(remote="redis://writer@cache").remote_settings(env=True).url  # (what the URL lacks)
     assert (url.username, url.password.reveal()) == ("writer", "env-password")
+    url = Config(remote="redis://:url-password@cache").remote_settings(env=True).url  # (no user in the URL)
+    assert (url.username, url.password.reveal()) == ("writer", "url-password")
 
 
 def test_aws_variables_apply_as_a_pair_with_their_token(monkeypatch):

@@ -320,9 +320,11 @@ class RemoteTier:
                         s.set_attribute(ATTR.RESULT, "let go")
                         return None
                     lease = take()
-                    if isinstance(lease, RemoteError):  # (free, and not to be had: a full server)
-                        s.set_attribute(ATTR.RESULT, "unavailable")
+                    if isinstance(lease, RemoteError) and lease.reason in ("unwritable", "denied"):
+                        s.set_attribute(ATTR.RESULT, "unavailable")  # (free, and not to be had: a full server)
                         return None
+                    if isinstance(lease, RemoteError):  # (a moment's failure: the next look says more)
+                        lease = None
                     if lease is not None:
                         s.set_attribute(ATTR.RESULT, "taken over")
                         return lease

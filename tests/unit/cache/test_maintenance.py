@@ -493,6 +493,9 @@ def test_verify_checks_signatures_as_this_users_processes_do(cache_dir, tmp_path
     pem = Ed25519Signer.generate().private_pem()
     signed = safejit.Config(cache_dirs=(str(cache_dir),), signing_key=pem)
     _fill(cache_dir, 1)  # (unsigned)
-    findings = [bad for _, bad in maintenance.verify_all(str(cache_dir), verifier=config_policy(signed))]
+    policy = config_policy(signed)
+    findings = [bad for _, bad in maintenance.verify_all(str(cache_dir), verifier=policy, tenant="default")]
     assert [b.reason for b in findings if b is not None] == [Miss.UNSIGNED]
+    # (another tenant's leaves answer to its own keys, not these)
+    assert [b for _, b in maintenance.verify_all(str(cache_dir), verifier=policy, tenant="other")] == [None]
     assert [b for _, b in maintenance.verify_all(str(cache_dir))] == [None]  # (no key: as before)

@@ -126,3 +126,21 @@ def test_no_directory_of_a_cache_is_writable_by_others_even_with_umask_0(tmp_pat
         str(d) for d in [cache, *cache.rglob("*")] if d.is_dir() and not d.is_symlink() and os.stat(d).st_mode & 0o002
     ]
     assert writable == [] and len(json.loads(ran.stdout)) == 2
+
+
+@pytest.mark.parametrize(("parent_mode", "umask"), [(0o3770, "077"), (0o2775, "022"), (0o2775, "077")])
+def test_a_root_safejit_makes_is_never_forced_open_to_a_group(tmp_path, parent_mode, umask):
+    """A cache made (by safejit, at its first compile) in a group's setgid directory — a
+    project's scratch dir, sticky or not — was made group-writable whatever the umask, 077
+    included: another member rewrote a leaf and the owner's next process ran its code.
+    Only a root set up to be shared (by whoever made it) is shared."""
+    parent = tmp_path / "proj"
+    parent.mkdir()
+    os.chmod(parent, parent_mode)
+    cache = parent / "mine"
+    child = f"import os; os.umask(0o{umask})\n" + CHILD
+    ran = subprocess.run([sys.executable, "-c", child, str(cache), "1"], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    closed = 0o070 if umask == "077" else 0o020
+    opened = [str(d) for d in [cache, *cache.rglob("*")] if d.is_dir() and os.stat(d).st_mode & closed]
+    assert opened == []

@@ -586,3 +586,13 @@ def test_warm_on_a_file_that_is_no_inventory_fails(tmp_path, text):
     assert out.returncode == 2 and "no line is a request" in out.stderr and "(3 read)" in out.stderr
     inventory.write_text("")
     assert run("warm", str(inventory), "-j", "1", "--cache-dir", str(tmp_path / "c")).returncode == 0
+
+
+def test_verify_checks_the_leaves_whatever_else_the_environment_holds(cache_dir, monkeypatch):
+    """verify began reading the whole configuration (for the signature keys): an unrelated
+    bad setting (SAFEJIT_TENANT=tmp) stopped it with exit 2 before any leaf was read."""
+    _fill(cache_dir, "a")
+    monkeypatch.setenv("SAFEJIT_TENANT", "tmp")
+    ran = cli("verify", "--cache-dir", str(cache_dir))
+    assert ran.rc == 0 and "1/1 leaves verify" in ran.out, (ran.out, ran.err)
+    assert "signatures not checked" in ran.err

@@ -306,3 +306,11 @@ def test_a_probe_either_reading_of_trigraphs_shows_is_found(text, probes):
 
 def test_a_directive_spelt_with_trigraphs_is_found():
     assert scan.quoted_includes(b'??=include "a.h"\n#inc??/\nlude "b.h"\n') == ["a.h", "b.h"]
+
+
+@pytest.mark.parametrize("splice", [b"\\\r\n", b"??/\r\n"])
+def test_a_probe_split_by_a_splice_in_a_crlf_file_is_found(splice):
+    """A file of CRLF lines splices with a backslash before ``\\r\\n``: such a probe was read
+    unjoined and never recorded (a stale hit once the header appeared)."""
+    text = b"#if __has_" + splice + b'include("c.h")\r\n#endif\r\n'
+    assert scan.has_include_probes(text) == [('"', "c.h")]
