@@ -162,8 +162,7 @@ def make(
             os.mkdir(wd.tmp, 0o700)
             os.mkdir(wd.src, 0o700)
             blanks.append((os.path.join(wd.src, SOURCE_BLANK), 0o600))
-        # (the leaf it becomes; ``base`` is the root's v1/tmp)
-        mkdir_shared(wd.stage, group=group_writable(os.path.dirname(os.path.dirname(base))))
+        mkdir_shared(wd.stage, group=group_writable(os.path.dirname(os.path.dirname(base))))  # (base: <root>/v1/tmp)
         for blank, mode in blanks:
             fd = os.open(blank, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
             try:

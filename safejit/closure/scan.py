@@ -1,6 +1,9 @@
 """What a build read, as facts: include names in a file's bytes, the closure's rows and
 stat states, the negative lookups (paths that must stay absent), and whether a
 closure still holds. Decisions about them (confinement) live in policy.completeness.
+(Past the style's ~450 lines: reading a directive as every preprocessor reads it —
+splices, comments, digraphs, trigraphs taken or not — is one fact, kept with the
+closure whose negatives it decides.)
 """
 
 from __future__ import annotations
