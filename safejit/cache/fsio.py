@@ -205,10 +205,11 @@ def makedirs_durable(path: str, *, root: str | None = None) -> None:
         if parent == cur:
             break
         cur = parent
+    inside = root.rstrip("/") + "/" if root is not None else None
     for d in reversed(missing):
         with contextlib.suppress(FileExistsError):
-            below = root is not None and d.startswith(root.rstrip("/") + "/")
-            mkdir_shared(d, group=below and root is not None and group_writable(root))
+            # (the root's own state decides, once it is there: it may be made just now)
+            mkdir_shared(d, group=inside is not None and d.startswith(inside) and group_writable(inside))
         fsync_dir(os.path.dirname(d))
 
 

@@ -113,10 +113,11 @@ def _made_dirs(root: str, parts: tuple[str, ...]) -> int:
     """A descriptor of ``root/<parts…>``, each part made when absent and opened without
     following a symlink (``ELOOP``/``ENOTDIR`` when one is not a real directory)."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    group = group_writable(root)
     try:
         for part in parts:
             with contextlib.suppress(FileExistsError):
-                mkdir_shared(part, dir_fd=fd, group=group_writable(root))
+                mkdir_shared(part, dir_fd=fd, group=group)
             nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             os.close(fd)
             fd = nxt

@@ -121,8 +121,8 @@ class RemoteURL:
         auth = ""
         if self.username is not None or self.password is not None:
             auth = quote(self.username or "", safe="")
-            if self.scheme == "s3" and auth:  # (an access key id names the principal and its account)
-                auth = _MASK + auth[-4:] if len(auth) >= 16 else _MASK
+            if self.scheme == "s3" and auth:
+                auth = _key_id(auth)
             auth += f":{_MASK}@" if self.password is not None else "@"
         if self.scheme == "unix":
             return f"unix://{auth}{self.path}" + (f"?db={self.db}" if self.db else "")
@@ -214,6 +214,12 @@ def _secret(value: str | Secret | None) -> Secret | None:
     return Secret(value)
 
 
+def _key_id(key: str) -> str:
+    """An S3 access key id as shown: its last four characters at most (an id names the
+    principal and its account); "" for none."""
+    return (_MASK + key[-4:] if len(key) >= 16 else _MASK) if key else ""
+
+
 def _scrub(url: str) -> str:
     """``url`` with whatever may be a credential masked: the userinfo up to the last '@'
     (a password may hold '@', '/', '?' or '#' not percent-encoded) — after its user name
@@ -227,8 +233,7 @@ def _scrub(url: str) -> str:
         if not known:
             url = f"{url[:start]}{_MASK}@{url[end + 1 :]}"
         elif url[:start].lower() == "s3://":  # (an access key id, shown as str() shows one)
-            key = user.split("/")[0].split("?")[0].split("#")[0]
-            key = (_MASK + key[-4:] if len(key) >= 16 else _MASK) if key else ""
+            key = _key_id(user.split("/")[0].split("?")[0].split("#")[0])
             url = f"{url[:start]}{key}{':' + _MASK if colon else ''}@{url[end + 1 :]}"
         elif colon or "/" in user or "?" in user or "#" in user:
             user = user.split("/")[0].split("?")[0].split("#")[0] + ":" if colon else ""
