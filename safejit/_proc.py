@@ -7,6 +7,11 @@ using). So a process marks what it makes with an owner token of its own,
 ``p<pid>.<random>``, and holds a lock on ``<token>.alive`` beside it for as long as it
 lives (:func:`owner`): a token whose mark nobody holds belongs to a process that ended
 (:func:`ended`), whatever namespace it ran in. A forked child takes a token of its own.
+
+A mark is found only where its owner keeps it (the user's private state dir): a
+sweep run by another user, HOME or host cannot see it. So a directory in use is also
+locked itself (:func:`use`, a shared ``flock`` on it until :func:`done`), and a sweep
+removes one only while it holds it exclusively (:func:`claimed`): whoever runs it.
 """
 
 from __future__ import annotations
@@ -15,11 +20,11 @@ import atexit
 import contextlib
 import fcntl
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from . import _forksafe
 
-__all__ = ["ended", "owner", "sweep"]
+__all__ = ["claimed", "done", "ended", "owner", "sweep", "use"]
 
 _MARK = ".alive"
 _lock = _forksafe.Lock()
@@ -99,3 +104,80 @@ def sweep(base: str, prefix: str, remove: Callable[[str], None]) -> None:
         for token in gone:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(base, token + _MARK))
+
+
+# -- directories in use -----------------------------------------------------------------
+_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: path -> (pid, the descriptor whose shared lock says the directory is in use)
+_used: dict[str, tuple[int, int]] = {}
+
+
+def use(path: str) -> bool:
+    """Lock the directory ``path`` as in use by this process, until :func:`done`. False
+    when it is gone, or being removed (a sweep holds it): it must not be used. Where
+    directories cannot be locked (some network file systems), it is used unlocked."""
+    try:
+        fd = os.open(path, _O_DIR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    except OSError:
+        pass  # (no lock to take here: its age decides, as before locks)
+    try:
+        now, held = os.lstat(path), os.fstat(fd)
+    except OSError:
+        now = None
+    if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+        os.close(fd)  # removed or replaced before the lock was ours
+        return False
+    with _lock:
+        _used[path] = (os.getpid(), fd)
+    return True
+
+
+def done(path: str) -> None:
+    """``path`` is no longer in use by this process (removed, or about to be)."""
+    with _lock:
+        found = _used.pop(path, None)
+    if found is not None and found[0] == os.getpid():
+        os.close(found[1])
+
+
+@contextlib.contextmanager
+def claimed(dir_fd: int, name: str) -> Iterator[bool]:
+    """Whether the entry ``name`` of the directory ``dir_fd`` may be removed by a sweep:
+    False while a process uses it (:func:`use`); else True, and nobody can start using
+    it until the ``with`` block ends. An entry that is no directory, or cannot be
+    opened or locked, is nobody's to ask: True."""
+    try:
+        fd = os.open(name, _O_DIR | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        yield True
+        return
+    busy = False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        busy = True
+    except OSError:
+        pass
+    try:
+        yield not busy
+    finally:
+        os.close(fd)
+
+
+def _forget_used_in_child() -> None:
+    """A forked child uses none of its parent's directories: their descriptors closed
+    (the parent's locks stay held by the parent's own)."""
+    for _, fd in _used.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _used.clear()
+
+
+os.register_at_fork(after_in_child=_forget_used_in_child)

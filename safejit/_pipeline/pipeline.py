@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cache.disk import BEFORE_COMMIT
+from ..cache.early import EarlyWrite
 from ..cache.layout import CacheLayout
 from ..cache.leaf import Manifest, VerifiedLeaf
-from ..cache.staging import EarlyWrite, Workdir, background
+from ..cache.staging import Workdir, background
 from ..config import Config
 from ..errors import CacheError, CompileError, SafejitError
 from ..outcomes import Miss, Outcome, Tier

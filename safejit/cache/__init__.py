@@ -6,7 +6,8 @@
 - ``leaf``: the manifest's strict schema, a leaf's files, and ``verify_closure`` (a
   closure checked against this machine's files, for every tier).
 - ``disk``: :class:`~safejit.cache.disk.DiskTier`, lookup and the publish protocol.
-- ``staging``: work directories prepared ahead and leaves staged early.
+- ``staging``: work directories prepared ahead, locked while a compile uses them.
+- ``early``: a leaf's files written into its stage ahead of the publish.
 - ``fsio``: durable writes, renames, no-follow deletes, flock.
 - ``statmemo``: the per-user memory of stats that verified.
 - ``maintenance`` and ``usage``: whole-cache operations and usage records.

@@ -34,6 +34,7 @@ from ..closure.scan import DepState
 from ..keys import deps_key as compute_deps_key
 from ..outcomes import Miss, Outcome, Tier
 from ..telemetry import ATTR, SPAN, instruments, span
+from .early import EarlyWrite
 from .fsio import (
     Flock,
     fsync_dir,
@@ -64,7 +65,7 @@ from .leaf import (
     leaf_files,
     verify_closure,
 )
-from .staging import LOCK_BLANK, EarlyWrite, Staging, Workdir, background
+from .staging import LOCK_BLANK, Staging, Workdir, background
 
 __all__ = ["BEFORE_COMMIT", "DiskTier"]
 

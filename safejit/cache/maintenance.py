@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .._proc import ended
+from .._proc import claimed, ended
 from ..outcomes import Miss
 from ._walk import closing, dirs, each_in, kind_of, read_at, real_layout, remove_at, sorted_entries
 from .disk import DiskTier
@@ -396,9 +396,10 @@ def gc(
     """Remove staging residue, quarantined leaves, usage records and idle lock files
     older than ``max_age_s``, and the obsolete directories of ``v1`` (``OBSOLETE``,
     whatever their age), and move aside whatever stands where a leaf or a build dir
-    should be. A work dir whose process lives (its owner's mark held, in ``marks`` — the
-    user's private state dir — or in ``tmp``) is never removed; one whose process ended
-    is, at once. Never follows symlinks; never leaves ``<root>/v1`` (nothing at all when
+    should be. A work dir a compile uses (locked, ``_proc.use``: seen by any user, HOME
+    or process) or whose process lives (its owner's mark held, in ``marks`` — the user's
+    private state dir — or in ``tmp``) is never removed; one whose process ended is, at
+    once. Never follows symlinks; never leaves ``<root>/v1`` (nothing at all when
     ``v1`` is not a real directory)."""
     layout = real_layout(root)
     clock = time.time() if now is None else now
@@ -421,7 +422,10 @@ def gc(
                 continue  # (a compile under way, however long it has run)
             if alive is False or old(fd, entry):
                 try:
-                    remove_at(fd, entry.name)
+                    with claimed(fd, entry.name) as free:
+                        if not free:
+                            continue  # a compile uses it (whoever's, wherever its mark is)
+                        remove_at(fd, entry.name)
                 except OSError:
                     continue  # a writer is still busy in it (or it cannot be removed): next time
                 counts[kind] += 1

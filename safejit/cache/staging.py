@@ -13,7 +13,7 @@ created the slow way (:func:`fsio.write_file`).
 
 A prepared work directory (``<root>/v1/tmp/<owner token>-<uuid>/``, mode 0700;
 the token's mark, ``<token>.alive`` in the user's private state dir, is locked while
-its process lives)::
+its process lives, and the directory itself while a compile uses it)::
 
     .tmp/                 TMPDIR of the sandboxed compiler
     .lock                 empty: linked to ``locks/<build_key>.lock`` when that is new
@@ -37,19 +37,17 @@ import threading
 import time
 import uuid
 import weakref
-from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Final
 
-from .. import _forksafe, faults
+from .. import _forksafe
 from .._background import background, settle
-from .._proc import owner, sweep
-from .fsio import fsync_file, group_writable, mkdir_shared, remove_tree, write_file
+from .._proc import done, owner, sweep, use
+from .fsio import group_writable, mkdir_shared, remove_tree
 from .layout import MANIFEST, MARKER, CacheLayout
 
 __all__ = [
     "MAX_AGE_S",
-    "EarlyWrite",
     "Spares",
     "Staging",
     "Workdir",
@@ -229,14 +227,16 @@ def with_scratch(wd: Workdir, base: str | None) -> Workdir:
     return replace(wd, scratch=scratch)
 
 
-def _taken(path: str) -> bool:
-    """Whether the spare at ``path`` is still there; its mtime made now — ``gc`` judges
-    a work dir's age by it, and a spare made minutes ago is in use from now on."""
-    try:
-        os.utime(path)
-    except OSError:
-        return False
-    return True
+def _taken(wd: Workdir) -> bool:
+    """Whether the spare ``wd`` is still whole, now in use (``_proc.use``: a ``gc`` may
+    be removing it) and its mtime made now (``gc`` judges an unused one's age by it)."""
+    if use(wd.path):
+        with contextlib.suppress(OSError):
+            os.utime(wd.path)
+            if stat.S_ISDIR(os.lstat(wd.stage).st_mode):
+                return True
+        done(wd.path)
+    return False
 
 
 class Spares:
@@ -254,23 +254,23 @@ class Spares:
         atexit.register(_discard_all, weakref.ref(self))
 
     def take(self, base: str) -> Workdir:
-        """A prepared work directory under ``base``: a spare when one is ready, else one
-        made now. (``refill`` prepares the next ones, best once a compile is done.)"""
+        """A prepared work directory under ``base``, in use (``_proc.use``) until it is
+        released: a spare when one is ready, else one made now. (``refill`` prepares the
+        next ones, best once a compile is done.)"""
         wd = None
         if os.getpid() == self._pid:
             with self._lock:
                 ready = self._ready.get(base, [])
                 while ready and wd is None:
                     made, cand = ready.pop()
-                    if time.monotonic() - made < MAX_AGE_S and os.path.isdir(cand.stage) and _taken(cand.path):
+                    if time.monotonic() - made < MAX_AGE_S and _taken(cand):
                         wd = cand
                     else:
                         background().submit(remove_quietly, cand.path)
-        return (
-            wd
-            if wd is not None
-            else make(base, self.artifact_file, prepared=True, scratch=self.scratch, marks=self.marks)
-        )
+        if wd is None:
+            wd = make(base, self.artifact_file, prepared=True, scratch=self.scratch, marks=self.marks)
+            use(wd.path)
+        return wd
 
     def refill(self, base: str) -> None:
         if os.getpid() != self._pid:
@@ -343,7 +343,11 @@ class Staging:
         with its scratch in memory when asked."""
         base = CacheLayout(root).tmp
         in_memory = self._in_memory()
-        wd = self._spares.take(base) if self._spares is not None else make(base, "", prepared=False, marks=self._marks)
+        if self._spares is not None:
+            wd = self._spares.take(base)
+        else:
+            wd = make(base, "", prepared=False, marks=self._marks)
+            use(wd.path)
         try:
             return with_scratch(wd, memory_scratch() if in_memory else None)
         except OSError as exc:
@@ -357,11 +361,15 @@ class Staging:
         with contextlib.suppress(OSError):
             remove_tree(path, within=CacheLayout(root).base)
 
+    def _release(self, path: str, root: str) -> None:
+        self.discard(path, root)
+        done(path)
+
     def release_later(self, wd: Workdir, root: str) -> None:
         """Delete ``wd`` (and its scratch) in the background, and prepare the next work
         directories: once a compile is done — made while it runs, their fsyncs slow the
         compiler down (0.2-0.7 ms here)."""
-        background().submit(self.discard, wd.path, root)
+        background().submit(self._release, wd.path, root)
         if wd.scratch != wd.path:
             background().submit(remove_quietly, wd.scratch)
         if self._spares is not None:
@@ -370,81 +378,3 @@ class Staging:
     def close(self) -> None:
         if self._spares is not None:
             self._spares.discard_all()
-
-
-class EarlyWrite:
-    """A leaf's files written into its stage ahead of the publish, while the compiler
-    that closed the artifact is still finishing: by the caller (whose thread would
-    otherwise just wait for the compiler to exit), their writeback started, then
-    fsynced on a background thread. The publish finds them written and durable.
-
-    Best effort: a write that fails is undone (the publish then writes the files and
-    reports what fails); a later write replaces an earlier one. :meth:`use` is the
-    publish's check, and raises the background fsync's error as its own."""
-
-    def __init__(self, stage: str) -> None:
-        self.stage = stage
-        #: Whether an entry of the stage was created or removed here (its directory
-        #: then needs an fsync of its own before the publish).
-        self.dir_changed = False
-        self._lock = threading.Lock()  # held by an fsync; taken to undo what it syncs
-        self._gen = 0  # what was written, replaced or undone: a stale fsync is skipped
-        self._files: dict[str, bytes] = {}
-        self._synced: Future[None] | None = None
-        self._used = False
-
-    def write(self, files: dict[str, bytes], *, before_last: str | None = None) -> None:
-        """Write ``files`` (name in the stage: bytes, in order) now, and fsync them in the
-        background. ``before_last``: a fault point passed before the last file."""
-        if self._used or files == self._files:
-            return  # the publish has looked already; or written already
-        self._undo()
-        self._files = dict(files)
-        paths = [os.path.join(self.stage, name) for name in files]
-        try:
-            for i, (path, data) in enumerate(zip(paths, files.values(), strict=True)):
-                if before_last is not None and i == len(paths) - 1:
-                    faults.point(before_last)
-                if not write_file(path, data, prepared=True, sync=False):
-                    self.dir_changed = True
-        except OSError:
-            self._undo()  # no partial file: the publish creates them afresh
-            return
-        self._synced = background().submit(self._fsync, paths, self._gen)
-
-    def _fsync(self, paths: list[str], gen: int) -> None:
-        with self._lock:
-            # Only the files this write made: an fsync of files written after it (same
-            # names) could take their writeback error, which the kernel reports once.
-            if gen == self._gen:
-                for path in paths:
-                    fsync_file(path)  # its error is the publish's (use)
-
-    def _undo(self) -> None:
-        """Remove what was written (once an fsync under way is done; those not yet
-        started are skipped)."""
-        with self._lock:
-            self._gen += 1
-            for name in self._files:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self.stage, name))
-                    self.dir_changed = True
-            self._files, self._synced = {}, None
-
-    def use(self, files: dict[str, bytes]) -> frozenset[str]:
-        """The names of ``files`` written here with exactly those bytes, durably; raises
-        ``OSError`` when their fsync failed (a later fsync could succeed without the data
-        being safe). Empty when what was written differs from ``files`` (a build compiled
-        again, say, made other bytes): then it is gone, for the files to be written afresh."""
-        self._used = True
-        synced = self._synced
-        if synced is not None and all(files.get(name) == data for name, data in self._files.items()):
-            synced.result()
-            return frozenset(self._files)
-        self._undo()
-        return frozenset()
-
-    def cancel(self) -> None:
-        """Remove what was written (after an fsync under way); later writes are ignored."""
-        self._used = True
-        self._undo()

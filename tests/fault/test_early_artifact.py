@@ -1,4 +1,4 @@
-"""The leaf staged while the compiler finishes (``spares.EarlyWrite``): used only
+"""The leaf staged while the compiler finishes (``EarlyWrite``): used only
 when it holds exactly the published bytes, durably; anything else is undone and the
 publish writes the files itself. A failed background fsync fails the publish, even
 when a later fsync would succeed."""
@@ -17,8 +17,10 @@ import pytest
 import safejit
 from safejit import faults
 from safejit._background import background
+from safejit.cache import early as early_write
 from safejit.cache import fsio
 from safejit.cache import staging as spares
+from safejit.cache.early import EarlyWrite
 from safejit.cache.leaf import decode_manifest
 from safejit.keys import digest_bytes
 from tests.conftest import settle
@@ -42,7 +44,7 @@ def contents(stage: Path) -> dict[str, bytes]:
 
 
 def test_an_early_write_is_used_only_for_the_same_bytes(stage):
-    early = spares.EarlyWrite(str(stage))
+    early = EarlyWrite(str(stage))
     early.write({"artifact.so": b"first"})
     assert contents(stage)["artifact.so"] == b"first"
     early.write({"artifact.so": b"second"})  # the compiler closed it again
@@ -54,7 +56,7 @@ def test_an_early_write_is_used_only_for_the_same_bytes(stage):
 
 def test_a_whole_leaf_written_early_is_used_whole(stage):
     leaf = {"artifact.so": b"bytes", "manifest.json": b"{}", ".committed": b"digest\n"}
-    early = spares.EarlyWrite(str(stage))
+    early = EarlyWrite(str(stage))
     early.write(leaf)
     assert early.use(dict(leaf)) == set(leaf)
     assert contents(stage) == leaf
@@ -62,7 +64,7 @@ def test_a_whole_leaf_written_early_is_used_whole(stage):
 
 
 def test_other_bytes_undo_the_early_write(stage):
-    early = spares.EarlyWrite(str(stage))
+    early = EarlyWrite(str(stage))
     early.write({"artifact.so": b"compiled once", "manifest.json": b"{1}", ".committed": b"1"})
     assert early.use({"artifact.so": b"compiled again", "manifest.json": b"{2}", ".committed": b"2"}) == set()
     # Left for the publish to write afresh.
@@ -71,7 +73,7 @@ def test_other_bytes_undo_the_early_write(stage):
 
 
 def test_a_failed_early_write_leaves_no_partial_file(stage):
-    early = spares.EarlyWrite(str(stage))
+    early = EarlyWrite(str(stage))
     with faults.inject("disk.write", "raise:ENOSPC"):
         early.write({"artifact.so": b"bytes", "manifest.json": b"{}"})
     assert contents(stage) == {".committed": b""}  # what it tried is gone: the publish creates it
@@ -80,7 +82,7 @@ def test_a_failed_early_write_leaves_no_partial_file(stage):
 
 
 def test_a_failed_early_fsync_fails_its_use_after_the_fault_is_gone(stage):
-    early = spares.EarlyWrite(str(stage))
+    early = EarlyWrite(str(stage))
     with faults.inject("disk.fsync", "raise:EIO"):
         early.write({"artifact.so": b"bytes"})
         spares.settle()  # the background fsync has failed
@@ -103,11 +105,11 @@ def test_a_stale_fsync_is_skipped_and_cannot_hide_the_error_of_what_replaced_it(
             raise OSError(errno.EIO, "writeback failed", path)
         real(path)
 
-    monkeypatch.setattr(spares, "fsync_file", fsync_once_eio)
+    monkeypatch.setattr(early_write, "fsync_file", fsync_once_eio)
     gates = [threading.Event() for _ in range(8)]
     busy = [background().submit(g.wait) for g in gates]  # every worker taken
     try:
-        early = spares.EarlyWrite(str(stage))
+        early = EarlyWrite(str(stage))
         early.write({"artifact.so": b"first close"})
         early.write({"artifact.so": b"second close"})  # the first one's fsync still queued
     finally:
@@ -141,13 +143,13 @@ def test_the_marker_is_staged_after_the_before_commit_point(make_runtime, cache_
 
 def test_a_cold_compile_publishes_the_leaf_staged_early(make_runtime, cache_dir, monkeypatch):
     used: list[frozenset[str]] = []
-    real_use = spares.EarlyWrite.use
+    real_use = EarlyWrite.use
 
-    def spy(self: spares.EarlyWrite, files: dict[str, bytes]) -> frozenset[str]:
+    def spy(self: EarlyWrite, files: dict[str, bytes]) -> frozenset[str]:
         used.append(real_use(self, files))
         return used[-1]
 
-    monkeypatch.setattr(spares.EarlyWrite, "use", spy)
+    monkeypatch.setattr(EarlyWrite, "use", spy)
     mod = make_runtime().compile(safejit.Source(NEW_C, NEW_NAME))
     assert used == [set(LEAF)]  # artifact, manifest and marker: written before the compiler exited
     assert mod.kernel(NEW_NAME)(6, 7) == EXPECTED[NEW_NAME]
@@ -213,13 +215,13 @@ def test_a_stage_whose_entries_changed_is_fsynced(make_runtime, cache_dir, monke
 def test_an_artifact_staged_twice_has_its_stage_fsynced(make_runtime, cache_dir, monkeypatch):
     """The compiler closed its artifact twice: the first early write is undone (the file
     removed) and the file made afresh, a new entry the stage's fsync must cover."""
-    real_write = spares.EarlyWrite.write
+    real_write = EarlyWrite.write
 
-    def write_twice(self: spares.EarlyWrite, files: dict[str, bytes], **kwargs: str | None) -> None:
+    def write_twice(self: EarlyWrite, files: dict[str, bytes], **kwargs: str | None) -> None:
         real_write(self, {**files, "artifact.so": files["artifact.so"] + b"\0"}, **kwargs)
         real_write(self, files, **kwargs)
 
-    monkeypatch.setattr(spares.EarlyWrite, "write", write_twice)
+    monkeypatch.setattr(EarlyWrite, "write", write_twice)
     synced = _stage_fsyncs(monkeypatch)
     _two_compiles(make_runtime)
     assert len([p for p in synced if p.endswith(f"/{spares.STAGE}")]) == 2
@@ -241,9 +243,9 @@ def test_bytes_of_a_refused_build_are_never_staged(make_runtime, cache_dir, tmp_
     secret = tmp_path / "outside.bin"
     secret.write_bytes(b"s3cr3t-early-7f3a")
     staged: list[dict[str, bytes]] = []
-    real_write = spares.EarlyWrite.write
+    real_write = EarlyWrite.write
     monkeypatch.setattr(
-        spares.EarlyWrite, "write", lambda self, files, **kw: (staged.append(files), real_write(self, files, **kw))
+        EarlyWrite, "write", lambda self, files, **kw: (staged.append(files), real_write(self, files, **kw))
     )
     asm = f'.section .rodata\\n.incbin \\"{secret}\\"\\n.text\\n'
     rt = make_runtime(source_roots=(str(tmp_path / "proj"),), sandbox="off")
@@ -256,7 +258,7 @@ def test_bytes_of_a_refused_build_are_never_staged(make_runtime, cache_dir, tmp_
 
 
 def test_a_cancelled_early_write_leaves_nothing_and_takes_no_more(stage):
-    early = spares.EarlyWrite(str(stage))
+    early = EarlyWrite(str(stage))
     early.write({"artifact.so": b"bytes of a build that is not published"})
     early.cancel()
     early.write({"artifact.so": b"a late close"})  # ignored: the work dir is being deleted

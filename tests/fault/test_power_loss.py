@@ -27,8 +27,8 @@ import pytest
 
 import safejit
 from safejit.cache import disk as disk_module
+from safejit.cache import early as early_module
 from safejit.cache import maintenance
-from safejit.cache import staging as staging_module
 from safejit.cache.disk import DiskTier
 from safejit.cache.leaf import VerifiedLeaf
 from safejit.cache.staging import settle
@@ -114,7 +114,7 @@ def test_power_cut_model_catches_a_publish_that_skips_its_fsyncs(
     """The control: without the files' fsyncs before the rename, some cut leaves a leaf
     visible whose files are empty or half-written. The lookup still never hits it."""
     monkeypatch.setattr(disk_module, "fsync_file", lambda path: None)
-    monkeypatch.setattr(staging_module, "fsync_file", lambda path: None)
+    monkeypatch.setattr(early_module, "fsync_file", lambda path: None)
     model, key, anchors, artifact = _watch_a_publish(make_runtime, project, cache_dir, "fake", True, monkeypatch)
     _, misses, damaged = _after_each_cut(model, key, anchors, artifact, "fake", tmp_path)
     assert damaged != [], "the model let a publish without fsyncs pass"

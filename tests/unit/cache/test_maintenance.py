@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 import safejit
+from safejit._proc import claimed
 from safejit.cache import fsio, maintenance
 from safejit.cache.leaf import Rejection
+from safejit.cache.staging import Staging
 from safejit.cli import parse_age, parse_size
 from safejit.outcomes import Miss
 from tests.conftest import assert_cache_sound, leaves, settle
@@ -240,6 +242,68 @@ os.makedirs(sys.argv[1] + "/v1/tmp", exist_ok=True)
 stage = Staging("artifact.so", marks=sys.argv[2]).new_stage(sys.argv[1])
 open(stage + "/partial", "w").write("x")
 print(stage, flush=True)
+time.sleep(60)
+"""
+
+
+def test_gc_run_elsewhere_never_removes_a_work_dir_a_compile_uses(cache_dir, tmp_path):
+    """gc run by another user, HOME or node cannot see a compiling process's mark (it is
+    kept in that user's private state dir): it judged the work dir by its age, and
+    removed a live compile's after ``--older-than``. A work dir in use is locked itself
+    now: gc, wherever it runs, leaves it alone, and removes it once its process ended."""
+    theirs, ours = tmp_path / "their-state", tmp_path / "our-state"
+    for marks in (theirs, ours):
+        marks.mkdir(mode=0o700)
+    argv = [sys.executable, "-c", _WORKDIR_USER, str(cache_dir), str(theirs)]
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        live = Path(child.stdout.readline().strip())
+        assert live.is_dir() and live.parent == cache_dir / "v1" / "tmp"
+        _age(str(live), 10 * 86400)
+        for marks in (str(ours), None):
+            counts = maintenance.gc(str(cache_dir), max_age_s=0, marks=marks)
+            assert live.is_dir() and (live / "src" / "partial").exists(), counts
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+    counts = maintenance.gc(str(cache_dir), max_age_s=0, marks=str(ours))  # (its process ended: unlocked)
+    assert not live.exists() and counts["staging"] >= 1
+
+
+def test_a_spare_gc_is_removing_is_never_handed_to_a_compile(cache_dir):
+    """A spare made ahead is not locked until a compile takes it: one that a gc run
+    elsewhere holds (about to remove it) is passed over, and one it removed is too."""
+    staging = Staging("artifact.so", marks=None)
+    base = str(cache_dir / "v1" / "tmp")
+    os.makedirs(base)
+    try:
+        staging.workdir(str(cache_dir))  # (the first: made now; the next two made ahead)
+        staging._spares.refill(base)
+        settle()
+        spares = [wd.path for _, wd in staging._spares._ready[base]]
+        assert len(spares) == 2
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with claimed(fd, os.path.basename(spares[1])) as free:
+                assert free
+                taken = staging.workdir(str(cache_dir))
+            assert taken.path == spares[0]  # (the held one, next in line, passed over)
+        finally:
+            os.close(fd)
+        with claimed(os.open(taken.path, os.O_RDONLY | os.O_DIRECTORY), ".") as free:
+            assert not free  # (taken: in use)
+    finally:
+        staging.close()
+
+
+_WORKDIR_USER = r"""
+import os, sys, time
+from safejit.cache.staging import Staging
+os.makedirs(sys.argv[1] + "/v1/tmp", exist_ok=True)
+wd = Staging("artifact.so", marks=sys.argv[2]).workdir(sys.argv[1])
+open(wd.src + "/partial", "w").write("x")
+print(wd.path, flush=True)
 time.sleep(60)
 """
 
