@@ -28,7 +28,6 @@ residue) and are deleted at exit.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
@@ -251,7 +250,8 @@ class Spares:
         self._ready: dict[str, list[tuple[float, Workdir]]] = {}
         self._pending: dict[str, int] = {}
         self._pid = os.getpid()
-        atexit.register(_discard_all, weakref.ref(self))
+        # (at exit, or once the Runtime that made them is dropped without close())
+        weakref.finalize(self, _discard, self._ready, self._lock, self._pid)
 
     def take(self, base: str) -> Workdir:
         """A prepared work directory under ``base``, in use (``_proc.use``) until it is
@@ -295,25 +295,24 @@ class Spares:
                 self._ready.setdefault(base, []).append((time.monotonic(), wd))
 
     def discard_all(self) -> None:
-        if os.getpid() != self._pid:
-            return
-        with self._lock:
-            doomed = [wd for ready in self._ready.values() for _, wd in ready]
-            self._ready.clear()
-        for wd in doomed:
-            remove_quietly(wd.path)
+        _discard(self._ready, self._lock, self._pid)
+
+
+def _discard(ready: dict[str, list[tuple[float, Workdir]]], lock: threading.Lock, pid: int) -> None:
+    """Delete the spares ``ready`` (a ``Spares``'s own, made by process ``pid``)."""
+    if os.getpid() != pid:
+        return
+    with lock:
+        doomed = [wd for each in ready.values() for _, wd in each]
+        ready.clear()
+    for wd in doomed:
+        remove_quietly(wd.path)
 
 
 def remove_quietly(path: str) -> None:
     """Delete a work or scratch dir (never following links), ignoring errors."""
     with contextlib.suppress(OSError):
         remove_tree(path, within=os.path.dirname(path))
-
-
-def _discard_all(ref: weakref.ref[Spares]) -> None:
-    spares = ref()
-    if spares is not None:
-        spares.discard_all()
 
 
 class Staging:

@@ -524,3 +524,26 @@ def test_memory_scratch_is_private_and_gone_after_the_compile(make_runtime, proj
     assert mine() == before
     with pytest.raises(safejit.ConfigError):
         safejit.Config(scratch="tmpfs")  # type: ignore[arg-type]
+
+
+def test_a_runtime_dropped_without_close_leaves_no_work_dir_behind(cache_dir, tmp_path):
+    """Each Runtime that compiled prepares two work dirs ahead; one dropped without
+    close() left them in the shared cache's tmp/ for good, even after a clean exit
+    (50 short-lived Runtimes: 100 dirs, which gc kept for a day). They go once the
+    Runtime is collected, or at exit."""
+    child = (
+        "import gc, sys, safejit\n"
+        "config = safejit.Config(cache_dirs=(sys.argv[1],))\n"
+        "for i in range(3):\n"
+        "    safejit.Runtime(config=config).compile(safejit.Source('int k%d(void) { return 1; }' % i, 'k'))\n"
+        "from safejit.cache.staging import settle\n"
+        "settle()\n"  # (the last one's spares are made in the background: it lives until then)
+        "gc.collect()\n"
+        "print(len(__import__('os').listdir(sys.argv[1] + '/v1/tmp')), flush=True)\n"
+        "keep = safejit.Runtime(config=config)\n"  # (not collected before exit)
+        "keep.compile(safejit.Source('int kept(void) { return 1; }', 'k'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", child, str(cache_dir)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0"]  # (collected: their spares gone)
+    assert staging_residue(cache_dir) == []  # (at exit, the last one's too)
