@@ -358,9 +358,9 @@ class Runtime:
         """A memory entry for ``req``, and the module this call returns."""
         parts, resolver, pipeline = self._init()
         resolved = resolver.resolve(req)
-        if self._inventory is not None:
-            self._inventory.record(resolved.spec, self.config.backend)
         obtained = pipeline.obtain(resolved, lambda leaf: self._load(parts, resolved, leaf))
+        if self._inventory is not None:  # (what compiled and loaded: a request that failed would fail every warm)
+            self._inventory.record(resolved.spec, self.config.backend)
         leaf = obtained.leaf
         module = Module(obtained.library, artifact_of(leaf, obtained.tier), self.config.backend)
         entry = Entry(

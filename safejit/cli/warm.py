@@ -171,11 +171,20 @@ def _count(values: list[str]) -> str:
 def _summary(out: Out, results: list[dict[str, Any]]) -> None:
     for r in results:
         if r["result"] == "failed":
-            out.line((f"failed: {r['name']}: {r['detail']}", "bad"))
+            _failed(out, r)
     out.line(f"{len(results)} requests: " + _count([r["result"] for r in results]))
     skipped = sum(r["result"] == "skipped" for r in results)
     if skipped:
         out.line((f"skipped {skipped}: {SKIPPED_WHY}", "warn"))
+
+
+def _failed(out: Out, r: dict[str, Any]) -> None:
+    """A failed request and its error, the compiler's log a line each (indented: a line
+    of the log cannot pass for one of this report's)."""
+    first, *rest = str(r["detail"]).splitlines() or [""]
+    out.line((f"failed: {r['name']}: {first}", "bad"))
+    for line in rest:
+        out.line("    " + line)
 
 
 def _remote_report(out: Out, results: list[dict[str, Any]]) -> None:
@@ -186,7 +195,7 @@ def _remote_report(out: Out, results: list[dict[str, Any]]) -> None:
     out.table(("KERNEL", "RESULT", "UPLOAD"), rows, shrink={0, 2})
     for r in ordered:
         if r["result"] == "failed":
-            out.line((f"failed: {r['name']}: {r['detail']}", "bad"))
+            _failed(out, r)
         elif r["upload"] in UPLOAD_FAILURES:
             out.line((f"upload of {r['name']}: {_upload_cell(r)}: {r['upload_detail']}", "bad"))
     shown = [SHOWN.get(r["result"], r["result"]) for r in results]

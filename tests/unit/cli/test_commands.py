@@ -569,6 +569,32 @@ def test_warm_says_why_requests_were_skipped_and_fails(tmp_path, kernel):
     assert "a root it names is not declared here" in out.stdout
 
 
+def test_warm_replays_what_compiled_and_shows_a_compile_log_a_line_each(tmp_path):
+    """A request that failed to compile was recorded, so every later warm of that
+    inventory failed (exit 1); and a compiler log was printed on one line, its newlines
+    shown as \\x0a. Only what compiled is recorded; a log is shown a line each, indented."""
+    project = tmp_path / "project"
+    (project / "inc").mkdir(parents=True)
+    (project / "inc" / "v.h").write_text("#define V 1\n")
+    inventory = tmp_path / "inventory.jsonl"
+    cfg = safejit.Config(cache_dirs=(str(tmp_path / "c1"),), source_roots=(str(project),), inventory=str(inventory))
+    with safejit.Runtime(config=cfg) as rt:
+        rt.compile(
+            safejit.Source('#include "v.h"\nint v(void) { return V; }\n', "v"), include_dirs=(str(project / "inc"),)
+        )
+        with pytest.raises(safejit.CompileError):
+            rt.compile(safejit.Source("int typo(void) { return 1 }\n", "typo"))
+    assert [json.loads(line)["name"] for line in inventory.read_text().splitlines()] == ["v"]
+    out = run("warm", str(inventory), "--cache-dir", str(tmp_path / "c2"), "--source-root", str(project))
+    assert out.returncode == 0 and "1 requests: built 1" in out.stdout, out.stdout + out.stderr
+    (project / "inc" / "v.h").write_text("#define V 1 +\n")  # (the header breaks: the replay fails)
+    out = run("warm", str(inventory), "--cache-dir", str(tmp_path / "c3"), "--source-root", str(project))
+    assert out.returncode == 1 and "\\x0a" not in out.stdout
+    failed = out.stdout.splitlines()
+    first = next(i for i, line in enumerate(failed) if line.startswith("failed: v: "))
+    assert failed[first + 1].startswith("    ") and "error" in out.stdout
+
+
 def test_every_stats_counter_has_a_meaning_in_the_demo_table(make_runtime):
     from safejit.cli.demo import COUNTER_MEANINGS
 
