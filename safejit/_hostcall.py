@@ -200,7 +200,7 @@ def _first_calls(
         if calls > WARM_CALLS:
             numpy_fast_path(ns)
             exec(_source(params, fast), ns)  # noqa: S102 (fixed templates: the only values are indices and int bounds)
-            type(self).__call__ = ns["call"]  # each kernel has a class of its own
+            type(self).__call__ = _named(ns["call"], name)  # each kernel has a class of its own
             return ns["call"](self, *args)
         if state.closed:
             raise _closed(name)
@@ -212,6 +212,14 @@ def _first_calls(
         except ctypes.ArgumentError as exc:
             raise _ctypes_failed(where, params, exc)  # noqa: B904 (as the generated call raises it)
 
+    return _named(call, name)
+
+
+def _named(call: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``call`` named after its kernel: a keyword argument, which no kernel takes, is
+    Python's own ``TypeError`` naming the kernel (``add() got an unexpected keyword
+    argument 'x'``), not a helper of this module."""
+    call.__name__ = call.__qualname__ = name
     return call
 
 
@@ -281,7 +289,7 @@ def _refusing(name: str, state: Any, why: str) -> Prepared:
             raise _closed(name)
         raise ArgumentTypeError(why, kernel=name, param=None)
 
-    return Prepared(call, None)
+    return Prepared(_named(call, name), None)
 
 
 def _text(name: str, ret: str, params: list[Param], varargs: bool) -> str:

@@ -183,6 +183,16 @@ def test_a_float16_by_value_cannot_be_checked(mod):
         mod.kernel("halfway")(3)
 
 
+def test_a_keyword_argument_is_a_type_error_naming_the_kernel(mod):
+    """No kernel takes keywords: the error named this module's helper
+    (``_first_calls.<locals>.call()``), or the generated ``call()``."""
+    k = mod.kernel("add")
+    for _ in range(2):  # (in the second tier, the generated call from the first call on)
+        with pytest.raises(TypeError, match=r"^add\(\) got an unexpected keyword argument 'b'"):
+            k(1, b=2)
+        assert k(1, 2) == 3
+
+
 def test_nothing_is_called_when_an_argument_is_wrong(mod):
     x = np.ones(4)
     with pytest.raises(ArgumentTypeError):
