@@ -29,6 +29,7 @@ __all__ = [
     "ArgvBuild",
     "display_paths",
     "run_argv",
+    "source_as_known",
     "user_paths",
 ]
 
@@ -305,17 +306,24 @@ def display_paths(ctx: CompileContext) -> tuple[tuple[str, str], ...]:
     read through ``Runtime.source``/``Source.from_file``; else its file name), and
     nothing of the work dir (``<work dir>/x.so`` says ``x.so``)."""
     spec, workdir = ctx.spec, ctx.workdir.rstrip("/")
-    shown = spec.filename
-    if spec.quote_dir is not None:
-        origin_dir = ctx.expand(Anchors.token(*spec.quote_dir))
-        if origin_dir and "\0" not in origin_dir:
-            shown = os.path.join(origin_dir, spec.filename)
+    shown = source_as_known(ctx)
     return (
         (_source_path(workdir, spec), shown),
         (f"./src/{spec.filename}", shown),  # (as -fdebug-prefix-map has debug info name it)
         (workdir + "/", ""),
         (workdir, "."),
     )
+
+
+def source_as_known(ctx: CompileContext) -> str:
+    """The source as the user knows it: its origin, for a file read through
+    ``Runtime.source``/``Source.from_file``; else its file name."""
+    spec = ctx.spec
+    if spec.quote_dir is not None:
+        origin_dir = ctx.expand(Anchors.token(*spec.quote_dir))
+        if origin_dir and "\0" not in origin_dir:
+            return os.path.join(origin_dir, spec.filename)
+    return spec.filename
 
 
 def user_paths(text: str, shown: Sequence[tuple[str, str]]) -> str:

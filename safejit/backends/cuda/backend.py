@@ -16,7 +16,7 @@ import shutil
 import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from ...errors import CompileError, ConfigError, FlagPolicyError
@@ -24,7 +24,7 @@ from ...sandbox import SYSTEM_PATH
 from ...sandbox import lookups as lookup_recorder
 from ...sandbox.statedir import StateDir
 from ...spec import BuildSpec, Source, Toolchain
-from .._argv import run_argv
+from .._argv import run_argv, source_as_known
 from .._signatures import no_caret_flag
 from .._toolchain import (
     ProbeCache,
@@ -339,7 +339,7 @@ class CudaBackend:
         if self.compiler == "nvrtc":
             ctx.started()  # (no process to wait for)
             if spec.argv[0] == NVRTC_IN_MEMORY:
-                out = self._compile_in_memory(spec, ctx.search_dirs, ctx.confine, ctx.timeout, ctx.max_deps)
+                out = self._compile_in_memory(ctx)
             else:
                 out = self._compile_recorded(ctx)
         else:
@@ -369,7 +369,7 @@ class CudaBackend:
             roots=ctx.read_roots,
         )
         if not result.ok:
-            raise nvrtc_failed(spec.name, result.log, options, ctx.search_dirs)
+            raise nvrtc_failed(spec.name, result.log, options, ctx.search_dirs, source_as_known(ctx))
         kernels = cubin_kernels(result.cubin)
         if reads.unknown:
             logger.warning("%s: NVRTC did what a closure cannot hold: %s", spec.name, reads.unknown[0])
@@ -386,9 +386,8 @@ class CudaBackend:
             walls=worker.walls,
         )
 
-    def _compile_in_memory(
-        self, spec: BuildSpec, search_dirs: Sequence[str], confine: Callable[[str], str], timeout: float, max_deps: int
-    ) -> CompileOutput:
+    def _compile_in_memory(self, ctx: CompileContext) -> CompileOutput:
+        spec, search_dirs = ctx.spec, ctx.search_dirs
         started = time.perf_counter()
         # Search-dir flags are searched by the resolver (they are in search_dirs); a flag that
         # would have NVRTC read a file itself (-include) cannot be honoured with no search path.
@@ -407,14 +406,14 @@ class CudaBackend:
             options,
             list(spec.name_expressions),
             search_dirs=search_dirs,
-            confine=confine,
+            confine=ctx.confine,
             compile_once=once,
             isolated=self._worker_wanted,
-            timeout=timeout,
-            max_headers=max_deps,
+            timeout=ctx.timeout,
+            max_headers=ctx.max_deps,
         )
         if not result.ok:
-            raise nvrtc_failed(spec.name, result.log, options, search_dirs)
+            raise nvrtc_failed(spec.name, result.log, options, search_dirs, source_as_known(ctx))
         kernels = cubin_kernels(result.cubin)
         return CompileOutput(
             result.cubin,

@@ -472,8 +472,10 @@ except Exception:  # (absent, or another version's layout: the public load is us
     _finder = None
 
 
-def nvrtc_failed(name: str, log: str, options: Sequence[str], search_dirs: Sequence[str]) -> CompileError:
-    """NVRTC's failure; a header it could not find is named with the dirs searched."""
+def nvrtc_failed(name: str, log: str, options: Sequence[str], search_dirs: Sequence[str], shown: str) -> CompileError:
+    """NVRTC's failure; a header it could not find is named with the dirs searched. The
+    source is named ``shown`` (as the user knows it), not as NVRTC was given it."""
+    log = log.replace(f"{PROGRAM_DIR}/{name}.cu", shown)
     text = f"{name}: NVRTC failed\n{log}"
     if "open source file" in log:
         searched = "\n".join(f"  {d}" for d in search_dirs) or "  (none)"

@@ -641,6 +641,22 @@ def test_nvrtc_missing_header_names_it_and_the_dirs_searched(make_runtime, cuda_
 
 
 @pytest.mark.parametrize("worker", NVRTC_MODES)
+def test_nvrtc_diagnostics_name_the_source_as_the_user_knows_it(make_runtime, cuda_project, worker):
+    """NVRTC is given the source under a directory that does not exist: its errors named
+    that (``/nonexistent-safejit-nvrtc/k.cu(2): error``), where gcc and nvcc name the file."""
+    (cuda_project / "bad.cu").write_text('extern "C" __global__ void k() {\n  int x = 1\n}\n')
+    rt = _rt(make_runtime, cuda_project, "nvrtc", nvrtc_worker=worker)
+    for src, shown in (
+        (rt.source(cuda_project / "bad.cu"), str(cuda_project / "bad.cu")),
+        (safejit.Source((cuda_project / "bad.cu").read_text(), "k"), "k.cu"),
+    ):
+        with pytest.raises(safejit.CompileError) as exc:
+            rt.build(src, arch="sm_90")
+        for text in (str(exc.value), exc.value.log):
+            assert "nonexistent" not in text and f"{shown}(3): error" in text, text
+
+
+@pytest.mark.parametrize("worker", NVRTC_MODES)
 def test_nvrtc_closure_over_max_deps_is_a_limit_error(make_runtime, cuda_project, cache_dir, worker):
     rt = _rt(make_runtime, cuda_project, "nvrtc", nvrtc_worker=worker, max_deps=1)
     with pytest.raises(safejit.LimitExceededError):
