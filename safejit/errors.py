@@ -88,14 +88,15 @@ class PolicyError(SafejitError, PermissionError):
 
 
 class PathConfinementError(PolicyError):
-    """A path lies outside every declared root."""
+    """A path lies outside every declared root (or the compiler looked for one there:
+    :class:`UndeclaredDependencyError`, whichever backend)."""
 
 
 class FlagPolicyError(PolicyError):
     """A compiler flag is refused by the flag policy."""
 
 
-class UndeclaredDependencyError(PolicyError):
+class UndeclaredDependencyError(PathConfinementError):
     """The compiler read a file that the closure cannot declare: outside every declared
     root, or with a name that is not UTF-8 text."""
 

@@ -140,5 +140,6 @@ def first_outside(paths: Iterable[str], roots: Iterable[str]) -> str | None:
 #: stops the compiler; an absent one does not).
 LOOKED_OUTSIDE: Final = (
     "the compiler looked for a file outside every declared root (an #include or __has_include of an "
-    "absolute or '..' path, or through a link out of a root); declare its directory in Config.source_roots"
+    "absolute or '..' path, or through a link out of a root); declare its directory in Config.source_roots "
+    "(which file it was is logged at DEBUG, logger 'safejit', for the operator)"
 )

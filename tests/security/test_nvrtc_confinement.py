@@ -96,7 +96,7 @@ def test_whether_an_outside_file_exists_is_not_told(make_runtime, project, outsi
             _compile(make_runtime, project, code)
         told.append((type(exc.value), str(exc.value).replace(name, "<name>")))
         _assert_refused(exc, cache_dir)
-    assert told[0] == told[1] and told[0][0] is safejit.PathConfinementError, told
+    assert told[0] == told[1] and told[0][0] is safejit.UndeclaredDependencyError, told
 
 
 def test_nvrtc_files_the_worker_may_read_for_itself_are_outside_like_any(make_runtime, project, cache_dir):
@@ -134,3 +134,26 @@ def test_in_process_nvrtc_sees_a_directive_spelt_with_trigraphs(make_runtime, pr
     with pytest.raises(safejit.PathConfinementError) as exc:
         rt.compile(safejit.Source(code, "s"), arch="sm_90", flags=("-std=c++11",))
     _assert_refused(exc, cache_dir)
+
+
+def test_a_lookup_outside_the_roots_is_the_same_error_on_every_backend(make_runtime, project, outside, cache_dir):
+    """The host and nvcc paths raised UndeclaredDependencyError, NVRTC's worker a
+    PathConfinementError, for the same include: one class now (a PathConfinementError
+    too), with the same words."""
+    import shutil
+
+    told = []
+    configs = [({}, "c"), ({"backend": "cuda", "cuda_compiler": "nvrtc"}, "cu")]
+    if shutil.which("nvcc", path="/usr/local/cuda/bin:/usr/bin"):
+        configs.append(({"backend": "cuda", "cuda_compiler": "nvcc"}, "cu"))
+    for config, ext in configs:
+        rt = make_runtime(source_roots=(str(project),), **config)
+        code = f'#include "{outside}/secret.h"\n' + (
+            "int s(void) { return SECRET; }\n" if ext == "c" else KERNEL.format(value="SECRET")
+        )
+        with pytest.raises(safejit.UndeclaredDependencyError) as exc:
+            rt.compile(safejit.Source(code, "s", filename=f"s.{ext}"), **({"arch": "sm_90"} if config else {}))
+        assert isinstance(exc.value, safejit.PathConfinementError)
+        told.append(str(exc.value).removeprefix("s: "))
+        _assert_refused(exc, cache_dir)
+    assert len(set(told)) == 1 and "logged at DEBUG" in told[0], told

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from ...closure.anchors import LOOKED_OUTSIDE, first_outside
-from ...errors import CompileError, LimitExceededError, PathConfinementError
+from ...errors import CompileError, LimitExceededError, UndeclaredDependencyError
 from .nvrtc import PROGRAM_DIR, LookupRow, NvrtcRequest, NvrtcResult
 
 __all__ = ["Reads", "compile_recorded", "recorded_options", "sort_lookups"]
@@ -103,7 +103,7 @@ def compile_recorded(
     roots: Sequence[str],
 ) -> tuple[NvrtcResult, Reads]:
     """One NVRTC compile, its lookups recorded (``options`` hold the search path).
-    Raises :class:`~safejit.errors.PathConfinementError` when NVRTC was refused a file
+    Raises :class:`~safejit.errors.UndeclaredDependencyError` when NVRTC was refused a file
     outside the roots (Landlock), or found one there (no Landlock here: ``confine``
     says, for what lies outside ``roots`` by name); and
     :class:`~safejit.errors.LimitExceededError` for a closure over ``max_deps``. (What
@@ -129,7 +129,7 @@ def compile_recorded(
             confine(path)
     if outside is not None:
         logger.debug("%s: refused: NVRTC looked for %r, outside every root", name, outside)
-        raise PathConfinementError(f"{name}: {LOOKED_OUTSIDE}")
+        raise UndeclaredDependencyError(f"{name}: {LOOKED_OUTSIDE}")
     if len(reads.deps) > max_deps:
         raise LimitExceededError(
             f"{name}: {len(reads.deps)} dependencies exceed the limit of {max_deps}", limit=max_deps
