@@ -48,6 +48,8 @@ class _NoNegatives:
 
 
 _NONE = _NoNegatives()
+#: What a compile's waiters are given when its owner was interrupted (not failed): try again.
+_AGAIN: Any = object()
 
 
 @dataclass(slots=True, eq=False)
@@ -218,35 +220,47 @@ class MemoryTier(Generic[T]):
                 instruments.lookup(Tier.MEMORY, "miss", missed, self._attrs)
 
     def _single_flight(self, key: Hashable, make: Callable[[], tuple[Entry[T], T]]) -> tuple[Entry[T], T, bool]:
-        with self._lock:
-            fut = self._inflight.get(key)
-            if fut is not None and fut.done():  # (settled, its owner interrupted before letting it go)
-                del self._inflight[key]
-                fut = None
-            owner = fut is None
-            if owner:
-                fut = Future()
-                self._inflight[key] = fut
-        assert fut is not None
-        if not owner:
-            entry, made = fut.result()
-            return entry, made, False
-        # The future is settled and let go whatever happens, an exception raised in this
-        # thread between two statements (a signal handler's) included: one left in flight
-        # would hold every later caller of the key for good.
-        try:
-            entry, made = make()
-            self.insert(key, entry)
-            fut.set_result((entry, made))
-        except BaseException as exc:
-            if not fut.done():
-                fut.set_exception(exc)
-            raise
-        finally:
-            with self._lock:
-                if self._inflight.get(key) is fut:
-                    del self._inflight[key]
-        return entry, made, True
+        again = False
+        while True:
+            mine: Future[Any] = Future()
+            owner = False
+            # Registered and then settled and let go within one ``try``, whatever happens, an
+            # exception raised in this thread between two statements (a signal handler's)
+            # included: a future left in flight would hold every later caller of the key for good.
+            try:
+                with self._lock:
+                    kept = self.entries.get(key) if again else None
+                    if kept is not None:  # (a waiter that took over was quicker: its entry, as a hit's)
+                        return kept, kept.value, False
+                    fut = self._inflight.get(key)
+                    if fut is not None and fut.done():  # (settled, its owner interrupted before letting it go)
+                        del self._inflight[key]
+                        fut = None
+                    if fut is None:
+                        owner = True
+                        self._inflight[key] = mine
+                if owner:
+                    entry, made = make()
+                    self.insert(key, entry)
+                    mine.set_result((entry, made))
+                    return entry, made, True
+            except Exception as exc:
+                if not mine.done():
+                    mine.set_exception(exc)  # (the compile's error is every waiter's)
+                raise
+            finally:
+                if owner:
+                    if not mine.done():  # (a KeyboardInterrupt, a SystemExit: this thread's own,
+                        mine.set_result(_AGAIN)  # not its waiters': one of them compiles instead)
+                    with self._lock:
+                        if self._inflight.get(key) is mine:
+                            del self._inflight[key]
+            assert fut is not None
+            got = fut.result()
+            if got is not _AGAIN:
+                entry, made = got
+                return entry, made, False
+            again = True
 
     # -- bookkeeping -----------------------------------------------------------
     def discard(self, key: Hashable, entry: Entry[T]) -> None:

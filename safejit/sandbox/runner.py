@@ -31,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -460,7 +461,7 @@ def _close_quietly(fd: int, owner: int) -> None:
             os.close(fd)
 
 
-def _retire_all(spares: list[Shim], lock: _forksafe.Lock) -> None:
+def _retire_all(spares: list[Shim], lock: threading.Lock) -> None:
     with lock:
         mine = [s for s in spares if s.owner == os.getpid()]
         spares.clear()

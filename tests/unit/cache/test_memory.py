@@ -233,3 +233,93 @@ def test_an_exception_between_make_and_settling_leaves_no_key_in_flight(monkeypa
     later.start()
     later.join(10)
     assert got == ["v"] and not cache._inflight
+
+
+def test_an_interrupt_at_any_line_of_produce_leaves_the_tier_usable():
+    """A signal handler's exception can arrive between any two statements: one arriving
+    after a key's future was put in flight and before the ``try`` that settles it left it
+    there unsettled, and every later caller of the key waited for good (seen with real
+    SIGALRMs). Here a KeyboardInterrupt is raised at each line of the tier in turn — but
+    a ``with`` line, which stands for its lock's release too: where the tracer runs,
+    between the body and the release, a signal handler cannot (the release is one C
+    call; CPython runs handlers at calls, returns and jumps)."""
+    import linecache
+    import sys
+    import threading
+
+    from safejit.cache import memory
+
+    make = lambda: (Entry("v", 1, [], time.monotonic()), "v")  # noqa: E731
+    for n in range(1, 500):
+        cache: MemoryTier[str] = MemoryTier(max_entries=3, max_bytes=1 << 30, max_staleness_s=10.0)
+        lines = 0
+
+        def interrupting(frame, event, arg):
+            nonlocal lines
+            if frame.f_code.co_filename != memory.__file__:
+                return None
+            if event == "line" and not linecache.getline(frame.f_code.co_filename, frame.f_lineno).lstrip().startswith(
+                "with "
+            ):
+                lines += 1
+                if lines == n:  # noqa: B023 (this round's)
+                    raise KeyboardInterrupt
+            return interrupting
+
+        sys.settrace(interrupting)
+        try:
+            cache.produce("k", make, time.monotonic())
+            interrupted = False
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            sys.settrace(None)
+        got: list[str] = []
+        later = threading.Thread(target=lambda: got.append(cache.produce("k", make, time.monotonic())), daemon=True)  # noqa: B023
+        later.start()
+        later.join(10)
+        assert got == ["v"] and not cache._inflight and not cache._lock.locked(), n
+        if not interrupted:
+            break
+    assert n > 10  # (the lines of a produce, each interrupted once)
+
+
+def test_an_interrupted_compile_is_done_again_by_a_waiter_not_raised_in_it():
+    """The thread that owned a key's compile was interrupted (Ctrl-C, a request's own
+    timeout): its KeyboardInterrupt was raised in every thread waiting on that key. It is
+    that thread's alone now; one waiter compiles instead, and the others get its result."""
+    import threading
+
+    cache: MemoryTier[str] = MemoryTier(max_entries=3, max_bytes=1 << 30, max_staleness_s=10.0)
+    started, waiting = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def make():
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            started.set()
+            waiting.wait(10)
+            raise KeyboardInterrupt
+        return Entry("v", 1, [], time.monotonic()), "v"
+
+    got: dict[str, object] = {}
+
+    def call(name: str) -> None:
+        try:
+            got[name] = cache.produce("k", make, time.monotonic())
+        except BaseException as exc:
+            got[name] = exc
+
+    owner = threading.Thread(target=call, args=("owner",), name="owner")
+    owner.start()
+    started.wait(10)
+    waiters = [threading.Thread(target=call, args=(f"w{i}",), name=f"w{i}") for i in range(3)]
+    for t in waiters:
+        t.start()
+    while len(cache._inflight["k"]._condition._waiters) < 3:  # (all three wait on the owner's compile)
+        time.sleep(0.01)
+    waiting.set()
+    for t in (owner, *waiters):
+        t.join(10)
+    assert isinstance(got.pop("owner"), KeyboardInterrupt)
+    assert got == {"w0": "v", "w1": "v", "w2": "v"} and len(calls) == 2
