@@ -172,12 +172,17 @@ def claimed(dir_fd: int, name: str) -> Iterator[bool]:
 
 
 def _forget_used_in_child() -> None:
-    """A forked child uses none of its parent's directories: their descriptors closed
-    (the parent's locks stay held by the parent's own)."""
+    """A forked child uses none of its parent's directories and holds none of its marks
+    (it takes a token of its own): their descriptors closed, so that the parent's end
+    is seen when it ends (the parent's locks stay held by the parent's own)."""
     for _, fd in _used.values():
         with contextlib.suppress(OSError):
             os.close(fd)
     _used.clear()
+    for _, _, fd in _marks.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _marks.clear()
 
 
 os.register_at_fork(after_in_child=_forget_used_in_child)

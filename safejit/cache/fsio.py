@@ -321,7 +321,14 @@ class Flock:
     def release(self) -> None:
         fd, self._fd = self._fd, -1
         if fd >= 0:
-            os.close(fd)
+            _close_lock(fd)
+
+
+#: The descriptors of lock files this process has open. A forked child shares their open
+#: file descriptions, so the locks would stay held for as long as it lived (every later
+#: build of the key, anywhere on the node, waited out its lock timeout): it closes its
+#: copies at once.
+_lock_fds: set[int] = set()
 
 
 def _open_lock(path: str) -> int:
@@ -329,10 +336,27 @@ def _open_lock(path: str) -> int:
     user's lock file in a shared root is 0644), non-blocking (a FIFO planted there does
     not hang the open), no link followed, made if missing."""
     fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o666)
+    _lock_fds.add(fd)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
+        _close_lock(fd)
         raise OSError(errno.ENXIO, "not a regular file", path)
     return fd
+
+
+def _close_lock(fd: int) -> None:
+    if fd in _lock_fds:  # (not in a forked child, which closed its copies already)
+        _lock_fds.discard(fd)
+        os.close(fd)
+
+
+def _close_locks_in_child() -> None:
+    for fd in list(_lock_fds):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _lock_fds.clear()
+
+
+os.register_at_fork(after_in_child=_close_locks_in_child)
 
 
 def lock_file(path: str, timeout: float, *, blank: str | None = None) -> Flock | None:
@@ -355,17 +379,17 @@ def lock_file(path: str, timeout: float, *, blank: str | None = None) -> Flock |
             held, named = os.fstat(fd), _ident(path)
             if (held.st_dev, held.st_ino) == named:
                 return Flock(fd)
-            os.close(fd)  # removed by gc since it was opened: take the one there now
+            _close_lock(fd)  # removed by gc since it was opened: take the one there now
             fd = _open_lock(path)
         except BlockingIOError:
             left = deadline - time.monotonic()
             if left <= 0:
-                os.close(fd)
+                _close_lock(fd)
                 return None
             time.sleep(min(pause, left))
             pause = min(pause * 2, 0.05)
         except BaseException:
-            os.close(fd)
+            _close_lock(fd)
             raise
 
 

@@ -5,6 +5,7 @@ PID namespace sharing the directory (a container's /dev/shm) would take for dead
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -83,3 +84,52 @@ def test_a_mark_is_never_seen_unlocked(tmp_path, monkeypatch):
     token = _proc.owner(str(tmp_path))
     assert seen == [[]]  # (nothing by the mark's name before it is locked)
     assert (tmp_path / f"{token}.alive").exists() and not _proc.ended(str(tmp_path), token)
+
+
+FORKS_THEN_ENDS = r"""
+import os, sys, time
+from safejit import _proc
+from safejit.cache.fsio import lock_file
+print(_proc.owner(sys.argv[1]), flush=True)
+held = lock_file(sys.argv[2], 5)
+child = os.fork()
+if child == 0:  # a worker, forked while the build lock and the mark are held
+    os.close(0), os.close(1)
+    time.sleep(60)
+    os._exit(0)
+held.release()
+print(child, flush=True)
+sys.stdin.read()  # (until told to end)
+"""
+
+
+def test_a_forked_child_holds_neither_its_parents_build_lock_nor_its_mark(tmp_path):
+    """A child forked while its parent held a build lock shared the lock's open file
+    description: released by the parent, the lock stayed held while the child lived
+    (every later build of the key on the node waited out its lock timeout); the same
+    with the parent's owner mark (its scratch and loader dirs never swept after it
+    ended). A child closes its copies at the fork."""
+    from safejit.cache.fsio import lock_file
+
+    base, lock = str(tmp_path / "marks"), str(tmp_path / "k.lock")
+    os.mkdir(base)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", FORKS_THEN_ENDS, base, lock], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None
+        token = parent.stdout.readline().strip()
+        child = int(parent.stdout.readline())
+        try:
+            got = lock_file(lock, 2)  # (the parent let it go; its child lives on)
+            assert got is not None
+            got.release()
+            assert not _proc.ended(base, token)
+            parent.kill()  # (killed: its mark is left, for sweeps to find unlocked)
+            parent.wait(30)
+            assert _proc.ended(base, token)  # (its child still lives)
+        finally:
+            os.kill(child, signal.SIGKILL)
+    finally:
+        parent.kill()
+        parent.communicate()
