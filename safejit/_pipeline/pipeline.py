@@ -212,6 +212,22 @@ class Pipeline:
         return lock, found
 
     def _build_and_publish(self, resolved: Resolved, root: str, workdir: Workdir, load: Load | None) -> Obtained:
+        """Compile and publish; once more with the compiler in the cache root when its
+        scratch in memory was full (/dev/shm is small in many containers): that is no
+        failure of the disk cache, nor of the source."""
+        try:
+            return self._build_in(resolved, root, workdir, load)
+        except (OSError, CompileError) as exc:
+            if workdir.scratch == workdir.path or not _scratch_full(workdir.scratch, exc):
+                raise
+            logger.warning(
+                "no room for %s's compile in memory (%s); compiling in the cache root",
+                resolved.spec.name,
+                workdir.scratch,
+            )
+        return self._build_in(resolved, root, self.parts.disk.scratch_in_cache(workdir), load)
+
+    def _build_in(self, resolved: Resolved, root: str, workdir: Workdir, load: Load | None) -> Obtained:
         disk = self.parts.disk
         key = resolved.key
         # The leaf is staged as soon as the compiler closes its artifact (its driver takes
@@ -322,6 +338,16 @@ class Pipeline:
         logger.warning("safejit cache bypassed: %s; the kernel is compiled privately and not cached", why)
         self.counters.add(Tier.BYPASS.value)
         instruments.bypass.add(1, self._attrs)
+
+
+def _scratch_full(scratch: str, exc: OSError | CompileError) -> bool:
+    """Whether ``exc`` is a compile's own scratch dir (in memory) failing it: an error
+    writing there (the cache's own are CacheErrors), or the compiler's saying so."""
+    if isinstance(exc, CacheError):
+        return False
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return _storage_failed(scratch, exc.log)
 
 
 def _storage_failed(root: str, log: str) -> bool:

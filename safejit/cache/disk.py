@@ -534,6 +534,11 @@ class DiskTier:
                 raise
             return self._staging.workdir(root)
 
+    def scratch_in_cache(self, workdir: Workdir) -> Workdir:
+        """``workdir`` compiling in the cache root, and every compile after it (memory
+        scratch failed: see ``Staging.scratch_in_cache``)."""
+        return self._staging.scratch_in_cache(workdir)
+
     def release_workdir_later(self, workdir: Workdir, root: str) -> None:
         """Delete a work directory in the background and prepare the next ones."""
         self._staging.release_later(workdir, root)

@@ -353,6 +353,14 @@ class Staging:
             logger.debug("no scratch in memory (%s); compiling in the cache root", exc)
             return wd
 
+    def scratch_in_cache(self, wd: Workdir) -> Workdir:
+        """``wd`` with its compiler working in the cache root (itself), as every compile
+        of this process from now on: the scratch in memory failed it (/dev/shm full)."""
+        self._memory = False
+        if self._spares is not None:
+            self._spares.scratch = True
+        return replace(wd, scratch=wd.path)
+
     def new_stage(self, root: str) -> str:
         return _new_dir(CacheLayout(root).tmp, self._marks)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,51 @@ def test_compile_of_a_broken_source_on_a_nearly_full_cache_disk_is_a_compile_err
         (mount / "filler").unlink()
     assert not isinstance(info.value, safejit.CacheError), info.value
     _finish(mount, cache)
+
+
+FULL_SHM_CHILD = r"""
+import json, os, sys
+import safejit
+from tests.fault._support import leave_free
+from pathlib import Path
+results = []
+rt = safejit.Runtime(config=safejit.Config(cache_dirs=(sys.argv[1],), scratch="memory"))
+for i, kib in enumerate((0, 8, 24, 0), start=1):
+    leave_free(Path("/dev/shm"), kib)
+    try:
+        mod = rt.compile(safejit.Source(f"int k(void) {{ return {i}; }}\n", "k"))
+        results.append([mod.kernel("k")(), str(mod.artifact.tier)])
+    except Exception as exc:
+        results.append([type(exc).__name__, str(exc)[:300]])
+print(json.dumps(results))
+"""
+
+
+def test_a_full_dev_shm_makes_compiles_work_in_the_cache_root(tmp_path):
+    """The compiler's scratch is in memory by default; with /dev/shm full (64 MB in a
+    container, filled by data loaders) writing the source there failed, and every cold
+    compile raised CacheError("the disk cache cannot be used") — under bypass nothing
+    was cached — though the cache disk had room. Such a compile now works in the cache
+    root, and so does every later one. (A private mount namespace: this machine's own
+    /dev/shm is left alone; skipped where one cannot be made.)"""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs over /dev/shm needs root")
+    script = (
+        "mount --make-rprivate / && mount -t tmpfs -o size=256k,mode=1777 tmpfs /dev/shm && "
+        f'exec {sys.executable} -c "$0" "$1"'
+    )
+    cache = tmp_path / "cache"
+    out = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, FULL_SHM_CHILD, str(cache)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SAFEJIT_")},
+        cwd=Path(__file__).parents[2],
+    )
+    if out.returncode and "mount" in out.stderr and "safejit" not in out.stderr:
+        pytest.skip(f"cannot mount a tmpfs over /dev/shm here: {out.stderr.strip()[:200]}")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [[i, "compiled"] for i in range(1, 5)], out.stderr
+    assert_cache_sound(cache)
+    assert "compiling in the cache root" in out.stderr
