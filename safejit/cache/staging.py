@@ -249,6 +249,7 @@ class Spares:
         self._lock = threading.Lock()
         self._ready: dict[str, list[tuple[float, Workdir]]] = {}
         self._pending: dict[str, int] = {}
+        self._closed = False  # (a compile that ends after close() makes no more)
         self._pid = os.getpid()
         # (at exit, or once the Runtime that made them is dropped without close())
         weakref.finalize(self, _discard, self._ready, self._lock, self._pid)
@@ -277,7 +278,7 @@ class Spares:
             return
         with self._lock:
             missing = self.keep - len(self._ready.get(base, ())) - self._pending.get(base, 0)
-            if missing <= 0:
+            if missing <= 0 or self._closed:
                 return
             self._pending[base] = self._pending.get(base, 0) + missing
         for _ in range(missing):
@@ -291,10 +292,16 @@ class Spares:
             wd = None
         with self._lock:
             self._pending[base] -= 1
-            if wd is not None:
+            if wd is not None and not self._closed:
                 self._ready.setdefault(base, []).append((time.monotonic(), wd))
+                wd = None
+        if wd is not None:
+            remove_quietly(wd.path)
 
     def discard_all(self) -> None:
+        """Delete the spares, and make none from now on."""
+        with self._lock:
+            self._closed = True
         _discard(self._ready, self._lock, self._pid)
 
 

@@ -547,3 +547,41 @@ def test_a_runtime_dropped_without_close_leaves_no_work_dir_behind(cache_dir, tm
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["0"]  # (collected: their spares gone)
     assert staging_residue(cache_dir) == []  # (at exit, the last one's too)
+
+
+def test_a_runtime_closed_while_it_compiles_leaves_no_work_dir_behind(make_runtime, cache_dir, monkeypatch):
+    """close() deleted the prepared work dirs, then the compile under way ended and
+    prepared two more, which nothing removed while the process lived."""
+    import threading
+
+    from safejit import faults
+
+    spawning, go = threading.Event(), threading.Event()
+    real_point = faults.point
+
+    def point(name: str, data: bytes | None = None):  # (the compiler about to start: close() now)
+        if name == "compiler.spawn":
+            spawning.set()
+            go.wait(30)
+        return real_point(name, data) if data is not None else real_point(name)
+
+    rt = make_runtime()
+    rt.compile(safejit.Source(ADD_C, "add"))  # (spares made for the next compile)
+    monkeypatch.setattr(faults, "point", point)
+    errors: list[BaseException] = []
+
+    def compile_one() -> None:
+        try:
+            rt.compile(safejit.Source("int two(void) { return 2; }\n", "two"))
+        except BaseException as exc:  # (a closed runtime may refuse it)
+            errors.append(exc)
+
+    worker = threading.Thread(target=compile_one)
+    worker.start()
+    assert spawning.wait(30)
+    rt.close()
+    go.set()
+    worker.join(60)
+    settle()
+    left = [n for n in os.listdir(cache_dir / "v1" / "tmp") if not n.endswith(".alive")]
+    assert left == [], errors  # (not even prepared ones, unused)
