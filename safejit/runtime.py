@@ -88,7 +88,6 @@ class Runtime:
         self._inventory = InventoryWriter(cfg.inventory) if cfg.inventory else None
         self._closed = False
         self._close_once = threading.Lock()  # (taken without waiting, never released: signal-safe)
-        ref = weakref.ref(self)
         memory, attrs = self._memory, self._attrs  # (not the runtime: its hits are read once more when it goes)
 
         def observe() -> list[tuple[int, int, int, dict[str, str]]]:
@@ -97,8 +96,7 @@ class Runtime:
         self._observer = observe
         instruments.register(observe)
         weakref.finalize(self, instruments.unregister, observe)
-        atexit.register(_flush_at_exit, ref)
-        _runtimes.add(self)
+        _runtimes.add(self)  # (flushed at exit: one hook for them all, not one per Runtime ever made)
 
     def _after_fork(self) -> None:
         """In a forked child: its parts are its parent's (their worker processes, pipes
@@ -448,17 +446,18 @@ def _request(
     )
 
 
-def _flush_at_exit(ref: weakref.ref[Runtime]) -> None:
-    rt = ref()
-    if rt is not None and not rt._closed:
-        try:
-            rt.flush_usage()
-        except SafejitError as exc:  # (at exit: said, never a traceback)
-            logger.warning("%s", exc)
+def _flush_at_exit() -> None:
+    for rt in list(_runtimes):
+        if not rt._closed:
+            try:
+                rt.flush_usage()
+            except SafejitError as exc:  # (at exit: said, never a traceback)
+                logger.warning("%s", exc)
 
 
-#: Every Runtime of this process, for the fork hook.
+#: Every Runtime of this process, for the fork and exit hooks.
 _runtimes: weakref.WeakSet[Runtime] = weakref.WeakSet()
+atexit.register(_flush_at_exit)
 
 
 def _after_fork_in_child() -> None:

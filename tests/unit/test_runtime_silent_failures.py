@@ -585,3 +585,15 @@ def test_a_runtime_closed_while_it_compiles_leaves_no_work_dir_behind(make_runti
     settle()
     left = [n for n in os.listdir(cache_dir / "v1" / "tmp") if not n.endswith(".alive")]
     assert left == [], errors  # (not even prepared ones, unused)
+
+
+def test_runtimes_made_on_demand_add_no_exit_hooks(make_runtime):
+    """Each Runtime registered two exit hooks, never removed: a process making Runtimes
+    on demand grew by two per Runtime for its life."""
+    import atexit
+
+    make_runtime().compile(safejit.Source(ADD_C, "add"))  # (the first: whatever is registered once)
+    before = atexit._ncallbacks()
+    for _ in range(20):
+        make_runtime().compile(safejit.Source(ADD_C, "add"))
+    assert atexit._ncallbacks() == before
