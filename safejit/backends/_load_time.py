@@ -43,6 +43,7 @@ _ET_DYN: Final = 3
 _PF_X: Final = 1
 _PF_W: Final = 2
 _STT_GNU_IFUNC: Final = 10
+_STB_GNU_UNIQUE: Final = 10
 
 # Dynamic tags.
 _DT_NEEDED, _DT_PLTRELSZ, _DT_STRTAB, _DT_RELA, _DT_RELASZ, _DT_RELAENT = 1, 2, 5, 7, 8, 9
@@ -218,6 +219,13 @@ def _symbols(elf: Elf, baseline: LoadBaseline) -> list[str]:
             f"it has a GNU IFUNC ({elf.symbol_name(section, row)!r}): the loader runs its resolver"
             for row in rows
             if row[i_info] & 0xF == _STT_GNU_IFUNC and row[i_shndx] != 0
+        ]
+        out += [
+            f"it defines {elf.symbol_name(section, row)!r} as STB_GNU_UNIQUE: the loader binds it for the "
+            "whole process to the first library that defined it, and a rebuilt kernel would use an earlier "
+            "build's (a static of an inline function or template: build what defines it with -fno-gnu-unique)"
+            for row in rows
+            if row[i_info] >> 4 == _STB_GNU_UNIQUE and row[i_shndx] != 0
         ]
     out += [
         f"it defines {name!r}, which the toolchain's start-up code calls at load or unload if something defines it"

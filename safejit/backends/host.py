@@ -240,6 +240,11 @@ class HostBackend:
             no_caret_flag(toolchain.version),
             "-fno-lto",
         ]
+        if language == "c++" and not is_clang(toolchain.version):
+            # g++ makes the statics of inline functions and templates STB_GNU_UNIQUE, which
+            # the loader binds for the whole process to the first library defining them: a
+            # rebuilt kernel ran an earlier build's (refused at load_time_code otherwise).
+            argv.append("-fno-gnu-unique")
         argv += macro_flags(defines)
         argv += [f"-I{d}" for d in include_dirs]
         if quote_dir is not None:

@@ -215,6 +215,13 @@ FLAGGED = {
         '__asm__(".section .rodata.tr,\\"a\\",@progbits\\n.quad kernel\\n.text\\n");\n',
         "TEXTREL",
     ),
+    # (bound for the whole process to the first library defining it: a rebuild runs the old one's)
+    "gnu_unique_symbol": (
+        (),
+        '__asm__(".globl once\\n.section .bss.once,\\"aw\\",@nobits\\n.type once, @gnu_unique_object\\n'
+        'once: .zero 4\\n.size once, 4\\n.text\\n");\n',
+        "STB_GNU_UNIQUE",
+    ),
 }
 
 

@@ -597,3 +597,18 @@ def test_runtimes_made_on_demand_add_no_exit_hooks(make_runtime):
     for _ in range(20):
         make_runtime().compile(safejit.Source(ADD_C, "add"))
     assert atexit._ncallbacks() == before
+
+
+def test_a_rebuilt_cxx_kernel_never_runs_an_earlier_builds_inline_statics(make_runtime, project):
+    """g++ made the static of an inline function STB_GNU_UNIQUE, which the loader binds
+    for the whole process to the first library that defined it: after a header edit,
+    the rebuilt kernel (compiled, verified, loaded) returned the old build's value, in
+    a new Runtime too. Built with -fno-gnu-unique, each build has its own."""
+    header = project / "include" / "counter.h"
+    code = '#include "counter.h"\nextern "C" int read_counter(void) { return counter(); }\n'
+    src = safejit.Source(code, "read_counter", filename="k.cpp")
+    for value in (1, 2, 3):
+        header.write_text(f"inline int counter() {{ static int c = {value}; return c; }}\n")
+        rt = make_runtime(source_roots=(str(project),), max_staleness_s=0)
+        mod = rt.compile(src, include_dirs=(str(project / "include"),))
+        assert mod.artifact.tier == "compiled" and mod.kernel("read_counter")() == value
