@@ -104,7 +104,11 @@ class Pipeline:
         root = disk.writable_root()
         if root is None:
             error = disk.last_error
-            raise CacheError(f"no writable cache root: {error}", errno=getattr(error, "errno", None))
+            raise CacheError(
+                f"no writable cache root: {error} (give Config.cache_dirs, SAFEJIT_CACHE_DIRS, a directory this "
+                "user may write; or on_cache_error='bypass' to compile without caching)",
+                errno=getattr(error, "errno", None),
+            )
         workdir = disk.workdir(root)
         lock = None
         try:
@@ -342,12 +346,19 @@ class Pipeline:
 
 def _scratch_full(scratch: str, exc: OSError | CompileError) -> bool:
     """Whether ``exc`` is a compile's own scratch dir (in memory) failing it: an error
-    writing there (the cache's own are CacheErrors), or the compiler's saying so."""
+    writing there (the cache's own are CacheErrors), or the compiler's saying so while
+    that filesystem is (nearly) full — its temporary files gone, what was left before."""
     if isinstance(exc, CacheError):
         return False
     if isinstance(exc, OSError):
         return exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    return _storage_failed(scratch, exc.log)
+    if not _storage_failed(scratch, exc.log):
+        return False
+    try:
+        st = os.statvfs(scratch)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < max(4 << 20, st.f_blocks * st.f_frsize // 20)
 
 
 def _storage_failed(root: str, log: str) -> bool:
