@@ -21,10 +21,11 @@ import os
 import platform
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import TextIO
+from typing import Final, TextIO, get_args
 
 from .._version import __version__
-from ..errors import SafejitError
+from ..config import BackendName
+from ..errors import PathConfinementError, SafejitError
 from . import demo, explain, inspect, listing, remote, upkeep, warm
 from ._common import EXIT_ERROR, CliError, directory, parse_age, parse_size, positive_int
 from ._out import Out
@@ -33,6 +34,8 @@ from ._text import safe
 __all__ = ["main", "parse_age", "parse_size"]
 
 Command = Callable[[argparse.Namespace, Out], int]
+#: What --backend takes (a name Config takes).
+BACKENDS: Final = get_args(BackendName)
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -89,8 +92,6 @@ def _parser() -> argparse.ArgumentParser:
         default=True,
         help="keep the demo's leaf in the cache (--no-keep removes it at the end)",
     )
-    child = sub.add_parser("_demo-child", parents=[cache])  # (no help: hidden from the list)
-    child.add_argument("nonce")
 
     _cache_parsers(command, js)
     _diagnosis_parsers(command, js)
@@ -107,7 +108,7 @@ def _cache_parsers(command: _Command, js: argparse.ArgumentParser) -> None:
     """``safejit ls|stats|verify|prune|gc``: the local cache's contents and upkeep."""
     ls = command("ls", "list the cache's leaves: short id, kernel, tenant, backend, size, age", js)
     ls.add_argument("--tenant", help="only this tenant's leaves")
-    ls.add_argument("--backend", help="only this backend's leaves (host, cuda, ascend, fake)")
+    ls.add_argument("--backend", choices=BACKENDS, help="only this backend's leaves")
     ls.add_argument("--paths", action="store_true", help="print each leaf's id and directory, one per line")
     command("stats", "leaves and bytes per tenant and backend; hit rates and compile times from usage records", js)
     v = command("verify", "rehash every leaf; exit 0 only when all verify and every usage record is valid", js)
@@ -177,7 +178,7 @@ def _diagnosis_parsers(command: _Command, js: argparse.ArgumentParser) -> None:
         help='a declared extra; VALUE as JSON (132, true, "text"); repeatable',
     )
     _source_roots(e)
-    e.add_argument("--backend", help="host, cuda, ascend or fake (default: SAFEJIT_BACKEND, else host)")
+    e.add_argument("--backend", choices=BACKENDS, help="the backend (default: SAFEJIT_BACKEND, else host)")
     e.add_argument("--arch", help="target architecture, as compile(arch=...): sm_90 (default: the device's)")
     e.add_argument("--tenant", help="the tenant namespace (default: SAFEJIT_TENANT, else default)")
 
@@ -233,7 +234,7 @@ def _remote_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], js:
         help="the remote (default: SAFEJIT_REMOTE); credentials masked, a password better in SAFEJIT_REMOTE_PASSWORD",
     )
     where.add_argument("--tenant", help="the tenant namespace (default: SAFEJIT_TENANT, else default)")
-    where.add_argument("--backend", help="the backend's index: host, cuda, ascend or fake (default: SAFEJIT_BACKEND)")
+    where.add_argument("--backend", choices=BACKENDS, help="the backend's index (default: SAFEJIT_BACKEND)")
 
     def command(name: str, text: str, limit: int, what: str) -> argparse.ArgumentParser:
         c = rsub.add_parser(name, help=text, description=text, parents=[where, js], formatter_class=_Help)
@@ -267,7 +268,6 @@ def _remote_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], js:
 
 _COMMANDS: dict[str, Command] = {
     "demo": demo.cmd_demo,
-    "_demo-child": demo.cmd_demo_child,
     "ls": listing.cmd_ls,
     "stats": listing.cmd_stats,
     "verify": upkeep.cmd_verify,
@@ -317,6 +317,8 @@ def main(argv: Sequence[str] | None = None, *, out: Out | None = None) -> int:
         out.error(str(exc), *exc.more)
     except SafejitError as exc:  # (a compiler's log follows its first line: shown indented, escaped)
         first, *rest = str(exc).split("\n")
+        if isinstance(exc, PathConfinementError) and hasattr(args, "source_root"):
+            rest.insert(0, "(on this command line: --source-root DIR)")
         out.error(f"{type(exc).__name__}: {first}", *rest[:40])
     except KeyboardInterrupt:
         out.error("interrupted")

@@ -22,7 +22,7 @@ from ..spec import Source
 from ._common import EXIT_FINDINGS, EXIT_OK, CliError, config_for
 from ._out import Out
 
-__all__ = ["COUNTER_MEANINGS", "cmd_demo", "cmd_demo_child"]
+__all__ = ["COUNTER_MEANINGS", "cmd_demo", "demo_child"]
 
 DEMO_SOURCE = r"""
 #include <stddef.h>
@@ -66,13 +66,14 @@ def _demo_compile(rt: Runtime, nonce: str) -> tuple[float, Any]:
     return time.perf_counter() - started, (mod, dot)
 
 
-def cmd_demo_child(args: argparse.Namespace, out: Out) -> int:
-    rt = Runtime(config=config_for(args.cache_dir))
-    seconds, (mod, dot) = _demo_compile(rt, args.nonce)
+def demo_child(nonce: str, cache_dir: str | None) -> None:
+    """The demo's fresh process (``python -m safejit.cli._demo_child``): the same
+    compile, a disk hit now; what it saw, as one JSON line."""
+    rt = Runtime(config=config_for(cache_dir))
+    seconds, (mod, dot) = _demo_compile(rt, nonce)
     n = 100
     x = (ctypes.c_double * n)(*range(n))
     print(json.dumps({"seconds": seconds, "tier": mod.artifact.tier, "dot": dot(x, x, n), "stats": dict(rt.stats())}))
-    return EXIT_OK
 
 
 def _tracing(enabled: bool) -> Any:
@@ -136,7 +137,7 @@ def cmd_demo(args: argparse.Namespace, out: Out) -> int:
 
 
 def _child(nonce: str, cache_dir: str | None) -> dict[str, Any] | None:
-    argv = [sys.executable, "-m", "safejit", "_demo-child", nonce, *(["--cache-dir", cache_dir] if cache_dir else [])]
+    argv = [sys.executable, "-m", "safejit.cli._demo_child", nonce, *([cache_dir] if cache_dir else [])]
     try:
         child = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as exc:

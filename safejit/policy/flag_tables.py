@@ -473,6 +473,10 @@ def family(name: str) -> Family:
 
 #: Why options known to be dangerous are refused (longest prefix wins). Wording only:
 #: whatever is not in a family's table is refused, whether or not it is named here.
+_FAST_MATH_PARTS: Final = (
+    "; its parts are admitted: -fno-math-errno -ffinite-math-only -fno-signed-zeros -fno-trapping-math "
+    "-fassociative-math -freciprocal-math"
+)
 REASONS: Final = {
     # running programs
     "-fcompare-debug": "runs a second compile with options of its own (-wrapper, -fplugin...)",
@@ -577,10 +581,14 @@ REASONS: Final = {
     "-fmacro-prefix-map": "rewrites recorded paths with unconfinable path text",
     "-frecord-gcc-switches": "records this machine's paths in the artifact",
     # effects in the host process at load
-    "-ffast-math": "links crtfastmath.o, whose initialiser sets flush-to-zero in the host process at load",
-    "-Ofast": "links crtfastmath.o, whose initialiser sets flush-to-zero in the host process at load",
-    "-funsafe-math-optimizations": "links crtfastmath.o, whose initialiser sets flush-to-zero in the host process",
-    "-ffp-model=fast": "links crtfastmath.o, whose initialiser sets flush-to-zero in the host process at load",
+    "-ffast-math": "links crtfastmath.o, whose initialiser sets flush-to-zero in the host process at load"
+    + _FAST_MATH_PARTS,
+    "-Ofast": "links crtfastmath.o, whose initialiser sets flush-to-zero in the host process at load"
+    + _FAST_MATH_PARTS,
+    "-funsafe-math-optimizations": "links crtfastmath.o, whose initialiser sets flush-to-zero in the host process"
+    + _FAST_MATH_PARTS,
+    "-ffp-model=fast": "links crtfastmath.o, whose initialiser sets flush-to-zero in the host process at load"
+    + _FAST_MATH_PARTS,
     "-mpc": "links crtprec*.o, whose initialiser sets the x87 precision of the host process at load",
     "-fsanitize": "links a sanitizer runtime, whose initialisers run in the host process at load",
     "-static-libstdc++": "links libstdc++'s initialisers into the kernel: they would run at load",

@@ -138,7 +138,11 @@ def _check_option(flag: str, fam: Family) -> str:
 
 def _reason(flag: str, fam: Family) -> str:
     known = max((p for p in REASONS if flag.startswith(p)), key=len, default=None)
-    return REASONS[known] if known is not None else f"is not on the {fam.name} allow-list"
+    if known is not None:
+        return REASONS[known]
+    if not fam.path_flags and flag.startswith(("-I", "-isystem", "-iquote", "-idirafter", "-include")):
+        return f"is a path flag, which {fam.name} takes none of: pass search dirs as include_dirs="
+    return f"is not on the {fam.name} allow-list (docs/security.md, 'Flag policy')"
 
 
 def _resolution(given: tuple[str, ...], resolved: Sequence[str], fam: Family) -> list[str]:

@@ -488,3 +488,22 @@ def test_imacros_is_refused_even_inside_the_roots(shared, flags):
     with pytest.raises(safejit.FlagPolicyError, match="precompiled"):
         shared.rt.compile(ADD, flags=shared.fill(flags))
     assert shared.rt.stats()["compiles"] == 0
+
+
+@pytest.mark.parametrize(
+    ("family", "flag", "says"),
+    [
+        ("gcc", "-ffast-math", "its parts are admitted: -fno-math-errno"),
+        ("gcc", "-Ofast", "its parts are admitted: -fno-math-errno"),
+        ("nvrtc", "-I/usr/include", "pass search dirs as include_dirs="),
+        ("gcc", "-fno-such-thing", "docs/security.md"),
+    ],
+)
+def test_a_refusal_says_what_to_do_instead(family, flag, says):
+    """Refusals said why, not what to do: -ffast-math without its admitted parts, an
+    NVRTC -I without include_dirs=, an unknown flag without where the list is."""
+    from safejit.policy.flags import check_flags
+
+    with pytest.raises(safejit.FlagPolicyError) as exc:
+        check_flags([flag], lambda path, what: path, family=family)
+    assert exc.value.flag == flag and says in str(exc.value)

@@ -102,6 +102,9 @@ def test_every_option_and_command_has_help_text():
 def test_help_shows_units_and_defaults_and_hides_the_internal_command():
     top = run("--help", env={"COLUMNS": "100"})
     assert top.returncode == 0 and "_demo-child" not in top.stdout and "Exit status" in top.stdout
+    wrong = run("bogus")  # (argparse lists every command it has: the demo's child process is none)
+    assert wrong.returncode == 2 and "'demo'" in wrong.stderr and "_demo" not in wrong.stderr
+    assert run("ls", "--backend", "gpu").returncode == 2  # (0 leaves, exit 0, before: explain refused it)
     prune = run("prune", "--help", env={"COLUMNS": "100"}).stdout
     assert "500M, 10G" in prune and "30d" in prune and "(default: 60s)" in prune and "(default: False)" not in prune
     assert "(default: 1d)" in run("gc", "--help", env={"COLUMNS": "100"}).stdout
@@ -453,6 +456,13 @@ def test_explain_names_the_input_that_differs_from_the_nearest_build(kernel, cac
     assert ran.rc == 1 and "miss: never built with these inputs" in ran.out, ran
     assert f"nearest    {art.build_key[:8]}" in ran.out
     assert says in ran.out
+
+
+def test_explain_of_a_source_outside_the_roots_says_the_option_that_declares_one(kernel, cache_dir):
+    """It said to declare the root in Config.source_roots: on the command line that is
+    --source-root."""
+    ran = cli("explain", str(kernel / "k.c"), "--backend", "fake", "--cache-dir", str(cache_dir))
+    assert ran.rc == 2 and "PathConfinementError" in ran.err and "--source-root DIR" in ran.err, ran
 
 
 def test_explain_names_a_changed_source(kernel, cache_dir):
