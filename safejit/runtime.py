@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import _env, _forksafe
+from . import _clock, _env, _forksafe
 from ._arguments import argument_error, check_arguments
 from ._pipeline.parts import Parts
 from ._pipeline.pipeline import Pipeline
@@ -49,8 +49,8 @@ if TYPE_CHECKING:
 __all__ = ["Explanation", "Runtime"]
 
 logger = logging.getLogger(__name__)
-#: The memory hit's clock, one global load (``time.monotonic`` is two).
-_monotonic = time.monotonic
+#: The memory hit's clock (the staleness guarantee's: ``_clock``), one global load.
+_monotonic = _clock.now
 
 
 class Runtime:

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from .. import _clock
 from ..backends.base import CompileContext, CompileOutput, Products
 from ..cache.leaf import Manifest, Negatives, VerifiedLeaf
 from ..closure import scan
@@ -64,7 +65,7 @@ class _Held:
     tool_reads: Mapping[str, tuple[str, ...]]
     closure: Closure
     manifest: Manifest | None
-    #: When the check that found the closure unchanged began (``time.monotonic()``).
+    #: When the check that found the closure unchanged began (``_clock.now()``).
     checked: float
     #: The directories that vouch for the negatives (``scan.negative_dirs``).
     dirs: list[tuple[str, Snapshot]]
@@ -133,7 +134,7 @@ class BuildJob:
         to exit (reads after this close cannot change them)."""
         self._held = None
         early = self._early
-        checked = time.monotonic()  # (an edit from here on may have been missed by the check)
+        checked = _clock.now()  # (an edit from here on may have been missed by the check)
         if early is None or tool_reads is None or not scan.unchanged(early[1], early[2]):
             return
         with contextlib.suppress(OSError, ValueError, SafejitError):
@@ -159,7 +160,7 @@ class BuildJob:
             time.sleep(scan.COARSE_NS / 1e9)
             self._started_ns = time.time_ns()
             out = self._compile(workdir, events=False)
-            checked = time.monotonic()
+            checked = _clock.now()
             closure = scan.merged(self._closure(out.deps, absent=out.absent), self._tools_closure(out.tool_reads))
             manifest, dirs = None, None
         # The staleness clock starts when the check that vouches for the closure began,
@@ -204,10 +205,10 @@ class BuildJob:
             if manifest is not None and (manifest.kernels, manifest.meta) != (out.kernels, backend_meta(out.meta)):
                 manifest = None
             return held.closure, manifest, held.checked, held.dirs
-        checked = time.monotonic()
+        checked = _clock.now()
         if early is not None and early[0] == out.deps and scan.unchanged(early[1], early[2]):
             return scan.merged(early[1], self._tools_closure(out.tool_reads)), None, checked, early[2]
-        checked = time.monotonic()
+        checked = _clock.now()
         closure = self._closure(out.deps, absent=out.absent)
         return scan.merged(closure, self._tools_closure(out.tool_reads)), None, checked, None
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .. import _clock
 from ..cache.disk import BEFORE_COMMIT
 from ..cache.early import EarlyWrite
 from ..cache.layout import CacheLayout
@@ -251,7 +252,7 @@ class Pipeline:
             on_start=lambda: disk.make_build_dir_later(root, key),  # work the compile does not wait for
             on_artifact=on_artifact if early is not None else None,
         )
-        started = time.monotonic()
+        started = _clock.now()
         try:
             built = self._run(job, workdir.scratch, root)
         except BaseException:

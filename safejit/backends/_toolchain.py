@@ -10,14 +10,13 @@ import json
 import os
 import shutil
 import stat
-import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import msgspec
 
-from .. import _forksafe
+from .. import _clock, _forksafe
 from ..closure.hashing import Snapshot, digest_bytes, hash_file, is_racy
 from ..errors import ConfigError
 from ..sandbox import SYSTEM_PATH
@@ -149,7 +148,7 @@ class ProbeCache:
     def __init__(self, state_dir: str | None) -> None:
         self._dir = state_dir
         #: What this process found or probed, per identity: the toolchain, the programs and
-        #: dirs that vouch for it (as the file holds them), and since when (monotonic), for
+        #: dirs that vouch for it (as the file holds them), and since when (``_clock.now()``), for
         #: :meth:`unchanged`.
         self._witness: dict[str, tuple[Toolchain, list[Any], list[Any], float]] = {}
 
@@ -157,7 +156,7 @@ class ProbeCache:
         key = digest_bytes(_IDENT.encode(ident))
         old = self._witness.get(key)
         if old is None or old[:3] != (tc, tools, dirs):  # (the same again keeps its first time)
-            self._witness[key] = (tc, tools, dirs, time.monotonic())
+            self._witness[key] = (tc, tools, dirs, _clock.now())
 
     def unchanged(self, ident: list[Any], tc: Toolchain, since: float) -> bool:
         """Whether ``tc``, found or probed in this process under ``ident`` no later than
@@ -268,12 +267,12 @@ class ProbeMemo:
 
     def get(self, key: Hashable, probe: Callable[[], Toolchain]) -> Toolchain:
         found = self._found.get(key)
-        if found is not None and time.monotonic() - found[1] < RECHECK_S:
+        if found is not None and _clock.now() - found[1] < RECHECK_S:
             return found[0]
         with self._lock:
             found = self._found.get(key)
-            if found is None or time.monotonic() - found[1] >= RECHECK_S:
-                checked = time.monotonic()  # (as of the probe's start: what it saw is at least this recent)
+            if found is None or _clock.now() - found[1] >= RECHECK_S:
+                checked = _clock.now()  # (as of the probe's start: what it saw is at least this recent)
                 found = self._found[key] = (probe(), checked)
             return found[0]
 

@@ -171,7 +171,7 @@ class Backend(Protocol):
 
     def toolchain_unchanged(self, spec: BuildSpec, since: float) -> bool:
         """Whether the toolchain ``spec`` was keyed by is still the one its compiler is,
-        as it was when the build began (``since``, monotonic): asked after a build, before
+        as it was when the build began (``since``, ``_clock.now()``): asked after a build, before
         it is published (one built across an upgrade is not); when not, it is probed
         again next time."""
         ...

@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final
 
-from .. import _forksafe, faults
+from .. import _clock, _forksafe, faults
 from ..closure.anchors import Anchors
 from ..closure.hashing import digest_bytes
 from ..closure.scan import DepState
@@ -207,7 +207,7 @@ class DiskTier:
         # Digests taken for one candidate are reused for the next: a hit's clock starts
         # when the first of them may have been taken, the lookup's start (DESIGN §6).
         rehashed: Rehashed = {}
-        since = time.monotonic()
+        since = _clock.now()
         for leaf in self._candidates(root, build_key, rejections):
             if quiet:
                 result = self.verify(leaf, root, build_key, anchors, rehashed, since=since)
@@ -309,7 +309,7 @@ class DiskTier:
         digests taken earlier, reused; ``since``: when the first of them was taken
         (the hit's ``checked``; default: now).
         """
-        checked = time.monotonic() if since is None else since
+        checked = _clock.now() if since is None else since
         found = self._manifest(leaf, root, build_key)
         if isinstance(found, Rejection):
             return found

@@ -301,7 +301,7 @@ class VerifiedLeaf:
     negatives: Negatives = field(default_factory=Negatives, repr=False)
     #: False when the compiler's dependency scan was incomplete (never cached beyond one use).
     closure_known: bool = True
-    #: When (``time.monotonic()``) its closure was last found current: the memory
+    #: When (``_clock.now()``) its closure was last found current: the memory
     #: tier's staleness clock starts here, not when the entry is stored.
     checked: float = 0.0
 

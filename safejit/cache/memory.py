@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from .. import _forksafe
+from .. import _clock, _forksafe
 from ..closure.hashing import RACY_WINDOW_NS, Snapshot, hash_file, is_racy, snapshot_of
 from ..errors import LoadError
 from ..outcomes import Miss, Tier
@@ -56,7 +56,7 @@ _AGAIN: Any = object()
 class Entry(Generic[T]):
     """A value with what it was built from: ``deps`` rows ``[path, snapshot, digest,
     racy]`` (mutated in place by revalidation), the paths that must stay absent, and
-    ``checked``, the monotonic time its closure was last found current."""
+    ``checked``, when (``_clock.now()``) its closure was last found current."""
 
     value: T
     size: int
@@ -144,7 +144,7 @@ class MemoryTier(Generic[T]):
             return Miss.ABSENT
         with span(SPAN.MEMORY_LOOKUP, {ATTR.TIER: Tier.MEMORY}) as s:
             within = now - entry.checked < self.max_staleness_s
-            fresh = within or self.revalidate(entry, time.monotonic())
+            fresh = within or self.revalidate(entry, _clock.now())
             result, reason = ("hit", "fresh" if within else "revalidated") if fresh else ("miss", Miss.STALE)
             s.set_attributes({ATTR.RESULT: result, ATTR.REASON: reason})
         if fresh:
@@ -161,7 +161,7 @@ class MemoryTier(Generic[T]):
         checked since ``now - max_staleness_s``, or is found current again now."""
         if now - entry.checked < self.max_staleness_s:
             return True
-        return self.revalidate(entry, time.monotonic())
+        return self.revalidate(entry, _clock.now())
 
     def revalidate(self, entry: Entry[T], now: float) -> bool:
         """Re-stat every dependency; rehash those whose stat moved (or is racy). ``now``:

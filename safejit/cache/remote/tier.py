@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Final
 
+from ... import _clock
 from ...closure.anchors import Anchors
 from ...closure.hashing import digest_bytes
 from ...keys import deps_key as compute_deps_key
@@ -159,7 +160,7 @@ class RemoteTier:
 
     def _verify(self, build_key: str, deps_key: str, man: Manifest, anchors: Anchors) -> VerifiedLeaf | Rejection:
         leaf = f"remote:{build_key}/deps-{deps_key}"
-        checked = time.monotonic()
+        checked = _clock.now()
         bad = self._vouch(build_key, deps_key, man, leaf)
         if bad is not None:
             return bad

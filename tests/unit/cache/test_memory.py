@@ -323,3 +323,30 @@ def test_an_interrupted_compile_is_done_again_by_a_waiter_not_raised_in_it():
         t.join(10)
     assert isinstance(got.pop("owner"), KeyboardInterrupt)
     assert got == {"w0": "v", "w1": "v", "w2": "v"} and len(calls) == 2
+
+
+def test_time_the_machine_slept_counts_toward_max_staleness(make_runtime, project, monkeypatch):
+    """time.monotonic stops while the machine is suspended: a kernel checked just
+    before a night's sleep was served unchecked after it (within max_staleness_s of
+    monotonic time), whatever changed meanwhile. The staleness clock is CLOCK_BOOTTIME,
+    which counts that time; here the machine sleeps an hour by that clock alone."""
+    from safejit import _clock, runtime
+
+    assert abs(_clock.now() - time.clock_gettime(time.CLOCK_BOOTTIME)) < 1.0
+    slept = 0.0
+    real = _clock.now
+
+    def boottime() -> float:
+        return real() + slept
+
+    monkeypatch.setattr(_clock, "now", boottime)
+    monkeypatch.setattr(runtime, "_monotonic", boottime)
+    rt = make_runtime(source_roots=(str(project),), max_staleness_s=600)
+    inc = (str(project / "include"),)
+    src = safejit.Source(KERNEL_WITH_HEADER, "value")
+    assert rt.compile(src, include_dirs=inc).kernel("value")() == 42
+    (project / "include" / "inner.h").write_text("#define INNER 9\n")
+    assert rt.compile(src, include_dirs=inc).kernel("value")() == 42  # (within 600 s: not looked at)
+    slept = 3600.0  # (time.monotonic has not moved)
+    assert rt.compile(src, include_dirs=inc).kernel("value")() == 10
+    assert rt.stats()["stale"] == 1
