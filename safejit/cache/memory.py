@@ -19,6 +19,8 @@ everything else happens in :meth:`MemoryTier.find` and :meth:`MemoryTier.produce
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import time
 import weakref
 from collections import OrderedDict
@@ -50,6 +52,22 @@ class _NoNegatives:
 _NONE = _NoNegatives()
 #: What a compile's waiters are given when its owner was interrupted (not failed): try again.
 _AGAIN: Any = object()
+#: How often a waiter looks whether the compile it waits for was abandoned.
+_WAIT_S = 1.0
+
+
+def _abandoned(fut: Future[Any]) -> bool:
+    """Whether the thread that owns ``fut`` has left the ``_single_flight`` call that
+    registered it (a thread waiting on its own compile has: it is not compiling)."""
+    owner = fut.owner  # type: ignore[attr-defined]
+    if owner == threading.get_ident():
+        return True
+    frame = sys._current_frames().get(owner)
+    while frame is not None:
+        if frame.f_code is MemoryTier._single_flight.__code__ and frame.f_locals.get("mine") is fut:
+            return False
+        frame = frame.f_back
+    return True
 
 
 @dataclass(slots=True, eq=False)
@@ -223,6 +241,7 @@ class MemoryTier(Generic[T]):
         again = False
         while True:
             mine: Future[Any] = Future()
+            mine.owner = threading.get_ident()  # type: ignore[attr-defined]  # (see _wait)
             owner = False
             # Registered and then settled and let go within one ``try``, whatever happens, an
             # exception raised in this thread between two statements (a signal handler's)
@@ -256,11 +275,29 @@ class MemoryTier(Generic[T]):
                         if self._inflight.get(key) is mine:
                             del self._inflight[key]
             assert fut is not None
-            got = fut.result()
+            got = self._wait(key, fut)
             if got is not _AGAIN:
                 entry, made = got
                 return entry, made, False
             again = True
+
+    def _wait(self, key: Hashable, fut: Future[Any]) -> Any:
+        """Another caller's compile of ``key``: its result, its error raised, or _AGAIN
+        when its owner left without settling it — interrupted twice (the second time
+        in its ``finally``), or inside ``set_result`` before waking its waiters. Looked
+        at once a second; an abandoned future is let go."""
+        while True:
+            try:
+                return fut.result(timeout=0 if fut.owner == threading.get_ident() else _WAIT_S)  # type: ignore[attr-defined]
+            except TimeoutError:
+                if fut.done():  # (settled meanwhile: what it holds, an error of the compile's own too)
+                    return fut.result()
+                if not _abandoned(fut):
+                    continue
+            with self._lock:
+                if self._inflight.get(key) is fut:
+                    del self._inflight[key]
+            return _AGAIN
 
     # -- bookkeeping -----------------------------------------------------------
     def discard(self, key: Hashable, entry: Entry[T]) -> None:
