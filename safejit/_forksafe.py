@@ -19,9 +19,15 @@ import os
 import threading
 import weakref
 
-__all__ = ["Lock"]
+__all__ = ["Lock", "descriptors"]
 
 _locks: weakref.WeakSet[threading.Lock] = weakref.WeakSet()
+
+#: Held while a descriptor a forked child must not keep (a held lock's: a build lock, a
+#: work dir's, an owner mark's) is opened and registered, or unregistered and closed —
+#: and across ``fork()``: a child never inherits one half-registered, which it could
+#: not close (the lock would stay held for as long as it lived).
+descriptors = threading.Lock()
 
 
 def Lock() -> threading.Lock:  # (named as threading.Lock, which it makes)
@@ -36,4 +42,6 @@ def _after_fork_in_child() -> None:
         lock._at_fork_reinit()  # type: ignore[attr-defined]
 
 
+os.register_at_fork(before=descriptors.acquire, after_in_parent=descriptors.release)
 os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(after_in_child=descriptors.release)  # (held by this, the only, thread: see before)

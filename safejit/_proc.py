@@ -46,16 +46,19 @@ def owner(base: str, prefix: str = "") -> str:
         # process never sees the mark unlocked (it would take its owner for ended, and
         # remove the mark and what the owner was about to make).
         making = os.path.join(base, f".{token}.making")
-        fd = os.open(making, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        with _forksafe.descriptors:  # (registered at once: a child forked meanwhile closes it)
+            fd = os.open(making, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            _marks[base] = (pid, token, fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)  # (held until this process ends: its descriptor stays open)
             os.rename(making, mark)
         except BaseException:
-            os.close(fd)
+            with _forksafe.descriptors:
+                del _marks[base]
+                os.close(fd)
             with contextlib.suppress(OSError):
                 os.unlink(making)
             raise
-        _marks[base] = (pid, token, fd)
         atexit.register(_unmark, mark, pid)
         return token
 
@@ -116,14 +119,16 @@ def use(path: str) -> bool:
     """Lock the directory ``path`` as in use by this process, until :func:`done`. False
     when it is gone, or being removed (a sweep holds it): it must not be used. Where
     directories cannot be locked (some network file systems), it is used unlocked."""
-    try:
-        fd = os.open(path, _O_DIR)
-    except OSError:
-        return False
+    with _forksafe.descriptors:  # (registered at once: a child forked meanwhile closes it)
+        try:
+            fd = os.open(path, _O_DIR)
+        except OSError:
+            return False
+        _used[path] = (os.getpid(), fd)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        os.close(fd)
+        done(path)
         return False
     except OSError:
         pass  # (no lock to take here: its age decides, as before locks)
@@ -132,19 +137,17 @@ def use(path: str) -> bool:
     except OSError:
         now = None
     if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
-        os.close(fd)  # removed or replaced before the lock was ours
+        done(path)  # removed or replaced before the lock was ours
         return False
-    with _lock:
-        _used[path] = (os.getpid(), fd)
     return True
 
 
 def done(path: str) -> None:
     """``path`` is no longer in use by this process (removed, or about to be)."""
-    with _lock:
+    with _forksafe.descriptors:
         found = _used.pop(path, None)
-    if found is not None and found[0] == os.getpid():
-        os.close(found[1])
+        if found is not None and found[0] == os.getpid():
+            os.close(found[1])
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from .. import faults
+from .. import _forksafe, faults
 
 __all__ = [
     "Flock",
@@ -335,8 +335,9 @@ def _open_lock(path: str) -> int:
     """A lock file, opened to be flocked: read-only (flock needs no more, and another
     user's lock file in a shared root is 0644), non-blocking (a FIFO planted there does
     not hang the open), no link followed, made if missing."""
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o666)
-    _lock_fds.add(fd)
+    with _forksafe.descriptors:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o666)
+        _lock_fds.add(fd)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         _close_lock(fd)
         raise OSError(errno.ENXIO, "not a regular file", path)
@@ -344,9 +345,10 @@ def _open_lock(path: str) -> int:
 
 
 def _close_lock(fd: int) -> None:
-    if fd in _lock_fds:  # (not in a forked child, which closed its copies already)
-        _lock_fds.discard(fd)
-        os.close(fd)
+    with _forksafe.descriptors:
+        if fd in _lock_fds:  # (not in a forked child, which closed its copies already)
+            _lock_fds.discard(fd)
+            os.close(fd)
 
 
 def _close_locks_in_child() -> None:
@@ -380,6 +382,7 @@ def lock_file(path: str, timeout: float, *, blank: str | None = None) -> Flock |
             if (held.st_dev, held.st_ino) == named:
                 return Flock(fd)
             _close_lock(fd)  # removed by gc since it was opened: take the one there now
+            fd = -1  # (its number may be another thread's by now: never closed again)
             fd = _open_lock(path)
         except BlockingIOError:
             left = deadline - time.monotonic()
@@ -389,7 +392,8 @@ def lock_file(path: str, timeout: float, *, blank: str | None = None) -> Flock |
             time.sleep(min(pause, left))
             pause = min(pause * 2, 0.05)
         except BaseException:
-            _close_lock(fd)
+            if fd >= 0:
+                _close_lock(fd)
             raise
 
 

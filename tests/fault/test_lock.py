@@ -19,6 +19,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 import safejit
 from safejit.cache import maintenance
 from safejit.cache.layout import VERSION as LAYOUT
@@ -277,3 +279,40 @@ def test_gc_removes_idle_lock_files_and_never_lets_two_processes_hold_one_lock(c
     assert sum(taken) == 160  # every locker got the lock every time (none timed out)
     assert removed > 0  # gc did remove the lock file while it was idle, in between
     assert_cache_sound(cache_dir)
+
+
+def test_a_failed_reopen_never_closes_another_threads_lock(tmp_path, monkeypatch):
+    """The lock file was replaced (gc) after it was opened: its descriptor is closed and
+    the path opened again. When that open failed (a link planted there), the error path
+    closed the old number once more — by then another thread's build lock, released
+    under its holder."""
+    import errno
+
+    from safejit.cache import fsio
+
+    a, b = str(tmp_path / "a.lock"), str(tmp_path / "b.lock")
+    real_open, real_ident = fsio._open_lock, fsio._ident
+    opens, idents, other = [0], [0], []
+
+    def open_lock(path: str) -> int:
+        opens[0] += 1
+        if opens[0] == 2:  # (the re-open: another thread takes its lock first, on the freed number)
+            other.append(fsio.lock_file(b, 1))
+            raise OSError(errno.ELOOP, "a link planted where the lock file was", path)
+        return real_open(path)
+
+    def ident(path: str) -> tuple[int, int] | None:
+        idents[0] += 1
+        return (0, 0) if idents[0] == 1 else real_ident(path)  # ("removed by gc since it was opened")
+
+    monkeypatch.setattr(fsio, "_open_lock", open_lock)
+    monkeypatch.setattr(fsio, "_ident", ident)
+    with pytest.raises(OSError, match="planted"):
+        fsio.lock_file(a, 1)
+    monkeypatch.undo()
+    (held,) = other
+    os.fstat(held._fd)  # (still open: still held)
+    probe = "import sys; from safejit.cache.fsio import lock_file; print(lock_file(sys.argv[1], 0.3) is None)"
+    out = subprocess.run([sys.executable, "-c", probe, b], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "True", out.stderr
+    held.release()

@@ -133,3 +133,50 @@ def test_a_forked_child_holds_neither_its_parents_build_lock_nor_its_mark(tmp_pa
     finally:
         parent.kill()
         parent.communicate()
+
+
+def test_no_fork_lands_between_a_lock_files_open_and_its_registration(tmp_path):
+    """A lock file's descriptor was registered (for a forked child to close) only after
+    its open returned, and unregistered before its close: a fork from another thread in
+    between left the child holding the build lock (435 of 3,000 forks while a thread
+    took and released it). Open+register and unregister+close exclude fork now."""
+    import threading
+
+    from safejit.cache.fsio import lock_file
+
+    path = str(tmp_path / "k.lock")
+    real = os.path.realpath(path)
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            held = lock_file(path, 1)
+            if held is not None:
+                held.release()
+
+    locker = threading.Thread(target=churn)
+    locker.start()
+    kept = 0
+    try:
+        for _ in range(300):
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover (the child: does it hold a descriptor of the lock file?)
+                mine = [f for f in os.listdir("/proc/self/fd") if _names(f"/proc/self/fd/{f}", real)]
+                os.write(write, b"1" if mine else b"0")
+                os._exit(0)
+            os.close(write)
+            kept += os.read(read, 1) == b"1"
+            os.close(read)
+            os.waitpid(pid, 0)
+    finally:
+        stop.set()
+        locker.join(10)
+    assert kept == 0
+
+
+def _names(link: str, target: str) -> bool:
+    try:
+        return os.readlink(link) == target
+    except OSError:
+        return False
