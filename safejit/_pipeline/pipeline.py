@@ -33,7 +33,7 @@ from ..outcomes import Miss, Outcome, Tier
 from ..telemetry import ATTR, SPAN, in_this_context, instruments, span
 from .build_job import BuildJob
 from .parts import Parts
-from .records import Counters
+from .records import Counters, HeldCounts
 from .resolve import Resolved
 
 __all__ = ["Load", "Obtained", "Pipeline", "cache_errors"]
@@ -220,19 +220,31 @@ class Pipeline:
         """Compile and publish; once more with the compiler in the cache root when its
         scratch in memory was full (/dev/shm is small in many containers): that is no
         failure of the disk cache, nor of the source."""
+        if workdir.scratch == workdir.path:
+            return self._build_in(resolved, root, workdir, load, self.counters)
+        held = HeldCounts(self.counters)  # (a compile run again is one compile, no error)
         try:
-            return self._build_in(resolved, root, workdir, load)
+            obtained = self._build_in(resolved, root, workdir, load, held)
         except (OSError, CompileError) as exc:
-            if workdir.scratch == workdir.path or not _scratch_full(workdir.scratch, exc):
+            if not _scratch_full(workdir.scratch, exc):
+                held.keep()
                 raise
             logger.warning(
                 "no room for %s's compile in memory (%s); compiling in the cache root",
                 resolved.spec.name,
                 workdir.scratch,
             )
-        return self._build_in(resolved, root, self.parts.disk.scratch_in_cache(workdir), load)
+        except BaseException:
+            held.keep()
+            raise
+        else:
+            held.keep()
+            return obtained
+        return self._build_in(resolved, root, self.parts.disk.scratch_in_cache(workdir), load, self.counters)
 
-    def _build_in(self, resolved: Resolved, root: str, workdir: Workdir, load: Load | None) -> Obtained:
+    def _build_in(
+        self, resolved: Resolved, root: str, workdir: Workdir, load: Load | None, counters: Counters
+    ) -> Obtained:
         disk = self.parts.disk
         key = resolved.key
         # The leaf is staged as soon as the compiler closes its artifact (its driver takes
@@ -251,6 +263,7 @@ class Pipeline:
             resolved,
             on_start=lambda: disk.make_build_dir_later(root, key),  # work the compile does not wait for
             on_artifact=on_artifact if early is not None else None,
+            counters=counters,
         )
         started = _clock.now()
         try:
@@ -316,6 +329,7 @@ class Pipeline:
         *,
         on_start: Callable[[], None] | None = None,
         on_artifact: Callable[[bytes, Manifest | None], None] | None = None,
+        counters: Counters | None = None,
     ) -> BuildJob:
         return BuildJob(
             self.parts,
@@ -323,7 +337,7 @@ class Pipeline:
             resolved.spec,
             resolved.key,
             resolved.anchors,
-            self.counters,
+            self.counters if counters is None else counters,
             self._attrs,
             on_start=on_start,
             on_artifact=on_artifact,
@@ -353,8 +367,8 @@ def _scratch_full(scratch: str, exc: OSError | CompileError) -> bool:
         return False
     if isinstance(exc, OSError):
         return exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    if not _storage_failed(scratch, exc.log):
-        return False
+    if not any(os.strerror(code) in exc.log for code in (errno.ENOSPC, errno.EDQUOT)):
+        return False  # (an assembler's or linker's own error names no line of a source either)
     try:
         st = os.statvfs(scratch)
     except OSError:

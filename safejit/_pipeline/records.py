@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LOG_EVENT_CAP",
     "Counters",
+    "HeldCounts",
     "Explanation",
     "artifact_of",
     "backend_meta",
@@ -216,3 +217,21 @@ class Counters:
     @staticmethod
     def merged(mapping: Mapping[str, int], **more: int) -> dict[str, int]:
         return {**mapping, **more}
+
+
+class HeldCounts(Counters):
+    """Counts held back from ``counters`` until :meth:`keep` (an attempt that is made
+    again counts only as the one made again; its compile times go through)."""
+
+    def __init__(self, counters: Counters) -> None:  # (no reset: nothing of its own but what it holds)
+        self._counters = counters
+        self._held: list[str] = []
+        self.compile_seconds = counters.compile_seconds
+
+    def add(self, name: str) -> None:
+        self._held.append(name)
+
+    def keep(self) -> None:
+        for name in self._held:
+            self._counters.add(name)
+        self._held.clear()

@@ -170,7 +170,8 @@ for i, kib in enumerate((0, 8, 24, 0), start=1):
         results.append([mod.kernel("k")(), str(mod.artifact.tier)])
     except Exception as exc:
         results.append([type(exc).__name__, str(exc)[:300]])
-print(json.dumps(results))
+stats = rt.stats()
+print(json.dumps([results, stats["compiles"], stats["errors"]]))
 """
 
 
@@ -181,15 +182,26 @@ def test_a_full_dev_shm_makes_compiles_work_in_the_cache_root(tmp_path):
     was cached — though the cache disk had room. Such a compile now works in the cache
     root, and so does every later one. (A private mount namespace: this machine's own
     /dev/shm is left alone; skipped where one cannot be made.)"""
+    cache = tmp_path / "cache"
+    out = _with_a_small_dev_shm(FULL_SHM_CHILD, cache)
+    results, compiles, errors = json.loads(out.stdout)
+    assert results == [[i, "compiled"] for i in range(1, 5)], out.stderr
+    assert (compiles, errors) == (4, 0)  # (a compile run again is one compile, and no error)
+    assert_cache_sound(cache)
+    assert "compiling in the cache root" in out.stderr
+
+
+def _with_a_small_dev_shm(child: str, cache: Path) -> subprocess.CompletedProcess[str]:
+    """``child`` run (given ``cache``) in a private mount namespace whose /dev/shm is a
+    256 KiB tmpfs: this machine's own is left alone. Skipped where none can be made."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs over /dev/shm needs root")
     script = (
         "mount --make-rprivate / && mount -t tmpfs -o size=256k,mode=1777 tmpfs /dev/shm && "
         f'exec {sys.executable} -c "$0" "$1"'
     )
-    cache = tmp_path / "cache"
     out = subprocess.run(
-        ["unshare", "-m", "sh", "-c", script, FULL_SHM_CHILD, str(cache)],
+        ["unshare", "-m", "sh", "-c", script, child, str(cache)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -199,6 +211,30 @@ def test_a_full_dev_shm_makes_compiles_work_in_the_cache_root(tmp_path):
     if out.returncode and "mount" in out.stderr and "safejit" not in out.stderr:
         pytest.skip(f"cannot mount a tmpfs over /dev/shm here: {out.stderr.strip()[:200]}")
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == [[i, "compiled"] for i in range(1, 5)], out.stderr
-    assert_cache_sound(cache)
-    assert "compiling in the cache root" in out.stderr
+    return out
+
+
+BAD_ASM_CHILD = r"""
+import json, sys
+import safejit
+from tests.fault._support import leave_free
+from pathlib import Path
+rt = safejit.Runtime(config=safejit.Config(cache_dirs=(sys.argv[1],), scratch="memory"))
+leave_free(Path("/dev/shm"), 32)
+try:
+    rt.compile(safejit.Source('__asm__(".bogus_directive");\nint k(void) { return 1; }\n', "k"))
+except safejit.CompileError as exc:
+    said = str(exc)
+stats = rt.stats()
+print(json.dumps([said, stats["compiles"], stats["errors"]]))
+"""
+
+
+def test_an_assemblers_error_on_a_nearly_full_dev_shm_is_the_sources(tmp_path):
+    """An assembler's error names no line of a source: with /dev/shm nearly full it was
+    taken for the scratch's failure, the compile run twice and memory scratch given up
+    for the process. Only the compiler saying there is no room moves it."""
+    out = _with_a_small_dev_shm(BAD_ASM_CHILD, tmp_path / "cache")
+    said, compiles, errors = json.loads(out.stdout)
+    assert "bogus_directive" in said and (compiles, errors) == (1, 1)
+    assert "compiling in the cache root" not in out.stderr

@@ -291,8 +291,12 @@ def test_a_spare_gc_is_removing_is_never_handed_to_a_compile(cache_dir):
             assert taken.path == spares[0]  # (the held one, next in line, passed over)
         finally:
             os.close(fd)
-        with claimed(os.open(taken.path, os.O_RDONLY | os.O_DIRECTORY), ".") as free:
-            assert not free  # (taken: in use)
+        fd = os.open(taken.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with claimed(fd, ".") as free:
+                assert not free  # (taken: in use)
+        finally:
+            os.close(fd)
     finally:
         staging.close()
 
