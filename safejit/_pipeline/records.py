@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 __all__ = [
     "LOG_EVENT_CAP",
     "Counters",
-    "HeldCounts",
     "Explanation",
+    "HeldCounts",
     "artifact_of",
     "backend_meta",
     "extra_text",

@@ -409,6 +409,7 @@ class DiskTier:
         leaf = os.path.join(bdir, f"deps-{manifest.deps_key}")
         prepared = workdir is not None and workdir.prepared
         stage = workdir.stage if workdir is not None and prepared else self._staging.new_stage(root)
+        made = "" if prepared else stage  # (a stage of its own: in use, until let go below)
         synced = prepared and workdir is not None and workdir.synced
         try:
             _fill_stage(stage, files, prepared=prepared, synced=synced, early=early, group=group_writable(root))
@@ -442,6 +443,8 @@ class DiskTier:
         finally:
             if stage:
                 self._staging.discard(stage, root)
+            if made:
+                self._staging.let_go(made)
 
     def _lost_race(
         self, root: str, build_key: str, leaf: str, ours: VerifiedLeaf, attempt: int, exc: OSError

@@ -369,7 +369,14 @@ class Staging:
         return replace(wd, scratch=wd.path)
 
     def new_stage(self, root: str) -> str:
-        return _new_dir(CacheLayout(root).tmp, self._marks)
+        """A stage of its own for a publish with no prepared work dir (a remote hit's
+        backfill), in use (``_proc.use``) until :meth:`let_go`."""
+        path = _new_dir(CacheLayout(root).tmp, self._marks)
+        use(path)
+        return path
+
+    def let_go(self, path: str) -> None:
+        done(path)
 
     def discard(self, path: str, root: str) -> None:
         with contextlib.suppress(OSError):

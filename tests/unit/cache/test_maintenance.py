@@ -246,7 +246,8 @@ time.sleep(60)
 """
 
 
-def test_gc_run_elsewhere_never_removes_a_work_dir_a_compile_uses(cache_dir, tmp_path):
+@pytest.mark.parametrize("made_by", ["workdir", "new_stage"])
+def test_gc_run_elsewhere_never_removes_a_work_dir_a_compile_uses(cache_dir, tmp_path, made_by):
     """gc run by another user, HOME or node cannot see a compiling process's mark (it is
     kept in that user's private state dir): it judged the work dir by its age, and
     removed a live compile's after ``--older-than``. A work dir in use is locked itself
@@ -254,7 +255,7 @@ def test_gc_run_elsewhere_never_removes_a_work_dir_a_compile_uses(cache_dir, tmp
     theirs, ours = tmp_path / "their-state", tmp_path / "our-state"
     for marks in (theirs, ours):
         marks.mkdir(mode=0o700)
-    argv = [sys.executable, "-c", _WORKDIR_USER, str(cache_dir), str(theirs)]
+    argv = [sys.executable, "-c", _WORKDIR_USER, str(cache_dir), str(theirs), made_by]
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
         live = Path(child.stdout.readline().strip())
@@ -262,7 +263,7 @@ def test_gc_run_elsewhere_never_removes_a_work_dir_a_compile_uses(cache_dir, tmp
         _age(str(live), 10 * 86400)
         for marks in (str(ours), None):
             counts = maintenance.gc(str(cache_dir), max_age_s=0, marks=marks)
-            assert live.is_dir() and (live / "src" / "partial").exists(), counts
+            assert live.is_dir() and (live / "partial").exists(), counts
     finally:
         child.kill()
         child.wait()
@@ -305,9 +306,10 @@ _WORKDIR_USER = r"""
 import os, sys, time
 from safejit.cache.staging import Staging
 os.makedirs(sys.argv[1] + "/v1/tmp", exist_ok=True)
-wd = Staging("artifact.so", marks=sys.argv[2]).workdir(sys.argv[1])
-open(wd.src + "/partial", "w").write("x")
-print(wd.path, flush=True)
+staging = Staging("artifact.so", marks=sys.argv[2])
+path = staging.workdir(sys.argv[1]).path if sys.argv[3] == "workdir" else staging.new_stage(sys.argv[1])
+open(path + "/partial", "w").write("x")  # (a compile's, or a remote hit's backfill, under way)
+print(path, flush=True)
 time.sleep(60)
 """
 
