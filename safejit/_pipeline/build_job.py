@@ -171,14 +171,20 @@ class BuildJob:
             dirs = scan.negative_dirs(closure.negative_paths) or []
         negatives = Negatives(paths=closure.negative_paths, dirs=dirs)
         leaf = VerifiedLeaf("", "", manifest, out.artifact, tuple(closure.states), negatives, checked=checked)
-        if out.complete and not closure.too_new:
+        if out.complete and not closure.too_new and not closure.unsure:
             return Built(leaf, True)
         # What the compiler read is not what was hashed (or is unknown): the build may be
         # returned once, but nothing may vouch for it later — not the disk tier, and not the
         # memory tier (its entry fails its first revalidation).
         changed = set(closure.too_new)
         unvouched = tuple((p, snap, "" if p in changed else d) for p, snap, d in closure.states)
-        why = f"{closure.too_new[0]} changed during compile" if closure.too_new else "the dependency scan is incomplete"
+        why = (
+            f"{closure.too_new[0]} changed during compile"
+            if closure.too_new
+            else closure.unsure[0]
+            if closure.unsure
+            else "the dependency scan is incomplete"
+        )
         logger.warning("not caching %s: %s; it will be rebuilt next time", self.spec.name, why)
         self.counters.outcome(Outcome.SKIPPED)
         instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: Outcome.SKIPPED})

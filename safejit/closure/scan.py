@@ -136,6 +136,9 @@ class Closure:
     #: Anchored paths that must stay absent (shadowing, false ``__has_include``).
     negatives: list[tuple[str, str]]
     negative_paths: list[str]
+    #: Why what was read cannot be recorded so that a leaf stays true (a ``..`` after a
+    #: link): the build is returned, never published.
+    unsure: tuple[str, ...] = ()
 
 
 #: ``__has_include("x")`` / ``(<x>)`` with a literal name.
@@ -356,7 +359,7 @@ PCH_SUFFIX: Final = ".gch"
 
 def merged(first: Closure, second: Closure) -> Closure:
     """One closure of both (``second``: what other tools read, which adds no negatives)."""
-    if not second.deps and not second.too_new:
+    if not second.deps and not second.too_new and not second.unsure:
         return first
     return Closure(
         [*first.deps, *second.deps],
@@ -364,6 +367,7 @@ def merged(first: Closure, second: Closure) -> Closure:
         [*first.too_new, *second.too_new],
         first.negatives,
         first.negative_paths,
+        (*first.unsure, *second.unsure),
     )
 
 

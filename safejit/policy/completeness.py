@@ -74,9 +74,12 @@ def record_closure(
     reads = _Reads(anchors, allowed, started_ns, trust_stat)
     reads.probes = [(kind, name, "") for kind, name in has_include_probes(source)]
     dirs: dict[str, str] = {}
+    unsure = reads.unsure
     for path in paths:
         real = _confined(path, dirs, allowed)
         reads.add(path, real, _anchored(path, real, anchors, linker=linker), includes=includes)
+        if _dotdot_after_link(path):
+            unsure.append(f"{path} is reached by a '..' after a symbolic link")
     if absent is not None:
         # Recorded: each was looked up and not found (shadowing, __has_include, .gch and
         # all). One that is there now appeared since: the build shows what was not there.
@@ -89,17 +92,35 @@ def record_closure(
                 raise UndeclaredDependencyError(
                     f"the compiler looked for {cand!r}, outside every declared root", path=cand
                 )
+            if _dotdot_after_link(cand):
+                unsure.append(f"{cand} was looked for by a '..' after a symbolic link")
             (reads.too_new if os.path.lexists(cand) else missing).append(cand)
     else:
         present, missing = reads.derived_lookups(search_dirs)
         reads.add_precompiled(present)
+        reads.add_probe_hits(search_dirs)
     # A header where the compiler would have looked first, there now yet not read, may
     # have appeared during the compile: then what the compiler saw is unknown. So may a
     # directory on the way to a file read have been swapped (a symlink put in and taken
     # out again): its entries changed during the compile.
     reads.add_if_changed([*present, *_directories(reads.lexicals, anchors)])
     negatives, negative_paths = _anchored_negatives(missing, anchors)
-    return Closure(reads.deps, reads.states, reads.too_new, negatives, negative_paths)
+    return Closure(reads.deps, reads.states, reads.too_new, negatives, negative_paths, tuple(unsure))
+
+
+def _dotdot_after_link(path: str) -> bool:
+    """Whether a ``..`` in ``path`` comes after a symbolic link: it then leads out of the
+    link's target — wherever the link points at the time — and a leaf records files, not
+    where links point (one re-pointed later made a stale hit)."""
+    if "/../" not in path and not path.endswith("/.."):
+        return False
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+        if part == ".." and i:
+            head = "/".join(parts[:i]) or "/"
+            if os.path.realpath(head) != os.path.normpath(head):
+                return True
+    return False
 
 
 def _confined(path: str, dirs: dict[str, str], allowed: Callable[[str], bool]) -> str:
@@ -159,6 +180,10 @@ class _Reads:
         self.quoted: list[str] = []
         #: Directories of files that include a name a macro makes (``#include NAME``).
         self.computed: dict[str, None] = {}
+        #: Files read by a name with ``..`` in it, as the compiler named them.
+        self.dotdots: list[str] = []
+        #: Why the closure cannot be recorded true (``Closure.unsure``).
+        self.unsure: list[str] = []
 
     def add(self, path: str, real: str, anchored: tuple[str, str], *, includes: bool) -> None:
         """Hash (and, with ``includes``, scan) one confined file the compiler read as ``path``."""
@@ -186,12 +211,17 @@ class _Reads:
             here = os.path.dirname(lexical)
             self.probes += [(kind, name, here) for kind, name in scanned.probes]
             for name in scanned.quoted:  # "x.h" is looked for next to its includer first
-                if not os.path.isabs(name) and ".." not in name.split("/"):
-                    self.quoted.append(os.path.join(here, name))
+                if not os.path.isabs(name):  # ("../x.h" too: where it leads, unless through a link)
+                    looked = os.path.join(here, name)
+                    if _dotdot_after_link(looked):
+                        self.unsure.append(f"{looked} is looked for by a '..' after a symbolic link")
+                    self.quoted.append(os.path.normpath(looked))
             if scanned.computed:
                 self.computed[here] = None
         self._keep(lexical, anchored, scanned)
         self.lexicals.append(lexical)
+        if "/../" in path:
+            self.dotdots.append(path)  # (as the compiler named it: under which search dir it was found)
 
     def _keep(self, lexical: str, anchored: tuple[str, str], scanned: Scanned) -> None:
         if changed_since(scanned.snap, self.started_ns):
@@ -221,7 +251,29 @@ class _Reads:
         for cand in _beside_computed(self.computed, self.lexicals, search_dirs):
             if cand not in read:
                 (present if os.path.lexists(cand) else missing).append(cand)
+        for cand in _shadowing_dotdots(self.dotdots, search_dirs):
+            if cand not in read and self.allowed(os.path.realpath(cand)):
+                (present if os.path.lexists(cand) else missing).append(cand)
         return present, missing
+
+    def add_probe_hits(self, search_dirs: Sequence[str]) -> None:
+        """A literal ``__has_include`` that found a header the compiler did not read: the
+        header is part of the closure, by its bytes (removed, it turns the answer)."""
+        read = set(self.lexicals)
+        for kind, name, here in self.probes:
+            if not name or name.startswith("/") or ".." in name.split("/"):
+                continue  # (by path: _probes_by_path's; found there, it is a present lookup)
+            first = [here] if kind == '"' and here else []
+            places = (os.path.join(d, name) for d in (*first, *search_dirs))
+            hit = next((p for p in places if os.path.lexists(p)), None)
+            if hit is None or hit in read or not os.path.isfile(hit):
+                continue
+            real = os.path.realpath(hit)
+            anchored = self.anchors.anchor(hit) or self.anchors.anchor(real)
+            if anchored is None or not self.allowed(real):
+                continue  # (outside the roots: refused by the lookup's own rules, or the toolchain's)
+            self.add(hit, real, anchored, includes=False)
+            read.add(hit)
 
     def add_precompiled(self, present: Sequence[str]) -> None:
         """A precompiled header there may have been used in place of its header, and the
@@ -258,6 +310,22 @@ def _beside_computed(here: Iterable[str], lexicals: Sequence[str], search_dirs: 
                     found[path] = None  # (nothing under it can appear while it stays absent)
                     break
     return list(found)
+
+
+def _shadowing_dotdots(paths: Sequence[str], search_dirs: Sequence[str]) -> list[str]:
+    """Where the compiler looked, in earlier search dirs, for what it found by a name with
+    ``..`` (``dir_N/../x.h``): ``dir_i/../x.h`` for each ``i < N``, and its ``.gch``.
+    (Through a link, such a name is no record: that build is not published.)"""
+    out = []
+    for path in paths:
+        for n, d in enumerate(search_dirs):
+            if path.startswith(d.rstrip("/") + "/"):
+                rel = path[len(d.rstrip("/")) + 1 :]
+                for earlier in search_dirs[:n]:
+                    cand = os.path.normpath(os.path.join(earlier, rel))
+                    out += [cand, cand + PCH_SUFFIX]
+                break
+    return out
 
 
 def _anchored_negatives(missing: Sequence[str], anchors: Anchors) -> tuple[list[tuple[str, str]], list[str]]:

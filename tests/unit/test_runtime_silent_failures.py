@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -612,3 +613,69 @@ def test_a_rebuilt_cxx_kernel_never_runs_an_earlier_builds_inline_statics(make_r
         rt = make_runtime(source_roots=(str(project),), max_staleness_s=0)
         mod = rt.compile(src, include_dirs=(str(project / "include"),))
         assert mod.artifact.tier == "compiled" and mod.kernel("read_counter")() == value
+
+
+def _aged(*paths: Path) -> None:
+    """Past the racy window: a file written this instant is never vouched for by its stat."""
+    old = time.time() - 10
+    for p in paths:
+        os.utime(p, (old, old))
+
+
+def test_a_dotdot_include_after_a_symlinked_dir_is_never_cached_stale(make_runtime, tmp_path, cache_dir):
+    """``include/mylib`` links to ``../vA/mylib``, whose a.h includes "../common/b.h":
+    the compiler reads vA/common/b.h. The leaf recorded that file, not where the link
+    pointed: re-pointed to vB (the same a.h, another b.h), a fresh process hit the old
+    binary. Such a build is returned, never published."""
+    root = tmp_path / "root"
+    for version, value in (("vA", 1), ("vB", 2)):
+        (root / version / "mylib").mkdir(parents=True)
+        (root / version / "common").mkdir()
+        (root / version / "mylib" / "a.h").write_text('#include "../common/b.h"\n')
+        (root / version / "common" / "b.h").write_text(f"#define V {value}\n")
+    (root / "include").mkdir()
+    link = root / "include" / "mylib"
+    link.symlink_to("../vA/mylib")
+    _aged(*root.rglob("*.h"))
+    src = safejit.Source("#include <mylib/a.h>\nint k(void) { return V; }\n", "k")
+    inc = (str(root / "include"),)
+    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == 1
+    assert leaves(cache_dir) == []
+    link.unlink()
+    link.symlink_to("../vB/mylib")
+    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == 2
+
+
+def test_a_has_include_that_found_a_header_never_included_rebuilds_when_it_goes(make_runtime, project, cache_dir):
+    """A literal ``__has_include`` that was true for a header the source never includes:
+    the header was neither a dependency nor a negative, so removing it (the probe now
+    false) hit the old binary."""
+    feat = project / "include" / "feat.h"
+    feat.write_text("// present\n")
+    _aged(feat)
+    code = "#if __has_include(<feat.h>)\n#define V 1\n#else\n#define V 2\n#endif\nint k(void) { return V; }\n"
+    src, inc = safejit.Source(code, "k"), (str(project / "include"),)
+    assert make_runtime(source_roots=(str(project),)).compile(src, include_dirs=inc).kernel("k")() == 1
+    feat.unlink()
+    again = make_runtime(source_roots=(str(project),)).compile(src, include_dirs=inc)
+    assert again.kernel("k")() == 2 and again.artifact.tier == "compiled"
+
+
+@pytest.mark.parametrize("made", ["include/common/c.h", "common/c.h"])
+def test_a_dotdot_include_records_where_the_compiler_looked_first(make_runtime, tmp_path, made):
+    """``#include "../common/c.h"`` in include/mylib/a.h, found through the later search
+    dir x/y (as x/y/../common/c.h): the lookups next to the includer and in the earlier
+    dir (include/../common/c.h) were not recorded, so a c.h made there hit the old binary."""
+    root = tmp_path / "root"
+    for d in ("include/mylib", "x/y", "x/common"):
+        (root / d).mkdir(parents=True)
+    (root / "include/mylib/a.h").write_text('#include "../common/c.h"\n')
+    (root / "x/common/c.h").write_text("#define V 3\n")
+    _aged(*root.rglob("*.h"))
+    src = safejit.Source("#include <mylib/a.h>\nint k(void) { return V; }\n", "k")
+    inc = (str(root / "include"), str(root / "x/y"))
+    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == 3
+    (root / made).parent.mkdir(parents=True, exist_ok=True)
+    (root / made).write_text("#define V 5\n")
+    again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc)
+    assert again.kernel("k")() == 5 and again.artifact.tier == "compiled"
