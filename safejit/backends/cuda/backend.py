@@ -112,6 +112,7 @@ class CudaBackend:
         self._toolchains = ProbeMemo()
         self._nvrtc: Toolchain | None = None
         self._worker_toolchain: Toolchain | None = None
+        self._worker_idents: tuple[tuple[int, int] | None, ...] = ()
         self._lock = threading.Lock()
 
     @property
@@ -469,15 +470,22 @@ class CudaBackend:
         warnings.warn(text, SpillWarning, stacklevel=4)
 
     def _worker_client(self, arch: str | None, roots: Sequence[str], toolchain: Toolchain) -> NvrtcWorker:
-        """The worker, started again when the roots it may read have changed (a source
-        root's symlink re-pointed) or NVRTC has (the library it loaded is the one probed
-        then); it records lookups when this backend does."""
+        """The worker, started again when the roots it may read have changed — a source
+        root's symlink re-pointed, or a root replaced at its path (a package reinstalled:
+        Landlock holds the directory it was given, not its name) — or NVRTC has (the
+        library it loaded is the one probed then); it records lookups when this backend does."""
         recorder = self._recorder if self.records_lookups() else None
+        idents = tuple(_dir_ident(r) for r in roots)
         with self._lock:
             worker = old = self._worker
-            if worker is None or worker.roots != tuple(roots) or self._worker_toolchain != toolchain:
+            if (
+                worker is None
+                or worker.roots != tuple(roots)
+                or self._worker_idents != idents
+                or self._worker_toolchain != toolchain
+            ):
                 worker = self._worker = NvrtcWorker(arch or "sm_90", self._require_landlock, roots, recorder)
-                self._worker_toolchain = toolchain
+                self._worker_toolchain, self._worker_idents = toolchain, idents
                 if old is not None:
                     old.close()
             return worker
@@ -497,3 +505,11 @@ class CudaBackend:
     def close(self) -> None:
         if self._worker is not None:
             self._worker.close()
+
+
+def _dir_ident(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)

@@ -771,3 +771,21 @@ def test_nvcc_takes_path_flags_other_than_dash_i(make_runtime, cuda_project, fla
     assert art.kernels == ("k",)
     deps = json.loads((Path(art.path) / "manifest.json").read_text())["deps"]
     assert {Path(d[1]).name for d in deps} >= {"scale.h", "detail.h"}
+
+
+def test_a_source_root_replaced_at_its_path_is_read_by_the_next_compile(make_runtime, tmp_path):
+    """NVRTC's worker is confined (Landlock) to the roots' directories as they were when
+    it started; a root replaced at the same path (a package reinstalled, a tree
+    re-extracted) left it refusing every later compile of that Runtime ("may not read
+    ... permission denied"). The worker starts again when a root is another directory."""
+    root = tmp_path / "pkg"
+    (root / "include").mkdir(parents=True)
+    (root / "include" / "scale.h").write_text("#define SCALE 1.0f\n")
+    rt = make_runtime(backend="cuda", cuda_compiler="nvrtc", source_roots=(str(root),))
+    inc = (str(root / "include"),)
+    first = rt.build(safejit.Source(ANGLED, "k"), include_dirs=inc, arch="sm_90")
+    root.rename(tmp_path / "pkg.old")
+    (root / "include").mkdir(parents=True)
+    (root / "include" / "scale.h").write_text("#define SCALE 2.0f\n")
+    second = rt.build(safejit.Source(ANGLED, "k"), include_dirs=inc, arch="sm_90")
+    assert second.deps_key != first.deps_key
