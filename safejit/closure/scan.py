@@ -247,7 +247,8 @@ def has_include_probes(data: bytes) -> list[tuple[str, str]]:
     # (as the preprocessor reads it only, with trigraphs and without: a probe in a comment
     # is none, and refusing one that names a path outside the roots refused a sound compile)
     found = [m for text in readings(data, always=True) for m in HAS_INCLUDE.finditer(text)]
-    return list(dict.fromkeys((m.group(1).decode(), m.group(2).decode("utf-8", "replace").strip()) for m in found))
+    probes = ((m.group(1).decode(), m.group(2).decode("utf-8", "replace").strip()) for m in found)
+    return list(dict.fromkeys(p for p in probes if "\0" not in p[1]))  # (a NUL: no name a compiler looks up)
 
 
 def has_include_names(data: bytes) -> list[str]:

@@ -77,9 +77,10 @@ def record_closure(
     unsure = reads.unsure
     for path in paths:
         real = _confined(path, dirs, allowed)
-        reads.add(path, real, _anchored(path, real, anchors, linker=linker), includes=includes)
-        if _dotdot_after_link(path):
+        after_link = _dotdot_after_link(path, anchors)
+        if after_link:
             unsure.append(f"{path} is reached by a '..' after a symbolic link")
+        reads.add(path, real, _anchored(path, real, anchors, linker=linker, after_link=after_link), includes=includes)
     if absent is not None:
         # Recorded: each was looked up and not found (shadowing, __has_include, .gch and
         # all). One that is there now appeared since: the build shows what was not there.
@@ -92,7 +93,7 @@ def record_closure(
                 raise UndeclaredDependencyError(
                     f"the compiler looked for {cand!r}, outside every declared root", path=cand
                 )
-            if _dotdot_after_link(cand):
+            if _dotdot_after_link(cand, anchors):
                 unsure.append(f"{cand} was looked for by a '..' after a symbolic link")
             (reads.too_new if os.path.lexists(cand) else missing).append(cand)
     else:
@@ -108,18 +109,24 @@ def record_closure(
     return Closure(reads.deps, reads.states, reads.too_new, negatives, negative_paths, tuple(unsure))
 
 
-def _dotdot_after_link(path: str) -> bool:
+def _dotdot_after_link(path: str, anchors: Anchors) -> bool:
     """Whether a ``..`` in ``path`` comes after a symbolic link: it then leads out of the
     link's target — wherever the link points at the time — and a leaf records files, not
-    where links point (one re-pointed later made a stale hit)."""
+    where links point (one re-pointed later made a stale hit). Not within the toolchain's
+    own dirs (CUDA's ``targets/<arch>/include`` is such a link): the toolchain is probed,
+    and not the tenant's to re-point."""
     if "/../" not in path and not path.endswith("/.."):
         return False
     parts = path.split("/")
-    for i, part in enumerate(parts):
-        if part == ".." and i:
-            head = "/".join(parts[:i]) or "/"
-            if os.path.realpath(head) != os.path.normpath(head):
-                return True
+    try:
+        for i, part in enumerate(parts):
+            if part == ".." and i:
+                head = "/".join(parts[:i]) or "/"
+                if os.path.realpath(head) != os.path.normpath(head):
+                    found = anchors.anchor(os.path.realpath(path))
+                    return found is None or not found[0].startswith("t")
+    except ValueError:  # (a NUL in a name: none the compiler looked up)
+        return False
     return False
 
 
@@ -145,16 +152,20 @@ def _confined(path: str, dirs: dict[str, str], allowed: Callable[[str], bool]) -
     return real
 
 
-def _anchored(path: str, real: str, anchors: Anchors, *, linker: bool) -> tuple[str, str]:
+def _anchored(path: str, real: str, anchors: Anchors, *, linker: bool, after_link: bool = True) -> tuple[str, str]:
     """``(anchor, relative path)`` of a confined file: by the name the compiler gave
     where it can be, the linker's roots first for what the linker read."""
-    # A ".." after a symlinked directory does not mean what normpath thinks:
-    # such a path is recorded by its resolved form, the file actually read.
-    dotdot = "/../" in path or path.endswith("/..")
-    anchored = (None if dotdot else anchors.anchor(path)) or anchors.anchor(real)
+    # A ".." after a symlinked directory does not mean what normpath thinks: such a path
+    # is recorded by its resolved form, the file actually read (and never published:
+    # _dotdot_after_link). One that crosses no link is its normpath, whose later links
+    # a verification resolves again (by its real path, re-pointing one made a stale hit).
+    named: str | None = path
+    if "/../" in path or path.endswith("/.."):
+        named = None if after_link else os.path.normpath(path)
+    anchored = (anchors.anchor(named) if named else None) or anchors.anchor(real)
     if linker:  # anchored where a verification confines it as the linker's read again
         anchored = (
-            (None if dotdot else anchors.anchor_in(path, LINK_ANCHOR))
+            (anchors.anchor_in(named, LINK_ANCHOR) if named else None)
             or anchors.anchor_in(real, LINK_ANCHOR)
             or anchored
         )
@@ -213,7 +224,7 @@ class _Reads:
             for name in scanned.quoted:  # "x.h" is looked for next to its includer first
                 if not os.path.isabs(name):  # ("../x.h" too: where it leads, unless through a link)
                     looked = os.path.join(here, name)
-                    if _dotdot_after_link(looked):
+                    if _dotdot_after_link(looked, self.anchors):
                         self.unsure.append(f"{looked} is looked for by a '..' after a symbolic link")
                     self.quoted.append(os.path.normpath(looked))
             if scanned.computed:
@@ -248,6 +259,11 @@ class _Reads:
         for cand in _probes_by_path(self.probes, search_dirs, self.anchors, self.allowed):
             if cand not in read:
                 (present if os.path.lexists(cand) else missing).append(cand)
+        for kind, name, here in self.probes:  # ("x.h" is probed next to its prober first)
+            if kind == '"' and here and name and not name.startswith("/") and ".." not in name.split("/"):
+                for cand in (os.path.join(here, name), os.path.join(here, name) + PCH_SUFFIX):
+                    if cand not in read:
+                        (present if os.path.lexists(cand) else missing).append(cand)
         for cand in _beside_computed(self.computed, self.lexicals, search_dirs):
             if cand not in read:
                 (present if os.path.lexists(cand) else missing).append(cand)
@@ -261,19 +277,21 @@ class _Reads:
         header is part of the closure, by its bytes (removed, it turns the answer)."""
         read = set(self.lexicals)
         for kind, name, here in self.probes:
-            if not name or name.startswith("/") or ".." in name.split("/"):
+            if not name or name.startswith("/") or ".." in name.split("/") or "\0" in name:
                 continue  # (by path: _probes_by_path's; found there, it is a present lookup)
             first = [here] if kind == '"' and here else []
-            places = (os.path.join(d, name) for d in (*first, *search_dirs))
-            hit = next((p for p in places if os.path.lexists(p)), None)
-            if hit is None or hit in read or not os.path.isfile(hit):
-                continue
-            real = os.path.realpath(hit)
-            anchored = self.anchors.anchor(hit) or self.anchors.anchor(real)
-            if anchored is None or not self.allowed(real):
-                continue  # (outside the roots: refused by the lookup's own rules, or the toolchain's)
-            self.add(hit, real, anchored, includes=False)
-            read.add(hit)
+            # Every regular file a probe may find, not the first alone: which one a probe
+            # finds (``_next``, ``<>`` or ``""``, a directory passed over) is the
+            # compiler's, and one more dependency costs at most a rebuild.
+            for hit in (os.path.join(d, name) for d in (*first, *search_dirs)):
+                if hit in read or not os.path.isfile(hit):
+                    continue
+                real = os.path.realpath(hit)
+                anchored = self.anchors.anchor(hit) or self.anchors.anchor(real)
+                if anchored is None or not self.allowed(real):
+                    continue  # (outside the roots: refused by the lookup's own rules, or the toolchain's)
+                self.add(hit, real, anchored, includes=False)
+                read.add(hit)
 
     def add_precompiled(self, present: Sequence[str]) -> None:
         """A precompiled header there may have been used in place of its header, and the

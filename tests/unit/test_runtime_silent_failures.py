@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -679,3 +680,57 @@ def test_a_dotdot_include_records_where_the_compiler_looked_first(make_runtime, 
     (root / made).write_text("#define V 5\n")
     again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc)
     assert again.kernel("k")() == 5 and again.artifact.tier == "compiled"
+
+
+PROBE = "#if __has_include({name})\n#define V 1\n#else\n#define V 2\n#endif\n"
+
+
+def _probe_case(root: Path, case: str) -> tuple[str, tuple[str, ...], Callable[[], None], int]:
+    """``(source, include dirs, the change, what a cold build returns after it)``."""
+    if case == "has_include_next":  # (the next one found, not the prober itself)
+        for d in ("d0", "d1"):
+            (root / d).mkdir(parents=True)
+        (root / "d0/feat.h").write_text(PROBE.replace("__has_include", "__has_include_next").format(name="<feat.h>"))
+        (root / "d1/feat.h").write_text("// next\n")
+        return "#include <feat.h>\n", ("d0", "d1"), (root / "d1/feat.h").unlink, 2
+    if case == "directory_passed_over":  # (a directory where a probe looks first)
+        (root / "d0/feat.h").mkdir(parents=True)
+        (root / "d1").mkdir()
+        (root / "d1/feat.h").write_text("// present\n")
+        return PROBE.format(name="<feat.h>"), ("d0", "d1"), (root / "d1/feat.h").unlink, 2
+    if case == "quoted_probe_next_to_its_header":
+        (root / "inc/mylib").mkdir(parents=True)
+        (root / "inc/mylib/a.h").write_text(PROBE.format(name='"feat.h"'))
+        return "#include <mylib/a.h>\n", ("inc",), lambda: (root / "inc/mylib/feat.h").write_text("//\n"), 1
+    # "link_after_dotdot": "../lnk/x.h", lnk re-pointed (the link comes after the '..')
+    for d in ("include/mylib", "vA", "vB"):
+        (root / d).mkdir(parents=True)
+    (root / "vA/x.h").write_text("#define V 1\n")
+    (root / "vB/x.h").write_text("#define V 2\n")
+    (root / "include/lnk").symlink_to("../vA")
+    (root / "include/mylib/a.h").write_text('#include "../lnk/x.h"\n')
+
+    def repoint() -> None:
+        (root / "include/lnk").unlink()
+        (root / "include/lnk").symlink_to("../vB")
+
+    return "#include <mylib/a.h>\n", ("include",), repoint, 2
+
+
+@pytest.mark.parametrize(
+    "case", ["has_include_next", "directory_passed_over", "quoted_probe_next_to_its_header", "link_after_dotdot"]
+)
+def test_what_a_probe_or_a_dotdot_include_found_is_recorded(make_runtime, tmp_path, case):
+    """Found in review of the fixes above, each a stale hit: a ``__has_include_next`` hit,
+    a probe hit past a directory, a quoted probe's lookup next to its header, and a link
+    after a ``..`` (anchored by its real path, a re-pointed link went unseen)."""
+    root = tmp_path / "root"
+    head, dirs, change, after = _probe_case(root, case)
+    _aged(*[p for p in root.rglob("*") if p.is_file()])
+    src = safejit.Source(head + "int k(void) { return V; }\n", "k")
+    inc = tuple(str(root / d) for d in dirs)
+    before = 3 - after
+    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == before
+    change()
+    again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc)
+    assert again.kernel("k")() == after and again.artifact.tier == "compiled"

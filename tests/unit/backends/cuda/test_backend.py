@@ -789,3 +789,15 @@ def test_a_source_root_replaced_at_its_path_is_read_by_the_next_compile(make_run
     (root / "include" / "scale.h").write_text("#define SCALE 2.0f\n")
     second = rt.build(safejit.Source(ANGLED, "k"), include_dirs=inc, arch="sm_90")
     assert second.deps_key != first.deps_key
+
+
+@pytest.mark.skipif(not HAVE_NVCC, reason="no nvcc")
+def test_a_toolkit_header_with_a_dotdot_include_is_cached(make_runtime, cuda_project, cache_dir):
+    """CUDA's targets/<arch>/include is a link into the toolkit, and cooperative_groups'
+    headers include "../cooperative_groups.h": every such nvcc build counted as a ``..``
+    after a link and was never published. The toolchain's own links are not the
+    tenant's to re-point."""
+    code = '#include <cooperative_groups/reduce.h>\nextern "C" __global__ void k(int* y) { y[0] = 1; }\n'
+    rt = _rt(make_runtime, cuda_project, "nvcc")
+    rt.build(safejit.Source(code, "cg"), arch="sm_90")
+    assert len(leaves(cache_dir)) == 1
