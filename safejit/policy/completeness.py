@@ -80,10 +80,10 @@ def record_closure(
     unsure = reads.unsure
     for path in paths:
         real = _confined(path, dirs, allowed)
-        after_link = _dotdot_after_link(path, anchors)
+        crossed, after_link = _dotdot_links(path, anchors)
         if after_link:
             unsure.append(f"{path} is reached by a '..' after a symbolic link")
-        reads.add(path, real, _anchored(path, real, anchors, linker=linker, after_link=after_link), includes=includes)
+        reads.add(path, real, _anchored(path, real, anchors, linker=linker, after_link=crossed), includes=includes)
     if absent is not None:
         # Recorded: each was looked up and not found (shadowing, __has_include, .gch and
         # all). One that is there now appeared since: the build shows what was not there.
@@ -96,7 +96,7 @@ def record_closure(
                 raise UndeclaredDependencyError(
                     f"the compiler looked for {cand!r}, outside every declared root", path=cand
                 )
-            if _dotdot_after_link(cand, anchors):
+            if _dotdot_links(cand, anchors)[1]:
                 unsure.append(f"{cand} was looked for by a '..' after a symbolic link")
             (reads.too_new if os.path.lexists(cand) else missing).append(cand)
     else:
@@ -112,25 +112,29 @@ def record_closure(
     return Closure(reads.deps, reads.states, reads.too_new, negatives, negative_paths, tuple(unsure))
 
 
-def _dotdot_after_link(path: str, anchors: Anchors) -> bool:
-    """Whether a ``..`` in ``path`` comes after a symbolic link: it then leads out of the
-    link's target — wherever the link points at the time — and a leaf records files, not
-    where links point (one re-pointed later made a stale hit). Not within the toolchain's
-    own dirs (CUDA's ``targets/<arch>/include`` is such a link): the toolchain is probed,
-    and not the tenant's to re-point."""
+def _dotdot_links(path: str, anchors: Anchors) -> tuple[bool, bool]:
+    """Whether a ``..`` in ``path`` comes after a symbolic link (it then leads out of the
+    link's target, wherever the link points at the time); and whether such a link lies
+    outside the toolchain's own dirs (CUDA's ``targets/<arch>/include`` is one: probed,
+    and not the tenant's to re-point). A leaf records files, not where links point: a
+    build that depends on a tenant's link that way is never published (one re-pointed
+    later made a stale hit)."""
     if "/../" not in path and not path.endswith("/.."):
-        return False
+        return False, False
     parts = path.split("/")
+    crossed = False
     try:
         for i, part in enumerate(parts):
             if part == ".." and i:
                 head = "/".join(parts[:i]) or "/"
                 if os.path.realpath(head) != os.path.normpath(head):
-                    found = anchors.anchor(os.path.realpath(path))
-                    return found is None or not found[0].startswith("t")
+                    crossed = True
+                    found = anchors.anchor(os.path.normpath(head))
+                    if found is None or not found[0].startswith("t"):
+                        return True, True
     except ValueError:  # (a NUL in a name: none the compiler looked up)
-        return False
-    return False
+        return False, False
+    return crossed, False
 
 
 def _confined(path: str, dirs: dict[str, str], allowed: Callable[[str], bool]) -> str:
@@ -160,7 +164,7 @@ def _anchored(path: str, real: str, anchors: Anchors, *, linker: bool, after_lin
     where it can be, the linker's roots first for what the linker read."""
     # A ".." after a symlinked directory does not mean what normpath thinks: such a path
     # is recorded by its resolved form, the file actually read (and never published:
-    # _dotdot_after_link). One that crosses no link is its normpath, whose later links
+    # _dotdot_links). One that crosses no link is its normpath, whose later links
     # a verification resolves again (by its real path, re-pointing one made a stale hit).
     named: str | None = path
     if "/../" in path or path.endswith("/.."):
@@ -199,8 +203,9 @@ class _Reads:
         #: Why the closure cannot be recorded true (``Closure.unsure``).
         self.unsure: list[str] = []
 
-    def add(self, path: str, real: str, anchored: tuple[str, str], *, includes: bool) -> None:
-        """Hash (and, with ``includes``, scan) one confined file the compiler read as ``path``."""
+    def add(self, path: str, real: str, anchored: tuple[str, str], *, includes: bool, probed: bool = False) -> None:
+        """Hash (and, with ``includes``, scan) one confined file the compiler read as ``path``
+        (``probed``: one a ``__has_include`` may have found, whose bytes were not read)."""
         lexical = self.anchors.expand(*anchored) or real
         try:
             scanned = scan_file(lexical, self.allowed, self.trust_stat)
@@ -213,7 +218,7 @@ class _Reads:
             return
         if scanned is None:  # swapped for a way out after the check above
             raise _outside(path, "(outside)")
-        if scanned.nlink > 1 and anchored[0].startswith("s"):
+        if scanned.nlink > 1 and anchored[0].startswith("s") and not probed:  # (a probe reads no bytes)
             # The same bytes under another name, which may lie outside every root (a
             # hard link an unpacked archive made, say): not what the roots declare.
             raise UndeclaredDependencyError(
@@ -227,7 +232,7 @@ class _Reads:
             for name in scanned.quoted:  # "x.h" is looked for next to its includer first
                 if not os.path.isabs(name):  # ("../x.h" too: where it leads, unless through a link)
                     looked = os.path.join(here, name)
-                    if _dotdot_after_link(looked, self.anchors):
+                    if _dotdot_links(looked, self.anchors)[1]:
                         self.unsure.append(f"{looked} is looked for by a '..' after a symbolic link")
                     self.quoted.append(os.path.normpath(looked))
             if scanned.computed:
@@ -293,7 +298,7 @@ class _Reads:
                 anchored = self.anchors.anchor(hit) or self.anchors.anchor(real)
                 if anchored is None or not self.allowed(real):
                     continue  # (outside the roots: refused by the lookup's own rules, or the toolchain's)
-                self.add(hit, real, anchored, includes=False)
+                self.add(hit, real, anchored, includes=False, probed=True)
                 read.add(hit)
 
     def add_precompiled(self, present: Sequence[str]) -> None:

@@ -734,3 +734,30 @@ def test_what_a_probe_or_a_dotdot_include_found_is_recorded(make_runtime, tmp_pa
     change()
     again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc)
     assert again.kernel("k")() == after and again.artifact.tier == "compiled"
+
+
+def test_a_probed_hard_link_never_read_fails_no_compile(make_runtime, tmp_path):
+    """A probe may find a header in a later dir that the compiler never opens: a hard
+    link there made a valid compile fail ('the compiler read ... hard links')."""
+    root = tmp_path / "root"
+    for d in ("a", "b", "elsewhere"):
+        (root / d).mkdir(parents=True)
+    (root / "a" / "cfg.h").write_text("#define V 7\n")
+    (root / "elsewhere" / "cfg.h").write_text("#define V 9\n")
+    os.link(root / "elsewhere" / "cfg.h", root / "b" / "cfg.h")
+    _aged(*[p for p in root.rglob("*") if p.is_file()])
+    src = safejit.Source("#if __has_include(<cfg.h>)\n#include <cfg.h>\n#endif\nint k(void) { return V; }\n", "k")
+    inc = (str(root / "a"), str(root / "b"))
+    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == 7
+
+
+def test_a_tenants_link_into_the_toolchain_then_dotdot_is_never_cached(make_runtime, tmp_path, cache_dir):
+    """Only links inside the toolchain's own dirs are exempt: a tenant's link (under a
+    source root) pointing into one, followed by '..', anchored a file never read."""
+    root = tmp_path / "root"
+    (root / "include").mkdir(parents=True)
+    (root / "include" / "lnk").symlink_to("/usr/include/linux")
+    src = safejit.Source("#include <lnk/../stdint.h>\nint k(void) { return sizeof(int32_t); }\n", "k")
+    inc = (str(root / "include"),)
+    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == 4
+    assert leaves(cache_dir) == []
