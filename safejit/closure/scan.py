@@ -12,6 +12,7 @@ import contextlib
 import os
 import re
 import stat
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ __all__ = [
     "Closure",
     "Dep",
     "DepState",
+    "ProbeMacros",
     "Scanned",
     "as_read",
     "computed_include",
@@ -40,6 +42,7 @@ __all__ = [
     "merged",
     "negative_dirs",
     "negative_lookups",
+    "probe_macros",
     "quoted_includes",
     "scan_file",
     "unchanged",
@@ -81,7 +84,8 @@ class Scanned:
     count, the ``__has_include`` probes in it (``(kind, name)``, kind ``"`` or ``<``),
     its quoted include names (looked for next to it first), its real path, and whether it
     includes a name a macro makes (``#include NAME``: looked for next to it first too, if
-    the macro makes a quoted name)."""
+    the macro makes a quoted name); and what it probes through macros (None: nothing, or
+    not read: ``macros_read``)."""
 
     snap: Snapshot
     digest: str
@@ -90,6 +94,8 @@ class Scanned:
     quoted: list[str]
     real: str
     computed: bool = False
+    macros: ProbeMacros | None = None
+    macros_read: bool = False
 
 
 #: path -> Scanned. A warm process compiling many kernels re-reads the same system
@@ -99,13 +105,14 @@ _SCANS: dict[str, Scanned] = {}
 _SCANS_MAX = 16_384
 
 
-def scan_file(path: str, allowed: Callable[[str], bool], trust_stat: bool) -> Scanned | None:
+def scan_file(path: str, allowed: Callable[[str], bool], trust_stat: bool, *, macros: bool = True) -> Scanned | None:
     """Read ``path`` — the very file whose real path is ``allowed`` (None: it is not),
     so a path swapped for a symlink between a check and the read cannot make it read
-    another — and what it holds. Raises ``OSError`` when it cannot be read."""
+    another — and what it holds (``macros``: its probes through macros too, else
+    ``Scanned.macros`` is None). Raises ``OSError`` when it cannot be read."""
     if trust_stat:
         known = _SCANS.get(path)
-        if known is not None:
+        if known is not None and (known.macros_read or not macros):
             with contextlib.suppress(OSError):
                 snap = snapshot_of(os.stat(path))
                 if snap == known.snap and not is_racy(snap) and allowed(known.real):
@@ -115,8 +122,11 @@ def scan_file(path: str, allowed: Callable[[str], bool], trust_stat: bool) -> Sc
         return None
     data, st, real = found
     snap = snapshot_of(st)
-    quoted, computed = _includes(data)
-    scanned = Scanned(snap, digest_bytes(data), st.st_nlink, has_include_probes(data), quoted, real, computed)
+    read = readings(data)  # (shared: the reading is most of the work)
+    quoted, computed = _includes(data, read)
+    probing = probe_macros(data, read) if macros else None
+    probes = has_include_probes(data)
+    scanned = Scanned(snap, digest_bytes(data), st.st_nlink, probes, quoted, real, computed, probing, macros)
     if trust_stat and not is_racy(snap):
         if len(_SCANS) >= _SCANS_MAX:
             _SCANS.clear()
@@ -228,13 +238,14 @@ def computed_include(data: bytes) -> bool:
     return _includes(data)[1]
 
 
-def _includes(data: bytes) -> tuple[list[str], bool]:
-    """:func:`quoted_includes` and :func:`computed_include`, ``data`` read once."""
+def _includes(data: bytes, read: tuple[bytes, ...] | None = None) -> tuple[list[str], bool]:
+    """:func:`quoted_includes` and :func:`computed_include`, ``data`` read once (``read``:
+    its :func:`readings`, when known)."""
     if b"%:" not in data and not _holds(data, b"include", _INCLUDE_WORD):
         return [], False
     # Read every way, and what any finds kept: a lookalike the reading as the
     # preprocessor would drop (a raw string, say) costs at most a spurious negative.
-    texts = dict.fromkeys((data, *readings(data)))
+    texts = dict.fromkeys((data, *(readings(data) if read is None else read)))
     quoted = [m.group(1).decode("utf-8", "replace") for t in texts for m in _QUOTED_INCLUDE.finditer(t)]
     return list(dict.fromkeys(quoted)), any(_COMPUTED_INCLUDE.search(t) for t in texts)
 
@@ -249,6 +260,100 @@ def has_include_probes(data: bytes) -> list[tuple[str, str]]:
     found = [m for text in readings(data, always=True) for m in HAS_INCLUDE.finditer(text)]
     probes = ((m.group(1).decode(), m.group(2).decode("utf-8", "replace").strip()) for m in found)
     return list(dict.fromkeys(p for p in probes if "\0" not in p[1]))  # (a NUL: no name a compiler looks up)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeMacros:
+    """What a file does with ``__has_include`` through macros, as its directives read:
+
+    * ``wrappers``: the function-like macros it defines that probe their one parameter
+      (``#define _CCCL_HAS_INCLUDE(_X) __has_include(_X)``);
+    * ``calls``: ``(macro, kind, name)`` for each macro called with a literal header
+      name in a condition or a macro body (``#if _CCCL_HAS_INCLUDE(<nvtx3/nvtx3.hpp>)``):
+      a probe wherever that macro is a wrapper;
+    * ``named``: the macros called with anything else (a name another macro makes):
+      what such a call probes, if the macro is a wrapper, is unknown;
+    * ``opaque``: the probes whose name a macro makes (``__has_include(HEADER)``).
+
+    Which macro wraps a probe is known only once every file of the closure is read:
+    the compiler reads a wrapper's definition in one header and its calls in others."""
+
+    wrappers: frozenset[str]
+    calls: tuple[tuple[str, str, str], ...]
+    named: frozenset[str]
+    opaque: tuple[str, ...]
+
+
+#: A ``#define`` (the macro, its parameters, its body's first line) or an ``#if`` /
+#: ``#elif`` (its condition's first line), found from the ``#`` (fast).
+_DIRECTIVE = re.compile(rb"#[ \t]*(?:define[ \t]+([A-Za-z_]\w*)(?>(\([^)\n]*\))?)|(?:el)?if(?!\w))([^\n]*)")
+#: ``__has_include(X)`` whose argument is no literal header name.
+_NAMED_PROBE = re.compile(rb'__has_include(?:_next)?\s*\(\s*(?![<"\s])([^)\n]*)')
+#: A macro called with one literal header name, or with anything else.
+_CALL = re.compile(rb'(?<!\w)([A-Za-z_]\w*)\s*\(\s*(?:([<"])([^>"\n]+)[>"]\s*\))?')
+_NOT_MACROS: Final = frozenset({b"defined", b"__has_include", b"__has_include_next"})
+
+
+def probe_macros(data: bytes, read: tuple[bytes, ...] | None = None) -> ProbeMacros | None:
+    """The probes ``data`` makes through macros (:class:`ProbeMacros`); None when it
+    defines no probing macro, calls no macro in a condition or a macro body, and probes
+    no name a macro makes. ``read``: its :func:`readings`, when known. (A call a comment
+    shows is taken too: at most one more probe.)"""
+    if b"#" not in data and b"%:" not in data and b"??=" not in data:
+        return None
+    wrappers: set[bytes] = set()
+    calls: set[tuple[bytes, bytes, bytes]] = set()
+    named: set[bytes] = set()
+    opaque: list[bytes] = []
+    for text in readings(data) if read is None else read:
+        for m in _DIRECTIVE.finditer(text):
+            start = m.start()
+            line = text.rfind(b"\n", 0, start) + 1
+            if line != start and text[line:start].strip(b" \t"):
+                continue  # (a "#" within a line: no directive)
+            body = _continued(text, m.group(3), m.end())
+            if b"(" not in body:
+                continue
+            if b"__has_include" in body:
+                probed = {p.strip() for p in _NAMED_PROBE.findall(body)}
+                params = m.group(2)
+                if params and probed and probed == {params[1:-1].strip()}:
+                    wrappers.add(m.group(1))  # (one parameter, probed as it is)
+                    body = _NAMED_PROBE.sub(b"", body)
+                opaque += [p.group(0).strip() for p in _NAMED_PROBE.finditer(body)]
+            for called, kind, name in _CALL.findall(body):
+                if kind:
+                    calls.add((called, kind, name.strip()))
+                else:
+                    named.add(called)
+    named -= _NOT_MACROS
+    found = {c for c in calls if c[0] not in _NOT_MACROS}
+    if not (wrappers or found or named or opaque):
+        return None
+
+    def text_of(value: bytes) -> str:
+        return sys.intern(value.decode("utf-8", "replace"))
+
+    return ProbeMacros(
+        frozenset(map(text_of, wrappers)),
+        tuple(sorted((text_of(c), text_of(k), text_of(n)) for c, k, n in found)),
+        frozenset(map(text_of, named)),
+        tuple(dict.fromkeys(map(text_of, opaque))),
+    )
+
+
+def _continued(text: bytes, first: bytes, end: int) -> bytes:
+    """A directive's rest from its first line ``first`` (ending at ``end``), its line
+    splices joined: the lines after each that ends in a backslash."""
+    if not first.endswith((b"\\", b"\\\r")):
+        return first
+    parts = [first]
+    while parts[-1].endswith((b"\\", b"\\\r")) and end < len(text):
+        nxt = text.find(b"\n", end + 1)
+        nxt = len(text) if nxt < 0 else nxt
+        parts.append(text[end + 1 : nxt])
+        end = nxt
+    return b"".join(p.rstrip(b"\r").removesuffix(b"\\") for p in parts)
 
 
 def has_include_names(data: bytes) -> list[str]:

@@ -23,9 +23,11 @@ from ..closure.scan import (
     Closure,
     Dep,
     DepState,
+    ProbeMacros,
     Scanned,
     has_include_probes,
     negative_lookups,
+    probe_macros,
     scan_file,
 )
 from ..errors import LimitExceededError, UndeclaredDependencyError
@@ -74,8 +76,11 @@ def record_closure(
     def allowed(real: str) -> bool:
         return any(is_under(real, r) for r in roots)
 
-    reads = _Reads(anchors, allowed, started_ns, trust_stat)
+    # (where the compiler's lookups are recorded, its probes are among them: nothing to derive)
+    reads = _Reads(anchors, allowed, started_ns, trust_stat, derived=absent is None)
     reads.probes = [(kind, name, "") for kind, name in has_include_probes(source)]
+    if reads.derived:
+        reads.add_macros(probe_macros(source), "")
     dirs: dict[str, str] = {}
     unsure = reads.unsure
     for path in paths:
@@ -100,6 +105,7 @@ def record_closure(
                 unsure.append(f"{cand} was looked for by a '..' after a symbolic link")
             (reads.too_new if os.path.lexists(cand) else missing).append(cand)
     else:
+        reads.probes_through_macros()
         present, missing = reads.derived_lookups(search_dirs)
         reads.add_precompiled(present)
         reads.add_probe_hits(search_dirs)
@@ -185,8 +191,11 @@ class _Reads:
     """What the files read hold, gathered a file at a time: their deps and states, those
     too new to vouch for, and what their sources probe and include by quoted name."""
 
-    def __init__(self, anchors: Anchors, allowed: Callable[[str], bool], started_ns: int, trust_stat: bool) -> None:
+    def __init__(
+        self, anchors: Anchors, allowed: Callable[[str], bool], started_ns: int, trust_stat: bool, *, derived: bool
+    ) -> None:
         self.anchors = anchors
+        self.derived = derived
         self.allowed = allowed
         self.started_ns = started_ns
         self.trust_stat = trust_stat
@@ -202,13 +211,15 @@ class _Reads:
         self.dotdots: list[str] = []
         #: Why the closure cannot be recorded true (``Closure.unsure``).
         self.unsure: list[str] = []
+        #: What each file probes through macros, with its directory.
+        self.macros: list[tuple[ProbeMacros, str]] = []
 
     def add(self, path: str, real: str, anchored: tuple[str, str], *, includes: bool, probed: bool = False) -> None:
         """Hash (and, with ``includes``, scan) one confined file the compiler read as ``path``
         (``probed``: one a ``__has_include`` may have found, whose bytes were not read)."""
         lexical = self.anchors.expand(*anchored) or real
         try:
-            scanned = scan_file(lexical, self.allowed, self.trust_stat)
+            scanned = scan_file(lexical, self.allowed, self.trust_stat, macros=self.derived and includes)
         except OSError:
             if includes:
                 raise
@@ -237,6 +248,7 @@ class _Reads:
                     self.quoted.append(os.path.normpath(looked))
             if scanned.computed:
                 self.computed[here] = None
+            self.add_macros(scanned.macros, here)
         self._keep(lexical, anchored, scanned)
         self.lexicals.append(lexical)
         if "/../" in path:
@@ -247,6 +259,24 @@ class _Reads:
             self.too_new.append(lexical)
         self.deps.append(Dep(anchored[0], anchored[1], scanned.digest))
         self.states.append((lexical, scanned.snap, scanned.digest))
+
+    def add_macros(self, macros: ProbeMacros | None, here: str) -> None:
+        if macros is not None:
+            self.macros.append((macros, here))
+
+    def probes_through_macros(self) -> None:
+        """The probes made through a macro that wraps ``__has_include`` (CCCL's
+        ``_CCCL_HAS_INCLUDE(<nvtx3/nvtx3.hpp>)``), known now that every file read is: each
+        call of such a macro with a literal name is a probe like a literal one. A probe of
+        a name a macro makes is unknown: what it found, or did not, cannot be recorded, and
+        the build is returned, never published (a header made there later hit the old
+        binary). Where the compiler's lookups are recorded (NVRTC's worker), none of this
+        is needed."""
+        wrappers = {w for macros, _ in self.macros for w in macros.wrappers}
+        for macros, here in self.macros:
+            self.unsure += [f"{probe!r}: a __has_include of a name a macro makes" for probe in macros.opaque]
+            self.unsure += [f"{w}(...) probes a name a macro makes" for w in sorted(wrappers & macros.named)]
+            self.probes += [(kind, name, here) for w, kind, name in macros.calls if w in wrappers]
 
     def add_if_changed(self, paths: Sequence[str]) -> None:
         """Count as too new each of ``paths`` (not read) that changed since the start."""
@@ -372,7 +402,7 @@ def _scan_pch(path: str, allowed: Callable[[str], bool], trust_stat: bool) -> Sc
             f"{path!r} is a directory of precompiled headers, which the key cannot follow; remove it",
             path=path,
         )
-    return scan_file(path, allowed, trust_stat)
+    return scan_file(path, allowed, trust_stat, macros=False)
 
 
 def changed_since(snap: Snapshot, started_ns: int) -> bool:

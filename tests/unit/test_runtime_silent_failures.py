@@ -761,3 +761,64 @@ def test_a_tenants_link_into_the_toolchain_then_dotdot_is_never_cached(make_runt
     inc = (str(root / "include"),)
     assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == 4
     assert leaves(cache_dir) == []
+
+
+WRAPPER_H = (
+    "#ifdef __has_include\n#  define MY_HAS_INCLUDE(_X) __has_include(_X)\n"
+    "#else\n#  define MY_HAS_INCLUDE(_X) 0\n#endif\n"
+)
+V_OR_NOT = "\n#define V 1\n#else\n#define V 2\n#endif\n"
+USES_WRAPPER_H = (
+    '#include "wrap.h"\n#if MY_HAS_INCLUDE(<feat.h> )\n#define V 1\n#else\n#define V 2\n#endif\n'  # (CCCL's shapes)
+)
+
+
+@pytest.mark.parametrize("change", ["made_in_an_earlier_dir", "removed"])
+def test_a_probe_through_a_macro_is_recorded(make_runtime, tmp_path, change):
+    """CCCL probes through a macro defined in one header and called in another
+    (``_CCCL_HAS_INCLUDE(<nvtx3/nvtx3.hpp>)``): neither the header it found nor the one
+    it did not find was recorded, so one made (or removed) later hit the old binary."""
+    root = tmp_path / "root"
+    for d in ("first", "lib"):
+        (root / d).mkdir(parents=True)
+    (root / "lib/wrap.h").write_text(WRAPPER_H)
+    (root / "lib/uses.h").write_text(USES_WRAPPER_H)
+    feat = root / "lib/feat.h"
+    if change == "removed":
+        feat.write_text("// present\n")
+    _aged(*[p for p in root.rglob("*") if p.is_file()])
+    src = safejit.Source("#include <uses.h>\nint k(void) { return V; }\n", "k")
+    inc = (str(root / "first"), str(root / "lib"))
+    before = 1 if change == "removed" else 2
+    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == before
+    if change == "removed":
+        feat.unlink()
+    else:
+        (root / "first/feat.h").write_text("// now here\n")
+    again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc)
+    assert again.kernel("k")() == 3 - before and again.artifact.tier == "compiled"
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "#define FEAT <feat.h>\n#if __has_include(FEAT)" + V_OR_NOT,
+        '#include "wrap.h"\n#define FEAT <feat.h>\n#if MY_HAS_INCLUDE(FEAT)' + V_OR_NOT,
+        '#include "wrap.h"\n#define HAS_FEAT(x) MY_HAS_INCLUDE(x)\n#if HAS_FEAT(<feat.h>)' + V_OR_NOT,
+    ],
+    ids=["named_probe", "wrapper_given_a_named_header", "wrapper_of_a_wrapper"],
+)
+def test_a_probe_of_a_name_a_macro_makes_is_never_cached(make_runtime, tmp_path, cache_dir, code):
+    """What ``__has_include(FEAT)`` looked for is not in the source: a header made later
+    where it looked hit the old binary. Such a build is returned, never published."""
+    root = tmp_path / "root"
+    (root / "inc").mkdir(parents=True)
+    (root / "inc/wrap.h").write_text(WRAPPER_H)
+    _aged(root / "inc/wrap.h")
+    src, inc = safejit.Source(code + "int k(void) { return V; }\n", "k"), (str(root / "inc"),)
+    rt = make_runtime(source_roots=(str(root),))
+    built = rt.compile(src, include_dirs=inc)
+    assert built.kernel("k")() == 2 and built.artifact.tier == "compiled"
+    assert leaves(cache_dir) == []
+    (root / "inc/feat.h").write_text("// now here\n")
+    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == 1

@@ -13,7 +13,7 @@ import pytest
 import safejit
 from safejit.closure import scan
 from safejit.closure.hashing import snapshot_of
-from safejit.closure.scan import Closure, negative_dirs, unchanged
+from safejit.closure.scan import Closure, negative_dirs, probe_macros, unchanged
 from safejit.policy import completeness
 
 
@@ -314,3 +314,26 @@ def test_a_probe_split_by_a_splice_in_a_crlf_file_is_found(splice):
     unjoined and never recorded (a stale hit once the header appeared)."""
     text = b"#if __has_" + splice + b'include("c.h")\r\n#endif\r\n'
     assert scan.has_include_probes(text) == [('"', "c.h")]
+
+
+def test_probe_macros_finds_wrappers_their_literal_calls_and_probes_of_named_headers():
+    text = (
+        # (a wrapper, split by a splice)
+        b"#ifdef __has_include\n#  define HAS(_X) \\\n    __has_include( _X )\n#endif\n"
+        b"#if HAS(<a.h> ) || defined(X)\n#endif\n"
+        b'  #  elif \\\r\n HAS("b.h")\n'  # (a call on a continued line, CRLF)
+        b"#define ALSO HAS(<c.h>)\n"  # (a call in a macro's body)
+        b"int x = a # if HAS(<not_a_directive.h>)\n"
+        b"#define TWICE(x) HAS(x)\n"  # (a wrapper of a wrapper: what it probes is named by a macro)
+        b"#if __has_include(FEAT)\n#endif\n#define TWO(a, b) __has_include(b)\n"
+    )
+    found = probe_macros(text)
+    assert found is not None
+    assert found.wrappers == {"HAS"}
+    assert set(found.calls) == {("HAS", "<", "a.h"), ("HAS", '"', "b.h"), ("HAS", "<", "c.h")}
+    assert "HAS" in found.named and "defined" not in found.named
+    assert found.opaque == ("__has_include(FEAT", "__has_include(b")
+
+
+def test_a_file_that_probes_nothing_through_macros_has_no_probe_macros():
+    assert probe_macros(b"#include <x.h>\n#if X > 1\n#define Y 2\n#endif\nint f(void) { return g(1); }\n") is None
