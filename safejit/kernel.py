@@ -64,7 +64,7 @@ class Artifact:
 class _Loaded:
     """What views of one loaded module share: the library, its kernels, closed-ness."""
 
-    __slots__ = ("__weakref__", "closed", "finalizer", "kernels", "library", "lock")
+    __slots__ = ("__weakref__", "closed", "finalizer", "kernels", "library", "lock", "on_close")
 
     def __init__(self, library: LoadedLibrary) -> None:
         self.library = library
@@ -72,6 +72,8 @@ class _Loaded:
         self.lock = _forksafe.Lock()
         self.kernels: dict[str, KernelHandle] = {}
         self.finalizer = weakref.finalize(self, library.close)
+        #: Run once when it is closed: what keeps it for later calls lets it go.
+        self.on_close: list[Callable[[], None]] = []
 
 
 class Module:
@@ -160,7 +162,19 @@ class Module:
         with state.lock:
             state.closed = True
             state.kernels.clear()
+            hooks, state.on_close = state.on_close, []
+        for hook in hooks:
+            hook()
         state.finalizer()
+
+    def _when_closed(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` when this module is closed (now, if it is already)."""
+        state = self._state
+        with state.lock:
+            if not state.closed:
+                state.on_close.append(hook)
+                return
+        hook()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "loaded"

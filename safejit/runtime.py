@@ -20,7 +20,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _clock, _env, _forksafe
@@ -345,7 +345,10 @@ class Runtime:
             def make() -> tuple[Entry[Module], Module]:
                 nonlocal made_here
                 made_here = True
-                return self._produce((source, *key[1:]))
+                entry, module = self._produce((source, *key[1:]))
+                # A module its caller closed is no hit for the next call: it loads afresh.
+                module._when_closed(_forget(self._memory, key, entry))
+                return entry, module
 
             module = self._memory.produce(key, make, now, found)
             # (a call that waited on another's compile was served from memory)
@@ -403,6 +406,18 @@ class Runtime:
                         raise LoadError("the runtime is closed")
                 wired = self._wired
         return wired
+
+
+def _forget(memory: MemoryTier[Module], key: Hashable, entry: Entry[Module]) -> Callable[[], None]:
+    """What drops ``entry`` from ``memory`` once its module is closed (keeping neither alive)."""
+    memory_ref, entry_ref = weakref.ref(memory), weakref.ref(entry)
+
+    def forget() -> None:
+        held, kept = memory_ref(), entry_ref()
+        if held is not None and kept is not None:
+            held.discard(key, kept)
+
+    return forget
 
 
 def _evicted(attrs: Mapping[str, str], module: Module) -> None:

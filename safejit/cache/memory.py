@@ -70,7 +70,7 @@ def _abandoned(fut: Future[Any]) -> bool:
     return True
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, weakref_slot=True)
 class Entry(Generic[T]):
     """A value with what it was built from: ``deps`` rows ``[path, snapshot, digest,
     racy]`` (mutated in place by revalidation), the paths that must stay absent, and

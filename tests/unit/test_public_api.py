@@ -187,6 +187,23 @@ def test_unknown_kernel_and_closed_module(make_runtime):
     rt.close()  # twice is fine
 
 
+def test_a_closed_module_is_no_hit_for_the_next_compile(make_runtime):
+    """A module its caller closed stayed in the memory tier: every later compile of the
+    source returned it, and each of its kernels raised LoadError (a long-running process
+    that unloads a kernel could never load it again)."""
+    rt = make_runtime()
+    src = safejit.Source("int add(int a, int b) { return a + b; }", "add")
+    mod = rt.compile(src)
+    assert rt.compile(src).artifact.tier == "memory"
+    mod.close()
+    again = rt.compile(src)
+    assert not again.closed and again.artifact.tier == "disk"
+    assert again.kernel("add")(2, 3) == 5 and mod.closed
+    assert rt.compile(src).kernel("add")(1, 1) == 2 and rt.stats()["disk_hits"] == 1
+    again.close()
+    assert rt.compile(src).kernel("add")(4, 4) == 8 and rt.stats()["disk_hits"] == 2
+
+
 def test_extras_must_match_declared_extras(make_runtime):
     rt = make_runtime(declared_extras=("sm_count",))
     src = safejit.Source("int f(void) { return 1; }", "f")
