@@ -311,7 +311,7 @@ class BuildJob:
                     max_deps=self.config.max_deps,
                     started_ns=self._started_ns,
                     search_dirs=() if tools else self._search_dirs,
-                    source=b"" if tools else self.spec.code,
+                    source=b"" if tools else _as_scanned(self.spec),
                     trust_stat=self.config.trust_stat,
                     includes=not tools,
                     linker=linker,
@@ -328,3 +328,10 @@ class BuildJob:
                     f"{self.spec.name}: a file the build read cannot be hashed: {exc.filename}: {exc.strerror}",
                     log="",
                 ) from None
+
+
+def _as_scanned(spec: BuildSpec) -> bytes:
+    """The source as what it probes is read: its defines first, as the ``#define`` lines
+    the compiler reads them as (``defines={"HAS_X": "__has_include(<x.h>)"}`` probes)."""
+    lines = [f"#define {name} {'' if value is None else value}".encode() for name, value in spec.defines]
+    return b"\n".join([*lines, spec.code]) if lines else spec.code

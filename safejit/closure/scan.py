@@ -27,6 +27,7 @@ __all__ = [
     "COARSE_NS",
     "HAS_INCLUDE",
     "PCH_SUFFIX",
+    "PROBE_WORDS",
     "Absence",
     "Closure",
     "Dep",
@@ -153,17 +154,21 @@ class Closure:
 
 #: ``__has_include("x")`` / ``(<x>)`` with a literal name.
 HAS_INCLUDE = re.compile(rb'__has_include(?:_next)?\s*\(\s*([<"])([^>"\n]+)[>"]\s*\)')
-_QUOTED_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.M)
+_QUOTED_INCLUDE = re.compile(rb'^[ \t\f\v]*#[ \t\f\v]*include[ \t\f\v]*"([^"\n]+)"', re.M)
 #: ``#include NAME`` / ``#include_next NAME``: a header name a macro makes.
-_COMPUTED_INCLUDE = re.compile(rb"^[ \t]*#[ \t]*include(?:_next(?!\w)|(?!\w))[ \t]*[A-Za-z_]", re.M)
+_COMPUTED_INCLUDE = re.compile(rb"^[ \t\f\v]*#[ \t\f\v]*include(?:_next(?!\w)|(?!\w))[ \t\f\v]*[A-Za-z_]", re.M)
 
 
 #: What can hide a directive from the patterns above: a comment or a line splice within
-#: it (``#/**/include "x.h"``, ``#inc\\`` and a newline), a comment ending just before
-#: it, or the ``%:`` digraph for ``#``.
+#: it (``#/**/include "x.h"``, ``#inc\\`` and a newline, one before a macro's name), a
+#: comment ending just before it, a byte order mark, or the ``%:`` digraph for ``#``.
 _HIDDEN = re.compile(
-    rb"#[ \t]*(?:/\*|[a-z_]*\\\r?\n|include(?:_next)?[ \t]*(?:/\*|\\\r?\n|[\"<][^\"<>\n]*\\\r?\n))|\*/[ \t]*#"
+    rb"#[ \t\f\v]*(?:/\*|[a-z_]*\\[ \t\f\v]*\r?\n|define[ \t\f\v]*(?:/\*|\\[ \t\f\v]*\r?\n)"
+    rb"|include(?:_next)?[ \t\f\v]*(?:/\*|\\[ \t\f\v]*\r?\n"
+    rb"|[\"<][^\"<>\n]*\\[ \t\f\v]*\r?\n))|\*/[ \t\f\v]*#|\A\xef\xbb\xbf"
 )
+#: A line splice: a backslash at a line's end (gcc lets blanks follow it).
+_SPLICE = re.compile(rb"\\[ \t\f\v]*\r?\n")
 #: A number (its digit separators are no quotes: ``1'000``), a raw string (whatever it
 #: holds), a string or character literal (kept), or a comment (a space), as the
 #: preprocessor reads them.
@@ -189,10 +194,10 @@ def as_read(data: bytes, *, always: bool = False, trigraphs: bool = False) -> by
     if trigraphs and b"??" in data:
         data = _TRIGRAPH.sub(lambda m: _TRIGRAPHS[m.group(1)[0]], data)
         always = True
-    splice = b"\\\n" in data or b"\\\r\n" in data
+    splice = b"\\\n" in data or b"\\\r\n" in data or (b"\\" in data and _SPLICE.search(data) is not None)
     if not (b"%:" in data or _HIDDEN.search(data) or (always and (b"/*" in data or splice))):
         return data
-    joined = data.replace(b"\\\r\n", b"").replace(b"\\\n", b"")
+    joined = _SPLICE.sub(b"", data.removeprefix(b"\xef\xbb\xbf"))  # (and a byte order mark is no text)
     kept = _TOKENS.sub(lambda m: b" " if m.group(0)[:1] == b"/" else m.group(0), joined)
     return kept.replace(b"%:", b"#")
 
@@ -264,96 +269,190 @@ def has_include_probes(data: bytes) -> list[tuple[str, str]]:
 
 @dataclass(frozen=True, slots=True)
 class ProbeMacros:
-    """What a file does with ``__has_include`` through macros, as its directives read:
+    """What a file does with ``__has_include`` through macros, as its ``#if``, ``#elif``
+    and ``#define`` lines read:
 
-    * ``wrappers``: the function-like macros it defines that probe their one parameter
-      (``#define _CCCL_HAS_INCLUDE(_X) __has_include(_X)``);
-    * ``calls``: ``(macro, kind, name)`` for each macro called with a literal header
-      name in a condition or a macro body (``#if _CCCL_HAS_INCLUDE(<nvtx3/nvtx3.hpp>)``):
-      a probe wherever that macro is a wrapper;
-    * ``named``: the macros called with anything else (a name another macro makes):
-      what such a call probes, if the macro is a wrapper, is unknown;
-    * ``opaque``: the probes whose name a macro makes (``__has_include(HEADER)``).
+    * ``wrappers``: the function-like macros it defines whose every probe is of one of
+      their parameters (``#define _CCCL_HAS_INCLUDE(_X) __has_include(_X)``, variadic
+      ones too);
+    * ``aliases``: ``(macro, name)`` for each object-like macro that is another name
+      (``#define HAS_INCLUDE __has_include``): a wrapper if that name is one;
+    * ``calls``: ``(macro, kind, name, in_define)`` for each macro (or ``__has_include``)
+      called with one literal header name (``#if _CCCL_HAS_INCLUDE(<nvtx3/nvtx3.hpp>)``):
+      a probe wherever the macro is a wrapper — of a quoted name, looked for next to
+      whichever file expands it when it lies in a macro's body (``in_define``);
+    * ``names``: every other identifier there (a wrapper among them is used in a way
+      whose probe is unknown: ``APPLY(W, <x.h>)``, ``W(NAME)``);
+    * ``opaque``: the probes whose name a macro makes (``__has_include(HEADER)``), or
+      that a computed macro makes (``CAT(HAS, INC)(<x.h>)``).
 
     Which macro wraps a probe is known only once every file of the closure is read:
     the compiler reads a wrapper's definition in one header and its calls in others."""
 
     wrappers: frozenset[str]
-    calls: tuple[tuple[str, str, str], ...]
-    named: frozenset[str]
+    aliases: tuple[tuple[str, str], ...]
+    calls: tuple[tuple[str, str, str, bool], ...]
+    names: frozenset[str]
     opaque: tuple[str, ...]
 
 
-#: A ``#define`` (the macro, its parameters, its body's first line) or an ``#if`` /
-#: ``#elif`` (its condition's first line), found from the ``#`` (fast).
-_DIRECTIVE = re.compile(rb"#[ \t]*(?:define[ \t]+([A-Za-z_]\w*)(?>(\([^)\n]*\))?)|(?:el)?if(?!\w))([^\n]*)")
-#: ``__has_include(X)`` whose argument is no literal header name.
-_NAMED_PROBE = re.compile(rb'__has_include(?:_next)?\s*\(\s*(?![<"\s])([^)\n]*)')
-#: A macro called with one literal header name, or with anything else.
-_CALL = re.compile(rb'(?<!\w)([A-Za-z_]\w*)\s*\(\s*(?:([<"])([^>"\n]+)[>"]\s*\))?')
-_NOT_MACROS: Final = frozenset({b"defined", b"__has_include", b"__has_include_next"})
+#: An ``#if``, ``#elif`` or ``#define`` (the macro, its parameters; the rest of the
+#: line), found from the ``#`` (fast): :func:`probe_macros` checks it starts a line.
+_DIRECTIVE = re.compile(rb"#[ \t\f\v]*(?:(?:el)?if(?!\w)|define[ \t\f\v]+([A-Za-z_]\w*)(?>(\([^)\n]*\))?))([^\n]*)")
+_IDENT = re.compile(rb"(?<![\w$])[A-Za-z_$][\w$]*")
+_BODY_COMMENT = re.compile(rb'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*', re.S)
+_BLANK: Final = b" \t\f\v"
+PROBE_WORDS: Final = frozenset({"__has_include", "__has_include_next"})
+_PROBE_BYTES: Final = frozenset(w.encode() for w in PROBE_WORDS)
+_DEFINED = re.compile(rb"defined[ \t\f\v]*\(?[ \t\f\v]*\Z")
+#: A header name given to what a macro call makes: ``CAT(HAS, INC)(<x.h>)``.
+_COMPUTED_CALL = re.compile(rb"\)[ \t\f\v]*\([ \t\f\v]*[<\"]")
 
 
 def probe_macros(data: bytes, read: tuple[bytes, ...] | None = None) -> ProbeMacros | None:
-    """The probes ``data`` makes through macros (:class:`ProbeMacros`); None when it
-    defines no probing macro, calls no macro in a condition or a macro body, and probes
-    no name a macro makes. ``read``: its :func:`readings`, when known. (A call a comment
-    shows is taken too: at most one more probe.)"""
+    """The probes ``data`` makes through macros (:class:`ProbeMacros`); None when its
+    conditions and macro bodies name nothing. ``read``: its :func:`readings`, when
+    known. (What a comment spanning lines shows as a directive is taken too: at most
+    one more probe, or a build not cached.) Linear in the file's size."""
     if b"#" not in data and b"%:" not in data and b"??=" not in data:
         return None
-    wrappers: set[bytes] = set()
-    calls: set[tuple[bytes, bytes, bytes]] = set()
-    named: set[bytes] = set()
-    opaque: list[bytes] = []
+    found = _Found()
     for text in readings(data) if read is None else read:
         for m in _DIRECTIVE.finditer(text):
             start = m.start()
             line = text.rfind(b"\n", 0, start) + 1
-            if line != start and text[line:start].strip(b" \t"):
+            if line != start and text[line:start].strip(_BLANK):
                 continue  # (a "#" within a line: no directive)
             body = _continued(text, m.group(3), m.end())
-            if b"(" not in body:
+            if b"/" in body:
+                body = _BODY_COMMENT.sub(lambda c: b" " if c.group(0)[:1] == b"/" else c.group(0), body)
+            if m.group(1) is None:
+                found.read(body, in_define=False)
+            else:
+                found.define(m.group(1), m.group(2), body)
+    return found.result()
+
+
+class _Found:
+    """What :func:`probe_macros` gathers, directive by directive."""
+
+    def __init__(self) -> None:
+        self.wrappers: set[bytes] = set()
+        self.aliases: set[tuple[bytes, bytes]] = set()
+        self.calls: set[tuple[bytes, bytes, bytes, bool]] = set()
+        self.names: set[bytes] = set()
+        self.opaque: list[bytes] = []
+
+    def define(self, macro: bytes, params: bytes | None, body: bytes) -> None:
+        stripped = body.strip(_BLANK)
+        if params is None and _IDENT.fullmatch(stripped):
+            self.aliases.add((macro, stripped))  # (another name: a wrapper if that one is)
+            return
+        probed = set()
+        if params is not None:
+            names = [p.strip(_BLANK) for p in params[1:-1].split(b",")]
+            if names and names[-1].endswith(b"..."):
+                names[-1] = names[-1][:-3].strip(_BLANK) or b"__VA_ARGS__"
+            probed = {n for n in names if n}
+        if self.read(body, in_define=True, params=probed) and params is not None:
+            self.wrappers.add(macro)
+
+    def read(self, body: bytes, *, in_define: bool, params: set[bytes] | frozenset[bytes] = frozenset()) -> bool:
+        """Take one condition or macro body; whether it probes one of ``params`` (and
+        nothing a macro names otherwise)."""
+        wraps = False
+        memo: dict[bytes, int] = {}  # (where the next ">", '"', ")" or "(" is: each looked for once)
+        for m in _IDENT.finditer(body):
+            name = m.group(0)
+            at = _skip(body, m.end())
+            if at < len(body) and body[at : at + 1] == b"(":
+                arg = _skip(body, at + 1)
+                opener = body[arg : arg + 1]
+                if opener in (b"<", b'"'):
+                    end = _next(body, b">" if opener == b"<" else b'"', arg + 1, memo)
+                    after = _skip(body, end + 1)
+                    if end < len(body) and body[after : after + 1] == b")":
+                        self.calls.add((name, opener, body[arg + 1 : end].strip(_BLANK), in_define))
+                        continue
+                if name in _PROBE_BYTES:
+                    until = min(_next(body, b")", arg, memo), _next(body, b"(", arg, memo))
+                    if body[arg:until].strip(_BLANK) in params:
+                        wraps = True
+                    else:
+                        self.opaque.append(body[m.start() : until])
+                    continue
+            elif name in _PROBE_BYTES and not _DEFINED.search(body, max(0, m.start() - 24), m.start()):
+                self.opaque.append(name)  # (passed on by name: where it is called, unknown)
                 continue
-            if b"__has_include" in body:
-                probed = {p.strip() for p in _NAMED_PROBE.findall(body)}
-                params = m.group(2)
-                if params and probed and probed == {params[1:-1].strip()}:
-                    wrappers.add(m.group(1))  # (one parameter, probed as it is)
-                    body = _NAMED_PROBE.sub(b"", body)
-                opaque += [p.group(0).strip() for p in _NAMED_PROBE.finditer(body)]
-            for called, kind, name in _CALL.findall(body):
-                if kind:
-                    calls.add((called, kind, name.strip()))
-                else:
-                    named.add(called)
-    named -= _NOT_MACROS
-    found = {c for c in calls if c[0] not in _NOT_MACROS}
-    if not (wrappers or found or named or opaque):
-        return None
+            self.names.add(name)
+        for m in _COMPUTED_CALL.finditer(body):
+            self.opaque.append(body[max(0, m.start() - 40) : m.end()])  # (a computed macro, given a header name)
+        return wraps
 
-    def text_of(value: bytes) -> str:
-        return sys.intern(value.decode("utf-8", "replace"))
+    def result(self) -> ProbeMacros | None:
+        self.names -= {b"defined", *_PROBE_BYTES}
+        if not (self.wrappers or self.aliases or self.calls or self.names or self.opaque):
+            return None
 
-    return ProbeMacros(
-        frozenset(map(text_of, wrappers)),
-        tuple(sorted((text_of(c), text_of(k), text_of(n)) for c, k, n in found)),
-        frozenset(map(text_of, named)),
-        tuple(dict.fromkeys(map(text_of, opaque))),
-    )
+        def text(value: bytes) -> str:
+            return sys.intern(value.decode("utf-8", "replace"))
+
+        return ProbeMacros(
+            frozenset(map(text, self.wrappers)),
+            tuple(sorted((text(a), text(b)) for a, b in self.aliases)),
+            tuple(sorted((text(c), text(k), text(n), d) for c, k, n, d in self.calls)),
+            frozenset(map(text, self.names)),
+            tuple(dict.fromkeys(text(o.strip(_BLANK)) for o in self.opaque)),
+        )
+
+
+def _skip(body: bytes, at: int) -> int:
+    """``at``, past any blanks."""
+    while at < len(body) and body[at] in _BLANK:
+        at += 1
+    return at
+
+
+def _next(body: bytes, char: bytes, at: int, memo: dict[bytes, int]) -> int:
+    """Where the next ``char`` at or after ``at`` is in ``body`` (its length: none).
+    ``at`` only grows from call to call for a ``char``: each is looked for once past
+    the last one found, so a line of many calls is read once, not once per call."""
+    found = memo.get(char, -1)
+    if found < at:
+        found = body.find(char, at)
+        found = memo[char] = found if found >= 0 else len(body)
+    return found
 
 
 def _continued(text: bytes, first: bytes, end: int) -> bytes:
     """A directive's rest from its first line ``first`` (ending at ``end``), its line
-    splices joined: the lines after each that ends in a backslash."""
-    if not first.endswith((b"\\", b"\\\r")):
-        return first
+    splices joined (a backslash ending a line, blanks after it allowed) and a block
+    comment still open at a line's end read on to its close."""
     parts = [first]
-    while parts[-1].endswith((b"\\", b"\\\r")) and end < len(text):
+    in_comment = _open_comment(first)
+    while end < len(text):
+        last = parts[-1].rstrip(b" \t\f\v\r")
+        spliced = not in_comment and last.endswith(b"\\")
+        if spliced:
+            parts[-1] = last[:-1]
+        elif not in_comment:
+            break
         nxt = text.find(b"\n", end + 1)
         nxt = len(text) if nxt < 0 else nxt
-        parts.append(text[end + 1 : nxt])
+        line = text[end + 1 : nxt]
+        parts.append(line if spliced else b" " + line)
         end = nxt
-    return b"".join(p.rstrip(b"\r").removesuffix(b"\\") for p in parts)
+        if in_comment:
+            close = line.find(b"*/")
+            in_comment = close < 0 or _open_comment(line[close + 2 :])
+        else:
+            in_comment = _open_comment(line)
+    return b"".join(parts)
+
+
+def _open_comment(line: bytes) -> bool:
+    """Whether ``line`` ends inside a block comment (strings aside)."""
+    return b"/*" in line and b"/*" in _BODY_COMMENT.sub(b"", line)
 
 
 def has_include_names(data: bytes) -> list[str]:

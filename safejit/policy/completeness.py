@@ -20,6 +20,7 @@ from ..closure.hashing import Snapshot, snapshot_of
 from ..closure.scan import (
     COARSE_NS,
     PCH_SUFFIX,
+    PROBE_WORDS,
     Closure,
     Dep,
     DepState,
@@ -267,16 +268,35 @@ class _Reads:
     def probes_through_macros(self) -> None:
         """The probes made through a macro that wraps ``__has_include`` (CCCL's
         ``_CCCL_HAS_INCLUDE(<nvtx3/nvtx3.hpp>)``), known now that every file read is: each
-        call of such a macro with a literal name is a probe like a literal one. A probe of
-        a name a macro makes is unknown: what it found, or did not, cannot be recorded, and
+        call of such a macro (or of another name for one) with a literal name is a probe
+        like a literal one; a quoted name in a macro's body is looked for next to
+        whichever file expands it, so next to each file read. A probe whose name a macro
+        makes, or made through a macro where the name is not seen, cannot be recorded:
         the build is returned, never published (a header made there later hit the old
         binary). Where the compiler's lookups are recorded (NVRTC's worker), none of this
-        is needed."""
-        wrappers = {w for macros, _ in self.macros for w in macros.wrappers}
+        is needed. (Token pasting that makes a wrapper's name, ``CAT(HAS, INC)`` given a
+        name elsewhere, is not seen: docs/security.md.)"""
+        wrappers = set(PROBE_WORDS) | {w for macros, _ in self.macros for w in macros.wrappers}
+        aliases = [alias for macros, _ in self.macros for alias in macros.aliases]
+        grew = True
+        while grew:  # (another name for a wrapper is one; so is another name for that)
+            grew = False
+            for name, target in aliases:
+                if target in wrappers and name not in wrappers:
+                    wrappers.add(name)
+                    grew = True
+        everywhere = sorted({os.path.dirname(p) for p in self.lexicals})
         for macros, here in self.macros:
             self.unsure += [f"{probe!r}: a __has_include of a name a macro makes" for probe in macros.opaque]
-            self.unsure += [f"{w}(...) probes a name a macro makes" for w in sorted(wrappers & macros.named)]
-            self.probes += [(kind, name, here) for w, kind, name in macros.calls if w in wrappers]
+            self.unsure += [f"{w} is used where what it probes is unknown" for w in sorted(wrappers & macros.names)]
+            for w, kind, name, in_define in macros.calls:
+                anywhere = in_define and kind == '"'
+                if w not in wrappers or (w in PROBE_WORDS and not anywhere):
+                    continue  # (a literal __has_include outside a macro: has_include_probes has it)
+                if name.startswith("/") or ".." in name.split("/") or "\0" in name:
+                    self.unsure.append(f"{w}({name}) probes by a path")  # (a look-alike in a comment, maybe)
+                    continue
+                self.probes += [(kind, name, d) for d in (everywhere if anywhere else [here])]
 
     def add_if_changed(self, paths: Sequence[str]) -> None:
         """Count as too new each of ``paths`` (not read) that changed since the start."""

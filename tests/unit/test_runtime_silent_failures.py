@@ -822,3 +822,121 @@ def test_a_probe_of_a_name_a_macro_makes_is_never_cached(make_runtime, tmp_path,
     assert leaves(cache_dir) == []
     (root / "inc/feat.h").write_text("// now here\n")
     assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == 1
+
+
+#: Found in review of the fix above, each a stale hit: (what lib/wrap.h holds, the condition
+#: lib/uses.h tests). A header made later in an earlier include dir turns the condition.
+PROBE_SHAPES = {
+    "object_alias": ("#ifdef __has_include\n#define HASINC __has_include\n#endif\n", "#if HASINC(<feat.h>)"),
+    "alias_of_wrapper": ("#define HASINC_(x) __has_include(x)\n#define HASINC HASINC_\n", "#if HASINC(<feat.h>)"),
+    "apply_macro": ("#define HASINC(x) __has_include(x)\n#define APPLY(f, x) f(x)\n", "#if APPLY(HASINC, <feat.h>)"),
+    "pasted_name": ("#define HASINC(x) __has_include(x)\n#define CAT(a, b) a##b\n", "#if CAT(HAS, INC)(<feat.h>)"),
+    "variadic": ("#define HASINC(...) __has_include(__VA_ARGS__)\n", "#if HASINC(<feat.h>)"),
+    "splice_before_name": ("#define \\\nHASINC(x) __has_include(x)\n", "#if HASINC(<feat.h>)"),
+    "comment_before_name": ("#define /* wraps */ HASINC(x) __has_include(x)\n", "#if HASINC(<feat.h>)"),
+    "comment_before_paren": ("#define HASINC(x) __has_include(x)\n", "#if HASINC /* probe */ (<feat.h>)"),
+    "comment_spanning_if": (
+        "#define HASINC(x) __has_include(x)\n",
+        "#if /* a comment\n over two lines */ HASINC(<feat.h>)",
+    ),
+    "formfeed_before_hash": ("\f#define HASINC(x) __has_include(x)\n", "#if HASINC(<feat.h>)"),
+    "vtab_in_define": ("#define\vHASINC(x) __has_include(x)\n", "#if HASINC(<feat.h>)"),
+    "bom_first_line": ("\ufeff#define HASINC(x) __has_include(x)\n", "#if HASINC(<feat.h>)"),
+    "space_after_backslash": ("#define HASINC(x) \\ \n  __has_include(x)\n", "#if HASINC(<feat.h>)"),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(PROBE_SHAPES))
+def test_every_shape_of_a_probe_through_a_macro_is_recorded_or_never_cached(make_runtime, tmp_path, shape):
+    root = tmp_path / "root"
+    for d in ("first", "lib"):
+        (root / d).mkdir(parents=True)
+    wrap, condition = PROBE_SHAPES[shape]
+    (root / "lib/wrap.h").write_text(wrap)
+    (root / "lib/uses.h").write_text('#include "wrap.h"\n' + condition + V_OR_NOT)
+    _aged(*[p for p in root.rglob("*") if p.is_file()])
+    src = safejit.Source("#include <uses.h>\nint k(void) { return V; }\n", "k")
+    inc = (str(root / "first"), str(root / "lib"))
+    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == 2
+    (root / "first/feat.h").write_text("// now here\n")
+    again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc)
+    assert again.kernel("k")() == 1 and again.artifact.tier == "compiled"
+
+
+@pytest.mark.parametrize(
+    "defines",
+    [{"HAS_FEAT": "MY_HAS_INCLUDE(<feat.h>)"}, {"HAS_FEAT": "__has_include(<feat.h>)"}, {"HASINC": "__has_include"}],
+    ids=["wrapper_call", "literal_probe", "alias"],
+)
+def test_a_probe_given_by_a_define_is_recorded(make_runtime, tmp_path, defines):
+    """``defines=`` are ``-D`` options: a probe in one was never read (a stale hit)."""
+    root = tmp_path / "root"
+    for d in ("first", "lib"):
+        (root / d).mkdir(parents=True)
+    (root / "lib/wrap.h").write_text(WRAPPER_H)
+    _aged(root / "lib/wrap.h")
+    condition = "#if HASINC(<feat.h>)" if "HASINC" in defines else "#if HAS_FEAT"
+    src = safejit.Source('#include "wrap.h"\n' + condition + V_OR_NOT + "int k(void) { return V; }\n", "k")
+    inc = (str(root / "first"), str(root / "lib"))
+    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc, defines=defines).kernel("k")() == 2
+    (root / "first/feat.h").write_text("// now here\n")
+    again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc, defines=defines)
+    assert again.kernel("k")() == 1 and again.artifact.tier == "compiled"
+
+
+@pytest.mark.parametrize("body", ['MY_HAS_INCLUDE("c.h")', '__has_include("c.h")'])
+def test_a_quoted_probe_in_a_macro_is_looked_for_next_to_the_file_that_expands_it(make_runtime, tmp_path, body):
+    """gcc looks for a quoted name next to the file whose ``#if`` expands the macro, not
+    next to the header that defines it: only the latter was recorded (a stale hit)."""
+    root = tmp_path / "root"
+    for d in ("lib/cfg", "lib/sub"):
+        (root / d).mkdir(parents=True)
+    (root / "lib/cfg/wrap.h").write_text(WRAPPER_H)
+    (root / "lib/cfg/config.h").write_text(f'#include "wrap.h"\n#define HAVE_C {body}\n')
+    (root / "lib/sub/uses.h").write_text("#include <cfg/config.h>\n#if HAVE_C" + V_OR_NOT)
+    _aged(*[p for p in root.rglob("*") if p.is_file()])
+    src, inc = safejit.Source("#include <sub/uses.h>\nint k(void) { return V; }\n", "k"), (str(root / "lib"),)
+    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == 2
+    (root / "lib/sub/c.h").write_text("// now here\n")
+    again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc)
+    assert again.kernel("k")() == 1 and again.artifact.tier == "compiled"
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "#define X_HAS_INCLUDE(...) __has_include(__VA_ARGS__)\n#define TWO(a, b) __has_include(b)\n#define V 5\n",
+        '#define MY_HAS_INCLUDE(_X) __has_include(_X)\n#define V 5 // was: MY_HAS_INCLUDE("/opt/vendor/f.h")\n',
+        "#define V 5\n#if 0\n/* #if MY_HAS_INCLUDE(NAME) */\n#endif\n",
+    ],
+    ids=["wrappers_never_called", "a_call_in_a_comment", "a_call_in_a_block_comment"],
+)
+def test_a_header_that_only_defines_or_mentions_wrappers_is_cached(make_runtime, tmp_path, cache_dir, header):
+    """Defining a variadic or two-parameter wrapper made every build including it go
+    uncached, and a wrapper call in a comment naming a path outside the roots failed the
+    compile (UndeclaredDependencyError)."""
+    root = tmp_path / "root"
+    (root / "inc").mkdir(parents=True)
+    (root / "inc/x.h").write_text(header)
+    _aged(root / "inc/x.h")
+    src, inc = safejit.Source('#include "x.h"\nint k(void) { return V; }\n', "k"), (str(root / "inc"),)
+    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == 5
+    again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc)
+    assert again.kernel("k")() == 5 and again.artifact.tier == "disk"
+
+
+def test_a_quoted_include_on_the_first_line_after_a_byte_order_mark_is_recorded(make_runtime, tmp_path):
+    """``#include "x.h"`` on a header's first line, after a UTF-8 BOM, was not seen: its
+    lookup next to the header was not recorded, and an x.h made there hit the old binary."""
+    root = tmp_path / "root"
+    for d in ("lib/sub", "lib2"):
+        (root / d).mkdir(parents=True)
+    (root / "lib/sub/a.h").write_bytes(b'\xef\xbb\xbf#include "x.h"\n')
+    (root / "lib2/x.h").write_text("#define V 2\n")
+    _aged(*[p for p in root.rglob("*") if p.is_file()])
+    src = safejit.Source("#include <sub/a.h>\nint k(void) { return V; }\n", "k")
+    inc = (str(root / "lib"), str(root / "lib2"))
+    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == 2
+    (root / "lib/sub/x.h").write_text("#define V 1\n")
+    again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc)
+    assert again.kernel("k")() == 1 and again.artifact.tier == "compiled"
