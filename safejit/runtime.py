@@ -347,7 +347,7 @@ class Runtime:
                 made_here = True
                 entry, module = self._produce((source, *key[1:]))
                 # A module its caller closed is no hit for the next call: it loads afresh.
-                module._when_closed(_forget(self._memory, key, entry))
+                module._when_closed(_forget(self._memory, key))
                 return entry, module
 
             module = self._memory.produce(key, make, now, found)
@@ -408,16 +408,21 @@ class Runtime:
         return wired
 
 
-def _forget(memory: MemoryTier[Module], key: Hashable, entry: Entry[Module]) -> Callable[[], None]:
-    """What drops ``entry`` from ``memory`` once its module is closed (keeping neither alive)."""
-    memory_ref, entry_ref = weakref.ref(memory), weakref.ref(entry)
+def _forget(memory: MemoryTier[Module], key: Hashable) -> Callable[[], None]:
+    """What drops ``key``'s entry from ``memory`` once its module is closed (keeping
+    neither the tier nor the module alive)."""
+    memory_ref = weakref.ref(memory)
 
     def forget() -> None:
-        held, kept = memory_ref(), entry_ref()
-        if held is not None and kept is not None:
-            held.discard(key, kept)
+        held = memory_ref()
+        if held is not None:
+            held.discard_if(key, _is_closed)
 
     return forget
+
+
+def _is_closed(module: Module) -> bool:
+    return module.closed
 
 
 def _evicted(attrs: Mapping[str, str], module: Module) -> None:

@@ -70,7 +70,7 @@ def _abandoned(fut: Future[Any]) -> bool:
     return True
 
 
-@dataclass(slots=True, eq=False, weakref_slot=True)
+@dataclass(slots=True, eq=False)
 class Entry(Generic[T]):
     """A value with what it was built from: ``deps`` rows ``[path, snapshot, digest,
     racy]`` (mutated in place by revalidation), the paths that must stay absent, and
@@ -303,6 +303,14 @@ class MemoryTier(Generic[T]):
     def discard(self, key: Hashable, entry: Entry[T]) -> None:
         with self._lock:
             if self.entries.get(key) is entry:
+                del self.entries[key]
+                self.bytes -= entry.size
+
+    def discard_if(self, key: Hashable, drop: Callable[[T], bool]) -> None:
+        """Drop the entry of ``key`` if ``drop`` says so of its value."""
+        with self._lock:
+            entry = self.entries.get(key)
+            if entry is not None and drop(entry.value):
                 del self.entries[key]
                 self.bytes -= entry.size
 
