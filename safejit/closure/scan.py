@@ -2,8 +2,8 @@
 stat states, the negative lookups (paths that must stay absent), and whether a
 closure still holds. Decisions about them (confinement) live in policy.completeness.
 (Past the style's ~450 lines: reading a directive as every preprocessor reads it —
-splices, comments, digraphs, trigraphs taken or not — is one fact, kept with the
-closure whose negatives it decides.)
+splices, comments, digraphs, trigraphs taken or not, the macros a probe hides in — is
+one fact, kept with the closure whose negatives it decides.)
 """
 
 from __future__ import annotations
