@@ -277,14 +277,16 @@ class _Reads:
         is needed. (Token pasting that makes a wrapper's name, ``CAT(HAS, INC)`` given a
         name elsewhere, is not seen: docs/security.md.)"""
         wrappers = set(PROBE_WORDS) | {w for macros, _ in self.macros for w in macros.wrappers}
-        aliases = [alias for macros, _ in self.macros for alias in macros.aliases]
-        grew = True
-        while grew:  # (another name for a wrapper is one; so is another name for that)
-            grew = False
-            for name, target in aliases:
-                if target in wrappers and name not in wrappers:
+        names_for: dict[str, list[str]] = {}
+        for macros, _ in self.macros:
+            for name, target in macros.aliases:
+                names_for.setdefault(target, []).append(name)
+        todo = list(wrappers)
+        while todo:  # (another name for a wrapper is one; so is another name for that)
+            for name in names_for.get(todo.pop(), ()):
+                if name not in wrappers:
                     wrappers.add(name)
-                    grew = True
+                    todo.append(name)
         everywhere = sorted({os.path.dirname(p) for p in self.lexicals})
         for macros, here in self.macros:
             self.unsure += [f"{probe!r}: a __has_include of a name a macro makes" for probe in macros.opaque]
