@@ -343,7 +343,7 @@ def test_probe_macros_reads_a_line_of_many_calls_once():
     """A line of calls none of which closes (``f(<a f(<a ...``) was read again from each
     call: 160 KB took 38 s, and the compile's timeout did not cover it. These lines (500
     KB, 320 KB) would take over six minutes that way, past the suite's per-test timeout;
-    read once, they take a fraction of a second. (No clock is asserted on.)"""
+    read once, about a second. (No clock is asserted on.)"""
     line = b"#define UNUSED " + b"f(<a " * 100_000 + b"\n" + b"#if " + b"__has_include(a " * 20_000 + b"\n"
     found = probe_macros(line)
     assert found is not None and found.calls == () and found.names == {"f", "a"}
