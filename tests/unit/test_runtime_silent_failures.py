@@ -768,9 +768,35 @@ WRAPPER_H = (
     "#else\n#  define MY_HAS_INCLUDE(_X) 0\n#endif\n"
 )
 V_OR_NOT = "\n#define V 1\n#else\n#define V 2\n#endif\n"
-USES_WRAPPER_H = (
-    '#include "wrap.h"\n#if MY_HAS_INCLUDE(<feat.h> )\n#define V 1\n#else\n#define V 2\n#endif\n'  # (CCCL's shapes)
-)
+USES_WRAPPER_H = '#include "wrap.h"\n#if MY_HAS_INCLUDE(<feat.h> )' + V_OR_NOT  # (CCCL's shapes)
+
+
+def _turned(
+    make_runtime: Callable[..., safejit.Runtime],
+    root: Path,
+    files: dict[str, str | bytes],
+    head: str,
+    dirs: tuple[str, ...],
+    change: Callable[[], object],
+    values: tuple[int, int],
+    **kw: object,
+) -> safejit.Module:
+    """Write ``files`` under ``root`` (aged), compile ``head`` + a kernel returning V in a
+    fresh Runtime (``values[0]``), ``change()``, compile again in another: it returns
+    ``values[1]``, and the module it gives back."""
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(text if isinstance(text, bytes) else text.encode())
+    for d in dirs:
+        (root / d).mkdir(parents=True, exist_ok=True)
+    _aged(*[p for p in root.rglob("*") if p.is_file()])
+    src = safejit.Source(head + "int k(void) { return V; }\n", "k")
+    inc = tuple(str(root / d) for d in dirs)
+    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc, **kw).kernel("k")() == values[0]
+    change()
+    again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc, **kw)
+    assert again.kernel("k")() == values[1]
+    return again
 
 
 @pytest.mark.parametrize("change", ["made_in_an_earlier_dir", "removed"])
@@ -779,24 +805,14 @@ def test_a_probe_through_a_macro_is_recorded(make_runtime, tmp_path, change):
     (``_CCCL_HAS_INCLUDE(<nvtx3/nvtx3.hpp>)``): neither the header it found nor the one
     it did not find was recorded, so one made (or removed) later hit the old binary."""
     root = tmp_path / "root"
-    for d in ("first", "lib"):
-        (root / d).mkdir(parents=True)
-    (root / "lib/wrap.h").write_text(WRAPPER_H)
-    (root / "lib/uses.h").write_text(USES_WRAPPER_H)
-    feat = root / "lib/feat.h"
+    files: dict[str, str | bytes] = {"lib/wrap.h": WRAPPER_H, "lib/uses.h": USES_WRAPPER_H}
     if change == "removed":
-        feat.write_text("// present\n")
-    _aged(*[p for p in root.rglob("*") if p.is_file()])
-    src = safejit.Source("#include <uses.h>\nint k(void) { return V; }\n", "k")
-    inc = (str(root / "first"), str(root / "lib"))
-    before = 1 if change == "removed" else 2
-    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == before
-    if change == "removed":
-        feat.unlink()
+        files["lib/feat.h"] = "// present\n"
+        turn, values = (root / "lib/feat.h").unlink, (1, 2)
     else:
-        (root / "first/feat.h").write_text("// now here\n")
-    again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc)
-    assert again.kernel("k")() == 3 - before and again.artifact.tier == "compiled"
+        turn, values = lambda: (root / "first/feat.h").write_text("// now here\n"), (2, 1)
+    again = _turned(make_runtime, root, files, "#include <uses.h>\n", ("first", "lib"), turn, values)
+    assert again.artifact.tier == "compiled"
 
 
 @pytest.mark.parametrize(
@@ -812,16 +828,12 @@ def test_a_probe_of_a_name_a_macro_makes_is_never_cached(make_runtime, tmp_path,
     """What ``__has_include(FEAT)`` looked for is not in the source: a header made later
     where it looked hit the old binary. Such a build is returned, never published."""
     root = tmp_path / "root"
-    (root / "inc").mkdir(parents=True)
-    (root / "inc/wrap.h").write_text(WRAPPER_H)
-    _aged(root / "inc/wrap.h")
-    src, inc = safejit.Source(code + "int k(void) { return V; }\n", "k"), (str(root / "inc"),)
-    rt = make_runtime(source_roots=(str(root),))
-    built = rt.compile(src, include_dirs=inc)
-    assert built.kernel("k")() == 2 and built.artifact.tier == "compiled"
-    assert leaves(cache_dir) == []
-    (root / "inc/feat.h").write_text("// now here\n")
-    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == 1
+
+    def unpublished_then_made() -> None:
+        assert leaves(cache_dir) == []
+        (root / "inc/feat.h").write_text("// now here\n")
+
+    _turned(make_runtime, root, {"inc/wrap.h": WRAPPER_H}, code, ("inc",), unpublished_then_made, (2, 1))
 
 
 #: Found in review of the fix above, each a stale hit: (what lib/wrap.h holds, the condition
@@ -835,10 +847,7 @@ PROBE_SHAPES = {
     "splice_before_name": ("#define \\\nHASINC(x) __has_include(x)\n", "#if HASINC(<feat.h>)"),
     "comment_before_name": ("#define /* wraps */ HASINC(x) __has_include(x)\n", "#if HASINC(<feat.h>)"),
     "comment_before_paren": ("#define HASINC(x) __has_include(x)\n", "#if HASINC /* probe */ (<feat.h>)"),
-    "comment_spanning_if": (
-        "#define HASINC(x) __has_include(x)\n",
-        "#if /* a comment\n over two lines */ HASINC(<feat.h>)",
-    ),
+    "comment_spanning_if": ("#define HASINC(x) __has_include(x)\n", "#if /* a comment\n over two */ HASINC(<feat.h>)"),
     "formfeed_before_hash": ("\f#define HASINC(x) __has_include(x)\n", "#if HASINC(<feat.h>)"),
     "vtab_in_define": ("#define\vHASINC(x) __has_include(x)\n", "#if HASINC(<feat.h>)"),
     "bom_first_line": ("\ufeff#define HASINC(x) __has_include(x)\n", "#if HASINC(<feat.h>)"),
@@ -846,21 +855,17 @@ PROBE_SHAPES = {
 }
 
 
+def _made_first(root: Path) -> Callable[[], object]:
+    return lambda: (root / "first/feat.h").write_text("// now here\n")
+
+
 @pytest.mark.parametrize("shape", sorted(PROBE_SHAPES))
 def test_every_shape_of_a_probe_through_a_macro_is_recorded_or_never_cached(make_runtime, tmp_path, shape):
     root = tmp_path / "root"
-    for d in ("first", "lib"):
-        (root / d).mkdir(parents=True)
     wrap, condition = PROBE_SHAPES[shape]
-    (root / "lib/wrap.h").write_text(wrap)
-    (root / "lib/uses.h").write_text('#include "wrap.h"\n' + condition + V_OR_NOT)
-    _aged(*[p for p in root.rglob("*") if p.is_file()])
-    src = safejit.Source("#include <uses.h>\nint k(void) { return V; }\n", "k")
-    inc = (str(root / "first"), str(root / "lib"))
-    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == 2
-    (root / "first/feat.h").write_text("// now here\n")
-    again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc)
-    assert again.kernel("k")() == 1 and again.artifact.tier == "compiled"
+    files: dict[str, str | bytes] = {"lib/wrap.h": wrap, "lib/uses.h": '#include "wrap.h"\n' + condition + V_OR_NOT}
+    again = _turned(make_runtime, root, files, "#include <uses.h>\n", ("first", "lib"), _made_first(root), (2, 1))
+    assert again.artifact.tier == "compiled"
 
 
 @pytest.mark.parametrize(
@@ -871,17 +876,11 @@ def test_every_shape_of_a_probe_through_a_macro_is_recorded_or_never_cached(make
 def test_a_probe_given_by_a_define_is_recorded(make_runtime, tmp_path, defines):
     """``defines=`` are ``-D`` options: a probe in one was never read (a stale hit)."""
     root = tmp_path / "root"
-    for d in ("first", "lib"):
-        (root / d).mkdir(parents=True)
-    (root / "lib/wrap.h").write_text(WRAPPER_H)
-    _aged(root / "lib/wrap.h")
     condition = "#if HASINC(<feat.h>)" if "HASINC" in defines else "#if HAS_FEAT"
-    src = safejit.Source('#include "wrap.h"\n' + condition + V_OR_NOT + "int k(void) { return V; }\n", "k")
-    inc = (str(root / "first"), str(root / "lib"))
-    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc, defines=defines).kernel("k")() == 2
-    (root / "first/feat.h").write_text("// now here\n")
-    again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc, defines=defines)
-    assert again.kernel("k")() == 1 and again.artifact.tier == "compiled"
+    head = '#include "wrap.h"\n' + condition + V_OR_NOT
+    files: dict[str, str | bytes] = {"lib/wrap.h": WRAPPER_H}
+    again = _turned(make_runtime, root, files, head, ("first", "lib"), _made_first(root), (2, 1), defines=defines)
+    assert again.artifact.tier == "compiled"
 
 
 @pytest.mark.parametrize("body", ['MY_HAS_INCLUDE("c.h")', '__has_include("c.h")'])
@@ -889,17 +888,14 @@ def test_a_quoted_probe_in_a_macro_is_looked_for_next_to_the_file_that_expands_i
     """gcc looks for a quoted name next to the file whose ``#if`` expands the macro, not
     next to the header that defines it: only the latter was recorded (a stale hit)."""
     root = tmp_path / "root"
-    for d in ("lib/cfg", "lib/sub"):
-        (root / d).mkdir(parents=True)
-    (root / "lib/cfg/wrap.h").write_text(WRAPPER_H)
-    (root / "lib/cfg/config.h").write_text(f'#include "wrap.h"\n#define HAVE_C {body}\n')
-    (root / "lib/sub/uses.h").write_text("#include <cfg/config.h>\n#if HAVE_C" + V_OR_NOT)
-    _aged(*[p for p in root.rglob("*") if p.is_file()])
-    src, inc = safejit.Source("#include <sub/uses.h>\nint k(void) { return V; }\n", "k"), (str(root / "lib"),)
-    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == 2
-    (root / "lib/sub/c.h").write_text("// now here\n")
-    again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc)
-    assert again.kernel("k")() == 1 and again.artifact.tier == "compiled"
+    files: dict[str, str | bytes] = {
+        "lib/cfg/wrap.h": WRAPPER_H,
+        "lib/cfg/config.h": f'#include "wrap.h"\n#define HAVE_C {body}\n',
+        "lib/sub/uses.h": "#include <cfg/config.h>\n#if HAVE_C" + V_OR_NOT,
+    }
+    made = lambda: (root / "lib/sub/c.h").write_text("// now here\n")  # noqa: E731
+    again = _turned(make_runtime, root, files, "#include <sub/uses.h>\n", ("lib",), made, (2, 1))
+    assert again.artifact.tier == "compiled"
 
 
 @pytest.mark.parametrize(
@@ -911,32 +907,19 @@ def test_a_quoted_probe_in_a_macro_is_looked_for_next_to_the_file_that_expands_i
     ],
     ids=["wrappers_never_called", "a_call_in_a_comment", "a_call_in_a_block_comment"],
 )
-def test_a_header_that_only_defines_or_mentions_wrappers_is_cached(make_runtime, tmp_path, cache_dir, header):
+def test_a_header_that_only_defines_or_mentions_wrappers_is_cached(make_runtime, tmp_path, header):
     """Defining a variadic or two-parameter wrapper made every build including it go
     uncached, and a wrapper call in a comment naming a path outside the roots failed the
     compile (UndeclaredDependencyError)."""
-    root = tmp_path / "root"
-    (root / "inc").mkdir(parents=True)
-    (root / "inc/x.h").write_text(header)
-    _aged(root / "inc/x.h")
-    src, inc = safejit.Source('#include "x.h"\nint k(void) { return V; }\n', "k"), (str(root / "inc"),)
-    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == 5
-    again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc)
-    assert again.kernel("k")() == 5 and again.artifact.tier == "disk"
+    again = _turned(make_runtime, tmp_path / "root", {"inc/x.h": header}, '#include "x.h"\n', ("inc",), list, (5, 5))
+    assert again.artifact.tier == "disk"
 
 
 def test_a_quoted_include_on_the_first_line_after_a_byte_order_mark_is_recorded(make_runtime, tmp_path):
     """``#include "x.h"`` on a header's first line, after a UTF-8 BOM, was not seen: its
     lookup next to the header was not recorded, and an x.h made there hit the old binary."""
     root = tmp_path / "root"
-    for d in ("lib/sub", "lib2"):
-        (root / d).mkdir(parents=True)
-    (root / "lib/sub/a.h").write_bytes(b'\xef\xbb\xbf#include "x.h"\n')
-    (root / "lib2/x.h").write_text("#define V 2\n")
-    _aged(*[p for p in root.rglob("*") if p.is_file()])
-    src = safejit.Source("#include <sub/a.h>\nint k(void) { return V; }\n", "k")
-    inc = (str(root / "lib"), str(root / "lib2"))
-    assert make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc).kernel("k")() == 2
-    (root / "lib/sub/x.h").write_text("#define V 1\n")
-    again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=inc)
-    assert again.kernel("k")() == 1 and again.artifact.tier == "compiled"
+    files: dict[str, str | bytes] = {"lib/sub/a.h": b'\xef\xbb\xbf#include "x.h"\n', "lib2/x.h": "#define V 2\n"}
+    made = lambda: (root / "lib/sub/x.h").write_text("#define V 1\n")  # noqa: E731
+    again = _turned(make_runtime, root, files, "#include <sub/a.h>\n", ("lib", "lib2"), made, (2, 1))
+    assert again.artifact.tier == "compiled"
