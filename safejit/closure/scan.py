@@ -318,12 +318,13 @@ def probe_macros(data: bytes, read: tuple[bytes, ...] | None = None) -> ProbeMac
         return None
     found = _Found()
     for text in readings(data) if read is None else read:
+        taken = 0  # (where the last directive, its continued lines included, ended)
         for m in _DIRECTIVE.finditer(text):
             start = m.start()
             line = text.rfind(b"\n", 0, start) + 1
-            if line != start and text[line:start].strip(_BLANK):
-                continue  # (a "#" within a line: no directive)
-            body = _continued(text, m.group(3), m.end())
+            if start < taken or (line != start and text[line:start].strip(_BLANK)):
+                continue  # (a "#" within a line, or on a line the last directive continues: no directive)
+            body, taken = _continued(text, m.group(3), m.end())
             if b"/" in body:
                 body = _BODY_COMMENT.sub(lambda c: b" " if c.group(0)[:1] == b"/" else c.group(0), body)
             if m.group(1) is None:
@@ -379,7 +380,7 @@ class _Found:
                     if body[arg:until].strip(_BLANK) in params:
                         wraps = True
                     else:
-                        self.opaque.append(body[m.start() : until])
+                        self.opaque.append(body[m.start() : min(until, m.end() + 80)])
                     continue
             elif name in _PROBE_BYTES and not _DEFINED.search(body, max(0, m.start() - 24), m.start()):
                 self.opaque.append(name)  # (passed on by name: where it is called, unknown)
@@ -424,10 +425,10 @@ def _next(body: bytes, char: bytes, at: int, memo: dict[bytes, int]) -> int:
     return found
 
 
-def _continued(text: bytes, first: bytes, end: int) -> bytes:
+def _continued(text: bytes, first: bytes, end: int) -> tuple[bytes, int]:
     """A directive's rest from its first line ``first`` (ending at ``end``), its line
     splices joined (a backslash ending a line, blanks after it allowed) and a block
-    comment still open at a line's end read on to its close."""
+    comment still open at a line's end read on to its close; and where that ends."""
     parts = [first]
     in_comment = _open_comment(first)
     while end < len(text):
@@ -447,7 +448,7 @@ def _continued(text: bytes, first: bytes, end: int) -> bytes:
             in_comment = close < 0 or _open_comment(line[close + 2 :])
         else:
             in_comment = _open_comment(line)
-    return b"".join(parts)
+    return b"".join(parts), end
 
 
 def _open_comment(line: bytes) -> bool:

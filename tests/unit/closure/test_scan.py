@@ -348,6 +348,10 @@ def test_probe_macros_reads_a_line_of_many_calls_once():
     found = probe_macros(line)
     assert found is not None and found.calls == () and found.names == {"f", "a"}
     assert "__has_include(a __has_include" in found.opaque
+    # Lines a directive continues are read with it, not again as directives of their own
+    # (20,000 spliced "#if" lines were each read on to the end).
+    spliced = probe_macros(b"#if A \\\n" * 20_000 + b"   || W(<x.h>)\n")
+    assert spliced is not None and spliced.calls == (("W", "<", "x.h", False),)
 
 
 def test_a_file_that_probes_nothing_through_macros_has_no_probe_macros():
