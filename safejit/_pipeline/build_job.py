@@ -331,7 +331,13 @@ class BuildJob:
 
 
 def _as_scanned(spec: BuildSpec) -> bytes:
-    """The source as what it probes is read: its defines first, as the ``#define`` lines
-    the compiler reads them as (``defines={"HAS_X": "__has_include(<x.h>)"}`` probes)."""
-    lines = [f"#define {name} {'' if value is None else value}".encode() for name, value in spec.defines]
+    """The source as what it probes is read: its macros first (``-D`` flags, then
+    ``defines=``, as every backend orders them), as the ``#define`` lines the compiler
+    reads them as (``-DHAS_X=__has_include(<x.h>)`` probes)."""
+    lines = []
+    for flag in spec.flags:
+        if flag.startswith("-D"):  # (checked: -DNAME or -DNAME=VALUE, one item)
+            name, eq, value = flag[2:].partition("=")
+            lines.append(f"#define {name} {value if eq else '1'}".encode())
+    lines += [f"#define {name} {'' if value is None else value}".encode() for name, value in spec.defines]
     return b"\n".join([*lines, spec.code]) if lines else spec.code

@@ -8,6 +8,7 @@ one fact, kept with the closure whose negatives it decides.)
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import re
@@ -169,15 +170,18 @@ _HIDDEN = re.compile(
 )
 #: A line splice: a backslash at a line's end (gcc lets blanks follow it).
 _SPLICE = re.compile(rb"\\[ \t\f\v]*\r?\n")
-#: A number (its digit separators are no quotes: ``1'000``), a raw string (whatever it
-#: holds), a string or character literal (kept), or a comment (a space), as the
-#: preprocessor reads them.
-_TOKENS = re.compile(
+#: A number (its digit separators are no quotes: ``1'000``), a string or character
+#: literal (kept), or a comment (a space), as the preprocessor reads them.
+_TOKENS_TEXT: Final = (
     rb"(?<![\w.])\.?[0-9](?:[eEpP][+-]|'[0-9A-Za-z_]|[0-9A-Za-z_.])*"
-    rb'|(?<![\w])(?:u8|[uUL])?R"([^()\\ \t\n]{0,16})\(.*?\)\1"'  # (a raw string: R"d( ... )d")
-    rb'|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*',
-    re.S,
+    rb'|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*'
 )
+_TOKENS = re.compile(_TOKENS_TEXT, re.S)
+#: The same, and first the opening of a raw string (``R"d(``: whatever it holds is kept,
+#: up to ``)d"``), for :func:`_kept`.
+_RAW_OPEN_TEXT: Final = rb'(?<![\w])(?:u8|[uUL])?R"([^()\\ \t\n]{0,16})\('
+_RAW_OPENS = re.compile(rb"(?=" + _RAW_OPEN_TEXT + rb")")  # (each, overlapping or not)
+_RAW_OR_TOKENS = re.compile(_RAW_OPEN_TEXT + b"|" + _TOKENS_TEXT, re.S)
 
 
 #: Trigraphs (C++ before 17, C before 23, and any ``-trigraphs``): ``??=`` is a ``#``,
@@ -198,8 +202,50 @@ def as_read(data: bytes, *, always: bool = False, trigraphs: bool = False) -> by
     if not (b"%:" in data or _HIDDEN.search(data) or (always and (b"/*" in data or splice))):
         return data
     joined = _SPLICE.sub(b"", data.removeprefix(b"\xef\xbb\xbf"))  # (and a byte order mark is no text)
-    kept = _TOKENS.sub(lambda m: b" " if m.group(0)[:1] == b"/" else m.group(0), joined)
-    return kept.replace(b"%:", b"#")
+    return _kept(joined).replace(b"%:", b"#")
+
+
+def _kept(text: bytes) -> bytes:
+    """``text`` with each comment a space, raw strings and other literals kept whole."""
+    if b'R"' not in text:
+        return _TOKENS.sub(_token, text)
+    parts: list[bytes] = []
+    pos = 0
+    closes = _raw_closes(text)
+    while (m := _RAW_OR_TOKENS.search(text, pos)) is not None:
+        delim = m.group(1)
+        if delim is None:
+            parts += (text[pos : m.start()], _token(m))
+            pos = m.end()
+            continue
+        ends = closes[delim]
+        i = bisect.bisect_left(ends, m.end())
+        if i == len(ends):  # (no raw string: read on from its next byte, as the pattern would)
+            parts.append(text[pos : m.start() + 1])
+            pos = m.start() + 1
+            continue
+        end = ends[i] + len(delim) + 2
+        parts.append(text[pos:end])
+        pos = end
+    parts.append(text[pos:])
+    return b"".join(parts)
+
+
+def _raw_closes(text: bytes) -> dict[bytes, list[int]]:
+    """Where each ``)d"`` is in ``text``, for each ``d`` a raw string in it opens with,
+    in order: found in one pass per length of ``d`` (looked for from each opening, a
+    file of many unclosed ones, each ``d`` another, was read once per opening)."""
+    closes: dict[bytes, list[int]] = {m.group(1): [] for m in _RAW_OPENS.finditer(text)}
+    for size in sorted({len(d) for d in closes}):
+        for m in re.finditer(rb'\)([^()\\ \t\n]{%d})"' % size, text):
+            ends = closes.get(m.group(1))
+            if ends is not None:
+                ends.append(m.start())
+    return closes
+
+
+def _token(m: re.Match[bytes]) -> bytes:
+    return b" " if m.group(0)[:1] == b"/" else m.group(0)
 
 
 def readings(data: bytes, *, always: bool = False) -> tuple[bytes, ...]:
@@ -263,7 +309,8 @@ def has_include_probes(data: bytes) -> list[tuple[str, str]]:
     # (as the preprocessor reads it only, with trigraphs and without: a probe in a comment
     # is none, and refusing one that names a path outside the roots refused a sound compile)
     found = [m for text in readings(data, always=True) for m in HAS_INCLUDE.finditer(text)]
-    probes = ((m.group(1).decode(), m.group(2).decode("utf-8", "replace").strip()) for m in found)
+    # (the name exactly as written: ``< x.h>`` looks for " x.h")
+    probes = ((m.group(1).decode(), m.group(2).decode("utf-8", "replace")) for m in found)
     return list(dict.fromkeys(p for p in probes if "\0" not in p[1]))  # (a NUL: no name a compiler looks up)
 
 
@@ -282,9 +329,13 @@ class ProbeMacros:
       a probe wherever the macro is a wrapper — of a quoted name, looked for next to
       whichever file expands it when it lies in a macro's body (``in_define``);
     * ``names``: every other identifier there (a wrapper among them is used in a way
-      whose probe is unknown: ``APPLY(W, <x.h>)``, ``W(NAME)``);
+      whose probe is unknown: ``APPLY(W, <x.h>)``, ``W(NAME)``, ``W(<x>)`` in a macro
+      whose parameter ``x`` is);
     * ``opaque``: the probes whose name a macro makes (``__has_include(HEADER)``), or
-      that a computed macro makes (``CAT(HAS, INC)(<x.h>)``).
+      that a computed macro makes (``CAT(HAS, INC)(<x.h>)``);
+    * ``defined``: every macro it defines. A ``<...>`` name that passes through a macro
+      (given to a wrapper, or in a macro's body) is read as tokens, each identifier in it
+      expanded: ``W(<linux/x.h>)`` probes ``<1/x.h>`` in GNU modes.
 
     Which macro wraps a probe is known only once every file of the closure is read:
     the compiler reads a wrapper's definition in one header and its calls in others."""
@@ -294,6 +345,7 @@ class ProbeMacros:
     calls: tuple[tuple[str, str, str, bool], ...]
     names: frozenset[str]
     opaque: tuple[str, ...]
+    defined: frozenset[str] = frozenset()
 
 
 #: An ``#if``, ``#elif`` or ``#define`` (the macro, its parameters; the rest of the
@@ -307,6 +359,9 @@ _PROBE_BYTES: Final = frozenset(w.encode() for w in PROBE_WORDS)
 _DEFINED = re.compile(rb"defined[ \t\f\v]*\(?[ \t\f\v]*\Z")
 #: A header name given to what a macro call makes: ``CAT(HAS, INC)(<x.h>)``.
 _COMPUTED_CALL = re.compile(rb"\)[ \t\f\v]*\([ \t\f\v]*[<\"]")
+#: The longest header name taken as one (a longer one is a probe not known).
+_NAME_MAX: Final = 1024
+_Params = set[bytes] | frozenset[bytes]
 
 
 def probe_macros(data: bytes, read: tuple[bytes, ...] | None = None) -> ProbeMacros | None:
@@ -343,8 +398,10 @@ class _Found:
         self.calls: set[tuple[bytes, bytes, bytes, bool]] = set()
         self.names: set[bytes] = set()
         self.opaque: list[bytes] = []
+        self.defined: set[bytes] = set()
 
     def define(self, macro: bytes, params: bytes | None, body: bytes) -> None:
+        self.defined.add(macro)
         stripped = body.strip(_BLANK)
         if params is None and _IDENT.fullmatch(stripped):
             self.aliases.add((macro, stripped))  # (another name: a wrapper if that one is)
@@ -358,7 +415,7 @@ class _Found:
         if self.read(body, in_define=True, params=probed) and params is not None:
             self.wrappers.add(macro)
 
-    def read(self, body: bytes, *, in_define: bool, params: set[bytes] | frozenset[bytes] = frozenset()) -> bool:
+    def read(self, body: bytes, *, in_define: bool, params: _Params = frozenset()) -> bool:
         """Take one condition or macro body; whether it probes one of ``params`` (and
         nothing a macro names otherwise)."""
         wraps = False
@@ -370,11 +427,14 @@ class _Found:
                 arg = _skip(body, at + 1)
                 opener = body[arg : arg + 1]
                 if opener in (b"<", b'"'):
-                    end = _next(body, b">" if opener == b"<" else b'"', arg + 1, memo)
-                    after = _skip(body, end + 1)
-                    if end < len(body) and body[after : after + 1] == b")":
-                        self.calls.add((name, opener, body[arg + 1 : end].strip(_BLANK), in_define))
-                        continue
+                    probe = self._header_name(body, name, arg, in_define, params, memo)
+                    if probe is not None:
+                        self.calls.add((name, opener, probe, in_define))
+                    elif name in _PROBE_BYTES:
+                        self.opaque.append(body[m.start() : min(len(body), m.end() + 80)])
+                    else:
+                        self.names.add(name)  # (a wrapper, if it is one, whose probe is not known)
+                    continue
                 if name in _PROBE_BYTES:
                     until = min(_next(body, b")", arg, memo), _next(body, b"(", arg, memo))
                     if body[arg:until].strip(_BLANK) in params:
@@ -390,9 +450,30 @@ class _Found:
             self.opaque.append(body[max(0, m.start() - 40) : m.end()])  # (a computed macro, given a header name)
         return wraps
 
+    @staticmethod
+    def _header_name(
+        body: bytes, name: bytes, arg: int, in_define: bool, params: _Params, memo: dict[bytes, int]
+    ) -> bytes | None:
+        """The header name ``name(`` is called with, its ``<`` or ``"`` at ``arg``; None
+        when it is no one literal name: not closed by ``)``, too long, or, for a ``<...>``
+        read as tokens (given to a macro, or in a macro's body), holding blanks (spelt
+        as the compiler joins tokens), ``#`` or one of the macro's parameters."""
+        angle = body[arg : arg + 1] == b"<"
+        end = _next(body, b">" if angle else b'"', arg + 1, memo)
+        if end - arg > _NAME_MAX or (angle and _next(body, b"(", arg + 1, memo) < end):
+            return None  # (a call within the name: W(<a W(<b.h>) is none, and reading on was quadratic)
+        after = _skip(body, end + 1)
+        if end >= len(body) or body[after : after + 1] != b")":
+            return None
+        probe = body[arg + 1 : end]
+        as_tokens = angle and (in_define or name not in _PROBE_BYTES)
+        if as_tokens and (any(c in probe for c in b" \t\f\v#") or not params.isdisjoint(_IDENT.findall(probe))):
+            return None
+        return probe
+
     def result(self) -> ProbeMacros | None:
         self.names -= {b"defined", *_PROBE_BYTES}
-        if not (self.wrappers or self.aliases or self.calls or self.names or self.opaque):
+        if not (self.wrappers or self.aliases or self.calls or self.names or self.opaque or self.defined):
             return None
 
         def text(value: bytes) -> str:
@@ -404,6 +485,7 @@ class _Found:
             tuple(sorted((text(c), text(k), text(n), d) for c, k, n, d in self.calls)),
             frozenset(map(text, self.names)),
             tuple(dict.fromkeys(text(o.strip(_BLANK)) for o in self.opaque)),
+            frozenset(map(text, self.defined)),
         )
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable, Sequence
+from typing import Final
 
 from ..closure.anchors import LINK_ANCHOR, LOOKED_OUTSIDE, Anchors, first_outside, is_under, real_path
 from ..closure.hashing import Snapshot, snapshot_of
@@ -39,6 +41,15 @@ logger = logging.getLogger(__name__)
 
 #: Paths that mean something else in the compiler than in this process.
 _PER_PROCESS = ("/proc/", "/dev/")
+
+#: The macros compilers define unasked whose names are not reserved (GNU modes; ``gcc
+#: -dM -E`` on each target). A reserved name (``__x``, ``_X``) may be predefined too.
+PREDEFINED: Final = frozenset({"linux", "unix", "i386", "sun", "sparc", "mips", "vax", "hppa", "m68k", "mc68000"})
+_IDENT: Final = re.compile(r"[A-Za-z_$][\w$]*")
+
+
+def _reserved(name: str) -> bool:
+    return name.startswith("__") or (name[:1] == "_" and name[1:2].isupper())
 
 
 def record_closure(
@@ -271,7 +282,9 @@ class _Reads:
         call of such a macro (or of another name for one) with a literal name is a probe
         like a literal one; a quoted name in a macro's body is looked for next to
         whichever file expands it, so next to each file read. A probe whose name a macro
-        makes, or made through a macro where the name is not seen, cannot be recorded:
+        makes, or made through a macro where the name is not seen, or a ``<...>`` name
+        read as tokens (given to a wrapper, or in a macro's body) that holds the name of
+        a macro (defined by a file read, a ``-D`` or the compiler), cannot be recorded:
         the build is returned, never published (a header made there later hit the old
         binary). Where the compiler's lookups are recorded (NVRTC's worker), none of this
         is needed. (Token pasting that makes a wrapper's name, ``CAT(HAS, INC)`` given a
@@ -288,13 +301,21 @@ class _Reads:
                     wrappers.add(name)
                     todo.append(name)
         everywhere = sorted({os.path.dirname(p) for p in self.lexicals})
+        defined = set(PREDEFINED).union(*(macros.defined for macros, _ in self.macros))
         for macros, here in self.macros:
             self.unsure += [f"{probe!r}: a __has_include of a name a macro makes" for probe in macros.opaque]
             self.unsure += [f"{w} is used where what it probes is unknown" for w in sorted(wrappers & macros.names)]
             for w, kind, name, in_define in macros.calls:
+                if w not in wrappers:
+                    continue
+                if kind == "<" and (in_define or w not in PROBE_WORDS):  # (read as tokens, each expanded)
+                    named = [i for i in _IDENT.findall(name) if i in defined or _reserved(i)]
+                    if named:
+                        self.unsure.append(f"{w}(<{name}>) probes a name the macro {named[0]} may change")
+                        continue
                 anywhere = in_define and kind == '"'
-                if w not in wrappers or (w in PROBE_WORDS and not anywhere):
-                    continue  # (a literal __has_include outside a macro: has_include_probes has it)
+                if w in PROBE_WORDS and not anywhere:
+                    continue  # (a literal __has_include: has_include_probes has it)
                 if name.startswith("/") or ".." in name.split("/") or "\0" in name:
                     self.unsure.append(f"{w}({name}) probes by a path")  # (a look-alike in a comment, maybe)
                     continue

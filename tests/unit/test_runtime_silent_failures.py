@@ -852,11 +852,30 @@ PROBE_SHAPES = {
     "vtab_in_define": ("#define\vHASINC(x) __has_include(x)\n", "#if HASINC(<feat.h>)"),
     "bom_first_line": ("\ufeff#define HASINC(x) __has_include(x)\n", "#if HASINC(<feat.h>)"),
     "space_after_backslash": ("#define HASINC(x) \\ \n  __has_include(x)\n", "#if HASINC(<feat.h>)"),
+    # A <...> name given to a macro, or in a macro's body, is read as tokens, and each
+    # identifier in it expanded (found in a second review):
+    "macro_in_the_name": ("#define FEAT feat.h\n#define HASINC(x) __has_include(x)\n", "#if HASINC(<FEAT>)"),
+    "parameter_as_the_name": ("#define W(x) __has_include(<x>)\n", "#if W(feat.h)"),
+    "parameter_in_the_name": ("#define W(x) __has_include(<x.h>)\n", "#if W(feat)"),
+    "object_macro_naming_it": ("#define FEAT feat.h\n#define CHECK __has_include(<FEAT>)\n", "#if CHECK"),
+    "predefined_in_the_name": ("#define HASINC(x) __has_include(x)\n", "#if HASINC(<linux/feat.h>)"),
+    "blank_in_the_name": ("#define HASINC(x) __has_include(x)\n", "#if HASINC(< feat.h>)"),
+    "literal_blank_in_the_name": ("", "#if __has_include(< feat.h>)"),
+}
+#: Where the compiler looks for what those conditions probe, when not first/feat.h.
+PROBED = {
+    "predefined_in_the_name": "first/1/feat.h",  # (linux is 1 in GNU modes)
+    "blank_in_the_name": "first/ feat.h",  # (a blank is part of the name)
+    "literal_blank_in_the_name": "first/ feat.h",
 }
 
 
-def _made_first(root: Path) -> Callable[[], object]:
-    return lambda: (root / "first/feat.h").write_text("// now here\n")
+def _made_first(root: Path, rel: str = "first/feat.h") -> Callable[[], object]:
+    def made() -> None:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("// now here\n")
+
+    return made
 
 
 @pytest.mark.parametrize("shape", sorted(PROBE_SHAPES))
@@ -864,22 +883,30 @@ def test_every_shape_of_a_probe_through_a_macro_is_recorded_or_never_cached(make
     root = tmp_path / "root"
     wrap, condition = PROBE_SHAPES[shape]
     files: dict[str, str | bytes] = {"lib/wrap.h": wrap, "lib/uses.h": '#include "wrap.h"\n' + condition + V_OR_NOT}
-    again = _turned(make_runtime, root, files, "#include <uses.h>\n", ("first", "lib"), _made_first(root), (2, 1))
+    made = _made_first(root, PROBED.get(shape, "first/feat.h"))
+    again = _turned(make_runtime, root, files, "#include <uses.h>\n", ("first", "lib"), made, (2, 1))
     assert again.artifact.tier == "compiled"
 
 
 @pytest.mark.parametrize(
-    "defines",
-    [{"HAS_FEAT": "MY_HAS_INCLUDE(<feat.h>)"}, {"HAS_FEAT": "__has_include(<feat.h>)"}, {"HASINC": "__has_include"}],
-    ids=["wrapper_call", "literal_probe", "alias"],
+    "given",
+    [
+        {"defines": {"HAS_FEAT": "MY_HAS_INCLUDE(<feat.h>)"}},
+        {"defines": {"HAS_FEAT": "__has_include(<feat.h>)"}},
+        {"defines": {"HASINC": "__has_include"}},
+        {"flags": ["-DHAS_FEAT=__has_include(<feat.h>)"]},
+        {"flags": ["-DHASINC=__has_include"]},
+    ],
+    ids=["wrapper_call", "literal_probe", "alias", "flag_literal_probe", "flag_alias"],
 )
-def test_a_probe_given_by_a_define_is_recorded(make_runtime, tmp_path, defines):
-    """``defines=`` are ``-D`` options: a probe in one was never read (a stale hit)."""
+def test_a_probe_given_by_a_define_is_recorded(make_runtime, tmp_path, given):
+    """``defines=`` and ``-D`` flags are macros the compiler reads first: a probe in one
+    was never read (a stale hit; ``-D`` in ``flags=`` after ``defines=`` were fixed)."""
     root = tmp_path / "root"
-    condition = "#if HASINC(<feat.h>)" if "HASINC" in defines else "#if HAS_FEAT"
+    condition = "#if HASINC(<feat.h>)" if "HASINC" in str(given) else "#if HAS_FEAT"
     head = '#include "wrap.h"\n' + condition + V_OR_NOT
     files: dict[str, str | bytes] = {"lib/wrap.h": WRAPPER_H}
-    again = _turned(make_runtime, root, files, head, ("first", "lib"), _made_first(root), (2, 1), defines=defines)
+    again = _turned(make_runtime, root, files, head, ("first", "lib"), _made_first(root), (2, 1), **given)
     assert again.artifact.tier == "compiled"
 
 

@@ -6,9 +6,12 @@ what a process looked up is looked up again once a directory that vouched for it
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import safejit
 from safejit.closure import scan
@@ -352,6 +355,63 @@ def test_probe_macros_reads_a_line_of_many_calls_once():
     # (20,000 spliced "#if" lines were each read on to the end).
     spliced = probe_macros(b"#if A \\\n" * 20_000 + b"   || W(<x.h>)\n")
     assert spliced is not None and spliced.calls == (("W", "<", "x.h", False),)
+
+
+def test_a_header_name_read_as_tokens_is_a_call_only_when_it_names_one_header():
+    """A ``<...>`` name given to a macro, or in a macro's body, is read as tokens: a
+    parameter in it, a blank (spelt as the compiler joins tokens) or a ``#`` makes it no
+    one name. A literal probe's name is kept as written, blanks and all."""
+    text = (
+        b"#define W(x) __has_include(<x>)\n#define W2(x) __has_include(<x.h>)\n"
+        b"#define W3(x) HAS(<x/a.h>)\n#define FEAT feat.h\n#define CHECK __has_include(<FEAT>)\n"
+        b"#if HAS(< b.h>) || HAS(<c.h>) || __has_include(< d.h>)\n#endif\n"
+    )
+    found = probe_macros(text)
+    assert found is not None and found.wrappers == set()
+    assert set(found.calls) == {
+        ("HAS", "<", "c.h", False),
+        ("__has_include", "<", " d.h", False),
+        ("__has_include", "<", "FEAT", True),
+    }
+    assert found.opaque == ("__has_include(<x>)", "__has_include(<x.h>)")
+    assert "HAS" in found.names  # (called with a name not known: W3's, the blank one)
+    assert found.defined == {"W", "W2", "W3", "FEAT", "CHECK"}
+    assert scan.has_include_probes(b"#if __has_include(< d.h>)\n#endif\n") == [("<", " d.h")]
+
+
+def test_probe_macros_reads_calls_within_an_unclosed_name_once():
+    """``W(<a W(<a ...`` shares one far ``>``: the blanks after it were skipped again for
+    each call (1 MB of them after 20,000 calls: hours); each call's name was copied to
+    that ``>`` (160 KB: 5 GB). A call within a name makes it none. (No clock asserted.)"""
+    line = b"#define X " + b"W(<a " * 20_000 + b">" + b" " * 1_000_000 + b"x\n"
+    found = probe_macros(line)
+    assert found is not None and found.calls == () and found.names == {"W", "a", "x"}
+
+
+def test_a_file_of_many_unclosed_raw_strings_is_read_once():
+    """Each ``R"d(`` read on to the end of the file for its ``)d"``: 20,000 unclosed ones
+    (80 KB, valid C where ``R`` is a macro) took 4 s; these 200,000 would take over six
+    minutes, past the suite's per-test timeout. (No clock asserted.)"""
+    text = b"\xef\xbb\xbf" + b'R"(\n' * 100_000 + b"".join(b'R"d%d(\n' % i for i in range(100_000))
+    assert scan.as_read(text + b'#include "x.h"\n') == text[3:] + b'#include "x.h"\n'
+
+
+#: The reading as a single pattern gave it (quadratic on unclosed raw strings): the spec.
+_READ_AS_ONE_PATTERN = re.compile(
+    rb"(?<![\w.])\.?[0-9](?:[eEpP][+-]|'[0-9A-Za-z_]|[0-9A-Za-z_.])*"
+    rb'|(?<![\w])(?:u8|[uUL])?R"([^()\\ \t\n]{0,16})\(.*?\)\1"'
+    rb'|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*',
+    re.S,
+)
+_PIECES = [b'R"', b"(", b")", b'"', b"u8", b"L", b"x", b"/*", b"*/", b"//", b"\n", b"1", b"'", b"\\", b" "]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from([*_PIECES, b'R"a(', b')a"', b'a"', b"R", b"."]), max_size=30))
+def test_raw_strings_and_comments_are_read_as_one_pattern_read_them(pieces):
+    text = b"".join(pieces)
+    spec = _READ_AS_ONE_PATTERN.sub(lambda m: b" " if m.group(0)[:1] == b"/" else m.group(0), text)
+    assert scan._kept(text) == spec
 
 
 def test_a_file_that_probes_nothing_through_macros_has_no_probe_macros():
