@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -29,6 +30,7 @@ from ..errors import CompileError, LimitExceededError, PolicyError, SafejitError
 from ..outcomes import Outcome
 from ..policy import completeness
 from ..policy import roots as root_policy
+from ..sandbox import lookups
 from ..spec import BuildSpec
 from ..telemetry import ATTR, SPAN, instruments, span
 from .parts import Parts
@@ -105,6 +107,8 @@ class BuildJob:
         #: that vouch for its negatives (``scan.negative_dirs``).
         self._early: tuple[tuple[str, ...], Closure, list[tuple[str, Snapshot]]] | None = None
         self._held: _Held | None = None
+        #: What the last compile's preprocessors were recorded looking up (None: not recorded).
+        self._looked: tuple[tuple[str, bool | None], ...] | None = None
 
     # -- events from the compile (CompileEvents) ----------------------------------
     def started(self) -> None:
@@ -153,6 +157,9 @@ class BuildJob:
         self._started_ns, self._started = time.time_ns(), time.perf_counter()
         out = self._compile(workdir, events=True)
         closure, manifest, checked, dirs = self._closure_of(out)
+        recorded = self._recorded(closure)
+        if recorded is not closure:  # (what the early check vouched for is not all of it)
+            closure, manifest, dirs = recorded, None, None
         if closure.too_new:
             # A dependency changed within a clock tick of the compile: what the compiler read
             # is unknown. Once the tick has passed, compile again; vouch only for a clean run.
@@ -162,6 +169,7 @@ class BuildJob:
             out = self._compile(workdir, events=False)
             checked = _clock.now()
             closure = scan.merged(self._closure(out.deps, absent=out.absent), self._tools_closure(out.tool_reads))
+            closure = self._recorded(closure)
             manifest, dirs = None, None
         # The staleness clock starts when the check that vouches for the closure began,
         # however long the driver then took to exit or the manifest to be made (DESIGN §6).
@@ -218,6 +226,15 @@ class BuildJob:
         closure = self._closure(out.deps, absent=out.absent)
         return scan.merged(closure, self._tools_closure(out.tool_reads)), None, checked, None
 
+    def _recorded(self, closure: Closure) -> Closure:
+        """``closure`` and what the compile's preprocessors were recorded looking up that
+        it misses (``completeness.with_recorded_lookups``); itself when nothing is."""
+        if not self._looked:
+            return closure
+        return completeness.with_recorded_lookups(
+            closure, self._looked, self.anchors, started_ns=self._started_ns, trust_stat=self.config.trust_stat
+        )
+
     def _elapsed(self) -> float:
         return time.perf_counter() - self._started
 
@@ -228,13 +245,24 @@ class BuildJob:
     def _compile(self, workdir: str, *, events: bool) -> CompileOutput:
         self.counters.add("compiles")
         spec, anchors = self.spec, self.anchors
+        # GCC's preprocessors record their lookups where they can (sandbox.lookups), into a
+        # file in the work dir: none from an earlier run may stand in for this one's. (Only
+        # those under the source roots are used: with none, nothing is recorded.)
+        recording = bool(workdir) and bool(self.config.source_roots) and bool(self.parts.sandbox.preload_env())
+        self._looked = None
+        if recording:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(workdir, lookups.PRELOAD_FILE))
         with span(SPAN.COMPILER_RUN, {ATTR.SANDBOX: self.parts.sandbox.describe()}) as s:
             ctx = CompileContext(
                 spec=spec,
                 workdir=workdir,
                 expand=anchors.expand_text,
                 run=self.parts.runner(
-                    self.config, (*spec.toolchain.roots, *spec.toolchain.link_roots), on_start=self.started
+                    self.config,
+                    (*spec.toolchain.roots, *spec.toolchain.link_roots),
+                    on_start=self.started,
+                    record=recording,
                 ),
                 timeout=self.config.compile_timeout_s,
                 search_dirs=self._search_dirs,
@@ -266,6 +294,8 @@ class BuildJob:
                 s.set_attribute(ATTR.SANDBOX, out.walls)
             if out.log:
                 s.add_event("compiler.log", {"safejit.log": out.log[:LOG_EVENT_CAP]})
+        if recording:
+            self._looked = lookups.read_preloaded(workdir)
         instruments.compile_duration.record(out.seconds, self._attrs)
         self.counters.compile_seconds.append(out.seconds)
         if len(out.artifact) > self.config.max_artifact_bytes:

@@ -121,14 +121,21 @@ class Parts:
         return found
 
     def runner(
-        self, config: Config, toolchain_roots: Sequence[str] = (), on_start: Callable[[], None] | None = None
+        self,
+        config: Config,
+        toolchain_roots: Sequence[str] = (),
+        on_start: Callable[[], None] | None = None,
+        *,
+        record: bool = False,
     ) -> Runner:
         """Run argv lists in the sandbox: fixed PATH, TMPDIR in the work dir, only
         ``env_passthrough`` variables; read access to the source roots and
-        ``toolchain_roots``. ``on_start`` runs once, when the first process has started."""
+        ``toolchain_roots``. ``on_start`` runs once, when the first process has started.
+        ``record``: with the lookup recorder preloaded, where it can be (``Sandbox.recorder``)."""
         pending = [on_start] if on_start is not None else []
         base_env = {"PATH": SYSTEM_PATH, "LC_ALL": "C", **dict(self._env)}
         roots = [*(root_policy.resolve_root(r) for r in config.source_roots), *toolchain_roots]
+        preload = self.sandbox.preload_env() if record else {}
 
         def run(
             argv: Sequence[str],
@@ -147,10 +154,11 @@ class Parts:
             where = cwd
             tmp = os.path.join(where, ".tmp")
             os.makedirs(tmp, mode=0o700, exist_ok=True)  # (private: see the shim's hand_over)
+            env = {**base_env, "TMPDIR": tmp, **preload}
             return self.sandbox.run(
                 argv,
                 cwd=where,
-                env={**base_env, "TMPDIR": tmp},
+                env=env,
                 timeout=timeout or config.compile_timeout_s,
                 read_roots=[*roots, *extra_read],
                 write_roots=[where],

@@ -35,7 +35,7 @@ from ..closure.scan import (
 )
 from ..errors import LimitExceededError, UndeclaredDependencyError
 
-__all__ = ["record_closure"]
+__all__ = ["record_closure", "with_recorded_lookups"]
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +128,75 @@ def record_closure(
     reads.add_if_changed([*present, *_directories(reads.lexicals, anchors)])
     negatives, negative_paths = _anchored_negatives(missing, anchors)
     return Closure(reads.deps, reads.states, reads.too_new, negatives, negative_paths, tuple(unsure))
+
+
+def with_recorded_lookups(
+    closure: Closure,
+    looked: Sequence[tuple[str, bool | None]],
+    anchors: Anchors,
+    *,
+    started_ns: int,
+    trust_stat: bool = True,
+) -> Closure:
+    """``closure`` and what GCC's preprocessors were recorded looking up under the roots
+    (``sandbox.lookups.read_preloaded``: ``(path, found)``, found None when it changed
+    while they ran) that the closure derived from the depfile and the sources misses —
+    a probe whose name token pasting made (``CAT(HAS, INC)(<x.h>)``), any other: a path
+    not there is a negative; a regular file found and not read (a probe's hit, a
+    ``#pragma GCC dependency``) a dependency by its bytes; a path there now that was not
+    then (or the other way), or a directory changed since the start, too new to vouch
+    for. Only lookups under the source roots are taken: the toolchain's own are derived
+    as before (its search dirs, the directories on the way to a header: the same for
+    every build), and those outside every root are the sandbox's to refuse, or the
+    compiler's own business (its locale, its temporary files). A directory on the way
+    to a negative already recorded adds nothing (the deepest one there vouches for it).
+    The same ``closure`` when nothing is added."""
+    roots = [r for name, r in anchors.roots.items() if not name.startswith(LINK_ANCHOR)]
+
+    def allowed(real: str) -> bool:
+        return any(is_under(real, r) for r in roots)
+
+    reads = _Reads(anchors, allowed, started_ns, trust_stat, derived=False)
+    known = {lexical for lexical, _, _ in closure.states}.union(closure.negative_paths)
+    on_the_way = {os.path.dirname(p) for p in closure.negative_paths}
+    while len(on_the_way) > 1:  # (every ancestor of a negative: a few dozen names)
+        more = {os.path.dirname(p) for p in on_the_way} - on_the_way
+        if not more:
+            break
+        on_the_way |= more
+    missing: list[str] = []
+    dirs: list[str] = []
+    for path, found in looked:
+        anchored = anchors.anchor(path)
+        if path in known or path in on_the_way or anchored is None or not anchored[0].startswith("s"):
+            continue
+        known.add(path)
+        there = os.path.lexists(path)
+        if found is None or found != there:
+            reads.too_new.append(path)  # (made or removed around the compile)
+        elif _dotdot_links(path, anchors)[1]:
+            reads.unsure.append(f"{path} was looked for by a '..' after a symbolic link")
+        elif not there:
+            missing.append(path)
+        elif os.path.isdir(path):
+            dirs.append(path)
+        else:
+            real = os.path.realpath(path)
+            anchored = anchors.anchor(path) if allowed(real) else None
+            if anchored is not None:  # (else found through a link out of the roots: never read)
+                reads.add(path, real, anchored, includes=False, probed=True)
+    reads.add_if_changed(dirs)
+    if not (missing or reads.deps or reads.too_new or reads.unsure):
+        return closure
+    negatives, negative_paths = _anchored_negatives(missing, anchors)
+    return Closure(
+        [*closure.deps, *reads.deps],
+        [*closure.states, *reads.states],
+        [*closure.too_new, *reads.too_new],
+        [*closure.negatives, *negatives],
+        [*closure.negative_paths, *negative_paths],
+        (*closure.unsure, *reads.unsure),
+    )
 
 
 def _dotdot_links(path: str, anchors: Anchors) -> tuple[bool, bool]:

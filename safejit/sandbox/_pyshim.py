@@ -22,6 +22,7 @@ import sys
 _FS_FILE = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 14) | (1 << 15)
 _READ_X = (1 << 0) | (1 << 2) | (1 << 3)
 _CLONE_NEWNS = 0x00020000
+_PRELOAD_FD = 200  # (shim.c's PRELOAD_FD)
 _CLONE_NEWUSER = 0x10000000
 _MS_REC, _MS_SLAVE = 0x4000, 1 << 19
 _PR_SET_PDEATHSIG, _PR_SET_KEEPCAPS, _PR_SET_SECCOMP, _PR_CAPBSET_DROP = 1, 8, 22, 24
@@ -68,13 +69,13 @@ class Ahead:
         self.landlock = 0
         opts = list(argv)
         if "-R" not in opts:
-            _die(124, "usage: _pyshim.py -R [-U] [-T BYTES -i INODES] [-u UID -g GID] [-S HEX]")
+            _die(124, "usage: _pyshim.py -R [-U] [-T BYTES -i INODES] [-u UID -g GID] [-S HEX] [-L FILE]")
         opts.remove("-R")
         if "-U" in opts:
             opts.remove("-U")
             self.userns = True
         pairs = dict(zip(opts[::2], opts[1::2], strict=False))
-        if len(opts) % 2 or set(pairs) - {"-T", "-i", "-u", "-g", "-S"}:
+        if len(opts) % 2 or set(pairs) - {"-T", "-i", "-u", "-g", "-S", "-L"}:
             _die(124, f"bad options {opts}")
         if "-T" in pairs:
             self.scratch, self.scratch_bytes, self.scratch_inodes = True, pairs["-T"], pairs["-i"]
@@ -82,6 +83,7 @@ class Ahead:
         if self.uid == 0 or self.gid == 0:
             _die(124, "-u/-g must not be root")
         self.filter = bytes.fromhex(pairs.get("-S", ""))
+        self.preload = pairs.get("-L", "")
 
     def prepare(self) -> None:
         if self.userns:
@@ -497,6 +499,14 @@ def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=os.dup(0))
     ahead = Ahead(argv)
     ahead.prepare()
+    if ahead.preload:  # (see shim.c's -L: left open for the program, as the shim's user)
+        try:
+            fd = os.open(ahead.preload, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            pass
+        else:
+            os.dup2(fd, _PRELOAD_FD, inheritable=True)
+            os.close(fd)
     if _libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, once the maps are written: see shim.c
         _die(126, "dumpable")
     ahead.report(sock)

@@ -81,7 +81,13 @@ def ensure_lookups(state: StateDir, cc: str | None) -> str | None:
     fd = _ensure(state, cc, _LOOKUPS, source)
     if fd is None:
         return None
-    os.close(fd)
+    try:
+        if os.fstat(fd).st_mode & 0o777 != 0o755:  # (built before it was preloaded: see _install)
+            os.chmod(f"/proc/self/fd/{fd}", 0o755)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     return os.path.join(state.shown, _name(_LOOKUPS, cc, source))
 
 
@@ -147,7 +153,10 @@ def _forget_others(state: StateDir, prefix: str, name: str) -> None:
 
 
 def _install(state: StateDir, name: str, binary: bytes) -> None:
-    """Write ``binary`` as ``name`` in ``state``: a new file (0700), renamed into place."""
+    """Write ``binary`` as ``name`` in ``state``: a new file, renamed into place (0700; a
+    shared object 0755: a compiler run as another user opens it through a descriptor
+    the shim holds, the private dir around it unwalkable to that user)."""
+    mode = 0o755 if name.endswith(".so") else 0o700
     tmp = f".{name}.{os.getpid()}.tmp"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp, dir_fd=state.fd)
@@ -156,7 +165,7 @@ def _install(state: StateDir, name: str, binary: bytes) -> None:
         view = memoryview(binary)
         while view:
             view = view[os.write(fd, view) :]
-        os.fchmod(fd, 0o700)
+        os.fchmod(fd, mode)
         os.fsync(fd)
     finally:
         os.close(fd)

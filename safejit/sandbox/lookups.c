@@ -20,6 +20,13 @@
  *   the path (absolute when it was relative to a directory fd; not NUL-terminated).
  * A full buffer makes lookups_end() return -1.
  *
+ * Preloaded (LD_PRELOAD) into a compiler driver's whole process tree, with
+ * SAFEJIT_LOOKUPS naming a file, it records in GCC's preprocessing programs only
+ * (cc1, cc1plus: what looks headers up, and runs nothing): installed as the program
+ * starts, the records appended to that file as it exits, after a head record (kind 0,
+ * result 0, or -1 when the buffer overflowed). Every other program it is loaded into
+ * (the driver, the assembler, the linker, nvcc's) it leaves alone.
+ *
  * Built once per user by safejit.sandbox._shim_build with the system C compiler.
  */
 #define _GNU_SOURCE
@@ -32,6 +39,7 @@
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -89,6 +97,10 @@ enum { K_OPEN = 1, K_STAT = 2, K_LSTAT = 3, K_ACCESS = 4, K_READLINK = 5, K_STAT
 static char *buffer;
 static size_t used;
 static int recording, overflow;
+/* Preloaded (below): what adds nothing to the lookups a preprocessor makes, and costs a
+ * trap each, is not trapped — an fstat of a descriptor (AT_EMPTY_PATH), and readlink,
+ * realpath's walk over paths that are opened or stat'ed as well. */
+static int light;
 
 static size_t fd_path(long fd, char *out, size_t cap) {
     char link[32] = "/proc/self/fd/";
@@ -243,7 +255,7 @@ int lookups_install(void) {
     sigaddset(&sys, SIGSYS);
     if (pthread_sigmask(SIG_UNBLOCK, &sys, NULL) != 0) return -EINVAL;
 
-    struct sock_filter f[32 + N_TRACED + N_REFUSED];
+    struct sock_filter f[40 + N_TRACED + N_REFUSED];
     int n = 0;
     uint64_t ip = (uint64_t)(uintptr_t)lookup_syscall_ip;
     f[n++] = LOAD(offsetof(struct seccomp_data, arch));
@@ -262,9 +274,26 @@ int lookups_install(void) {
     f[n++] = JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_THREAD, 0, 1);
     f[n++] = RET(SECCOMP_RET_ALLOW);
     f[n++] = RET(SECCOMP_RET_ERRNO | EPERM);
+    if (light) {
+        f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_newfstatat, 0, 4);
+        f[n++] = LOAD(offsetof(struct seccomp_data, args[3]));
+        f[n++] = JUMP(BPF_JMP | BPF_JSET | BPF_K, AT_EMPTY_PATH, 0, 1);
+        f[n++] = RET(SECCOMP_RET_ALLOW);
+        f[n++] = LOAD(offsetof(struct seccomp_data, nr));
+    }
     int first = n;
-    for (size_t i = 0; i < N_TRACED + N_REFUSED; i++)
-        f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)(i < N_TRACED ? traced[i] : refused[i - N_TRACED]), 0, 0);
+    long listed[N_TRACED + N_REFUSED];
+    size_t count = 0, n_traced = 0;
+    for (size_t i = 0; i < N_TRACED; i++) {
+#ifdef SYS_readlink
+        if (light && traced[i] == SYS_readlink) continue;
+#endif
+        if (light && traced[i] == SYS_readlinkat) continue;
+        listed[count++] = traced[i];
+    }
+    n_traced = count;
+    for (size_t i = 0; i < N_REFUSED; i++) listed[count++] = refused[i];
+    for (size_t i = 0; i < count; i++) f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)listed[i], 0, 0);
     int newer = n;
     f[n++] = JUMP(BPF_JMP | BPF_JGE | BPF_K, FIRST_UNKNOWN, 0, 0);
     f[n++] = RET(SECCOMP_RET_ALLOW);
@@ -274,9 +303,9 @@ int lookups_install(void) {
     f[n++] = RET(SECCOMP_RET_ERRNO | EPERM);
     int enosys = n;
     f[n++] = RET(SECCOMP_RET_ERRNO | ENOSYS);
-    for (size_t i = 0; i < N_TRACED + N_REFUSED; i++) {
+    for (size_t i = 0; i < count; i++) {
         int at = first + (int)i;
-        f[at].jt = (uint8_t)((i < N_TRACED ? trap : eperm) - at - 1);
+        f[at].jt = (uint8_t)((i < n_traced ? trap : eperm) - at - 1);
     }
     f[newer].jt = (uint8_t)(enosys - newer - 1);
     struct sock_fprog prog = { (unsigned short)n, f };
@@ -298,4 +327,64 @@ long lookups_end(const char **out) {
     *out = buffer;
     if (__atomic_load_n(&overflow, __ATOMIC_ACQUIRE)) return -1;
     return (long)__atomic_load_n(&used, __ATOMIC_ACQUIRE);
+}
+
+/* -- preloaded: GCC's cc1 and cc1plus ----------------------------------------------- */
+
+static int preload_out = -1;
+
+static int is_preprocessor(void) {
+    char exe[4096];
+    long n = syscall(SYS_readlinkat, AT_FDCWD, "/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return 0;
+    exe[n] = 0;
+    const char *base = strrchr(exe, '/');
+    base = base ? base + 1 : exe;
+    return strcmp(base, "cc1") == 0 || strcmp(base, "cc1plus") == 0;
+}
+
+static void write_all(int fd, const char *p, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w <= 0) {
+            if (w < 0 && errno == EINTR) continue;
+            return;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+__attribute__((constructor)) static void preload_begin(void) {
+    const char *out = getenv("SAFEJIT_LOOKUPS");
+    if (out == NULL || *out == 0 || !is_preprocessor()) return;
+    /* (opened now, before the filter: written to at exit with no lookup) */
+    preload_out = (int)syscall(SYS_openat, AT_FDCWD, out, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    if (preload_out < 0) return;
+    light = 1;
+    if (lookups_install() != 0) {
+        close(preload_out);
+        preload_out = -1;
+        return;
+    }
+    lookups_begin();
+}
+
+__attribute__((destructor)) static void preload_end(void) {
+    if (preload_out < 0) return;
+    const char *records;
+    long n = lookups_end(&records);
+    /* one write per process: the head, then its records (nvcc runs several, one by one) */
+    char head[HEAD];
+    uint32_t size = HEAD;
+    int32_t kind = 0, flags = 0;
+    int64_t result = n < 0 ? -1 : 0;
+    memcpy(head, &size, 4);
+    memcpy(head + 4, &kind, 4);
+    memcpy(head + 8, &result, 8);
+    memcpy(head + 16, &flags, 4);
+    write_all(preload_out, head, HEAD);
+    if (n > 0) write_all(preload_out, records, (size_t)n);
+    close(preload_out);
+    preload_out = -1;
 }

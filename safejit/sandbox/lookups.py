@@ -6,6 +6,10 @@ only through the recorder's SIGSYS handler, which makes each call on its behalf 
 writes it down (see ``lookups.c``). The NVRTC worker records each compile this way:
 what it read, and what it looked for and did not find (negative dependencies).
 
+Preloaded into a compiler run (:func:`preload_env`), it records GCC's preprocessors
+(``cc1``, ``cc1plus``: the host compiler's, and the one nvcc runs), each appending to
+:data:`PRELOAD_FILE` in the run's directory as it exits (:func:`read_preloaded`).
+
 Linux on x86_64 and aarch64 only, with seccomp filters; built once per user by the
 system C compiler (:func:`build`).
 """
@@ -23,7 +27,18 @@ from typing import Final
 from ._shim_build import ensure_lookups
 from .statedir import StateDir
 
-__all__ = ["KINDS", "Lookup", "Recorder", "build", "parse", "supported"]
+__all__ = [
+    "KINDS",
+    "PRELOAD_FD",
+    "PRELOAD_FILE",
+    "Lookup",
+    "Recorder",
+    "build",
+    "parse",
+    "preload_env",
+    "read_preloaded",
+    "supported",
+]
 
 #: What a record's kind number stands for (``lookups.c``'s ``K_*``).
 KINDS: Final = {1: "open", 2: "stat", 3: "lstat", 4: "access", 5: "readlink", 6: "statfs", 7: "chdir"}
@@ -73,6 +88,65 @@ def parse(data: bytes) -> list[Lookup]:
         out.append(Lookup(KINDS[kind], path, -result if result < 0 else 0, flags))
         at += size
     return out
+
+
+#: Where a preloaded recorder writes, in the run's directory (its cwd).
+PRELOAD_FILE: Final = "safejit-lookups.rec"
+#: Where each run's processes find the recorder open (shim.c's ``-L``).
+PRELOAD_FD: Final = 200
+#: What a lookup's result says of the path: there (the lookup found it; a readlink of
+#: what is no link), or not (nothing by that name, or a file where a directory was named).
+_THERE: Final = frozenset({0, errno.EINVAL})
+_NOT_THERE: Final = frozenset({errno.ENOENT, errno.ENOTDIR})
+
+
+def preload_env(library: str) -> dict[str, str] | None:
+    """The environment that preloads ``library`` into a run; None when its path cannot
+    be preloaded (the loader splits ``LD_PRELOAD`` at blanks and colons)."""
+    if any(c in library for c in " \t\n:"):
+        return None
+    return {"LD_PRELOAD": library, "SAFEJIT_LOOKUPS": PRELOAD_FILE}
+
+
+def read_preloaded(cwd: str) -> tuple[tuple[str, bool | None], ...] | None:
+    """``(path, found)`` for each path the preprocessors of a run in ``cwd`` looked up
+    (opens to read, stats, access and readlink checks; ``cwd`` itself and what lies
+    in it aside), in order, once each; found is None when lookups of it disagreed (it
+    was made or removed meanwhile). None when none were recorded, or the records are
+    cut short (a buffer that overflowed, a file cut off)."""
+    try:
+        with open(os.path.join(cwd, PRELOAD_FILE), "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    found: dict[str, bool | None] = {}
+    at, end, heads = 0, len(data), 0
+    inside = cwd.rstrip("/") + "/"
+    while at < end:
+        if end - at < _HEAD.size:
+            return None
+        size, kind, result, flags = _HEAD.unpack_from(data, at)
+        if size < _HEAD.size or at + size > end or (kind != 0 and kind not in KINDS):
+            return None
+        if kind == 0:  # (a run's head: -1 when its records overflowed the buffer)
+            if result < 0:
+                return None
+            heads += 1
+        elif (
+            heads
+            and KINDS[kind] not in ("statfs", "chdir")
+            and (KINDS[kind] != "open" or (flags & (os.O_ACCMODE | os.O_CREAT)) == os.O_RDONLY)
+        ):
+            error = -result if result < 0 else 0
+            path = os.path.join(cwd, os.fsdecode(data[at + _HEAD.size : at + size]))
+            there = error in _THERE if kind == 5 else error == 0
+            own = os.path.normpath(path) + "/"  # (the work dir is ours: no link in it)
+            if (there or error in _NOT_THERE) and not own.startswith(inside):
+                was = found.setdefault(path, there)
+                if was is not None and was != there:
+                    found[path] = None
+        at += size
+    return tuple(found.items()) if heads else None
 
 
 class Recorder:

@@ -42,7 +42,7 @@ from typing import Final
 from .. import _env, _forksafe, faults
 from .._background import background
 from ..errors import CompileError, CompileTimeout, ConfigError, SandboxUnavailableError
-from . import SYSTEM_PATH
+from . import SYSTEM_PATH, lookups
 from ._closewatch import ClosedFiles, CloseWatch
 from ._launch import Shim, ShimStartError, Walls, launch
 from ._shim_build import ensure_shim as _ensure_shim
@@ -138,6 +138,7 @@ class Sandbox:
         self._ids_known: tuple[tuple[int, int] | None] | None = None  # (looked up at the first run)
         self._exe: tuple[list[str], tuple[int, ...]] | None = None
         self._exe_lock = _forksafe.Lock()
+        self._recorder: tuple[str | None] | None = None  # (looked for with the shim)
         self._walls: Walls | None = None
         self._abi = -1
         self._described: tuple[Walls, str] | None = None
@@ -241,9 +242,30 @@ class Sandbox:
                         self._exe = ([f"/proc/self/fd/{fd}"], (fd,))
         return self._exe
 
+    def recorder(self) -> str | None:
+        """The lookup recorder each run's processes may preload (``lookups.c``: GCC's
+        preprocessors record every path they look up), built with the shim by the same
+        compiler; None where it cannot run here. Each shim holds it open for its program
+        (``-L``), which may be another user who could not walk to it."""
+        if self._recorder is None:
+            with self._exe_lock:
+                if self._recorder is None:
+                    state = self._state if self._state is not None else state_dir()
+                    cc = shutil.which("cc", path=SYSTEM_PATH) if self._cc == "" else self._cc
+                    self._recorder = (lookups.build(state, cc),)
+        return self._recorder[0]
+
+    def preload_env(self) -> dict[str, str]:
+        """The environment that has a run's processes load the recorder (see
+        :meth:`recorder`); empty where there is none."""
+        return lookups.preload_env(f"/proc/self/fd/{lookups.PRELOAD_FD}") or {} if self.recorder() else {}
+
     def _ahead_options(self) -> list[str]:
         """What a shim prepares before its run is known (the same for every run)."""
         opts = ["-R"]
+        recorder = self.recorder()
+        if recorder is not None:
+            opts += ["-L", recorder]
         if self.mode == "off" or self._degraded:
             return opts
         lim = self.limits
@@ -324,7 +346,8 @@ class Sandbox:
                 "-n", str(lim.open_files), "-p", str(lim.processes)]  # fmt: skip
         landlocked = self.landlock
         if landlocked:
-            for root in (*SYSTEM_READ_ROOTS, *read_roots):
+            recorder = self.recorder()
+            for root in (*SYSTEM_READ_ROOTS, *read_roots, *((recorder,) if recorder else ())):
                 opts += ["-r", root]
             for root in (*write_roots, "/dev/null"):
                 opts += ["-w", root]

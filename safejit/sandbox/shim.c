@@ -1,6 +1,6 @@
 /* safejit exec shim: puts the walls around a compiler, runs it, and reaps all it started.
  *
- *   shim -R [-U] [-T BYTES -i INODES] [-u UID -g GID] [-S FILTER_HEX]
+ *   shim -R [-U] [-T BYTES -i INODES] [-u UID -g GID] [-S FILTER_HEX] [-L FILE]
  *
  * Started ahead of need, with stdin a socket to the runner. What it can do before a
  * run is known it does at once (the options above, the same for every run of one
@@ -15,6 +15,10 @@
  *        by the user the program runs as), not yet mounted anywhere.
  *   -u/-g  the caller is root: the program runs as UID:GID, no supplementary groups.
  *   -S   the seccomp filter (struct sock_filter records, hex) installed before exec.
+ *   -L   a file opened now, as the shim's user, and left open on descriptor 200 for
+ *        the program and all it starts (the lookup recorder, preloaded as
+ *        /proc/self/fd/200: a path in a private dir that the program's uid could not
+ *        walk to). Not there: nothing is left open.
  *
  * Then it reads the run's command (see read_request): 4 bytes of length, then
  * NUL-terminated arguments:
@@ -145,7 +149,11 @@ struct ahead {
     const char *scratch_bytes, *scratch_inodes;
     struct bpf_prog filter;
     int mount_fd;
+    const char *preload;
 };
+
+/* Where -L leaves its file open (lookups.py's PRELOAD_FD). */
+#define PRELOAD_FD 200
 
 static int write_file(const char *path, const char *text) {
     int fd = open(path, O_WRONLY | O_CLOEXEC);
@@ -719,12 +727,13 @@ static void parse_ahead(int argc, char **argv, struct ahead *a) {
         case 'u': a->uid = (long long)number(v); break;
         case 'g': a->gid = (long long)number(v); break;
         case 'S': parse_filter(a, v); break;
+        case 'L': a->preload = v; break;
         default: errno = EINVAL; die(124, o);
         }
     }
     if (!from_stdin || (a->scratch && !a->scratch_inodes) || ((a->uid < 0) != (a->gid < 0))) {
         errno = EINVAL;
-        die(124, "usage: shim -R [-U] [-T BYTES -i INODES] [-u UID -g GID] [-S HEX]");
+        die(124, "usage: shim -R [-U] [-T BYTES -i INODES] [-u UID -g GID] [-S HEX] [-L FILE]");
     }
     if (a->uid == 0 || a->gid == 0) { errno = EINVAL; die(124, "-u/-g must not be root"); }
 }
@@ -794,6 +803,15 @@ int main(int argc, char **argv) {
     close_others();
     parse_ahead(argc, argv, &a);
     prepare(&a);
+    if (a.preload) {  /* (inherited by the program: no close-on-exec) */
+        int fd = open(a.preload, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0 && (fd == PRELOAD_FD || dup2(fd, PRELOAD_FD) == PRELOAD_FD)) {
+            if (fd != PRELOAD_FD) close(fd);
+            fcntl(PRELOAD_FD, F_SETFD, 0);
+        } else if (fd >= 0) {
+            close(fd);
+        }
+    }
     /* Not dumpable (once its own maps are written: that needs its /proc files): a
      * compiler of the same uid (the caller is not root) cannot reach into this process
      * through /proc/<pid>/mem (nor ptrace it: seccomp refuses that) to use its

@@ -248,6 +248,29 @@ def test_a_root_callers_compiler_runs_as_an_unprivileged_uid(attack, tmp_path, s
     assert sb.describe().split("+")[-3] == f"uid-{sb.walls.uid}" and sb.walls.uid != 0
 
 
+def test_the_lookup_recorder_is_held_open_for_the_program_whatever_user_it_runs_as(tmp_path, sandboxes):
+    """The recorder lies in the caller's private state dir, which a compiler run as
+    another user cannot walk to: the shim opens it first and leaves it open, read-only,
+    on the descriptor the preload names."""
+    sb = _sandbox(sandboxes)
+    recorder = sb.recorder()
+    if recorder is None:
+        pytest.skip("no lookup recorder here")
+    work = tmp_path / "work"
+    work.mkdir()
+    script = "head -c 4 /proc/self/fd/200 | od -An -c; echo > /proc/self/fd/200 || echo refused"
+    result = sb.run(
+        ["/bin/sh", "-c", script],
+        cwd=str(work),
+        env={"PATH": SYSTEM_PATH, "LC_ALL": "C"},
+        timeout=30,
+        write_roots=[str(work)],
+    )
+    assert result.returncode == 0, result.log
+    assert "177   E   L   F" in result.log and "refused" in result.log, result.log
+    assert sb.preload_env() == {"LD_PRELOAD": "/proc/self/fd/200", "SAFEJIT_LOOKUPS": "safejit-lookups.rec"}
+
+
 @pytest.mark.skipif(not ROOT, reason="the caller is not root")
 def test_a_root_owned_file_in_a_write_root_is_not_writable(attack, tmp_path, sandboxes):
     """Landlock lets it write there; as root it could. It is not root."""

@@ -24,6 +24,7 @@ from safejit.cache.disk import DiskTier
 from safejit.cache.leaf import ArtifactInfo, VerifiedLeaf
 from safejit.closure.depfiles import parse_depfile
 from safejit.outcomes import Miss
+from safejit.sandbox import lookups
 from tests.conftest import ADD_C, KERNEL_WITH_HEADER, assert_cache_sound, leaves, settle, staging_residue
 
 
@@ -886,6 +887,44 @@ def test_every_shape_of_a_probe_through_a_macro_is_recorded_or_never_cached(make
     made = _made_first(root, PROBED.get(shape, "first/feat.h"))
     again = _turned(make_runtime, root, files, "#include <uses.h>\n", ("first", "lib"), made, (2, 1))
     assert again.artifact.tier == "compiled"
+
+
+#: Token pasting makes the wrapper's name where the header is named: no reading of the
+#: headers sees this probe (docs/security.md); the preprocessor's recorded lookups do.
+PASTED_H = "#define HASINC(x) __has_include(x)\n#define CAT(a, b) a##b\n#define P(n, h) CAT(HAS, n)(h)\n"
+RECORDER = pytest.mark.skipif(
+    not lookups.supported() or shutil.which("cc", path="/usr/bin:/bin") is None, reason="no lookup recorder here"
+)
+
+
+@RECORDER
+def test_a_probe_whose_wrapper_token_pasting_names_is_recorded_by_the_preprocessor(make_runtime, tmp_path):
+    root = tmp_path / "root"
+    files: dict[str, str | bytes] = {
+        "lib/wrap.h": PASTED_H,
+        "lib/uses.h": '#include "wrap.h"\n#if P(INC, <feat.h>)' + V_OR_NOT,
+    }
+    again = _turned(make_runtime, root, files, "#include <uses.h>\n", ("first", "lib"), _made_first(root), (2, 1))
+    assert again.artifact.tier == "compiled"
+
+
+@RECORDER
+@pytest.mark.skipif(shutil.which("nvcc", path="/usr/local/cuda/bin:/usr/bin") is None, reason="no nvcc")
+def test_a_pasted_probe_is_recorded_through_nvcc_too(make_runtime, tmp_path, cache_dir):
+    """nvcc preprocesses with the host compiler's: its lookups are recorded the same way."""
+    root = tmp_path / "root"
+    (root / "lib").mkdir(parents=True)
+    (root / "first").mkdir()
+    (root / "lib/wrap.h").write_text(PASTED_H)
+    (root / "lib/uses.h").write_text('#include "wrap.h"\n#if P(INC, <feat.h>)' + V_OR_NOT)
+    _aged(*[p for p in root.rglob("*") if p.is_file()])
+    src = safejit.Source('#include <uses.h>\nextern "C" __global__ void k(int* o) { *o = V; }\n', "k", filename="k.cu")
+    config = {"source_roots": (str(root),), "backend": "cuda", "cuda_compiler": "nvcc"}
+    inc = (str(root / "first"), str(root / "lib"))
+    assert make_runtime(**config).build(src, include_dirs=inc, arch="sm_90").tier == "compiled"
+    assert len(leaves(cache_dir)) == 1
+    (root / "first/feat.h").write_text("// now here\n")
+    assert make_runtime(**config).build(src, include_dirs=inc, arch="sm_90").tier == "compiled"
 
 
 @pytest.mark.parametrize(

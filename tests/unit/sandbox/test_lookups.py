@@ -243,3 +243,89 @@ def test_an_nvrtc_compile_records_exactly_what_the_kernel_saw(library, tmp_path)
     assert attempted == {p for p, _ in recorded}
     assert (str(inc / "sub" / "b.h"), False) in recorded
     assert any(p.endswith("/nope.h") and failed for p, failed in recorded)  # __has_include's negative
+
+
+# -- preloaded into GCC's preprocessors ---------------------------------------------
+
+_PASTED = (
+    "#define HASINC(x) __has_include(x)\n#define CAT(a, b) a##b\n#define PROBE(n, h) CAT(HAS, n)(h)\n"
+    "#if PROBE(INC, <feat.h>)\nint yes;\n#endif\n#include <one.h>\n"
+)
+
+
+def _preloaded_gcc(library: str, tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C", **(lookups.preload_env(library) or {})}
+    return subprocess.run(
+        [str(CC), *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_gccs_preprocessor_records_each_lookup_a_pasted_probe_made(library, tmp_path):
+    """What no reading of the source can know (a probe whose macro's name token pasting
+    made) the preprocessor's own lookups hold: not there, in each dir searched."""
+    for d in ("first", "inc"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "inc/one.h").write_text("#define ONE 1\n")
+    (tmp_path / "t.c").write_text(_PASTED)
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = _preloaded_gcc(library, work, "-c", f"-I{tmp_path}/first", f"-I{tmp_path}/inc", "../t.c", "-o", "t.o")
+    assert proc.returncode == 0 and "ld.so" not in proc.stderr, proc.stderr
+    looked = dict(lookups.read_preloaded(str(work)) or ())
+    assert looked[f"{tmp_path}/first/feat.h"] is False and looked[f"{tmp_path}/inc/feat.h"] is False
+    assert looked[f"{tmp_path}/first/one.h"] is False and looked[f"{tmp_path}/inc/one.h"] is True
+    assert looked[str(work / "../t.c")] is True  # (relative: from the run's directory)
+    assert not [p for p in looked if os.path.normpath(p).startswith(f"{work}/")]  # (the run's own files: none)
+    assert not [p for p in looked if p.endswith("t.o")]  # (opened to write: no lookup of an input)
+
+
+def test_only_gccs_preprocessors_record(library, tmp_path):
+    """The driver, the assembler and the linker, and any other program, record nothing
+    (nor refuse what they do: the recorder refuses exec, which a driver needs)."""
+    (tmp_path / "t.c").write_text("int main(void) { return 0; }\n")
+    proc = _preloaded_gcc(library, tmp_path, "-E", "-x", "c", "t.c", "-o", "t.i")  # (cc1 -E: records)
+    assert proc.returncode == 0, proc.stderr
+    assert lookups.read_preloaded(str(tmp_path)) is not None
+    (tmp_path / lookups.PRELOAD_FILE).unlink()
+    env = {"PATH": "/usr/bin:/bin", **(lookups.preload_env(library) or {})}
+    done = subprocess.run(["/bin/sh", "-c", "ls / > /dev/null"], cwd=tmp_path, env=env, check=False)
+    assert done.returncode == 0 and not (tmp_path / lookups.PRELOAD_FILE).exists()
+
+
+def _records(*runs: list[tuple[int, int, int, bytes]]) -> bytes:
+    """Runs of ``(kind, result, flags, path)``, each after its head (kind 0)."""
+    out = b""
+    for run in runs:
+        head = [(0, run[0][1] if run and run[0][0] == 0 else 0, 0, b"")] if not run or run[0][0] != 0 else []
+        for kind, result, flags, path in [*head, *run]:
+            out += struct.pack("<IiqI", 20 + len(path), kind, result, flags) + path
+    return out
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        # found, not there (ENOENT, ENOTDIR), readlink of a file (EINVAL: there), relative
+        (
+            _records([(1, 3, 0, b"/r/a.h"), (2, -2, 0, b"/r/b.h"), (3, -20, 0, b"/r/f/c.h"), (5, -22, 0, b"/r/d")]),
+            (("/r/a.h", True), ("/r/b.h", False), ("/r/f/c.h", False), ("/r/d", True)),
+        ),
+        # opened to write, a denied lookup, the run's own dir: not lookups of inputs
+        (_records([(1, 3, os.O_WRONLY | os.O_CREAT, b"/r/o.s"), (1, -13, 0, b"/x/y.h"), (2, 0, 0, b"k.c")]), ()),
+        # two runs (nvcc runs the preprocessor more than once): found in one, not the other
+        (
+            _records([(1, -2, 0, b"/r/a.h")], [(1, 3, 0, b"/r/a.h"), (2, 0, 0, b"../e.h")]),
+            (("/r/a.h", None), ("/cwd/../e.h", True)),
+        ),
+        (_records([(0, -1, 0, b"")]), None),  # (a run's buffer overflowed: nothing is known)
+        (_records([(1, 3, 0, b"/r/a.h")])[:-2], None),  # (cut short)
+        (b"", None),
+    ],
+)
+def test_preloaded_records_are_read_into_paths_and_whether_they_were_there(tmp_path, data, expected):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / lookups.PRELOAD_FILE).write_bytes(data)
+    got = lookups.read_preloaded(str(cwd))
+    want = None if expected is None else tuple((p.replace("/cwd", str(cwd)), f) for p, f in expected)
+    assert got == (want if data else None)
