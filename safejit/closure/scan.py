@@ -164,24 +164,28 @@ _COMPUTED_INCLUDE = re.compile(rb"^[ \t\f\v]*#[ \t\f\v]*include(?:_next(?!\w)|(?
 #: it (``#/**/include "x.h"``, ``#inc\\`` and a newline, one before a macro's name), a
 #: comment ending just before it, a byte order mark, or the ``%:`` digraph for ``#``.
 _HIDDEN = re.compile(
-    rb"#[ \t\f\v]*(?:/\*|[a-z_]*\\[ \t\f\v]*\r?\n|define[ \t\f\v]*(?:/\*|\\[ \t\f\v]*\r?\n)"
+    rb"#[ \t\f\v]*(?:/\*|[a-z_]*\\[ \t\f\v]*\r?\n|define[ \t\f\v]*(?:/\*|[\w$]*\\[ \t\f\v]*\r?\n)"
     rb"|include(?:_next)?[ \t\f\v]*(?:/\*|\\[ \t\f\v]*\r?\n"
     rb"|[\"<][^\"<>\n]*\\[ \t\f\v]*\r?\n))|\*/[ \t\f\v]*#|\A\xef\xbb\xbf"
 )
 #: A line splice: a backslash at a line's end (gcc lets blanks follow it).
 _SPLICE = re.compile(rb"\\[ \t\f\v]*\r?\n")
+#: A carriage return that ends a line on its own (gcc's reading: a line end).
+_LONE_CR = re.compile(rb"\r(?!\n)")
 #: A number (its digit separators are no quotes: ``1'000``), a string or character
-#: literal (kept), or a comment (a space), as the preprocessor reads them.
+#: literal (kept; one not closed runs to its line's end, as gcc lexes it: a ``/*`` in
+#: ``#error don't /*`` opens no comment), or a comment (a space), as the preprocessor
+#: reads them.
 _TOKENS_TEXT: Final = (
     rb"(?<![\w.])\.?[0-9](?:[eEpP][+-]|'[0-9A-Za-z_]|[0-9A-Za-z_.])*"
-    rb'|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*'
+    rb'|"(?:\\.|[^"\\\n])*(?:"|$)|\'(?:\\.|[^\'\\\n])*(?:\'|$)|/\*.*?\*/|//[^\n]*'
 )
-_TOKENS = re.compile(_TOKENS_TEXT, re.S)
+_TOKENS = re.compile(_TOKENS_TEXT, re.S | re.M)
 #: The same, and first the opening of a raw string (``R"d(``: whatever it holds is kept,
 #: up to ``)d"``), for :func:`_kept`.
 _RAW_OPEN_TEXT: Final = rb'(?<![\w])(?:u8|[uUL])?R"([^()\\ \t\n]{0,16})\('
 _RAW_OPENS = re.compile(rb"(?=" + _RAW_OPEN_TEXT + rb")")  # (each, overlapping or not)
-_RAW_OR_TOKENS = re.compile(_RAW_OPEN_TEXT + b"|" + _TOKENS_TEXT, re.S)
+_RAW_OR_TOKENS = re.compile(_RAW_OPEN_TEXT + b"|" + _TOKENS_TEXT, re.S | re.M)
 
 
 #: Trigraphs (C++ before 17, C before 23, and any ``-trigraphs``): ``??=`` is a ``#``,
@@ -194,12 +198,16 @@ def as_read(data: bytes, *, always: bool = False, trigraphs: bool = False) -> by
     """``data`` as the preprocessor reads its directives — line splices joined, comments
     a space, ``%:`` a ``#``, and with ``trigraphs`` (C++ before 17, strict C) ``??=`` a
     ``#``, ``??/`` a backslash — when something could hide one (``always``: whenever it
-    holds a comment or a splice); else ``data`` (the usual case, at no cost)."""
+    holds a comment or a splice), a carriage return alone a line end; else ``data``
+    (the usual case, at no cost)."""
     if trigraphs and b"??" in data:
         data = _TRIGRAPH.sub(lambda m: _TRIGRAPHS[m.group(1)[0]], data)
         always = True
+    lone_cr = b"\r" in data and _LONE_CR.search(data) is not None
+    if lone_cr:  # (a line end where no directive pattern looks for one)
+        data = _LONE_CR.sub(b"\n", data)
     splice = b"\\\n" in data or b"\\\r\n" in data or (b"\\" in data and _SPLICE.search(data) is not None)
-    if not (b"%:" in data or _HIDDEN.search(data) or (always and (b"/*" in data or splice))):
+    if not (lone_cr or b"%:" in data or _HIDDEN.search(data) or (always and (b"/*" in data or splice))):
         return data
     joined = _SPLICE.sub(b"", data.removeprefix(b"\xef\xbb\xbf"))  # (and a byte order mark is no text)
     return _kept(joined).replace(b"%:", b"#")
@@ -350,7 +358,7 @@ class ProbeMacros:
 
 #: An ``#if``, ``#elif`` or ``#define`` (the macro, its parameters; the rest of the
 #: line), found from the ``#`` (fast): :func:`probe_macros` checks it starts a line.
-_DIRECTIVE = re.compile(rb"#[ \t\f\v]*(?:(?:el)?if(?!\w)|define[ \t\f\v]+([A-Za-z_]\w*)(?>(\([^)\n]*\))?))([^\n]*)")
+_DIRECTIVE = re.compile(rb"#[ \t\f\v]*(?:(?:el)?if(?!\w)|define[ \t\f\v]+([A-Za-z_$][\w$]*)(?>(\([^)\n]*\))?))([^\n]*)")
 _IDENT = re.compile(rb"(?<![\w$])[A-Za-z_$][\w$]*")
 _BODY_COMMENT = re.compile(rb'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*', re.S)
 _BLANK: Final = b" \t\f\v"
@@ -457,7 +465,8 @@ class _Found:
         """The header name ``name(`` is called with, its ``<`` or ``"`` at ``arg``; None
         when it is no one literal name: not closed by ``)``, too long, or, for a ``<...>``
         read as tokens (given to a macro, or in a macro's body), holding blanks (spelt
-        as the compiler joins tokens), ``#`` or one of the macro's parameters."""
+        as the compiler joins tokens), ``#``, a backslash (a universal character name),
+        a byte past ASCII, or one of the macro's parameters."""
         angle = body[arg : arg + 1] == b"<"
         end = _next(body, b">" if angle else b'"', arg + 1, memo)
         if end - arg > _NAME_MAX or (angle and _next(body, b"(", arg + 1, memo) < end):
@@ -467,8 +476,12 @@ class _Found:
             return None
         probe = body[arg + 1 : end]
         as_tokens = angle and (in_define or name not in _PROBE_BYTES)
-        if as_tokens and (any(c in probe for c in b" \t\f\v#") or not params.isdisjoint(_IDENT.findall(probe))):
-            return None
+        if as_tokens and (
+            any(c in probe for c in b" \t\f\v#\\")
+            or not probe.isascii()
+            or not params.isdisjoint(_IDENT.findall(probe))
+        ):
+            return None  # (a backslash or a byte past ASCII: an identifier the patterns here do not spell)
         return probe
 
     def result(self) -> ProbeMacros | None:

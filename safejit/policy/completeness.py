@@ -42,9 +42,13 @@ logger = logging.getLogger(__name__)
 #: Paths that mean something else in the compiler than in this process.
 _PER_PROCESS = ("/proc/", "/dev/")
 
-#: The macros compilers define unasked whose names are not reserved (GNU modes; ``gcc
-#: -dM -E`` on each target). A reserved name (``__x``, ``_X``) may be predefined too.
-PREDEFINED: Final = frozenset({"linux", "unix", "i386", "sun", "sparc", "mips", "vax", "hppa", "m68k", "mc68000"})
+#: The macros compilers define unasked whose names are not reserved (GNU modes: ``gcc
+#: -dM -E`` on each target; nvcc's own ``-D``s, ``nvcc --dryrun``). A reserved name
+#: (``__x``, ``_X``) may be predefined too.
+PREDEFINED: Final = frozenset(
+    {"linux", "unix", "i386", "sun", "sparc", "mips", "vax", "hppa", "m68k", "mc68000"}
+    | {"CUDA_DOUBLE_MATH_FUNCTIONS", "CUDA_API_PER_THREAD_DEFAULT_STREAM"}
+)
 _IDENT: Final = re.compile(r"[A-Za-z_$][\w$]*")
 
 

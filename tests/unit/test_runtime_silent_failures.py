@@ -25,6 +25,7 @@ from safejit.cache.leaf import ArtifactInfo, VerifiedLeaf
 from safejit.closure.depfiles import parse_depfile
 from safejit.outcomes import Miss
 from safejit.sandbox import lookups
+from safejit.sandbox.runner import Sandbox
 from tests.conftest import ADD_C, KERNEL_WITH_HEADER, assert_cache_sound, leaves, settle, staging_residue
 
 
@@ -925,6 +926,59 @@ def test_a_pasted_probe_is_recorded_through_nvcc_too(make_runtime, tmp_path, cac
     assert len(leaves(cache_dir)) == 1
     (root / "first/feat.h").write_text("// now here\n")
     assert make_runtime(**config).build(src, include_dirs=inc, arch="sm_90").tier == "compiled"
+
+
+#: Where the recorder does not run, the scan's reading must be gcc's. Found in a third
+#: review, each a stale hit: a #define the scan did not see, so the macro in the probe's
+#: name read as a literal name — (what precedes the probe, the name it probes).
+HIDDEN_DEFINES: dict[str, tuple[bytes, str]] = {
+    "splice_in_the_name": (b"#define FE\\\nAT one\n", "FEAT"),
+    "lone_cr_ends_a_line": (b"int d;\r#define FEAT one\n", "FEAT"),
+    "dollar_in_the_name": (b"#define a$b one\n", "a$b"),
+    "utf8_name": ("#define feat\u00e9 one\n".encode(), "feat\u00e9"),
+    "ucn_name": (b"#define feat\\u00e9 one\n", "feat\u00e9"),  # (the same name as a UCN)
+}
+
+
+@pytest.mark.parametrize("shape", sorted(HIDDEN_DEFINES))
+def test_a_define_read_as_gcc_reads_it_without_the_recorder(make_runtime, tmp_path, monkeypatch, shape):
+    monkeypatch.setattr(Sandbox, "recorder", lambda self: None)
+    define, name = HIDDEN_DEFINES[shape]
+    uses = b"#define W(x) __has_include(x)\n" + define + f"#if W(<{name}.h>)".encode() + V_OR_NOT.encode()
+    root = tmp_path / "root"
+    made = _made_first(root, "first/one.h")
+    again = _turned(make_runtime, root, {"lib/uses.h": uses}, "#include <uses.h>\n", ("first", "lib"), made, (2, 1))
+    assert again.artifact.tier == "compiled"
+
+
+@pytest.mark.parametrize(
+    ("files", "change"),
+    [
+        ({"lib/uses.h": WRAPPER_H + "int d;\r#if MY_HAS_INCLUDE(<feat.h>)" + V_OR_NOT}, "first/feat.h"),
+        (
+            {
+                "lib/uses.h": "int d;\r#define MY_HAS_INCLUDE(x) __has_include(x)\n#if MY_HAS_INCLUDE(<feat.h>)"
+                + V_OR_NOT
+            },
+            "first/feat.h",
+        ),
+        ({"lib/uses.h": 'int d;\r#include "v.h"\n', "lib/v.h": "#define V 2\n"}, "lib/v.h"),
+    ],
+    ids=["before_a_probe", "before_a_wrappers_define", "before_a_quoted_include"],
+)
+def test_a_lone_carriage_return_ends_a_line_without_the_recorder(make_runtime, tmp_path, monkeypatch, files, change):
+    """gcc ends a line at a carriage return alone: what followed one was never read."""
+    monkeypatch.setattr(Sandbox, "recorder", lambda self: None)
+    root = tmp_path / "root"
+    dirs = ("first", "lib")
+    if change == "lib/v.h":  # (v.h made next to uses.h, where gcc looks first)
+        files, dirs = {"lib/sub/uses.h": files["lib/uses.h"], "lib/v.h": files["lib/v.h"]}, ("lib",)
+        made = lambda: (root / "lib/sub/v.h").write_text("#define V 1\n")  # noqa: E731
+        head = "#include <sub/uses.h>\n"
+    else:
+        made, head = _made_first(root), "#include <uses.h>\n"
+    again = _turned(make_runtime, root, dict(files), head, dirs, made, (2, 1))
+    assert again.artifact.tier == "compiled"
 
 
 @pytest.mark.parametrize(
