@@ -107,8 +107,9 @@ class BuildJob:
         #: that vouch for its negatives (``scan.negative_dirs``).
         self._early: tuple[tuple[str, ...], Closure, list[tuple[str, Snapshot]]] | None = None
         self._held: _Held | None = None
-        #: What the last compile's preprocessors were recorded looking up (None: not recorded).
-        self._looked: tuple[tuple[str, bool | None], ...] | None = None
+        #: What the last compile's preprocessors were recorded looking up (None: not
+        #: recorded), or why the records were lost.
+        self._looked: tuple[tuple[str, bool | None], ...] | str | None = None
 
     # -- events from the compile (CompileEvents) ----------------------------------
     def started(self) -> None:
@@ -229,6 +230,8 @@ class BuildJob:
     def _recorded(self, closure: Closure) -> Closure:
         """``closure`` and what the compile's preprocessors were recorded looking up that
         it misses (``completeness.with_recorded_lookups``); itself when nothing is."""
+        if isinstance(self._looked, str):
+            return scan.merged(closure, Closure([], [], [], [], [], (self._looked,)))
         if not self._looked:
             return closure
         return completeness.with_recorded_lookups(
@@ -295,7 +298,10 @@ class BuildJob:
             if out.log:
                 s.add_event("compiler.log", {"safejit.log": out.log[:LOG_EVENT_CAP]})
         if recording:
-            self._looked = lookups.read_preloaded(workdir)
+            try:
+                self._looked = lookups.read_preloaded(workdir)
+            except ValueError as exc:  # (lost: what they hid is unknown, the build unvouched)
+                self._looked = str(exc)
         instruments.compile_duration.record(out.seconds, self._attrs)
         self.counters.compile_seconds.append(out.seconds)
         if len(out.artifact) > self.config.max_artifact_bytes:

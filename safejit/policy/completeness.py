@@ -175,6 +175,9 @@ def with_recorded_lookups(
         if path in known or path in on_the_way or anchored is None or not anchored[0].startswith("s"):
             continue
         known.add(path)
+        if not _is_text(path):  # (no key or manifest can hold its name)
+            reads.unsure.append(f"the compiler looked up {path!r}, whose name is not UTF-8 text")
+            continue
         there = os.path.lexists(path)
         if found is None or found != there:
             reads.too_new.append(path)  # (made or removed around the compile)
@@ -540,6 +543,14 @@ def changed_since(snap: Snapshot, started_ns: int) -> bool:
     trees need synchronised clocks, as ``make`` and ccache do.
     """
     return snap[4] > started_ns - COARSE_NS
+
+
+def _is_text(path: str) -> bool:
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _refuse_names_that_are_not_text(paths: Sequence[str]) -> None:

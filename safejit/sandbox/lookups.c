@@ -103,10 +103,12 @@ static int recording, overflow;
 static int light;
 
 static size_t fd_path(long fd, char *out, size_t cap) {
-    char link[32] = "/proc/self/fd/";
+    /* (the kernel reads a descriptor as an int: one that is negative names no directory) */
+    if ((int)fd < 0) return 0;
+    char link[40] = "/proc/self/fd/";
     char digits[24];
     int n = 0;
-    unsigned long v = (unsigned long)fd;
+    unsigned long v = (unsigned long)(unsigned int)(int)fd;
     do { digits[n++] = (char)('0' + v % 10); v /= 10; } while (v && n < 20);
     for (int k = 0; k < n; k++) link[14 + k] = digits[n - 1 - k];
     link[14 + n] = 0;
@@ -358,15 +360,12 @@ static void write_all(int fd, const char *p, size_t n) {
 __attribute__((constructor)) static void preload_begin(void) {
     const char *out = getenv("SAFEJIT_LOOKUPS");
     if (out == NULL || *out == 0 || !is_preprocessor()) return;
-    /* (opened now, before the filter: written to at exit with no lookup) */
-    preload_out = (int)syscall(SYS_openat, AT_FDCWD, out, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
-    if (preload_out < 0) return;
     light = 1;
-    if (lookups_install() != 0) {
-        close(preload_out);
-        preload_out = -1;
-        return;
-    }
+    if (lookups_install() != 0) return;  /* (then no file: safejit reads the sources alone) */
+    /* (opened now, written to at exit; made by the handler, before recording begins) */
+    preload_out = (int)lookup_syscall(SYS_openat, AT_FDCWD, (long)out, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC,
+                                      0600, 0, 0);
+    if (preload_out < 0) return;
     lookups_begin();
 }
 

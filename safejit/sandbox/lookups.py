@@ -20,6 +20,7 @@ import ctypes
 import errno
 import os
 import platform
+import stat
 import struct
 from dataclasses import dataclass
 from typing import Final
@@ -94,6 +95,8 @@ def parse(data: bytes) -> list[Lookup]:
 PRELOAD_FILE: Final = "safejit-lookups.rec"
 #: Where each run's processes find the recorder open (shim.c's ``-L``).
 PRELOAD_FD: Final = 200
+#: The most records read back from a run (each preprocessor's buffer holds 64 MiB).
+_PRELOAD_MAX: Final = 256 << 20
 #: What a lookup's result says of the path: there (the lookup found it; a readlink of
 #: what is no link), or not (nothing by that name, or a file where a directory was named).
 _THERE: Final = frozenset({0, errno.EINVAL})
@@ -112,30 +115,39 @@ def read_preloaded(cwd: str) -> tuple[tuple[str, bool | None], ...] | None:
     """``(path, found)`` for each path the preprocessors of a run in ``cwd`` looked up
     (opens to read, stats, access and readlink checks; ``cwd`` itself and what lies
     in it aside), in order, once each; found is None when lookups of it disagreed (it
-    was made or removed meanwhile). None when none were recorded, or the records are
-    cut short (a buffer that overflowed, a file cut off)."""
+    was made or removed meanwhile). None when nothing was recorded (no preprocessor
+    ran with the recorder). Raises ``ValueError`` when records were lost: a buffer
+    that overflowed, records cut short, a file that is no regular file or is too large
+    (the compiler wrote it: read never through a link, never blocking)."""
     try:
-        with open(os.path.join(cwd, PRELOAD_FILE), "rb") as fh:
-            data = fh.read()
-    except OSError:
+        fd = os.open(os.path.join(cwd, PRELOAD_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise ValueError(f"the recorded lookups cannot be read: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _PRELOAD_MAX:
+            raise ValueError("the recorded lookups are no regular file, or too large")
+        with open(fd, "rb", closefd=False) as fh:
+            data = fh.read(_PRELOAD_MAX + 1)
+    finally:
+        os.close(fd)
     found: dict[str, bool | None] = {}
     at, end, heads = 0, len(data), 0
     inside = cwd.rstrip("/") + "/"
     while at < end:
         if end - at < _HEAD.size:
-            return None
+            raise ValueError("the recorded lookups are cut short")
         size, kind, result, flags = _HEAD.unpack_from(data, at)
-        if size < _HEAD.size or at + size > end or (kind != 0 and kind not in KINDS):
-            return None
+        if size < _HEAD.size or at + size > end or (kind != 0 and kind not in KINDS) or (kind and not heads):
+            raise ValueError("the recorded lookups are cut short or malformed")
         if kind == 0:  # (a run's head: -1 when its records overflowed the buffer)
             if result < 0:
-                return None
+                raise ValueError("more lookups than the recorder's buffer holds")
             heads += 1
-        elif (
-            heads
-            and KINDS[kind] not in ("statfs", "chdir")
-            and (KINDS[kind] != "open" or (flags & (os.O_ACCMODE | os.O_CREAT)) == os.O_RDONLY)
+        elif KINDS[kind] not in ("statfs", "chdir") and (
+            KINDS[kind] != "open" or (flags & (os.O_ACCMODE | os.O_CREAT)) == os.O_RDONLY
         ):
             error = -result if result < 0 else 0
             path = os.path.join(cwd, os.fsdecode(data[at + _HEAD.size : at + size]))
@@ -146,7 +158,9 @@ def read_preloaded(cwd: str) -> tuple[tuple[str, bool | None], ...] | None:
                 if was is not None and was != there:
                     found[path] = None
         at += size
-    return tuple(found.items()) if heads else None
+    if not heads:
+        raise ValueError("the recorded lookups are empty: a preprocessor did not finish")
+    return tuple(found.items())
 
 
 class Recorder:

@@ -910,6 +910,25 @@ def test_a_probe_whose_wrapper_token_pasting_names_is_recorded_by_the_preprocess
 
 
 @RECORDER
+def test_lost_records_and_a_name_that_is_not_text_are_never_vouched_for(make_runtime, tmp_path, cache_dir, monkeypatch):
+    """A source can make more lookups than the recorder holds: records lost must not read
+    as none (the derived closure alone, and a pasted probe's stale hit again). A name
+    looked up that is not UTF-8 made the compile fail in the key's encoder."""
+    root = tmp_path / "root"
+    files: dict[str, str | bytes] = {
+        "lib/wrap.h": PASTED_H,
+        "lib/uses.h": b'#include "wrap.h"\n#if P(INC, <caf\xe9.h>)' + V_OR_NOT.encode(),
+    }
+    _turned(make_runtime, root, files, "#include <uses.h>\n", ("first", "lib"), list, (2, 2))
+    assert leaves(cache_dir) == []
+    monkeypatch.setattr(lookups, "read_preloaded", lambda cwd: (_ for _ in ()).throw(ValueError("records lost")))
+    (root / "lib/other.h").write_text("#define V 3\n")
+    src = safejit.Source("#include <other.h>\nint k(void) { return V; }\n", "k")
+    rt = make_runtime(source_roots=(str(root),))
+    assert rt.compile(src, include_dirs=(str(root / "lib"),)).kernel("k")() == 3 and leaves(cache_dir) == []
+
+
+@RECORDER
 @pytest.mark.skipif(shutil.which("nvcc", path="/usr/local/cuda/bin:/usr/bin") is None, reason="no nvcc")
 def test_a_pasted_probe_is_recorded_through_nvcc_too(make_runtime, tmp_path, cache_dir):
     """nvcc preprocesses with the host compiler's: its lookups are recorded the same way."""

@@ -317,9 +317,6 @@ def _records(*runs: list[tuple[int, int, int, bytes]]) -> bytes:
             _records([(1, -2, 0, b"/r/a.h")], [(1, 3, 0, b"/r/a.h"), (2, 0, 0, b"../e.h")]),
             (("/r/a.h", None), ("/cwd/../e.h", True)),
         ),
-        (_records([(0, -1, 0, b"")]), None),  # (a run's buffer overflowed: nothing is known)
-        (_records([(1, 3, 0, b"/r/a.h")])[:-2], None),  # (cut short)
-        (b"", None),
     ],
 )
 def test_preloaded_records_are_read_into_paths_and_whether_they_were_there(tmp_path, data, expected):
@@ -327,5 +324,32 @@ def test_preloaded_records_are_read_into_paths_and_whether_they_were_there(tmp_p
     cwd.mkdir()
     (cwd / lookups.PRELOAD_FILE).write_bytes(data)
     got = lookups.read_preloaded(str(cwd))
-    want = None if expected is None else tuple((p.replace("/cwd", str(cwd)), f) for p, f in expected)
-    assert got == (want if data else None)
+    assert got == tuple((p.replace("/cwd", str(cwd)), f) for p, f in expected)
+
+
+@pytest.mark.parametrize(
+    "lost",
+    [
+        _records([(0, -1, 0, b"")]),  # (a run's buffer overflowed)
+        _records([(1, 3, 0, b"/r/a.h")])[:-2],  # (cut short)
+        b"",  # (a preprocessor that began and never finished)
+        struct.pack("<IiqI", 26, 1, 3, 0) + b"/r/a.h",  # (records with no head)
+        "a symlink to what it may not read",
+        "a FIFO, which would block the reader",
+    ],
+)
+def test_lost_records_raise_and_none_is_no_records(tmp_path, lost):
+    """Records lost (or a file the compiler put there to stall or exhaust the reader)
+    are never read as fewer lookups: the build they belong to is then not vouched for."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    assert lookups.read_preloaded(str(cwd)) is None  # (no preprocessor ran with the recorder)
+    where = cwd / lookups.PRELOAD_FILE
+    if lost == "a symlink to what it may not read":
+        where.symlink_to("/dev/zero")
+    elif lost == "a FIFO, which would block the reader":
+        os.mkfifo(where)
+    else:
+        where.write_bytes(lost)
+    with pytest.raises(ValueError, match="lookups"):
+        lookups.read_preloaded(str(cwd))
