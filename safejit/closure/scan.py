@@ -172,12 +172,15 @@ _HIDDEN = re.compile(
 _SPLICE = re.compile(rb"\\[ \t\f\v]*\r?\n")
 #: A carriage return that ends a line on its own (gcc's reading: a line end).
 _LONE_CR = re.compile(rb"\r(?!\n)")
-#: A number (its digit separators are no quotes: ``1'000``), a string or character
+#: A header name after an include or a probe (kept: ``<a/*>`` opens no comment, ``<a'b.h>``
+#: no literal), a number (its digit separators are no quotes: ``1'000``), a string or character
 #: literal (kept; one not closed runs to its line's end, as gcc lexes it: a ``/*`` in
 #: ``#error don't /*`` opens no comment), or a comment (a space), as the preprocessor
 #: reads them.
 _TOKENS_TEXT: Final = (
-    rb"(?<![\w.])\.?[0-9](?:[eEpP][+-]|'[0-9A-Za-z_]|[0-9A-Za-z_.])*"
+    rb"^[ \t\f\v]*#[ \t\f\v]*(?:include|include_next|import)[ \t\f\v]*<[^>\n]*>"
+    rb"|__has_include(?:_next)?[ \t\f\v]*\([ \t\f\v]*<[^>\n]*>"
+    rb"|(?<![\w.])\.?[0-9](?:[eEpP][+-]|'[0-9A-Za-z_]|[0-9A-Za-z_.])*"
     rb'|"(?:\\.|[^"\\\n])*(?:"|$)|\'(?:\\.|[^\'\\\n])*(?:\'|$)|/\*.*?\*/|//[^\n]*'
 )
 _TOKENS = re.compile(_TOKENS_TEXT, re.S | re.M)
@@ -360,7 +363,9 @@ class ProbeMacros:
 #: line), found from the ``#`` (fast): :func:`probe_macros` checks it starts a line.
 _DIRECTIVE = re.compile(rb"#[ \t\f\v]*(?:(?:el)?if(?!\w)|define[ \t\f\v]+([A-Za-z_$][\w$]*)(?>(\([^)\n]*\))?))([^\n]*)")
 _IDENT = re.compile(rb"(?<![\w$])[A-Za-z_$][\w$]*")
-_BODY_COMMENT = re.compile(rb'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*', re.S)
+_BODY_COMMENT = re.compile(
+    rb'"(?:\\.|[^"\\\n])*(?:"|$)|\'(?:\\.|[^\'\\\n])*(?:\'|$)|/\*.*?\*/|//[^\n]*', re.S | re.M
+)  # (a quote left open runs to its line's end, as in _TOKENS)
 _BLANK: Final = b" \t\f\v"
 PROBE_WORDS: Final = frozenset({"__has_include", "__has_include_next"})
 _PROBE_BYTES: Final = frozenset(w.encode() for w in PROBE_WORDS)

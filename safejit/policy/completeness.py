@@ -378,6 +378,7 @@ class _Reads:
                     todo.append(name)
         everywhere = sorted({os.path.dirname(p) for p in self.lexicals})
         defined = set(PREDEFINED).union(*(macros.defined for macros, _ in self.macros))
+        seen = set(self.probes)
         for macros, here in self.macros:
             self.unsure += [f"{probe!r}: a __has_include of a name a macro makes" for probe in macros.opaque]
             self.unsure += [f"{w} is used where what it probes is unknown" for w in sorted(wrappers & macros.names)]
@@ -390,8 +391,8 @@ class _Reads:
                         self.unsure.append(f"{w}(<{name}>) probes a name the macro {named[0]} may change")
                         continue
                 anywhere = in_define and kind == '"'
-                if w in PROBE_WORDS and not anywhere:
-                    continue  # (a literal __has_include: has_include_probes has it)
+                if w in PROBE_WORDS and not anywhere and (kind, name, here) in seen:
+                    continue  # (a literal __has_include that has_include_probes found too)
                 if name.startswith("/") or ".." in name.split("/") or "\0" in name:
                     self.unsure.append(f"{w}({name}) probes by a path")  # (a look-alike in a comment, maybe)
                     continue

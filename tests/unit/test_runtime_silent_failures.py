@@ -970,6 +970,26 @@ def test_a_define_read_as_gcc_reads_it_without_the_recorder(make_runtime, tmp_pa
     assert again.artifact.tier == "compiled"
 
 
+#: A fourth review (each a stale hit where the scan runs alone): a quote in a header name is
+#: no literal, and a quote left open in a macro's body runs to its line's end.
+QUOTES: dict[str, bytes] = {
+    "quote_in_a_header_name": b"#if __has_include(<a'b.h>) /* c\nR\"(\n*/\n#endif\n"
+    b"#if __has_include(/**/<feat.h>)" + V_OR_NOT.encode() + b'// )"\n',
+    "quote_left_open_in_a_define": b"#define W(x) __has_include(x)\n#define Q don't /*\n#if W(<feat.h>)"
+    + V_OR_NOT.encode()
+    + b"// */\n",
+}
+
+
+@pytest.mark.parametrize("shape", sorted(QUOTES))
+def test_a_quote_is_read_as_gcc_reads_it_without_the_recorder(make_runtime, tmp_path, monkeypatch, shape):
+    monkeypatch.setattr(Sandbox, "recorder", lambda self: None)
+    root = tmp_path / "root"
+    files: dict[str, str | bytes] = {"lib/uses.h": QUOTES[shape]}
+    again = _turned(make_runtime, root, files, "#include <uses.h>\n", ("first", "lib"), _made_first(root), (2, 1))
+    assert again.artifact.tier == "compiled"
+
+
 @pytest.mark.parametrize(
     ("files", "change"),
     [
