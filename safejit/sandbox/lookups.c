@@ -45,6 +45,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -373,7 +374,7 @@ __attribute__((destructor)) static void preload_end(void) {
     if (preload_out < 0) return;
     const char *records;
     long n = lookups_end(&records);
-    /* one write per process: the head, then its records (nvcc runs several, one by one) */
+    /* the head, then its records (nvcc runs several preprocessors, each appending) */
     char head[HEAD];
     uint32_t size = HEAD;
     int32_t kind = 0, flags = 0;
@@ -382,8 +383,16 @@ __attribute__((destructor)) static void preload_end(void) {
     memcpy(head + 4, &kind, 4);
     memcpy(head + 8, &result, 8);
     memcpy(head + 16, &flags, 4);
-    write_all(preload_out, head, HEAD);
-    if (n > 0) write_all(preload_out, records, (size_t)n);
+    /* (one append: preprocessors running side by side never interleave their records) */
+    size_t body = n > 0 ? (size_t)n : 0;
+    struct iovec parts[2] = { { head, HEAD }, { (void *)records, body } };
+    ssize_t w;
+    do w = writev(preload_out, parts, body ? 2 : 1); while (w < 0 && errno == EINTR);
+    if (w >= 0 && (size_t)w < HEAD + body) {  /* (short: the rest; the reader checks each record) */
+        size_t done = (size_t)w;
+        if (done < HEAD) write_all(preload_out, head + done, HEAD - done);
+        write_all(preload_out, records + (done > HEAD ? done - HEAD : 0), body - (done > HEAD ? done - HEAD : 0));
+    }
     close(preload_out);
     preload_out = -1;
 }
