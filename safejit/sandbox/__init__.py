@@ -18,6 +18,9 @@ NVRTC worker.
   checked descriptor.
 - ``_wait``: waiting for a process (output, exit, deadline); ``_closewatch``:
   noticing, while it runs, that it closed a file it wrote (inotify).
+- ``lookups``: the lookup recorder (``lookups.c``): every path a process looks up,
+  recorded by a seccomp trap — in the NVRTC worker, and preloaded into a compiler
+  run (the shim holds it open on descriptor 200), in GCC's preprocessors.
 
 Usage::
 
