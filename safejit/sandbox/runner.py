@@ -346,7 +346,7 @@ class Sandbox:
                 "-n", str(lim.open_files), "-p", str(lim.processes)]  # fmt: skip
         landlocked = self.landlock
         if landlocked:
-            recorder = self.recorder()
+            recorder = self.recorder() if "LD_PRELOAD" in env else None  # (a run that preloads it)
             for root in (*SYSTEM_READ_ROOTS, *read_roots, *((recorder,) if recorder else ())):
                 opts += ["-r", root]
             for root in (*write_roots, "/dev/null"):

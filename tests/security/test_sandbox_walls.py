@@ -262,7 +262,7 @@ def test_the_lookup_recorder_is_held_open_for_the_program_whatever_user_it_runs_
     result = sb.run(
         ["/bin/sh", "-c", script],
         cwd=str(work),
-        env={"PATH": SYSTEM_PATH, "LC_ALL": "C"},
+        env={"PATH": SYSTEM_PATH, "LC_ALL": "C", **sb.preload_env()},  # (a run that preloads it may read it)
         timeout=30,
         write_roots=[str(work)],
     )
