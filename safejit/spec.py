@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from .closure.anchors import encodable
 from .closure.hashing import open_regular
 from .errors import ConfigError, LimitExceededError
 
@@ -24,15 +25,6 @@ _FILENAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}\Z")
 _CXX_SUFFIXES = (".cpp", ".cc", ".cxx", ".c++", ".C")
 
 AnchoredPath = tuple[str, str]
-
-
-def _encodable(text: str) -> bool:
-    """Whether ``text`` is valid Unicode a file or an argument can hold (no lone surrogate)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +64,7 @@ class Source:
             value = getattr(self, what)
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"Source.{what} must be str or None, got {type(value).__name__}")
-            if isinstance(value, str) and not _encodable(value):
+            if isinstance(value, str) and not encodable(value):
                 raise ConfigError(f"Source.{what} is not valid text (it holds a lone surrogate)")
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise ConfigError(f"Source.name {self.name!r} must match [A-Za-z_][A-Za-z0-9_]{{0,127}}")

@@ -13,7 +13,18 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-__all__ = ["BAD_REL", "LINK_ANCHOR", "LOOKED_OUTSIDE", "Anchors", "first_outside", "is_under", "real_path"]
+__all__ = ["BAD_REL", "LINK_ANCHOR", "LOOKED_OUTSIDE", "Anchors", "encodable", "first_outside", "is_under", "real_path"]
+
+
+def encodable(text: str) -> bool:
+    """Whether ``text`` is valid Unicode a file, an argument, a key or a manifest can hold
+    (no lone surrogate: a name that is not UTF-8, decoded with surrogate escapes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
 
 _TOKEN = re.compile("\0([a-z][0-9]+)\0")
 #: An empty, ``.`` or ``..`` path component.

@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
-from ..closure.anchors import LINK_ANCHOR, LOOKED_OUTSIDE, Anchors, first_outside, is_under, real_path
+from ..closure.anchors import LINK_ANCHOR, LOOKED_OUTSIDE, Anchors, encodable, first_outside, is_under, real_path
 from ..closure.hashing import Snapshot, snapshot_of
 from ..closure.scan import (
     COARSE_NS,
@@ -175,7 +175,7 @@ def with_recorded_lookups(
         if path in known or path in on_the_way or anchored is None or not anchored[0].startswith("s"):
             continue
         known.add(path)
-        if not _is_text(path):  # (no key or manifest can hold its name)
+        if not encodable(path):  # (no key or manifest can hold its name)
             reads.unsure.append(f"the compiler looked up {path!r}, whose name is not UTF-8 text")
             continue
         there = os.path.lexists(path)
@@ -546,26 +546,16 @@ def changed_since(snap: Snapshot, started_ns: int) -> bool:
     return snap[4] > started_ns - COARSE_NS
 
 
-def _is_text(path: str) -> bool:
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _refuse_names_that_are_not_text(paths: Sequence[str]) -> None:
     """A name that is not UTF-8 (decoded with surrogate escapes) cannot enter a key or a
     manifest: the build is refused, naming it, rather than failing deep in the encoder."""
     for path in paths:
-        try:
-            path.encode("utf-8")
-        except UnicodeEncodeError:
+        if not encodable(path):
             raise UndeclaredDependencyError(
                 f"the compiler read {path!r}, whose name is not UTF-8 text: it cannot be recorded in a "
                 "closure; rename it",
                 path=path,
-            ) from None
+            )
 
 
 def _outside(path: str, real: str) -> UndeclaredDependencyError:

@@ -78,16 +78,12 @@ def ensure_lookups(state: StateDir, cc: str | None) -> str | None:
     if cc is None:
         return None
     source = _source("lookups")
-    fd = _ensure(state, cc, _LOOKUPS, source)
+    # (0755: a compiler run as another user opens it through a descriptor the shim holds,
+    # the private dir around it unwalkable to that user)
+    fd = _ensure(state, cc, _LOOKUPS, source, mode=0o755)
     if fd is None:
         return None
-    try:
-        if os.fstat(fd).st_mode & 0o777 != 0o755:  # (built before it was preloaded: see _install)
-            os.chmod(f"/proc/self/fd/{fd}", 0o755)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    os.close(fd)
     return os.path.join(state.shown, _name(_LOOKUPS, cc, source))
 
 
@@ -103,7 +99,7 @@ def ensure_extension(
     return None if fd is None else (fd, os.path.join(state.shown, _name(kind, cc, source)))
 
 
-def _ensure(state: StateDir, cc: str, kind: _Kind, source: bytes) -> int | None:
+def _ensure(state: StateDir, cc: str, kind: _Kind, source: bytes, *, mode: int = 0o700) -> int | None:
     prefix, what, variants, _ = kind
     name = _name(kind, cc, source)
     fd = _open_checked(state, name, what)
@@ -131,7 +127,7 @@ def _ensure(state: StateDir, cc: str, kind: _Kind, source: bytes) -> int | None:
             return None
         with open(out, "rb") as fh:
             binary = fh.read()
-        _install(state, name, binary)
+        _install(state, name, binary, mode)
         _forget_others(state, prefix, name)
     except (OSError, subprocess.SubprocessError) as exc:
         logger.warning("building the %s failed: %s", what, exc)
@@ -152,11 +148,8 @@ def _forget_others(state: StateDir, prefix: str, name: str) -> None:
                 os.unlink(other, dir_fd=state.fd)
 
 
-def _install(state: StateDir, name: str, binary: bytes) -> None:
-    """Write ``binary`` as ``name`` in ``state``: a new file, renamed into place (0700; a
-    shared object 0755: a compiler run as another user opens it through a descriptor
-    the shim holds, the private dir around it unwalkable to that user)."""
-    mode = 0o755 if name.endswith(".so") else 0o700
+def _install(state: StateDir, name: str, binary: bytes, mode: int) -> None:
+    """Write ``binary`` as ``name`` in ``state``: a new file of ``mode``, renamed into place."""
     tmp = f".{name}.{os.getpid()}.tmp"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp, dir_fd=state.fd)
