@@ -1,5 +1,5 @@
 """Process liveness, for sweeping what ended processes left behind in shared places
-(the cache's scratch dirs in memory, the host backend's loader dirs).
+(the cache's scratch dirs in memory).
 
 A process id says nothing across PID namespaces (containers sharing ``/dev/shm``: a
 process of another namespace looks dead, and a sweep removed the directories it was

@@ -34,11 +34,9 @@ def _private_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 def _temporary_entries() -> set[str]:
     """What lies in the temporary dirs by names this suite and safejit make there, except
-    the per-user bases that stay by design (/dev/shm/safejit-u<uid>, safejit-root) and
-    this process's own loader dir (removed at its exit)."""
+    the per-user bases that stay by design (/dev/shm/safejit-u<uid>, safejit-root)."""
     import tempfile
 
-    mine = f"safejit-load-u{os.geteuid()}-p{os.getpid()}."
     found = set()
     for where in dict.fromkeys((tempfile.gettempdir(), "/dev/shm")):
         try:
@@ -46,7 +44,7 @@ def _temporary_entries() -> set[str]:
         except OSError:
             continue
         for name in names:
-            if name.startswith(("safejit", "tmp", ".safejit")) and not name.startswith(mine):
+            if name.startswith(("safejit", "tmp", ".safejit")):
                 if where == "/dev/shm" and (name == "safejit-root" or name.startswith("safejit-u")):
                     continue
                 found.add(os.path.join(where, name))
@@ -59,19 +57,11 @@ def _nothing_left_behind() -> Iterator[None]:
     test's file): whatever a run adds there outside its own tmp_path, and that is still
     there once every Runtime is gone, fails the run."""
     import gc
-    import tempfile
     import time
-
-    from safejit._proc import sweep
-    from safejit.backends import _host_library
 
     before = _temporary_entries()
     yield
     gc.collect()  # (what Runtimes no one closed made is removed as they are collected)
-    # What ended processes (a forked child, ended by os._exit) left where libraries are
-    # loaded is removed by the next process that loads one: as this one does now.
-    for parent in ("/dev/shm", tempfile.gettempdir()):
-        sweep(parent, f"safejit-load-u{os.geteuid()}-", _host_library._remove_loader_dir)
     left = sorted(_temporary_entries() - before)
     for _ in range(10):  # (what another process on this machine is using now comes and goes)
         left = [path for path in left if os.path.lexists(path)]

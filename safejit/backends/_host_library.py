@@ -4,88 +4,48 @@ were verified and the dynamic loader never hands back another library of the sam
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import fcntl
+import itertools
 import os
-import stat
-import tempfile
 import time
-import uuid
 import weakref
 from collections.abc import Mapping
 from typing import Any, Final
 
 from .. import _forksafe
-from .._proc import owner, sweep
 from ..errors import LoadError
 
 __all__ = ["HostLibrary"]
 
 _SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
 
-_loader_lock = _forksafe.Lock()
-_loader: tuple[int, str] | None = None
+_loads = itertools.count(1)
+_loads_lock = _forksafe.Lock()
 
 
-def _loader_dir() -> str:
-    """A private directory for the unique names libraries are loaded under (per process).
+def _unique_name(fd: int) -> str:
+    """A path to the descriptor ``fd`` that no other load in this process was given.
 
-    On tmpfs when there is one: only symlinks live here, each for the moment of a
-    dlopen (the bytes are a memfd), and creating them on a disk filesystem costs
-    ~0.3 ms each. It is removed at exit; those of processes that died are removed
-    by the next process that makes one.
+    The dynamic loader hands back a library already loaded when it was given the same
+    name (glibc compares the text), and ``/proc/self/fd/N`` names come back as
+    descriptor numbers do. Each load's number is spelled in the separators before
+    ``fd``, ``/.`` for a one bit and ``//`` for a zero, which the kernel reads alike:
+    no file is made anywhere (a symlink in a private directory cost ~0.1 ms per
+    process, and a directory to sweep after processes that died).
     """
-    global _loader
-    with _loader_lock:
-        if _loader is None or _loader[0] != os.getpid() or not os.path.isdir(_loader[1]):
-            parent = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else tempfile.gettempdir()
-            prefix = f"safejit-load-u{os.geteuid()}-"
-            # (what processes that ended left: marked by their owner, not by a pid,
-            # which another PID namespace sharing this directory would take for dead)
-            sweep(parent, prefix, _remove_loader_dir)
-            path = _private_dir(parent, f"{owner(parent, prefix)}-")
-            atexit.register(_remove_empty_dir, path, os.getpid())
-            _loader = (os.getpid(), path)
-        return _loader[1]
-
-
-def _private_dir(parent: str, prefix: str) -> str:
-    """A new directory of ours (0700) under ``parent``, by an unguessable name: what
-    ``tempfile.mkdtemp`` makes, at a sixth of its cost in a new process."""
-    while True:
-        path = os.path.join(parent, prefix + os.urandom(8).hex())
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            continue
-        return path
-
-
-def _remove_loader_dir(path: str) -> None:
-    with contextlib.suppress(OSError):
-        # Our own real directory only (anyone can make a name in /dev/shm).
-        st = os.lstat(path)
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
-            for link in os.listdir(path):  # symlinks an ended process left
-                os.unlink(os.path.join(path, link))
-            os.rmdir(path)
-
-
-def _remove_empty_dir(path: str, owner: int) -> None:
-    if os.getpid() == owner:
-        with contextlib.suppress(OSError):
-            os.rmdir(path)
+    with _loads_lock:
+        n = next(_loads)
+    return "/proc/self" + "".join("/." if n >> bit & 1 else "//" for bit in range(n.bit_length())) + f"/fd/{fd}"
 
 
 class HostLibrary:
     """A shared object loaded from bytes through a sealed memfd.
 
-    The dynamic loader deduplicates libraries *by the name passed to dlopen*,
-    and ``/proc/self/fd/N`` names are reused as fd numbers are; so each load
-    goes through a uniquely named symlink (in a private directory) to the
-    memfd. The mapped bytes are the memfd's: exactly the verified bytes.
+    Each load is given a name no other load of this process had
+    (:func:`_unique_name`); the mapped bytes are the memfd's: exactly the verified
+    bytes.
     """
 
     def __init__(self, artifact: bytes, name: str, signatures: Mapping[str, Any] | None = None) -> None:
@@ -93,22 +53,18 @@ class HostLibrary:
         self.signatures: Mapping[str, Any] = signatures or {}
         started = time.perf_counter()
         fd = os.memfd_create(f"safejit-{name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        link = os.path.join(_loader_dir(), f"{uuid.uuid4().hex}.so")
         try:
             view = memoryview(artifact)
             while view:
                 view = view[os.write(fd, view) :]
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
-            os.symlink(f"/proc/{os.getpid()}/fd/{fd}", link)
-            self._lib: ctypes.CDLL | None = ctypes.CDLL(link, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+            self._lib: ctypes.CDLL | None = ctypes.CDLL(_unique_name(fd), mode=os.RTLD_NOW | os.RTLD_LOCAL)
             # Unloaded once nothing holds it, never before: each function taken from it
             # (a kernel, a call under way) holds the library object.
             weakref.finalize(self._lib, _dlclose, self._lib._handle)
         except OSError as exc:
             raise LoadError(f"{name}: dlopen of the verified artifact failed: {exc}", name=name) from exc
         finally:
-            with contextlib.suppress(OSError):
-                os.unlink(link)
             os.close(fd)
         self.seconds = time.perf_counter() - started
 

@@ -107,7 +107,7 @@ def test_a_forked_child_holds_neither_its_parents_build_lock_nor_its_mark(tmp_pa
     """A child forked while its parent held a build lock shared the lock's open file
     description: released by the parent, the lock stayed held while the child lived
     (every later build of the key on the node waited out its lock timeout); the same
-    with the parent's owner mark (its scratch and loader dirs never swept after it
+    with the parent's owner mark (its scratch dirs never swept after it
     ended). A child closes its copies at the fork."""
     from safejit.cache.fsio import lock_file
 
