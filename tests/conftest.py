@@ -23,6 +23,20 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 ADD_C = "int add(int a, int b) { return a + b; }\n"
 
 
+def _clang() -> str | None:
+    import shutil
+
+    for version in ("", *(f"-{n}" for n in range(30, 9, -1))):
+        found = shutil.which(f"clang{version}", path="/usr/local/bin:/usr/bin")
+        if found:
+            return found
+    return None
+
+
+#: A clang to use as the host compiler (clang, else the newest clang-N), None if none.
+CLANG = _clang()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The session's own private state dir (the sandbox shim, stat memo, probes): the

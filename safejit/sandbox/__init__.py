@@ -20,7 +20,7 @@ NVRTC worker.
   noticing, while it runs, that it closed a file it wrote (inotify).
 - ``lookups``: the lookup recorder (``lookups.c``): every path a process looks up,
   recorded by a seccomp trap — in the NVRTC worker, and preloaded into a compiler
-  run (the shim holds it open on descriptor 200), in GCC's preprocessors.
+  run (the shim holds it open on descriptor 200), in the preprocessors (GCC's cc1, clang -cc1).
 
 Usage::
 

@@ -21,11 +21,16 @@
  * A full buffer makes lookups_end() return -1.
  *
  * Preloaded (LD_PRELOAD) into a compiler driver's whole process tree, with
- * SAFEJIT_LOOKUPS naming a file, it records in GCC's preprocessing programs only
- * (cc1, cc1plus: what looks headers up, and runs nothing): installed as the program
- * starts, the records appended to that file as it exits, after a head record (kind 0,
- * result 0, or -1 when the buffer overflowed). Every other program it is loaded into
- * (the driver, the assembler, the linker, nvcc's) it leaves alone.
+ * SAFEJIT_LOOKUPS naming a file, it records in the preprocessing programs only (GCC's
+ * cc1 and cc1plus; clang's `clang -cc1`, a program of its own when the driver is given
+ * -fno-integrated-cc1: what looks headers up, and runs nothing): installed as the
+ * program starts, the records appended to that file as it exits, after a head record
+ * (kind 0, result 0, or -1 when the buffer overflowed). Every other program it is
+ * loaded into (the driver, the assembler, the linker, nvcc's) it leaves alone. There,
+ * renames are let through (clang -cc1 renames its finished object into place).
+ *
+ * A program that sets its own SIGSYS handler (LLVM's crash handlers do) would take the
+ * trapped calls for a crash: setting one is refused with EPERM once the filter is in.
  *
  * Built once per user by safejit.sandbox._shim_build with the system C compiler.
  */
@@ -241,6 +246,13 @@ static const long refused[] = {
 #define LOAD(field) STMT(BPF_LD | BPF_W | BPF_ABS, (uint32_t)(field))
 #define RET(value) STMT(BPF_RET | BPF_K, value)
 
+static int is_rename(long nr) {
+#ifdef SYS_rename
+    if (nr == SYS_rename) return 1;
+#endif
+    return nr == SYS_renameat || nr == SYS_renameat2;
+}
+
 /* Returns 0, or -errno. Once installed, the filter stays for the life of the process. */
 int lookups_install(void) {
     if (buffer != NULL) return -EALREADY;
@@ -258,7 +270,7 @@ int lookups_install(void) {
     sigaddset(&sys, SIGSYS);
     if (pthread_sigmask(SIG_UNBLOCK, &sys, NULL) != 0) return -EINVAL;
 
-    struct sock_filter f[40 + N_TRACED + N_REFUSED];
+    struct sock_filter f[48 + N_TRACED + N_REFUSED];
     int n = 0;
     uint64_t ip = (uint64_t)(uintptr_t)lookup_syscall_ip;
     f[n++] = LOAD(offsetof(struct seccomp_data, arch));
@@ -277,6 +289,16 @@ int lookups_install(void) {
     f[n++] = JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_THREAD, 0, 1);
     f[n++] = RET(SECCOMP_RET_ALLOW);
     f[n++] = RET(SECCOMP_RET_ERRNO | EPERM);
+    /* rt_sigaction(SIGSYS, act != NULL, ...): EPERM (a query, act NULL, goes through) */
+    f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_rt_sigaction, 0, 7);
+    f[n++] = LOAD(offsetof(struct seccomp_data, args[0]));
+    f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SIGSYS, 0, 5);
+    f[n++] = LOAD(offsetof(struct seccomp_data, args[1]));
+    f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 2);
+    f[n++] = LOAD(offsetof(struct seccomp_data, args[1]) + 4);
+    f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, 0);
+    f[n++] = RET(SECCOMP_RET_ERRNO | EPERM);
+    f[n++] = LOAD(offsetof(struct seccomp_data, nr));
     if (light) {
         f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_newfstatat, 0, 4);
         f[n++] = LOAD(offsetof(struct seccomp_data, args[3]));
@@ -295,7 +317,10 @@ int lookups_install(void) {
         listed[count++] = traced[i];
     }
     n_traced = count;
-    for (size_t i = 0; i < N_REFUSED; i++) listed[count++] = refused[i];
+    for (size_t i = 0; i < N_REFUSED; i++) {
+        if (light && is_rename(refused[i])) continue;
+        listed[count++] = refused[i];
+    }
     for (size_t i = 0; i < count; i++) f[n++] = JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)listed[i], 0, 0);
     int newer = n;
     f[n++] = JUMP(BPF_JMP | BPF_JGE | BPF_K, FIRST_UNKNOWN, 0, 0);
@@ -336,14 +361,35 @@ long lookups_end(const char **out) {
 
 static int preload_out = -1;
 
-static int is_preprocessor(void) {
+/* The second argument the program was started with ("" when none). */
+static const char *first_argument(int argc, char **argv, char *buf, size_t cap) {
+#ifdef __GLIBC__
+    (void)buf, (void)cap; /* (glibc hands a constructor main's arguments) */
+    return argc > 1 && argv != NULL && argv[1] != NULL ? argv[1] : "";
+#else
+    (void)argc, (void)argv;
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return "";
+    long got = syscall(SYS_read, fd, buf, cap - 1);
+    syscall(SYS_close, fd);
+    if (got <= 0) return "";
+    buf[got] = 0;
+    size_t first = strlen(buf) + 1;
+    return first < (size_t)got ? buf + first : "";
+#endif
+}
+
+static int is_preprocessor(int argc, char **argv) {
     char exe[4096];
     long n = syscall(SYS_readlinkat, AT_FDCWD, "/proc/self/exe", exe, sizeof exe - 1);
     if (n <= 0) return 0;
     exe[n] = 0;
     const char *base = strrchr(exe, '/');
     base = base ? base + 1 : exe;
-    return strcmp(base, "cc1") == 0 || strcmp(base, "cc1plus") == 0;
+    if (strcmp(base, "cc1") == 0 || strcmp(base, "cc1plus") == 0) return 1;
+    /* clang's preprocessor: the program run as `clang -cc1 ...` (not -cc1as, the assembler) */
+    char cmd[64];
+    return strncmp(base, "clang", 5) == 0 && strcmp(first_argument(argc, argv, cmd, sizeof cmd), "-cc1") == 0;
 }
 
 static void write_all(int fd, const char *p, size_t n) {
@@ -358,9 +404,9 @@ static void write_all(int fd, const char *p, size_t n) {
     }
 }
 
-__attribute__((constructor)) static void preload_begin(void) {
+__attribute__((constructor)) static void preload_begin(int argc, char **argv) {
     const char *out = getenv("SAFEJIT_LOOKUPS");
-    if (out == NULL || *out == 0 || !is_preprocessor()) return;
+    if (out == NULL || *out == 0 || !is_preprocessor(argc, argv)) return;
     light = 1;
     if (lookups_install() != 0) return;  /* (then no file: safejit reads the sources alone) */
     /* (opened now, written to at exit; made by the handler, before recording begins) */

@@ -6,6 +6,7 @@ Each runs the real compiler through the public API, on real files.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ from safejit.closure.depfiles import parse_depfile
 from safejit.outcomes import Miss
 from safejit.sandbox import lookups
 from safejit.sandbox.runner import Sandbox
-from tests.conftest import ADD_C, KERNEL_WITH_HEADER, assert_cache_sound, leaves, settle, staging_residue
+from tests.conftest import ADD_C, CLANG, KERNEL_WITH_HEADER, assert_cache_sound, leaves, settle, staging_residue
 
 
 def _value_source(project: Path) -> safejit.Source:
@@ -906,6 +907,21 @@ def test_a_probe_whose_wrapper_token_pasting_names_is_recorded_by_the_preprocess
         "lib/uses.h": '#include "wrap.h"\n#if P(INC, <feat.h>)' + V_OR_NOT,
     }
     again = _turned(make_runtime, root, files, "#include <uses.h>\n", ("first", "lib"), _made_first(root), (2, 1))
+    assert again.artifact.tier == "compiled"
+
+
+@RECORDER
+@pytest.mark.skipif(CLANG is None, reason="no clang")
+def test_a_pasted_probe_is_recorded_with_clang_as_the_host_compiler(make_runtime, tmp_path):
+    """clang preprocessed in its driver's process, where nothing was recorded: the probe
+    token pasting names hit the old binary. Its preprocessor now runs apart, and records."""
+    root = tmp_path / "root"
+    files: dict[str, str | bytes] = {
+        "lib/wrap.h": PASTED_H,
+        "lib/uses.h": '#include "wrap.h"\n#if P(INC, <feat.h>)' + V_OR_NOT,
+    }
+    with_clang = functools.partial(make_runtime, host_cc=CLANG)
+    again = _turned(with_clang, root, files, "#include <uses.h>\n", ("first", "lib"), _made_first(root), (2, 1))
     assert again.artifact.tier == "compiled"
 
 

@@ -4,9 +4,7 @@ lists them (``--MD``). A change to one is a miss, never a stale binary."""
 
 from __future__ import annotations
 
-import glob
 import logging
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,7 @@ import pytest
 import safejit
 from safejit.backends._toolreads import ASM_DEP_FLAG, tool_reads
 from safejit.cache.leaf import Manifest, decode_manifest
-from tests.conftest import settle
+from tests.conftest import CLANG, settle
 from tests.security._support import write_failing_wrapper
 
 
@@ -149,10 +147,6 @@ def test_a_malformed_or_missing_linker_list_is_refused(tmp_path, data):
         tool_reads(str(tmp_path), (), {str(tmp_path / ".ld.d"): data})
 
 
-#: A clang, where one is installed (not on the CI machine: the test runs where it is).
-CLANG = shutil.which("clang") or next(iter(sorted(glob.glob("/usr/bin/clang-[0-9]*"))), None)
-
-
 @pytest.mark.skipif(CLANG is None, reason="no clang")
 def test_clang_assembles_with_gnu_as_so_that_its_reads_are_listed(make_runtime, tmp_path):
     """clang's integrated assembler lists nothing it reads: an ``.incbin`` went unseen (a
@@ -171,3 +165,18 @@ def test_clang_assembles_with_gnu_as_so_that_its_reads_are_listed(make_runtime, 
     _data(root, ".incbin", 5)
     settle()
     assert make_runtime(source_roots=(str(root),), host_cc=clang).compile(src).kernel("first")() == 5
+
+
+@pytest.mark.parametrize(
+    ("version", "flags"),
+    [
+        ("Debian clang version 14.0.6\nTarget: x86_64-pc-linux-gnu", ("-fno-integrated-cc1",)),
+        ("clang version 10.0.0", ("-fno-integrated-cc1",)),
+        ("clang version 9.0.1", ()),  # (its preprocessor always ran apart)
+        ("cc (Debian 12.2.0-14) 12.2.0", ()),
+    ],
+)
+def test_clang_from_10_is_told_to_preprocess_apart_where_the_recorder_runs(version, flags):
+    from safejit.backends.host import _preprocessor_apart
+
+    assert _preprocessor_apart(version) == flags

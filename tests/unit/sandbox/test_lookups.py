@@ -18,6 +18,7 @@ import pytest
 from safejit.backends.cuda.recorded import sort_lookups
 from safejit.sandbox import lookups
 from safejit.sandbox.statedir import StateDir
+from tests.conftest import CLANG
 
 CC = shutil.which("cc", path="/usr/local/bin:/usr/bin:/bin")
 pytestmark = pytest.mark.skipif(CC is None or not lookups.supported(), reason="no C compiler or no seccomp")
@@ -99,11 +100,13 @@ def test_lookups_by_every_route_are_recorded_with_their_outcome(library, tmp_pat
 
 
 def test_what_would_escape_the_record_is_refused(library, tmp_path):
+    (tmp_path / "kept").write_text("")
     got = _run(
         library,
         """
         calls = [("fork", os.fork), ("mkdir", lambda: os.mkdir("made"))]
         calls.append(("exec", lambda: os.execv("/bin/true", ["true"])))
+        calls.append(("rename", lambda: os.rename("kept", "moved")))
         for name, call in calls:
             try:
                 pid = call()
@@ -115,8 +118,32 @@ def test_what_would_escape_the_record_is_refused(library, tmp_path):
         """,
         tmp_path,
     )
-    assert got["fork"] == got["mkdir"] == got["exec"] == 1  # EPERM
-    assert not (tmp_path / "made").exists()
+    assert got["fork"] == got["mkdir"] == got["exec"] == got["rename"] == 1  # EPERM
+    assert not (tmp_path / "made").exists() and (tmp_path / "kept").exists()
+
+
+def test_a_handler_of_its_own_for_sigsys_is_refused_and_recording_goes_on(library, tmp_path):
+    """LLVM sets handlers for SIGSYS (its crash reports): the trapped lookups then went
+    to it, and clang's preprocessor died at its first stat. Setting one is refused;
+    asking which is set is not."""
+    got = _run(
+        library,
+        f"""
+        import signal
+        try:
+            signal.signal(signal.SIGSYS, lambda *a: None)
+            out["set"] = "allowed"
+        except OSError as exc:
+            out["set"] = exc.errno
+        libc = ctypes.CDLL(None, use_errno=True)
+        old = ctypes.create_string_buffer(256)
+        out["query"] = libc.sigaction(signal.SIGSYS, None, old)
+        os.path.exists({str(tmp_path / "after.h")!r})
+        """,
+        tmp_path,
+    )
+    assert got["set"] == 1 and got["query"] == 0  # EPERM; a query answered
+    assert ["stat", str(tmp_path / "after.h"), 2] in got["records"]
 
 
 def test_a_fifo_where_a_header_was_is_refused_not_a_hang(library, tmp_path):
@@ -277,6 +304,37 @@ def test_gccs_preprocessor_records_each_lookup_a_pasted_probe_made(library, tmp_
     assert looked[str(work / "../t.c")] is True  # (relative: from the run's directory)
     assert not [p for p in looked if os.path.normpath(p).startswith(f"{work}/")]  # (the run's own files: none)
     assert not [p for p in looked if p.endswith("t.o")]  # (opened to write: no lookup of an input)
+
+
+@pytest.mark.skipif(CLANG is None, reason="no clang")
+@pytest.mark.parametrize("language", ["c", "c++"])
+def test_clangs_preprocessor_run_apart_records_each_lookup(library, tmp_path, language):
+    """clang preprocesses in its driver's process unless told not to (-fno-integrated-cc1):
+    then ``clang -cc1`` records, as GCC's cc1 does, and its object is renamed into place."""
+    for d in ("first", "inc"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "inc/one.h").write_text("#define ONE 1\n")
+    (tmp_path / "t.c").write_text(_PASTED)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C", **(lookups.preload_env(library) or {})}
+    argv = [str(CLANG), "-fno-integrated-cc1", "-c", "-x", language, f"-I{tmp_path}/first", f"-I{tmp_path}/inc"]
+    proc = subprocess.run(
+        [*argv, "../t.c", "-o", "t.o"], cwd=work, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (work / "t.o").stat().st_size > 0
+    looked = dict(lookups.read_preloaded(str(work)) or ())
+    assert looked[f"{tmp_path}/first/feat.h"] is False and looked[f"{tmp_path}/inc/feat.h"] is False
+    assert looked[f"{tmp_path}/inc/one.h"] is True
+    # (preprocessing in the driver's own process: nothing recorded, nothing refused)
+    inside = tmp_path / "inside"
+    inside.mkdir()
+    argv.remove("-fno-integrated-cc1")
+    proc = subprocess.run(
+        [*argv, "../t.c", "-o", "t.o"], cwd=inside, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0 and lookups.read_preloaded(str(inside)) is None, proc.stderr
 
 
 def test_only_gccs_preprocessors_record(library, tmp_path):
