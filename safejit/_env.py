@@ -131,8 +131,8 @@ OTHER_VARIABLES: Mapping[str, str] = {
     "SAFEJIT_REMOTE_PASSWORD": "the remote's password (S3: secret access key) when the URL holds none",
     "SAFEJIT_REMOTE_SESSION_TOKEN": "S3: a session token for temporary credentials",
     "SAFEJIT_SANDBOX_UID": "`uid[:gid]`: the unprivileged ids a root caller's compilers run as (`nobody`'s)",
-    "SAFEJIT_LOOKUPS": "set by safejit in a compiler run's environment, not by users: where GCC's preprocessors "
-    "write the paths they looked up (the lookup recorder, preloaded)",
+    "SAFEJIT_LOOKUPS": "set by safejit in a compiler run's environment, not by users: where the preprocessors "
+    "(GCC's, clang's) write the paths they looked up (the lookup recorder, preloaded)",
 }
 
 
