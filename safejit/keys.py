@@ -23,7 +23,8 @@ from .spec import NOT_IN_KEY, BuildSpec, Toolchain
 
 __all__ = ["KEY_SCHEMA", "build_key", "deps_encoding", "deps_key", "encode"]
 
-KEY_SCHEMA: Final = 3  # 2: the closure is encoded as MessagePack; 3: the build key too
+KEY_SCHEMA: Final = 4  # 2: the closure is encoded as MessagePack; 3: the build key too; 4: closures the
+# preprocessor's recorded lookups vouch for (leaves vouched for by reading the sources alone go)
 _LEN = struct.Struct(">Q")
 
 

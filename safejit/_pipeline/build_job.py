@@ -298,8 +298,11 @@ class BuildJob:
             if out.log:
                 s.add_event("compiler.log", {"safejit.log": out.log[:LOG_EVENT_CAP]})
         if recording:
+            # (none: no preprocessor recorded — not preloaded, the recorder not installed,
+            # a preprocessor not known for one: what it looked up is unknown, as when lost)
             try:
-                self._looked = lookups.read_preloaded(workdir)
+                looked = lookups.read_preloaded(workdir)
+                self._looked = "no preprocessor of the compile recorded its lookups" if looked is None else looked
             except ValueError as exc:  # (lost: what they hid is unknown, the build unvouched)
                 self._looked = str(exc)
         instruments.compile_duration.record(out.seconds, self._attrs)

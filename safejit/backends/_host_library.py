@@ -7,22 +7,17 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
-import itertools
 import os
 import time
 import weakref
 from collections.abc import Mapping
 from typing import Any, Final
 
-from .. import _forksafe
 from ..errors import LoadError
 
 __all__ = ["HostLibrary"]
 
 _SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
-
-_loads = itertools.count(1)
-_loads_lock = _forksafe.Lock()
 
 
 def _unique_name(fd: int) -> str:
@@ -30,14 +25,14 @@ def _unique_name(fd: int) -> str:
 
     The dynamic loader hands back a library already loaded when it was given the same
     name (glibc compares the text), and ``/proc/self/fd/N`` names come back as
-    descriptor numbers do. Each load's number is spelled in the separators before
-    ``fd``, ``/.`` for a one bit and ``//`` for a zero, which the kernel reads alike:
-    no file is made anywhere (a symlink in a private directory cost ~0.1 ms per
-    process, and a directory to sweep after processes that died).
+    descriptor numbers do. 64 random bits are spelled in the separators before ``fd``,
+    ``/.`` for a one and ``//`` for a zero, which the kernel reads alike: no file is
+    made anywhere (a symlink in a private directory cost ~0.1 ms per process, and a
+    directory to sweep after processes that died), and no counter is kept, which a
+    second copy of this module (a subinterpreter's, a reload) would start again.
     """
-    with _loads_lock:
-        n = next(_loads)
-    return "/proc/self" + "".join("/." if n >> bit & 1 else "//" for bit in range(n.bit_length())) + f"/fd/{fd}"
+    bits = int.from_bytes(os.urandom(8))
+    return "/proc/self" + "".join("/." if bits >> bit & 1 else "//" for bit in range(64)) + f"/fd/{fd}"
 
 
 class HostLibrary:

@@ -57,8 +57,10 @@ _PROBE_SCHEMA: Final = 8
 def _preprocessor_apart(version: str) -> tuple[str, ...]:
     """What has the compiler that says ``version`` of itself preprocess in a program of
     its own, where the lookup recorder runs (``sandbox/lookups.c``): clang 10 and later
-    do it in the driver's process, which must go on to run programs (the recorder
-    refuses exec); GCC's cc1 and older clangs always run apart. (~3 ms a compile.)"""
+    may do it in the driver's process, which must go on to run programs (the recorder
+    refuses exec). They run it apart already when they link too, as every host build
+    does: this makes it so whatever a driver would choose. GCC's cc1 and older clangs
+    always run apart."""
     found = re.search(r"clang version (\d+)", version)
     return ("-fno-integrated-cc1",) if found and int(found.group(1)) >= 10 else ()
 

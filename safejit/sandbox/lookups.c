@@ -23,11 +23,12 @@
  * Preloaded (LD_PRELOAD) into a compiler driver's whole process tree, with
  * SAFEJIT_LOOKUPS naming a file, it records in the preprocessing programs only (GCC's
  * cc1 and cc1plus; clang's `clang -cc1`, a program of its own when the driver is given
- * -fno-integrated-cc1: what looks headers up, and runs nothing): installed as the
- * program starts, the records appended to that file as it exits, after a head record
- * (kind 0, result 0, or -1 when the buffer overflowed). Every other program it is
- * loaded into (the driver, the assembler, the linker, nvcc's) it leaves alone. There,
- * renames are let through (clang -cc1 renames its finished object into place).
+ * -fno-integrated-cc1, known by its arguments: what looks headers up, and runs
+ * nothing): installed as the program starts, the records appended to that file as it
+ * exits, after a head record (kind 0, result 0, or -1 when the buffer overflowed).
+ * Every other program it is loaded into (the driver, the assembler, the linker,
+ * nvcc's) it leaves alone. No file at all: nothing vouches for the compile. In a
+ * preprocessor, renames are let through (clang -cc1 renames its object into place).
  *
  * A program that sets its own SIGSYS handler (LLVM's crash handlers do) would take the
  * trapped calls for a crash: setting one is refused with EPERM once the filter is in.
@@ -228,9 +229,9 @@ static const long traced[] = {
 static const long refused[] = {
 #ifdef SYS_fork
     SYS_fork, SYS_vfork, SYS_mkdir, SYS_rmdir, SYS_link, SYS_unlink, SYS_symlink, SYS_rename, SYS_chmod,
-    SYS_chown, SYS_lchown, SYS_mknod, SYS_utime, SYS_utimes, SYS_futimesat, SYS_uselib, SYS_renameat,
+    SYS_chown, SYS_lchown, SYS_mknod, SYS_utime, SYS_utimes, SYS_futimesat, SYS_uselib,
 #endif
-    SYS_execve, SYS_execveat, SYS_io_uring_setup, SYS_io_uring_enter, SYS_io_uring_register,
+    SYS_renameat, SYS_execve, SYS_execveat, SYS_io_uring_setup, SYS_io_uring_enter, SYS_io_uring_register,
     SYS_getxattr, SYS_lgetxattr, SYS_listxattr, SYS_llistxattr, SYS_setxattr, SYS_lsetxattr,
     SYS_removexattr, SYS_lremovexattr, SYS_truncate, SYS_mkdirat, SYS_mknodat, SYS_fchownat, SYS_unlinkat,
     SYS_renameat2, SYS_linkat, SYS_symlinkat, SYS_fchmodat, SYS_utimensat, SYS_inotify_add_watch,
@@ -361,22 +362,36 @@ long lookups_end(const char **out) {
 
 static int preload_out = -1;
 
-/* The second argument the program was started with ("" when none). */
-static const char *first_argument(int argc, char **argv, char *buf, size_t cap) {
+/* Whether the program was started as clang's preprocessor: `... -cc1 ...`, or, when the
+ * command line was too long for one, `... @FILE` with FILE starting `"-cc1" ` (a response
+ * file, as clang writes them). (Not -cc1as: the assembler.) By its arguments, not its
+ * name: a clang installed as `cc` is one too. */
+static int is_clang_cc1(int argc, char **argv) {
+    char buf[8192];
+    const char *first = "";
 #ifdef __GLIBC__
-    (void)buf, (void)cap; /* (glibc hands a constructor main's arguments) */
-    return argc > 1 && argv != NULL && argv[1] != NULL ? argv[1] : "";
+    (void)buf; /* (glibc hands a constructor main's arguments) */
+    if (argc > 1 && argv != NULL && argv[1] != NULL) first = argv[1];
 #else
     (void)argc, (void)argv;
     int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return "";
-    long got = syscall(SYS_read, fd, buf, cap - 1);
+    if (fd < 0) return 0;
+    long got = syscall(SYS_read, fd, buf, sizeof buf - 1);
     syscall(SYS_close, fd);
-    if (got <= 0) return "";
+    if (got <= 0) return 0;
     buf[got] = 0;
-    size_t first = strlen(buf) + 1;
-    return first < (size_t)got ? buf + first : "";
+    size_t skip = strlen(buf) + 1; /* (argv[0], then argv[1]) */
+    if (skip < (size_t)got) first = buf + skip;
 #endif
+    if (strcmp(first, "-cc1") == 0) return 1;
+    if (first[0] != '@') return 0;
+    char head[8];
+    int rf = (int)syscall(SYS_openat, AT_FDCWD, first + 1, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (rf < 0) return 0;
+    long n = syscall(SYS_read, rf, head, sizeof head);
+    syscall(SYS_close, rf);
+    if (n >= 7 && memcmp(head, "\"-cc1\"", 6) == 0 && (head[6] == ' ' || head[6] == '\n')) return 1;
+    return n >= 5 && memcmp(head, "-cc1", 4) == 0 && (head[4] == ' ' || head[4] == '\n');
 }
 
 static int is_preprocessor(int argc, char **argv) {
@@ -386,10 +401,7 @@ static int is_preprocessor(int argc, char **argv) {
     exe[n] = 0;
     const char *base = strrchr(exe, '/');
     base = base ? base + 1 : exe;
-    if (strcmp(base, "cc1") == 0 || strcmp(base, "cc1plus") == 0) return 1;
-    /* clang's preprocessor: the program run as `clang -cc1 ...` (not -cc1as, the assembler) */
-    char cmd[64];
-    return strncmp(base, "clang", 5) == 0 && strcmp(first_argument(argc, argv, cmd, sizeof cmd), "-cc1") == 0;
+    return strcmp(base, "cc1") == 0 || strcmp(base, "cc1plus") == 0 || is_clang_cc1(argc, argv);
 }
 
 static void write_all(int fd, const char *p, size_t n) {
@@ -408,7 +420,7 @@ __attribute__((constructor)) static void preload_begin(int argc, char **argv) {
     const char *out = getenv("SAFEJIT_LOOKUPS");
     if (out == NULL || *out == 0 || !is_preprocessor(argc, argv)) return;
     light = 1;
-    if (lookups_install() != 0) return;  /* (then no file: safejit reads the sources alone) */
+    if (lookups_install() != 0) return;  /* (then no file: the build is not vouched for) */
     /* (opened now, written to at exit; made by the handler, before recording begins) */
     preload_out = (int)lookup_syscall(SYS_openat, AT_FDCWD, (long)out, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC,
                                       0600, 0, 0);

@@ -19,7 +19,7 @@ from safejit.spec import BuildSpec
 
 from .strategies import build_specs, dep_tuples
 
-STABLE_DEPS_KEY = "baddf3be3530e1b8cbdbf18474c61ef2abd5d617258bfc80b654c5f208f1cb36"  # KEY_SCHEMA 3
+STABLE_DEPS_KEY = "cd89c7d1a39e4f54495420f9906a63edfb3e0ac191f85c4f72021616b90ec72e"  # KEY_SCHEMA 4
 
 SEEDS = ("0", "12345")
 

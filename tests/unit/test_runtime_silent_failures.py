@@ -945,6 +945,23 @@ def test_lost_records_and_a_name_that_is_not_text_are_never_vouched_for(make_run
 
 
 @RECORDER
+def test_a_compile_no_preprocessor_recorded_is_never_vouched_for(make_runtime, tmp_path, cache_dir, monkeypatch):
+    """No records at all (the recorder not preloaded or not installed, a preprocessor it
+    did not know for one: clang run by a response file, a clang named cc) read as "none
+    to add": vouched for by reading the sources alone, with their gaps (a pasted probe)."""
+    root = tmp_path / "root"
+    (root / "lib").mkdir(parents=True)
+    (root / "lib/other.h").write_text("#define V 3\n")
+    src = safejit.Source("#include <other.h>\nint k(void) { return V; }\n", "k")
+    with monkeypatch.context() as mp:
+        mp.setattr(lookups, "read_preloaded", lambda cwd: None)
+        rt = make_runtime(source_roots=(str(root),))
+        assert rt.compile(src, include_dirs=(str(root / "lib"),)).kernel("k")() == 3 and leaves(cache_dir) == []
+    again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=(str(root / "lib"),))
+    assert again.kernel("k")() == 3 and again.artifact.tier == "compiled" and len(leaves(cache_dir)) == 1
+
+
+@RECORDER
 @pytest.mark.skipif(shutil.which("nvcc", path="/usr/local/cuda/bin:/usr/bin") is None, reason="no nvcc")
 def test_a_pasted_probe_is_recorded_through_nvcc_too(make_runtime, tmp_path, cache_dir):
     """nvcc preprocesses with the host compiler's: its lookups are recorded the same way."""

@@ -33,6 +33,23 @@ def test_libraries_loaded_one_after_another_are_each_their_own(tmp_path):
     assert [lib.function("value")() for lib in libs] == [1, 2, 3]
 
 
+def test_a_second_copy_of_the_module_loads_libraries_of_its_own(tmp_path):
+    """A subinterpreter, a reload or a vendored copy has a module of its own: a counter
+    kept in the module started again at 1 there, and its first load got the first
+    copy's library by that name."""
+    import importlib.util
+
+    from safejit.backends import _host_library
+
+    spec = importlib.util.spec_from_file_location("safejit.backends._host_library_twin", _host_library.__file__)
+    assert spec is not None and spec.loader is not None
+    twin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(twin)
+    first = HostLibrary(_shared_object(tmp_path, 1), "one")
+    second = twin.HostLibrary(_shared_object(tmp_path, 2), "two")
+    assert (first.function("value")(), second.function("value")()) == (1, 2)
+
+
 def test_the_names_differ_for_every_load_and_reach_the_descriptor(tmp_path):
     names = {_unique_name(7) for _ in range(300)}
     assert len(names) == 300

@@ -337,6 +337,33 @@ def test_clangs_preprocessor_run_apart_records_each_lookup(library, tmp_path, la
     assert proc.returncode == 0 and lookups.read_preloaded(str(inside)) is None, proc.stderr
 
 
+@pytest.mark.skipif(CLANG is None, reason="no clang")
+@pytest.mark.parametrize("case", ["response_file", "named_cc"])
+def test_clangs_preprocessor_is_known_by_its_arguments(library, tmp_path, case):
+    """A command line too long for one (a tenant's -D, -I) reaches ``clang -cc1`` in a
+    response file (``clang @FILE``); a clang installed as ``cc`` is no "clang" by name:
+    neither recorded, and the build was vouched for by reading the sources alone."""
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "inc/one.h").write_text("#define ONE 1\n")
+    (tmp_path / "t.c").write_text(_PASTED)
+    compiler, extra = str(CLANG), []
+    if case == "named_cc":
+        (tmp_path / "bin").mkdir()
+        compiler = str(tmp_path / "bin/cc")
+        shutil.copy(os.path.realpath(str(CLANG)), compiler)
+        extra = ["-nostdinc"]  # (its resource dir is where the real one is)
+    else:
+        extra = [f"-DLONG_MACRO_NAME_{i}=a_value_long_enough_to_need_a_response_file_{i}" for i in range(1600)]
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C", "TMPDIR": str(work), **(lookups.preload_env(library) or {})}
+    argv = [compiler, "-fno-integrated-cc1", "-c", *extra, f"-I{tmp_path}/inc", "../t.c", "-o", "t.o"]
+    proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    looked = dict(lookups.read_preloaded(str(work)) or ())
+    assert looked.get(f"{tmp_path}/inc/feat.h") is False and looked.get(f"{tmp_path}/inc/one.h") is True
+
+
 def test_only_gccs_preprocessors_record(library, tmp_path):
     """The driver, the assembler and the linker, and any other program, record nothing
     (nor refuse what they do: the recorder refuses exec, which a driver needs)."""
