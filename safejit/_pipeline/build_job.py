@@ -253,6 +253,7 @@ class BuildJob:
         # those under the source roots are used: with none, nothing is recorded.)
         recording = bool(workdir) and bool(self.config.source_roots) and bool(self.parts.sandbox.preload_env())
         self._looked = None
+        preloaded: set[str] = set()  # (the dirs of the runs the recorder was preloaded into)
         if recording:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(workdir, lookups.PRELOAD_FILE))
@@ -266,6 +267,7 @@ class BuildJob:
                     (*spec.toolchain.roots, *spec.toolchain.link_roots),
                     on_start=self.started,
                     record=recording,
+                    on_recorded=preloaded.add,
                 ),
                 timeout=self.config.compile_timeout_s,
                 search_dirs=self._search_dirs,
@@ -298,11 +300,16 @@ class BuildJob:
             if out.log:
                 s.add_event("compiler.log", {"safejit.log": out.log[:LOG_EVENT_CAP]})
         if recording:
-            # (none: no preprocessor recorded — not preloaded, the recorder not installed,
-            # a preprocessor not known for one: what it looked up is unknown, as when lost)
+            # (none from a compiler run it was preloaded into: the recorder not installed, a
+            # preprocessor not known for one — what it looked up is unknown, as when lost.
+            # None from a backend that ran no process there, NVRTC's worker: nothing to add)
             try:
                 looked = lookups.read_preloaded(workdir)
-                self._looked = "no preprocessor of the compile recorded its lookups" if looked is None else looked
+                self._looked = (
+                    "no preprocessor of the compile recorded its lookups"
+                    if looked is None and workdir in preloaded
+                    else looked
+                )
             except ValueError as exc:  # (lost: what they hid is unknown, the build unvouched)
                 self._looked = str(exc)
         instruments.compile_duration.record(out.seconds, self._attrs)

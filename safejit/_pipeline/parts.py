@@ -127,11 +127,13 @@ class Parts:
         on_start: Callable[[], None] | None = None,
         *,
         record: bool = False,
+        on_recorded: Callable[[str], None] | None = None,
     ) -> Runner:
         """Run argv lists in the sandbox: fixed PATH, TMPDIR in the work dir, only
         ``env_passthrough`` variables; read access to the source roots and
         ``toolchain_roots``. ``on_start`` runs once, when the first process has started.
-        ``record``: with the lookup recorder preloaded, where it can be (``Sandbox.recorder``)."""
+        ``record``: with the lookup recorder preloaded, where it can be (``Sandbox.recorder``);
+        ``on_recorded(cwd)`` is told of each run it was preloaded into."""
         pending = [on_start] if on_start is not None else []
         base_env = {"PATH": SYSTEM_PATH, "LC_ALL": "C", **dict(self._env)}
         roots = [*(root_policy.resolve_root(r) for r in config.source_roots), *toolchain_roots]
@@ -155,6 +157,8 @@ class Parts:
             tmp = os.path.join(where, ".tmp")
             os.makedirs(tmp, mode=0o700, exist_ok=True)  # (private: see the shim's hand_over)
             env = {**base_env, "TMPDIR": tmp, **preload}
+            if preload and on_recorded is not None:
+                on_recorded(where)
             return self.sandbox.run(
                 argv,
                 cwd=where,

@@ -28,6 +28,7 @@ __all__ = [
     "PCH_GUARD",
     "ArgvBuild",
     "display_paths",
+    "preprocessor_apart",
     "run_argv",
     "source_as_known",
     "user_paths",
@@ -112,6 +113,17 @@ PCH_GUARD_TEXT: Final = b"extern int __safejit_no_precompiled_headers;\n"
 #: The argv slot of ``-fdebug-prefix-map=<work dir>=.``: debug info names the staged
 #: source ``./src/<file>``, so the same inputs make the same bytes in any work dir.
 DEBUG_MAP: Final = "{DEBUG_MAP}"
+
+
+def preprocessor_apart(version: str) -> tuple[str, ...]:
+    """What has the compiler that says ``version`` of itself preprocess in a program of
+    its own, where the lookup recorder runs (``sandbox/lookups.c``): clang 10 and later
+    may do it in the driver's process, which must go on to run programs (the recorder
+    refuses exec). They run it apart already when they link too, as every host build
+    does: this makes it so whatever a driver would choose (bisheng, a clang, compiles
+    only). GCC's cc1 and older clangs always run apart."""
+    found = re.search(r"clang version (\d+)", version)
+    return ("-fno-integrated-cc1",) if found and int(found.group(1)) >= 10 else ()
 
 
 def _guard_path(workdir: str) -> str:

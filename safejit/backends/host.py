@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -27,7 +26,7 @@ from ..closure.hashing import hash_file, read_output
 from ..errors import ConfigError, LoadError, LoadTimeCodeError, SafejitError
 from ..sandbox import SYSTEM_PATH
 from ..spec import BuildSpec, LoadBaseline, Source, Toolchain
-from ._argv import PCH_GUARD, run_argv
+from ._argv import PCH_GUARD, preprocessor_apart, run_argv
 from ._elf import ElfError, dynsym_functions
 from ._host_library import HostLibrary
 from ._load_time import baseline_of, load_time_code
@@ -52,17 +51,6 @@ __all__ = ["HostBackend", "HostLibrary", "elf_exported_functions", "refuse_load_
 logger = logging.getLogger(__name__)
 
 _PROBE_SCHEMA: Final = 8
-
-
-def _preprocessor_apart(version: str) -> tuple[str, ...]:
-    """What has the compiler that says ``version`` of itself preprocess in a program of
-    its own, where the lookup recorder runs (``sandbox/lookups.c``): clang 10 and later
-    may do it in the driver's process, which must go on to run programs (the recorder
-    refuses exec). They run it apart already when they link too, as every host build
-    does: this makes it so whatever a driver would choose. GCC's cc1 and older clangs
-    always run apart."""
-    found = re.search(r"clang version (\d+)", version)
-    return ("-fno-integrated-cc1",) if found and int(found.group(1)) >= 10 else ()
 
 
 def _assembler_flags(version: str) -> tuple[str, ...]:
@@ -251,7 +239,7 @@ class HostBackend:
             *signature_flags(toolchain),  # (after the user's: what each kernel takes, in DWARF)
             no_caret_flag(toolchain.version),
             "-fno-lto",
-            *_preprocessor_apart(toolchain.version),
+            *preprocessor_apart(toolchain.version),
         ]
         if language == "c++" and not is_clang(toolchain.version):
             # g++ makes the statics of inline functions and templates STB_GNU_UNIQUE, which

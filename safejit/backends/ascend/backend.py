@@ -16,7 +16,7 @@ from typing import Any, Final
 from ...closure.hashing import hash_file
 from ...errors import CompileError, ConfigError, FlagPolicyError, LoadError
 from ...spec import BuildSpec, Source, Toolchain
-from .._argv import PCH_GUARD, run_argv
+from .._argv import PCH_GUARD, preprocessor_apart, run_argv
 from .._elf import ElfError, section_names
 from .._toolchain import ProbeCache, ProbeMemo, compiler_search_dirs, file_ident, run_text
 from ..base import CompileContext, CompileOutput, Products, Runner, macro_flags
@@ -138,6 +138,7 @@ class AscendBackend:
             "cce",
             "--cce-aicore-only",
             arch_flag,
+            *preprocessor_apart(toolchain.version),  # (where the lookup recorder runs)
             "-include",
             PCH_GUARD,  # (first: clang takes a .pch for the first -include's header)
             *flags,

@@ -177,6 +177,6 @@ def test_clang_assembles_with_gnu_as_so_that_its_reads_are_listed(make_runtime, 
     ],
 )
 def test_clang_from_10_is_told_to_preprocess_apart_where_the_recorder_runs(version, flags):
-    from safejit.backends.host import _preprocessor_apart
+    from safejit.backends._argv import preprocessor_apart
 
-    assert _preprocessor_apart(version) == flags
+    assert preprocessor_apart(version) == flags
