@@ -122,8 +122,9 @@ def preprocessor_apart(version: str) -> tuple[str, ...]:
     refuses exec). They run it apart already when they link too, as every host build
     does: this makes it so whatever a driver would choose (bisheng, a clang, compiles
     only). GCC's cc1 and older clangs always run apart."""
-    found = re.search(r"clang version (\d+)", version)
-    return ("-fno-integrated-cc1",) if found and int(found.group(1)) >= 10 else ()
+    at = version.find("clang version ")  # (no regex: argv is made on every hit's path)
+    major = version[at + len("clang version ") :].split(".", 1)[0] if at >= 0 else ""
+    return ("-fno-integrated-cc1",) if major.isdecimal() and int(major) >= 10 else ()
 
 
 def _guard_path(workdir: str) -> str:
