@@ -123,8 +123,9 @@ def preprocessor_apart(version: str) -> tuple[str, ...]:
     does: this makes it so whatever a driver would choose (bisheng, a clang, compiles
     only). GCC's cc1 and older clangs always run apart."""
     at = version.find("clang version ")  # (no regex: argv is made on every hit's path)
-    major = version[at + len("clang version ") :].split(".", 1)[0] if at >= 0 else ""
-    return ("-fno-integrated-cc1",) if major.isdecimal() and int(major) >= 10 else ()
+    rest = version[at + len("clang version ") :] if at >= 0 else ""
+    major = rest[: len(rest) - len(rest.lstrip("0123456789"))]  # (its leading digits)
+    return ("-fno-integrated-cc1",) if major and int(major) >= 10 else ()
 
 
 def _guard_path(workdir: str) -> str:

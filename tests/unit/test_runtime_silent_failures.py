@@ -913,8 +913,10 @@ def test_a_probe_whose_wrapper_token_pasting_names_is_recorded_by_the_preprocess
 @RECORDER
 @pytest.mark.skipif(CLANG is None, reason="no clang")
 def test_a_pasted_probe_is_recorded_with_clang_as_the_host_compiler(make_runtime, tmp_path):
-    """clang preprocessed in its driver's process, where nothing was recorded: the probe
-    token pasting names hit the old binary. Its preprocessor now runs apart, and records."""
+    """clang's preprocessor (``clang -cc1``) was not known for one: nothing recorded, and the
+    probe token pasting names hit the old binary. It records now. (A host build links: the
+    driver runs -cc1 apart whether told to or not; a compile alone, bisheng's, needs
+    -fno-integrated-cc1.)"""
     root = tmp_path / "root"
     files: dict[str, str | bytes] = {
         "lib/wrap.h": PASTED_H,

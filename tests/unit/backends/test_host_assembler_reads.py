@@ -172,6 +172,9 @@ def test_clang_assembles_with_gnu_as_so_that_its_reads_are_listed(make_runtime, 
     [
         ("Debian clang version 14.0.6\nTarget: x86_64-pc-linux-gnu", ("-fno-integrated-cc1",)),
         ("clang version 10.0.0", ("-fno-integrated-cc1",)),
+        ("clang version 17 (https://github.com/llvm/llvm-project)", ("-fno-integrated-cc1",)),
+        ("clang version 18-init\nTarget: x86_64", ("-fno-integrated-cc1",)),
+        ("BiSheng Enterprise 2.5 clang version 15.0.5 (b)\nld.lld: LLD 15.0.5", ("-fno-integrated-cc1",)),
         ("clang version 9.0.1", ()),  # (its preprocessor always ran apart)
         ("cc (Debian 12.2.0-14) 12.2.0", ()),
     ],

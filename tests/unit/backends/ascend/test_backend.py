@@ -162,6 +162,22 @@ def test_npu_arch_spelling_for_numeric_architectures(make_runtime, toolkit, asce
     assert "--npu-arch=dav-2201" in argv and "aicorelinux" in argv and "-Ttext=0" in argv
 
 
+def test_a_clang_based_bisheng_preprocesses_apart_where_the_lookups_are_recorded(
+    make_runtime, toolkit, ascend_project, cache_dir
+):
+    """bisheng compiles only (-c): a clang from 10 on preprocesses in the driver's own
+    process then, where the recorder does not run, and with source roots nothing is
+    cached. It is given -fno-integrated-cc1 (here a stand-in that says it is clang 15)."""
+    bisheng = toolkit / "compiler" / "ccec_compiler" / "bin" / "bisheng"
+    text = BISHENG.replace("bisheng stand-in 0.1 (safejit tests)", "BiSheng stand-in, clang version 15.0.5 (tests)")
+    bisheng.write_text(text.replace("-o|-MF|-MD|-c|", "-o|-MF|-MD|-c|-fno-integrated-cc1|"))
+    art = _rt(make_runtime, toolkit, ascend_project).build(
+        safejit.Source(ADD, "add_custom"), include_dirs=(str(ascend_project / "include"),), arch="dav-c220-vec"
+    )
+    assert "-fno-integrated-cc1" in json.loads((Path(art.path) / "manifest.json").read_text())["argv"]
+    assert len(leaves(cache_dir)) == 1
+
+
 def test_no_precompiled_header_and_no_library_a_source_names(make_runtime, toolkit, ascend_project):
     """bisheng (clang) takes ``X.h.pch`` for the first ``-include X.h`` (binary state no
     depfile names: a stale hit after it changed); a ``#pragma comment(lib, "<path>")``
