@@ -248,7 +248,7 @@ class BuildJob:
     def _compile(self, workdir: str, *, events: bool) -> CompileOutput:
         self.counters.add("compiles")
         spec, anchors = self.spec, self.anchors
-        # GCC's preprocessors record their lookups where they can (sandbox.lookups), into a
+        # The preprocessors record their lookups where they can (sandbox.lookups), into a
         # file in the work dir: none from an earlier run may stand in for this one's. (Only
         # those under the source roots are used: with none, nothing is recorded.)
         recording = bool(workdir) and bool(self.config.source_roots) and bool(self.parts.sandbox.preload_env())

@@ -142,7 +142,7 @@ def with_recorded_lookups(
     started_ns: int,
     trust_stat: bool = True,
 ) -> Closure:
-    """``closure`` and what GCC's preprocessors were recorded looking up under the roots
+    """``closure`` and what the preprocessors were recorded looking up under the roots
     (``sandbox.lookups.read_preloaded``: ``(path, found)``, found None when it changed
     while they ran) that the closure derived from the depfile and the sources misses —
     a probe whose name token pasting made (``CAT(HAS, INC)(<x.h>)``), any other: a path
