@@ -287,15 +287,20 @@ def _preloaded_gcc(library: str, tmp_path: Path, *argv: str) -> subprocess.Compl
     )
 
 
-def test_gccs_preprocessor_records_each_lookup_a_pasted_probe_made(library, tmp_path):
-    """What no reading of the source can know (a probe whose macro's name token pasting
-    made) the preprocessor's own lookups hold: not there, in each dir searched."""
-    for d in ("first", "inc"):
+def _pasted_project(tmp_path: Path) -> Path:
+    """``t.c`` (a pasted probe of ``<feat.h>``, then ``<one.h>``), the include dirs
+    ``first`` (empty) and ``inc`` (``one.h``): the run's directory, ``work``, made."""
+    for d in ("first", "inc", "work"):
         (tmp_path / d).mkdir()
     (tmp_path / "inc/one.h").write_text("#define ONE 1\n")
     (tmp_path / "t.c").write_text(_PASTED)
-    work = tmp_path / "work"
-    work.mkdir()
+    return tmp_path / "work"
+
+
+def test_gccs_preprocessor_records_each_lookup_a_pasted_probe_made(library, tmp_path):
+    """What no reading of the source can know (a probe whose macro's name token pasting
+    made) the preprocessor's own lookups hold: not there, in each dir searched."""
+    work = _pasted_project(tmp_path)
     proc = _preloaded_gcc(library, work, "-c", f"-I{tmp_path}/first", f"-I{tmp_path}/inc", "../t.c", "-o", "t.o")
     assert proc.returncode == 0 and "ld.so" not in proc.stderr, proc.stderr
     looked = dict(lookups.read_preloaded(str(work)) or ())
@@ -311,12 +316,7 @@ def test_gccs_preprocessor_records_each_lookup_a_pasted_probe_made(library, tmp_
 def test_clangs_preprocessor_run_apart_records_each_lookup(library, tmp_path, language):
     """clang preprocesses in its driver's process unless told not to (-fno-integrated-cc1):
     then ``clang -cc1`` records, as GCC's cc1 does, and its object is renamed into place."""
-    for d in ("first", "inc"):
-        (tmp_path / d).mkdir()
-    (tmp_path / "inc/one.h").write_text("#define ONE 1\n")
-    (tmp_path / "t.c").write_text(_PASTED)
-    work = tmp_path / "work"
-    work.mkdir()
+    work = _pasted_project(tmp_path)
     env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C", **(lookups.preload_env(library) or {})}
     argv = [str(CLANG), "-fno-integrated-cc1", "-c", "-x", language, f"-I{tmp_path}/first", f"-I{tmp_path}/inc"]
     proc = subprocess.run(
@@ -343,9 +343,7 @@ def test_clangs_preprocessor_is_known_by_its_arguments(library, tmp_path, case):
     """A command line too long for one (a tenant's -D, -I) reaches ``clang -cc1`` in a
     response file (``clang @FILE``); a clang installed as ``cc`` is no "clang" by name:
     neither recorded, and the build was vouched for by reading the sources alone."""
-    (tmp_path / "inc").mkdir()
-    (tmp_path / "inc/one.h").write_text("#define ONE 1\n")
-    (tmp_path / "t.c").write_text(_PASTED)
+    work = _pasted_project(tmp_path)
     compiler, extra = str(CLANG), []
     if case == "named_cc":
         (tmp_path / "bin").mkdir()
@@ -354,8 +352,6 @@ def test_clangs_preprocessor_is_known_by_its_arguments(library, tmp_path, case):
         extra = ["-nostdinc"]  # (its resource dir is where the real one is)
     else:
         extra = [f"-DLONG_MACRO_NAME_{i}=a_value_long_enough_to_need_a_response_file_{i}" for i in range(1600)]
-    work = tmp_path / "work"
-    work.mkdir()
     env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C", "TMPDIR": str(work), **(lookups.preload_env(library) or {})}
     argv = [compiler, "-fno-integrated-cc1", "-c", *extra, f"-I{tmp_path}/inc", "../t.c", "-o", "t.o"]
     proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=120, check=False)
