@@ -119,6 +119,7 @@ VARIABLES: Mapping[str, tuple[str, Callable[[str], Any]]] = {
     "SAFEJIT_REMOTE_CONNECT_TIMEOUT_S": ("remote_connect_timeout_s", _float),
     "SAFEJIT_REMOTE_TIMEOUT_S": ("remote_timeout_s", _float),
     "SAFEJIT_REMOTE_MAX_BYTES": ("remote_max_bytes", parse_size),
+    "SAFEJIT_REMOTE_HEAD_MAX_BYTES": ("remote_head_max_bytes", parse_size),
     "SAFEJIT_REMOTE_LEASE_TTL_S": ("remote_lease_ttl_s", _float),
     "SAFEJIT_VERIFY_KEYS": ("verify_keys", _key_list),
 }
@@ -168,6 +169,8 @@ HELP: Mapping[str, str] = {
     "SAFEJIT_REMOTE_CONNECT_TIMEOUT_S": "seconds to connect to the remote (0.1)",
     "SAFEJIT_REMOTE_TIMEOUT_S": "the floor of a remote operation's deadline (0.05 Redis, 0.5 S3)",
     "SAFEJIT_REMOTE_MAX_BYTES": "the largest artifact fetched or sent, bytes or a size (`512M`, the default)",
+    "SAFEJIT_REMOTE_HEAD_MAX_BYTES": "the largest artifact also kept as its build key's head, read with the index "
+    "(Redis; `1M`, the default; `0`: none)",
     "SAFEJIT_REMOTE_LEASE_TTL_S": "seconds a build lease lives without its holder's heartbeat (30)",
     "SAFEJIT_VERIFY_KEYS": "Ed25519 public keys that may sign leaves: `id=key;id=key`",
     **OTHER_VARIABLES,

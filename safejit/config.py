@@ -162,6 +162,10 @@ class Config:
     remote_timeout_s: float | None = None
     #: The largest artifact fetched from or sent to the remote.
     remote_max_bytes: int = 512 * _MiB
+    #: The largest artifact also kept as its build key's head on a Redis remote: read with
+    #: the index, a hit in one round trip. Each build key's first such artifact is stored
+    #: twice; 0: no heads.
+    remote_head_max_bytes: int = 1 * _MiB
     #: How long a build lease lives without its holder's heartbeat (a dead node's expires).
     remote_lease_ttl_s: float = 30.0
     #: Whether an unsigned leaf is a miss. None (the default): yes when any key is set.
@@ -252,6 +256,7 @@ class Config:
             "connect_timeout_s": self.remote_connect_timeout_s,
             "timeout_s": self.remote_timeout_s,
             "max_bytes": self.remote_max_bytes,
+            "head_max_bytes": self.remote_head_max_bytes,
             "lease_ttl_s": self.remote_lease_ttl_s,
         }
         if not env:

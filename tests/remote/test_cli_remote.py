@@ -223,8 +223,8 @@ def test_verify_passes_signed_leaves_and_with_local_checks_this_machines_files(f
 #: signed: a manifest rewritten in place fails its signature before anything else is
 #: checked; one moved, or whose listed closure was changed, names another leaf first.
 VERIFY_REASONS = {
-    "flipped byte in the blob": {"artifact"},
-    "blob swapped for another": {"artifact"},
+    "flipped byte in the blob and the head": {"artifact"},
+    "blob and head swapped for another": {"artifact"},
     "manifest under another build key": {"mismatch"},
     "manifest under another deps key": {"mismatch"},
     "manifest of another tenant": {"mismatch"},

@@ -107,3 +107,52 @@ def test_a_closed_store_closes_its_kept_connections(redis_server, store):
     with pytest.raises(RemoteError, match="closed"):  # (a closed store connects to nothing again)
         store.index(K)
     assert clients() == before - 1
+
+
+def test_a_head_read_behind_the_index_keeps_the_connection_read_or_cancelled(redis_server, store):
+    """The index and the head go out in one write; the head's replies are read off the same
+    connection, or, cancelled, read to their end and dropped: either way it is kept, and
+    lookups of a build key with no head, with a head read, a head cancelled unread (a
+    large one) all run on the one connection."""
+    head = bytes(range(256)) * 2048  # (512 KiB: more than one recv)
+    assert store.put_head(K, head).value == "created"
+    index, pending = store.index_and_head(hexkey("absent"))
+    assert dict(index) == {} and pending is not None and pending.result() is None
+    before = connections(redis_server)
+    for _ in range(3):
+        index, pending = store.index_and_head(K)
+        assert dict(index) == {D: b'{"m": 1}'} and bytes(pending.result()) == head
+        index, pending = store.index_and_head(K)
+        pending.cancel()
+        pending.cancel()  # (a second call does nothing)
+        index, pending = store.index_and_head(hexkey("absent"))
+        pending.cancel()
+        assert bytes(store.get_blob(BLOB, size=14)) == b"artifact bytes"
+    assert connections(redis_server) == before + 1  # (the admin's, asking)
+
+
+def test_a_head_over_its_cap_or_of_another_type_drops_its_connection_not_the_next_read(redis_server, store):
+    key = store.layout.redis_head(K)
+    admin = redis_server.admin()
+    admin.set(key, b"\x00" + b"x" * (store.settings.head_max_bytes + 10))
+    _, pending = store.index_and_head(K)
+    with pytest.raises(RemoteError) as oversize:
+        pending.result()
+    assert oversize.value.reason == "oversize"
+    admin.delete(key)
+    admin.hset(key, "a", "b")
+    _, pending = store.index_and_head(K)
+    with pytest.raises(RemoteError) as wrong:
+        pending.result()
+    assert wrong.value.reason == "corrupt"
+    _, pending = store.index_and_head(K)
+    pending.cancel()  # (an error reply: the connection is dropped, never kept)
+    assert dict(store.index(K)) == {D: b'{"m": 1}'}
+    assert store.breaker.state == "closed"  # (neither is the remote failing)
+
+
+def test_heads_off_reads_the_index_alone(redis_server, make_store):
+    store = make_store(redis_server.url, head_max_bytes=0)
+    store.publish_manifest(K, D, b'{"m": 1}')
+    index, pending = store.index_and_head(K)
+    assert dict(index) == {D: b'{"m": 1}'} and pending is None

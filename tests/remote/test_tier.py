@@ -71,8 +71,9 @@ def test_a_remote_leaf_is_checked_against_this_nodes_files(node, project, tmp_pa
 
 
 def test_a_remote_leaf_whose_closure_differs_here_is_never_read(node, project, otel_sdk):
-    """Its artifact is asked for while the closure is checked (the bytes travel meanwhile),
-    but the reply is dropped unread: no fetch span (in which the bytes are read and hashed)."""
+    """Its artifact is asked for while the closure is checked (the bytes travel meanwhile:
+    here the build key's head, asked for with the index), but the reply is dropped, never
+    hashed, decoded or loaded: no fetch span (in which the bytes are read and hashed)."""
     _published(node("a"), project)
     (project / "include" / "inner.h").write_text("#define INNER 9\n")
     spans, _ = otel_sdk
@@ -110,19 +111,29 @@ def _blob_key(man_raw: bytes) -> str:
     return f"sj:v1:default:cas:{decode_manifest(man_raw).artifact_digest}"
 
 
+def _copies(redis_server) -> list[str]:
+    """Where the artifact is stored: its blob, and the build key's head (the first leaf's)."""
+    index, _, raw = _entry(redis_server)
+    head = index.replace(":idx:", ":head:")
+    assert redis_server.admin().get(head) == redis_server.admin().get(_blob_key(raw))
+    return [_blob_key(raw), head]
+
+
 def flip_blob(redis_server) -> None:
     admin = redis_server.admin()
-    _, _, raw = _entry(redis_server)
-    key = _blob_key(raw)
-    blob = bytearray(admin.get(key))
-    blob[-1] ^= 0xFF
-    admin.set(key, bytes(blob))
+    for key in _copies(redis_server):
+        blob = bytearray(admin.get(key))
+        blob[-1] ^= 0xFF
+        admin.set(key, bytes(blob))
+
+
+SWAPPED = encode_blob(b'safejit-fake-1\n{"INNER": "666"}', min_bytes=1 << 30)
 
 
 def swap_blob(redis_server) -> None:
     admin = redis_server.admin()
-    _, _, raw = _entry(redis_server)
-    admin.set(_blob_key(raw), encode_blob(b'safejit-fake-1\n{"INNER": "666"}', min_bytes=1 << 30))
+    for key in _copies(redis_server):
+        admin.set(key, SWAPPED)
 
 
 def move_to_other_build_key(redis_server) -> None:
@@ -172,8 +183,8 @@ def not_json(redis_server) -> None:
 
 
 TAMPERS = {
-    "flipped byte in the blob": (flip_blob, {"artifact"}),
-    "blob swapped for another": (swap_blob, {"artifact"}),
+    "flipped byte in the blob and the head": (flip_blob, {"artifact"}),
+    "blob and head swapped for another": (swap_blob, {"artifact"}),
     "manifest under another build key": (move_to_other_build_key, {"mismatch", "absent"}),
     "manifest under another deps key": (move_to_other_deps_key, {"mismatch"}),
     "manifest of another tenant": (move_to_other_tenant, {"mismatch"}),
@@ -197,6 +208,122 @@ def test_a_tampered_remote_leaf_is_a_named_miss_and_nothing_is_loaded(node, proj
     lookups = [s for s in spans.get_finished_spans() if s.name == "safejit.cache.remote.lookup"]
     assert lookups and lookups[0].attributes["safejit.result"] == "miss"
     assert lookups[0].attributes["safejit.reason"] in reasons, lookups[0].attributes
+
+
+def _bomb() -> bytes:
+    import zstandard
+
+    return b"\x01" + zstandard.ZstdCompressor(level=19).compress(b"\0" * (64 << 20))
+
+
+HEAD_TAMPERS = {
+    "flipped byte": lambda value: value[:-1] + bytes((value[-1] ^ 0xFF,)),
+    "another artifact": lambda value: SWAPPED,
+    "over head_max_bytes": lambda value: b"\x00" + b"x" * (2 << 20),
+    "a compression bomb": lambda value: _bomb(),
+    "an unknown codec": lambda value: b"\x07" + value[1:],
+    "a value of another type": None,
+}
+
+
+@pytest.mark.parametrize("tamper", list(HEAD_TAMPERS))
+def test_a_head_that_is_not_the_leafs_artifact_is_passed_over_for_its_blob(node, project, redis_server, tamper):
+    """The head (the artifact read with the index) is used only when its bytes hash as the
+    manifest says; anything else there costs the blob's round trip, never a load of it.
+    With the blob gone too, the leaf is a miss (its artifact), and the node compiles."""
+    _published(node("a"), project)
+    admin = redis_server.admin()
+    blob, head = _copies(redis_server)
+    change = HEAD_TAMPERS[tamper]
+    if change is None:
+        admin.delete(head)
+        admin.hset(head, "x", "y")
+    else:
+        admin.set(head, change(admin.get(head)))
+    b = node("b", max_artifact_bytes=1 << 20)
+    mod = b.compile(SRC, include_dirs=_inc(project))
+    assert mod.artifact.tier == "remote" and mod.kernel("INNER")() == 41
+    assert b.stats()["remote_hits"] == 1
+    admin.delete(blob)
+    c = node("c", max_artifact_bytes=1 << 20)
+    mod = c.compile(SRC, include_dirs=_inc(project))
+    assert mod.artifact.tier == "compiled" and mod.kernel("INNER")() == 41
+    assert c.stats()["remote_hits"] == 0
+
+
+def test_a_hit_on_the_head_takes_one_round_trip_and_reads_no_blob(node, project, redis_server, monkeypatch):
+    """The index and the head go out in one write: a leaf whose artifact is its build key's
+    head is a hit with no blob read (the blob may even be gone); with heads off
+    (``head_max_bytes=0``) the same hit reads the blob."""
+    _published(node("a"), project)
+    admin = redis_server.admin()
+    blob, _ = _copies(redis_server)
+    admin.delete(blob)
+    b = node("b")
+    sent = _count_sends(b, monkeypatch)
+    mod = b.compile(SRC, include_dirs=_inc(project))
+    assert mod.artifact.tier == "remote" and mod.kernel("INNER")() == 41
+    assert sent == [1], sent  # (one write: the index and the head's read, pipelined)
+    off = node("c", remote_head_max_bytes=0)
+    assert off.compile(SRC, include_dirs=_inc(project)).artifact.tier == "compiled"  # (no blob, no head read)
+
+
+def test_only_the_first_leaf_of_a_build_key_is_its_head(node, project, redis_server):
+    """A second leaf (another closure) keeps its artifact in its blob only; a node whose
+    files are the second's gets it from there, the head read and passed over."""
+    _published(node("a"), project)
+    admin = redis_server.admin()
+    _, head = _copies(redis_server)
+    first = admin.get(head)
+    (project / "include" / "inner.h").write_text("#define INNER 9\n")
+    time.sleep(0.05)
+    _published(node("b"), project)
+    assert admin.get(head) == first and len(admin.hgetall(_entry_key(redis_server))) == 2
+    c = node("c")
+    mod = c.compile(SRC, include_dirs=_inc(project))
+    assert mod.artifact.tier == "remote" and mod.kernel("INNER")() == 9
+
+
+def _entry_key(redis_server) -> str:
+    (index,) = redis_server.admin().keys("sj:v1:default:fake:idx:*")
+    return index.decode()
+
+
+class _Counted:
+    """A connection's socket that counts its writes (each a round trip's request)."""
+
+    def __init__(self, sock, counts: list[int]) -> None:
+        self._sock, self._counts = sock, counts
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+    def sendall(self, data) -> None:
+        self._counts[-1] += 1
+        self._sock.sendall(data)
+
+
+def _count_sends(rt: safejit.Runtime, monkeypatch) -> list[int]:
+    """Writes to the server per remote lookup of ``rt`` (filled as it looks)."""
+    from safejit.cache.remote._lane import Lane
+
+    tier = rt._init()[0].remote
+    counts: list[int] = []
+    take, look = Lane.take, tier._look
+
+    def counted_take(lane):
+        conn = take(lane)
+        if not isinstance(conn._sock, _Counted):
+            conn._sock = _Counted(conn._sock, counts)
+        return conn
+
+    def counted_look(build_key, anchors):
+        counts.append(0)
+        return look(build_key, anchors)
+
+    monkeypatch.setattr(Lane, "take", counted_take)
+    monkeypatch.setattr(tier, "_look", counted_look)
+    return counts
 
 
 def test_an_unsigned_or_foreign_signed_leaf_is_a_miss_under_verify_keys(node, project, redis_server, tmp_path):

@@ -1,5 +1,6 @@
 """One RemoteTier, lookup after lookup on the same store, as in a long-running process: a
-hit; a flipped byte in the artifact (its bytes read to the end, its BLAKE3 refused) and a
+hit; a flipped byte in the artifact (its bytes read to the end, its BLAKE3 refused; in the
+build key's head alone, its blob serves) and a
 changed header (the artifact dropped unread, with its connection) are misses with their
 reasons, never exceptions; once repaired the next lookup hits again on the same tier, and
 none of this leaves the store holding more connections."""
@@ -35,8 +36,10 @@ def connections(admin, settled: int | None = None) -> int:
     return n
 
 
-@pytest.fixture
-def setup(redis_server, make_store, tmp_path):
+@pytest.fixture(params=["blob", "head"])
+def setup(request, redis_server, make_store, tmp_path):
+    """The tier, its anchors, the sources, and where the artifact is stored: its blob, and
+    (``head``) the build key's head too, as an upload of a build key's first leaf leaves it."""
     src = tmp_path / "src"
     src.mkdir()
     deps = []
@@ -61,27 +64,36 @@ def setup(redis_server, make_store, tmp_path):
     )
     store = make_store(redis_server.url)
     store.put_blob(man.artifact_digest, ARTIFACT)
+    copies = [store.layout.redis_cas(man.artifact_digest)]
+    if request.param == "head":
+        store.put_head(K, ARTIFACT)
+        copies.append(store.layout.redis_head(K))
     store.publish_manifest(K, man.deps_key, encode_manifest(man))
     memo_dir = tmp_path / "memo"
     memo_dir.mkdir(mode=0o700)
     tier = RemoteTier(
         store, writable=False, verifier=None, memo=StatMemo(str(memo_dir)), max_artifact_bytes=1 << 30, attrs={}
     )
-    return tier, Anchors({"s0": str(src.resolve())}), src, store.layout.redis_cas(man.artifact_digest)
+    return tier, Anchors({"s0": str(src.resolve())}), src, copies
 
 
 def test_misses_between_hits_on_one_tier_are_named_and_leave_no_connection_behind(redis_server, setup):
-    tier, anchors, src, blob_key = setup
+    tier, anchors, src, copies = setup
     admin = redis_server.admin()
     hit = tier.lookup(K, anchors)
     assert isinstance(hit, VerifiedLeaf) and hit.artifact == ARTIFACT
     held = connections(admin)
 
-    stored = admin.get(blob_key)
-    admin.set(blob_key, stored[:-1] + bytes([stored[-1] ^ 1]))  # a flipped byte in the artifact
-    miss = tier.lookup(K, anchors)
-    assert isinstance(miss, Rejection) and miss.reason is Miss.ARTIFACT, miss
-    admin.set(blob_key, stored)
+    stored = admin.get(copies[0])
+    for key in reversed(copies):  # a flipped byte in the artifact: in the head alone, then everywhere
+        admin.set(key, stored[:-1] + bytes([stored[-1] ^ 1]))
+        found = tier.lookup(K, anchors)
+        if key == copies[0]:
+            assert isinstance(found, Rejection) and found.reason is Miss.ARTIFACT, found
+        else:  # (its blob serves)
+            assert isinstance(found, VerifiedLeaf) and found.artifact == ARTIFACT
+    for key in copies:
+        admin.set(key, stored)
     assert isinstance(tier.lookup(K, anchors), VerifiedLeaf)
 
     header = src / "h1.h"

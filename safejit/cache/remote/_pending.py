@@ -1,6 +1,7 @@
 """A Redis blob read under way (:class:`PendingGet`, what ``RedisStore.start_blob``
-returns): asked for at once, its replies read later straight off the connection
-(``_resp.Replies``), a raw artifact hashed as it is received."""
+returns, and a build key's head read behind its index): asked for at once, its replies
+read later straight off the connection (``_resp.Replies``), a raw artifact hashed as it
+is received."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ._resp import Replies, pack
 if TYPE_CHECKING:
     import blake3
 
+    from ._lane import Lane
     from .redis import RedisStore
 
 __all__ = ["RAW_HEAD", "PendingGet"]
@@ -31,7 +33,7 @@ class PendingGet:
     byte past the cap: a larger value is ``oversize`` and never read whole. A raw value is
     hashed piece by piece as it is received (``digest``), while the rest is on its way."""
 
-    __slots__ = ("_cap", "_conn", "_error", "_lane", "_start", "_store", "digest")
+    __slots__ = ("_cap", "_conn", "_error", "_lane", "_replies", "_start", "_store", "digest")
 
     def __init__(self, store: RedisStore, key: str, cap: int) -> None:
         self._store = store
@@ -40,6 +42,7 @@ class PendingGet:
         self._lane = store._lane(cap + 1)
         self._conn: Any = None
         self._error: Exception | None = None
+        self._replies: Replies | None = None
         self._start = time.perf_counter()
         try:
             conn = self._lane.take()  # (connects if need be; the pool takes back one that fails)
@@ -47,12 +50,26 @@ class PendingGet:
             self._error = exc
             return
         try:
-            conn._sock.sendall(pack("GETRANGE", key, 0, 0) + pack("GETRANGE", key, 1, cap + 1))
+            conn._sock.sendall(self.request(key, cap))
         except Exception as exc:
             self._error = exc
             self._lane.drop(conn)
             return
         self._conn = conn
+
+    @staticmethod
+    def request(key: str, cap: int) -> bytes:
+        return pack("GETRANGE", key, 0, 0) + pack("GETRANGE", key, 1, cap + 1)
+
+    @classmethod
+    def behind(cls, store: RedisStore, lane: Lane, conn: Any, replies: Replies, cap: int) -> PendingGet:
+        """The read whose :meth:`request` went out behind another command on ``conn``, whose
+        reply ``replies`` read (what was received past it is the start of this one's)."""
+        self = cls.__new__(cls)
+        self._store, self._cap, self.digest, self._lane = store, cap, None, lane
+        self._conn, self._error, self._replies = conn, None, replies
+        self._start = time.perf_counter()
+        return self
 
     def result(self) -> memoryview | None:
         try:
@@ -74,7 +91,11 @@ class PendingGet:
             # (the whole reply within the deadline the lane's sockets wait for each piece of it,
             # counted from here: not the caller's own checks while the bytes travelled)
             deadline = time.monotonic() + self._store.settings.reply_deadline(self._cap + 1)
-            replies = Replies(self._store._redis, conn, deadline)
+            if self._replies is None:
+                replies = Replies(self._store._redis, conn, deadline)
+            else:
+                replies = self._replies
+                replies.restart(deadline)
             head = replies.bulk(1, expect=1)
             hasher = new_hasher() if head == RAW_HEAD else None
             payload = replies.bulk(self._cap + 1, expect=self._cap, hasher=hasher)
@@ -89,6 +110,19 @@ class PendingGet:
 
     def cancel(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None:
+        if conn is None:
+            return
+        replies = self._replies
+        if replies is not None:
+            # Behind an index read: read to its end and keep the connection, warm (a head is
+            # small; an absent one two empty replies, there already), within an operation's
+            # deadline; else it is dropped.
             with contextlib.suppress(Exception):
-                self._lane.drop(conn)  # the reply is dropped unread, with the connection carrying it
+                replies.restart(time.monotonic() + self._store.settings.op_timeout_s)
+                replies.bulk(1, expect=1)
+                replies.bulk(self._cap + 1, expect=0)
+                if replies.drained:
+                    self._lane.give(conn)
+                    return
+        with contextlib.suppress(Exception):
+            self._lane.drop(conn)  # the reply is dropped unread, with the connection carrying it

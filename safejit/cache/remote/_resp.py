@@ -63,6 +63,10 @@ class Replies:
         #: keeps the deadline of a small one).
         self._start, self._allow = time.monotonic(), allow
 
+    def restart(self, deadline: float) -> None:
+        """The next replies (another command's, sent behind) must all be in by ``deadline``."""
+        self._deadline, self._start = deadline, time.monotonic()
+
     def _expect(self, nbytes: int) -> None:
         if self._allow is not None and self._deadline is not None:
             self._deadline = max(self._deadline, self._start + self._allow(nbytes))

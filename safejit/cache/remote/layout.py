@@ -6,6 +6,7 @@ Redis keys::
     sj:v1:<tenant>:cas:<blake3>
     sj:v1:<tenant>:<backend>:idx:<K>        (hash; field <D>)
     sj:v1:<tenant>:<backend>:lease:<K>
+    sj:v1:<tenant>:<backend>:head:<K>       (the first leaf's artifact, small ones only)
 
 S3 object keys (under the URL's prefix)::
 
@@ -71,6 +72,9 @@ class Layout:
 
     def redis_lease(self, build_key: str) -> str:
         return f"sj:{SCHEMA}:{self.tenant}:{self.backend}:lease:{check_hex(build_key, 'build key')}"
+
+    def redis_head(self, build_key: str) -> str:
+        return f"sj:{SCHEMA}:{self.tenant}:{self.backend}:head:{check_hex(build_key, 'build key')}"
 
     def redis_prefix(self, kind: str) -> str:
         """What every key of ``kind`` (``index``, ``blob``, ``lease``) starts with: a SCAN

@@ -8,7 +8,9 @@ transfer that needs 300 ms runs on a pool whose sockets wait at most 400 ms, a l
 on one that waits at most the floor. Blob reads use ``GETRANGE key 0 cap`` so a value
 over the cap is never read whole, and their replies are read straight off the socket,
 the value received into the bytes object handed back (``_resp.Replies``); a lookup's index
-read likewise. Both go on connections kept apart from the pool's machinery (``_lane.Lane``).
+read likewise, with the build key's head (every command single-key, pipelined) read
+behind it in the same round trip. Both go on connections kept apart from the pool's
+machinery (``_lane.Lane``).
 
 redis-py is imported when a store is made, never by ``import safejit``.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 import functools
 import inspect
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar, cast
 
 from ... import faults
@@ -197,42 +199,51 @@ class RedisStore(Engine["_redis.Redis"]):
     # -- index ---------------------------------------------------------------
 
     def index(self, build_key: str) -> Mapping[str, bytes]:
+        return self._index(build_key, head=False)[0]
+
+    def index_and_head(self, build_key: str) -> tuple[Mapping[str, bytes], PendingBlob | None]:
+        if not self.settings.head_max_bytes:
+            return self.index(build_key), None
+        return self._index(build_key, head=True)
+
+    def _index(self, build_key: str, *, head: bool) -> tuple[Mapping[str, bytes], PendingGet | None]:
+        """The index (HGETALL) and, with ``head``, the head's read sent behind it in the
+        same write: one round trip, the head's replies read later off the same connection
+        (:class:`PendingGet`)."""
         self._guard.admit("index")
         settings = self.settings
-        limit, entries = settings.max_manifest_bytes, settings.index_cap
+        limit, entries, cap = settings.max_manifest_bytes, settings.index_cap, settings.head_max_bytes
         request = pack("HGETALL", self.layout.redis_idx(build_key))
-        pairs = self._guard.run(
-            "index",
-            "remote.get",
-            lambda: self._exchange(
-                request, lambda replies: replies.pairs(limit, entries=entries, budget=INDEX_BUDGET * limit)
-            ),
-            received=lambda r: sum(len(v) for _, v in r),
-        )
+        if head:
+            request += PendingGet.request(self.layout.redis_head(build_key), cap)
+        lane = self._lane(cap + 1 if head else 0)
+        kept: list[tuple[Any, Replies]] = []
+
+        def exchange() -> list[tuple[bytes, bytes]]:
+            conn = lane.take()
+            try:
+                conn._sock.sendall(request)
+                # (the whole reply within its deadline, which grows with the sizes it announces)
+                allow = settings.reply_deadline
+                replies = Replies(self._redis, conn, time.monotonic() + allow(0), allow=allow)
+                got = replies.pairs(limit, entries=entries, budget=INDEX_BUDGET * limit)
+            except BaseException:
+                lane.drop(conn)  # (a reply left unread would be the next command's)
+                raise
+            if head:
+                kept.append((conn, replies))  # (the head's replies follow on it)
+            elif replies.drained:
+                lane.give(conn)
+            else:
+                lane.drop(conn)
+            return got
+
+        pairs = self._guard.run("index", "remote.get", exchange, received=lambda r: sum(len(v) for _, v in r))
         out: dict[str, bytes] = {}
         for field, value in pairs:
             if is_hex(name := field.decode("ascii", "replace")):
                 out[name] = value
-        return out
-
-    def _exchange(self, request: bytes, read: Callable[[Replies], T]) -> T:
-        """``request`` sent on a lane's connection, and ``read`` of its replies."""
-        lane = self._lane(0)
-        conn = lane.take()
-        try:
-            conn._sock.sendall(request)
-            # (the whole reply within its deadline, which grows with the sizes it announces)
-            allow = self.settings.reply_deadline
-            replies = Replies(self._redis, conn, time.monotonic() + allow(0), allow=allow)
-            got = read(replies)
-        except BaseException:
-            lane.drop(conn)  # (a reply left unread would be the next command's)
-            raise
-        if replies.drained:
-            lane.give(conn)
-        else:
-            lane.drop(conn)
-        return got
+        return out, (PendingGet.behind(self, lane, *kept[0], cap) if kept else None)
 
     def publish_manifest(self, build_key: str, deps_key: str, manifest: bytes) -> Put:
         key = self.layout.redis_idx(build_key)
@@ -279,15 +290,22 @@ class RedisStore(Engine["_redis.Redis"]):
         return codec.decode_parts(faults.mangle("remote.get", head), payload, max_bytes=cap)
 
     def put_blob(self, digest: str, data: bytes) -> Put:
-        key = self.layout.redis_cas(digest)
-        settings = self.settings
         self._check_put_size(data)
-        self._guard.admit("put_blob")
+        return self._put_once("put_blob", self.layout.redis_cas(digest), data)
+
+    def put_head(self, build_key: str, data: bytes) -> Put | None:
+        if len(data) > self.settings.head_max_bytes:
+            raise RemoteError("oversize", "put_head", f"{len(data)} bytes > head_max_bytes", engine=self.engine)
+        return self._put_once("put_head", self.layout.redis_head(build_key), data)
+
+    def _put_once(self, op: str, key: str, data: bytes) -> Put:
+        settings = self.settings
+        self._guard.admit(op)
         if len(data) >= settings.compress_min_bytes and self._exists(key):
             return Put.EXISTS  # SET NX would ship the whole value only to be refused
         blob = codec.encode(data, min_bytes=settings.compress_min_bytes, level=settings.compress_level)
         client = self.client(len(blob))
-        done = self._guard.run("put_blob", "remote.put", lambda: client.set(key, blob, nx=True), sent=len(blob))
+        done = self._guard.run(op, "remote.put", lambda: client.set(key, blob, nx=True), sent=len(blob))
         return Put.CREATED if done else Put.EXISTS
 
     # -- leases --------------------------------------------------------------

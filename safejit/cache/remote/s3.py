@@ -229,6 +229,14 @@ class S3Store(Engine[Any]):
 
         return self._run("index", "remote.get", fetch, received=lambda r: sum(len(v) for v in r.values()))
 
+    def index_and_head(self, build_key: str) -> tuple[Mapping[str, bytes], PendingBlob | None]:
+        # (no heads: a lookup's requests cannot share a round trip here; the blob is asked for
+        # while the closure is checked)
+        return self.index(build_key), None
+
+    def put_head(self, build_key: str, data: bytes) -> Put | None:
+        return None
+
     def publish_manifest(self, build_key: str, deps_key: str, manifest: bytes) -> Put:
         path = self.layout.s3_idx(build_key, deps_key)
         self._check_manifest_size(manifest)

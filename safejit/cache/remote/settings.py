@@ -45,6 +45,11 @@ class RemoteSettings:
     max_manifest_bytes: int = 1 * _MiB
     #: Index entries (leaves) per build key; a full index refuses more.
     index_cap: int = 64
+    #: The largest artifact also kept as its build key's head (Redis): the first leaf's
+    #: artifact, read in the same round trip as the index (a hit in one round trip, as
+    #: REAPI inlines small outputs). Every lookup of a build key reads its head, up to
+    #: this many bytes; 0: no heads.
+    head_max_bytes: int = 1 * _MiB
     lease_ttl_s: float = 30.0
     #: Artifacts at least this large are stored zstd-compressed (when that makes them smaller).
     compress_min_bytes: int = 64 * _KiB
@@ -66,6 +71,8 @@ class RemoteSettings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"remote {name} must be a positive integer, got {value!r}")
+        if not isinstance(self.head_max_bytes, int) or isinstance(self.head_max_bytes, bool) or self.head_max_bytes < 0:
+            raise ConfigError(f"remote head_max_bytes must be a non-negative integer, got {self.head_max_bytes!r}")
         if not isinstance(self.compress_level, int) or not 1 <= self.compress_level <= 19:
             raise ConfigError(f"remote compress_level must be in 1..19, got {self.compress_level!r}")
         if not isinstance(self.breaker, BreakerPolicy):

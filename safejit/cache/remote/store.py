@@ -185,6 +185,7 @@ class RemoteStore(Protocol):
         sj:v1:<tenant>:cas:<blake3>                      [1-byte codec][bytes]   write-once
         sj:v1:<tenant>:<backend>:idx:<K>   field <D>     manifest bytes          write-once per (K, D)
         sj:v1:<tenant>:<backend>:lease:<K>               lease token             SET NX PX
+        sj:v1:<tenant>:<backend>:head:<K>                [1-byte codec][bytes]   write-once (first leaf's)
     """
 
     @property
@@ -204,6 +205,13 @@ class RemoteStore(Protocol):
         """Every leaf published under ``build_key``: ``{deps_key: manifest bytes}``, unverified.
         One round trip when the key is absent (Redis: always one). Entries over
         ``max_manifest_bytes`` or with a malformed ``deps_key`` are left out."""
+        ...
+
+    def index_and_head(self, build_key: str) -> tuple[Mapping[str, bytes], PendingBlob | None]:
+        """:meth:`index`, and the build key's head read in the same round trip: the decoded
+        artifact :meth:`put_head` stored (any leaf's: unchecked), None if absent. The head's
+        ``result()`` or ``cancel()`` is the caller's to call, once. ``(index, None)`` for an
+        engine that keeps no heads (the caller fetches by digest)."""
         ...
 
     def publish_manifest(self, build_key: str, deps_key: str, manifest: bytes) -> Put:
@@ -230,6 +238,13 @@ class RemoteStore(Protocol):
 
     def put_blob(self, digest: str, data: bytes) -> Put:
         """Write-once (``CREATED`` or ``EXISTS``); a large blob is not sent when it exists."""
+        ...
+
+    def put_head(self, build_key: str, data: bytes) -> Put | None:
+        """Keep ``data`` (the artifact of the build key's first leaf, at most
+        ``settings.head_max_bytes``) as the build key's head, write-once like a blob; None
+        where the engine keeps no heads. The blob stays the artifact's home: a head only
+        saves a lookup its second round trip."""
         ...
 
     def acquire_lease(self, build_key: str, holder: str = "", ttl_s: float | None = None) -> Lease | None:

@@ -3,7 +3,8 @@ THIS node's files (DESIGN.md §11).
 
 A remote leaf is used only after: a strict decode of its manifest; tenant, backend,
 build key and deps key matching; its signature (when keys are configured); its size
-within the limit — only then is its artifact asked for — then its closure rehashed
+within the limit — only then is its artifact asked for (a small one, the build key's
+head, came in the same round trip as the index, unread) — then its closure rehashed
 against the local files (``leaf.verify_closure``, while the bytes travel) and its
 negatives absent here — only then are the bytes read, their BLAKE3 checked, and loaded
 from those bytes (on a closure miss they are dropped unread). Every failure is a miss
@@ -74,8 +75,8 @@ def _whole(view: memoryview) -> bytes:
     return bytes(view)
 
 
-def _cancel(pending: PendingBlob | RemoteError) -> None:
-    if not isinstance(pending, RemoteError):
+def _cancel(pending: PendingBlob | RemoteError | None) -> None:
+    if pending is not None and not isinstance(pending, RemoteError):
         pending.cancel()
 
 
@@ -139,36 +140,49 @@ class RemoteTier:
 
     def _look(self, build_key: str, anchors: Anchors) -> VerifiedLeaf | Rejection:
         try:
-            index = self.store.index(build_key)
+            index, head = self.store.index_and_head(build_key)
         except RemoteError as exc:
             return Rejection(MISS_OF[exc.reason], str(exc), root="remote")
-        first: Rejection | None = None
-        entries = []
-        for deps_key, raw in index.items():
-            try:
-                man = decode_manifest(raw)
-            except ManifestError as exc:
-                first = first or Rejection(Miss.MANIFEST, str(exc), deps_key, "remote")
-                continue
-            entries.append((man.created, deps_key, man))
-        for _, deps_key, man in sorted(entries, key=lambda e: e[0], reverse=True):
-            result = self._verify(build_key, deps_key, man, anchors)
-            if isinstance(result, VerifiedLeaf):
-                return result
-            first = first or result
-        return first or Rejection(Miss.ABSENT, root="remote")
+        try:
+            first: Rejection | None = None
+            entries = []
+            for deps_key, raw in index.items():
+                try:
+                    man = decode_manifest(raw)
+                except ManifestError as exc:
+                    first = first or Rejection(Miss.MANIFEST, str(exc), deps_key, "remote")
+                    continue
+                entries.append((man.created, deps_key, man))
+            for _, deps_key, man in sorted(entries, key=lambda e: e[0], reverse=True):
+                # (the head, read or not, goes with the newest leaf: the one a hit most likely is)
+                given, head = head, None
+                result = self._verify(build_key, deps_key, man, anchors, given)
+                if isinstance(result, VerifiedLeaf):
+                    return result
+                first = first or result
+            return first or Rejection(Miss.ABSENT, root="remote")
+        finally:
+            if head is not None:
+                head.cancel()
 
-    def _verify(self, build_key: str, deps_key: str, man: Manifest, anchors: Anchors) -> VerifiedLeaf | Rejection:
+    def _verify(
+        self, build_key: str, deps_key: str, man: Manifest, anchors: Anchors, head: PendingBlob | None = None
+    ) -> VerifiedLeaf | Rejection:
+        """``head``: the build key's head, asked for with the index (cancelled or read here):
+        the artifact when its bytes are this leaf's, else fetched by digest after all."""
         leaf = f"remote:{build_key}/deps-{deps_key}"
         checked = _clock.now()
         bad = self._vouch(build_key, deps_key, man, leaf)
-        if bad is not None:
-            return bad
+        if bad is not None or (head is not None and man.artifact_size > self.store.settings.head_max_bytes):
+            _cancel(head)
+            head = None
+            if bad is not None:
+                return bad
         # What the manifest alone vouches for (its signature, its size) is enough to ask
         # for the artifact: its bytes travel while the closure is checked here, and are
         # read only once it holds; on a miss they are dropped unread, never decoded,
-        # hashed, kept or loaded.
-        pending = self._start_fetch(man)
+        # hashed, kept or loaded. The head's are on their way already.
+        pending = head if head is not None else self._start_fetch(man)
         try:
             closure = verify_closure(man, anchors, leaf, self._memo)
         except BaseException:
@@ -178,6 +192,10 @@ class RemoteTier:
             _cancel(pending)
             return Rejection(closure.reason, closure.detail, leaf, "remote")
         artifact = self._finish_fetch(pending, man, leaf)
+        if isinstance(artifact, Rejection) and head is not None:
+            # (no head, another leaf's, or one that did not read or decode: the blob it names)
+            logger.debug("the head of %s did not serve: %s", build_key[:16], artifact.detail)
+            artifact = self._fetch(man, leaf)
         if isinstance(artifact, Rejection):
             return artifact
         states, negatives = closure

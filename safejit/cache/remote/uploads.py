@@ -200,6 +200,9 @@ class UploadQueue:
                 else:
                     # The artifact first: an index entry is never there before what it names.
                     self.store.put_blob(man.artifact_digest, item.leaf.artifact)
+                    if len(item.leaf.artifact) <= self.store.settings.head_max_bytes:
+                        # (write-once: the build key's first leaf's, read with the index)
+                        self.store.put_head(item.build_key, item.leaf.artifact)
                     put = self.store.publish_manifest(item.build_key, man.deps_key, encode_manifest(man))
                     if put is Put.FULL:
                         outcome, detail = Outcome.UPLOAD_SKIPPED, INDEX_FULL
