@@ -107,7 +107,7 @@ def remote_finding(build_key: str, deps_key: str, reason: str, detail: str) -> F
 
 
 class Entries:
-    """The namespace's index entries ``(build key, deps key, manifest bytes)``, at most
+    """The namespace's index entries ``(build key, entry name, manifest bytes)``, at most
     ``limit``, one index (one round trip) at a time. Reading an index that fails is a
     finding; so is an index that holds entries :meth:`RemoteStore.index` leaves out
     (over ``max_manifest_bytes``, or not named by a deps key). A failing listing, or the
@@ -136,7 +136,7 @@ class Entries:
                 if len(entries) < index.size:
                     left = index.size - len(entries)
                     limit = self.store.settings.max_manifest_bytes
-                    detail = f"{left} of {index.size} entries left out: over {limit} bytes, or not named by a deps key"
+                    detail = f"{left} of {index.size} entries left out: over {limit} bytes, or not named as leaves"
                     self.findings.append(remote_finding(index.name, "", "manifest", detail))
                 for deps_key, raw in sorted(entries.items()):
                     if seen >= self.limit:

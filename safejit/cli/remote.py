@@ -173,12 +173,13 @@ def _signer(man: Manifest) -> str:
     return man.signature.key_id or man.signature.alg
 
 
-def _leaf_json(build_key: str, deps_key: str, man: Manifest | None) -> dict[str, object]:
+def _leaf_json(build_key: str, entry: str, man: Manifest | None) -> dict[str, object]:
     signer = man.signature if man else None
     return {
-        "id": leaf_id(build_key, deps_key),
+        "id": leaf_id(build_key, entry),
         "build_key": build_key,
-        "deps_key": deps_key,
+        "deps_key": entry[:64],
+        "entry": entry,
         "kernel": _cut(man.name) if man else None,
         "bytes": man.artifact_size if man else None,
         "digest": man.artifact_digest if man else None,

@@ -195,7 +195,8 @@ def test_ls_lists_ids_kernels_sizes_signers(filled):
     listed = cli("remote", "ls", "--remote", url, "--json").json()
     assert set(listed) == {"remote", "engine", "tenant", "backend", "limit", "complete", "leaves", "findings"}
     leaf = listed["leaves"][0]
-    assert set(leaf) == {"id", "build_key", "deps_key", "kernel", "bytes", "digest", "signer", "created"}
+    assert set(leaf) == {"id", "build_key", "deps_key", "entry", "kernel", "bytes", "digest", "signer", "created"}
+    assert leaf["entry"] == f"{leaf['deps_key']}.{SIGNER.key_id}"  # (an entry per leaf and signer)
     assert leaf["signer"] == {"alg": "ed25519", "key_id": SIGNER.key_id} and leaf["bytes"] == made[0].size
     one = cli("remote", "ls", "--remote", url, "--limit", "1")
     assert "stopped at 1 leaves (--limit): there are more" in one.out
@@ -319,7 +320,7 @@ def test_hostile_manifests_are_shown_escaped_and_bounded(env, node, project, red
     (art,) = _publish(node("a", signing_key=SIGNER.private_pem()), project, "k")
     admin = redis_server.admin()
     index = f"sj:v1:default:fake:idx:{art.build_key}"
-    man = decode_manifest(admin.hget(index, art.deps_key))
+    man = decode_manifest(admin.hget(index, f"{art.deps_key}.{SIGNER.key_id}"))
     signature = msgspec.structs.replace(man.signature, key_id="\x1b[31m" + "K" * 120)
     planted = msgspec.structs.replace(man, name=HOSTILE, signature=signature)
     admin.hset(index, "e" * 64, encode_manifest(msgspec.structs.replace(planted, deps_key="e" * 64)))
@@ -352,7 +353,7 @@ def test_index_entries_the_store_leaves_out_are_a_finding(env, node, project, re
         assert ran.rc == 1
         (finding,) = ran.json()["findings"]
         assert finding["path"] == f"remote:{art.build_key}" and finding["reason"] == "manifest"
-        assert finding["detail"].startswith("1 of 2 entries left out: over 1048576 bytes, or not named by a deps key")
+        assert finding["detail"].startswith("1 of 2 entries left out: over 1048576 bytes, or not named as leaves")
     # An entry over max_manifest_bytes (1 MiB): the index is not read past it (oversize).
     admin.hset(index, "d" * 64, b"x" * (2 << 20))
     for command in ("ls", "verify"):

@@ -249,6 +249,9 @@ def test_defaults():
         {"timeout_max_s": 0.01},
         {"max_bytes": 0},
         {"index_cap": True},
+        {"head_max_bytes": -1},
+        {"head_max_bytes": True},
+        {"head_max_bytes": 1.5},
         {"compress_level": 30},
         {"lease_ttl_s": float("inf")},
         {"no_such_setting": 1},
@@ -302,3 +305,22 @@ def test_deadline_classes_are_few_and_never_shorter_than_the_deadline():
     classes = [settings.deadline_class(n) for n in sizes]
     assert classes == [0.05, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0]
     assert all(c >= settings.deadline(n) for c, n in zip(classes, sizes, strict=True))
+
+
+def test_an_index_entry_is_named_by_its_deps_key_and_signer():
+    from safejit.cache.remote.layout import _KEY_ID, entry_name, split_entry
+    from safejit.policy import trust
+
+    assert _KEY_ID.pattern == trust._KEY_ID.pattern  # (the key ids a signer may have)
+    d = "ab" * 32
+    assert entry_name(d) == d and split_entry(d) == (d, "")
+    named = entry_name(d, "ed25519-0123456789abcdef")
+    assert named == f"{d}.ed25519-0123456789abcdef" and split_entry(named) == (d, "ed25519-0123456789abcdef")
+    for bad in ("", d[:63], d.upper(), d + ".", d + "x", d + ".-x", d + ".a/b", d + "." + "k" * 129, "z" * 64):
+        assert split_entry(bad) is None, bad
+    for deps, key_id in ((d[:63], ""), (d, "a b"), (d, ".x"), (d, "k" * 129)):
+        with pytest.raises(ValueError):
+            entry_name(deps, key_id)
+    assert Layout("t", "cuda").s3_idx(d, named).endswith(f"/idx/{d}/{named}.json")
+    with pytest.raises(ValueError):
+        Layout("t", "cuda").s3_idx(d, "../x")

@@ -343,6 +343,35 @@ def test_an_unsigned_or_foreign_signed_leaf_is_a_miss_under_verify_keys(node, pr
     assert fresh.compile(SRC, include_dirs=_inc(project)).artifact.tier == "remote"
 
 
+def test_a_rotated_signing_key_publishes_beside_the_old_keys_entry(node, project, redis_server):
+    """Entries are write-once per leaf and signer: after the builder's key is rotated, its
+    upload of a leaf already there under the old key is a new entry (not "already on the
+    remote"), and nodes that hold only the new public key hit it."""
+    old, new = Ed25519Signer.generate(), Ed25519Signer.generate()
+    trusts = {key: ((key.key_id, key.public_key),) for key in (old, new)}
+    _published(node("a", signing_key=old.private_pem(), verify_keys=trusts[old]), project)
+    assert node("b", verify_keys=trusts[old]).compile(SRC, include_dirs=_inc(project)).artifact.tier == "remote"
+    builder = node("c", signing_key=new.private_pem(), verify_keys=trusts[new])
+    assert builder.compile(SRC, include_dirs=_inc(project)).artifact.tier == "compiled"  # (the old key's: unknown)
+    uploads = builder.flush_uploads()
+    assert [(u.outcome.value, u.detail) for u in uploads.results] == [("uploaded", "")], uploads
+    index = _entry_key(redis_server)
+    fields = sorted(f.decode() for f in redis_server.admin().hkeys(index))
+    deps = fields[0][:64]
+    assert fields == sorted([f"{deps}.{old.key_id}", f"{deps}.{new.key_id}"])
+    mod = node("d", verify_keys=trusts[new]).compile(SRC, include_dirs=_inc(project))
+    assert mod.artifact.tier == "remote" and mod.kernel("INNER")() == 41
+    # An entry must be named by its own manifest's signer: the old key's manifest under the
+    # new key's name is no leaf of the new key (nor of the old one, there).
+    admin = redis_server.admin()
+    raw = admin.hget(index, f"{deps}.{old.key_id}")
+    admin.delete(index)
+    admin.hset(index, f"{deps}.{new.key_id}", raw)
+    spans = node("e", verify_keys=trusts[old])
+    assert spans.explain(SRC, include_dirs=_inc(project)).result == "miss"
+    assert spans.compile(SRC, include_dirs=_inc(project)).artifact.tier == "compiled"
+
+
 def test_a_planted_signature_past_ascii_is_a_miss_not_an_exception_out_of_compile(node, project, redis_server):
     key = b"shared-hmac-key-0123456789abcdef"
     _published(node("a", signing_key=key), project)

@@ -32,7 +32,7 @@ from ._guard import os_reason
 from ._lane import Lane
 from ._pending import PendingGet
 from ._resp import Replies, pack
-from .layout import is_hex
+from .layout import is_hex, split_entry
 from .settings import RemoteSettings
 from .store import (
     Lease,
@@ -241,14 +241,14 @@ class RedisStore(Engine["_redis.Redis"]):
         pairs = self._guard.run("index", "remote.get", exchange, received=lambda r: sum(len(v) for _, v in r))
         out: dict[str, bytes] = {}
         for field, value in pairs:
-            if is_hex(name := field.decode("ascii", "replace")):
+            if split_entry(name := field.decode("ascii", "replace")) is not None:
                 out[name] = value
         return out, (PendingGet.behind(self, lane, *kept[0], cap) if kept else None)
 
-    def publish_manifest(self, build_key: str, deps_key: str, manifest: bytes) -> Put:
+    def publish_manifest(self, build_key: str, entry: str, manifest: bytes) -> Put:
         key = self.layout.redis_idx(build_key)
-        if not is_hex(deps_key):
-            raise ValueError(f"remote deps key must be 64 lowercase hex digits, got {deps_key!r:.80}")
+        if split_entry(entry) is None:
+            raise ValueError(f"remote index entry must be <deps key>[.<key id>], got {entry!r:.80}")
         self._check_manifest_size(manifest)
         self._guard.admit("publish")
         client = self.client(len(manifest))
@@ -257,7 +257,7 @@ class RedisStore(Engine["_redis.Redis"]):
         return self._guard.run(
             "publish",
             "remote.put",
-            lambda: _put_of(SERVER_CODE["publish"](client, key, deps_key, manifest, cap, budget)),
+            lambda: _put_of(SERVER_CODE["publish"](client, key, entry, manifest, cap, budget)),
             sent=len(manifest),
         )
 

@@ -34,7 +34,7 @@ from ...errors import ConfigError
 from . import codec
 from ._engine import Engine
 from ._guard import os_reason
-from .layout import is_hex
+from .layout import is_hex, split_entry
 from .settings import RemoteSettings
 from .store import (
     Deferred,
@@ -237,8 +237,8 @@ class S3Store(Engine[Any]):
     def put_head(self, build_key: str, data: bytes) -> Put | None:
         return None
 
-    def publish_manifest(self, build_key: str, deps_key: str, manifest: bytes) -> Put:
-        path = self.layout.s3_idx(build_key, deps_key)
+    def publish_manifest(self, build_key: str, entry: str, manifest: bytes) -> Put:
+        path = self.layout.s3_idx(build_key, entry)
         self._check_manifest_size(manifest)
         prefix = self.layout.s3_idx_dir(build_key)
         self._guard.admit("publish")
@@ -268,7 +268,8 @@ class S3Store(Engine[Any]):
                 return
             for meta in page:
                 path = str(meta["path"])
-                if path.startswith(prefix) and path.endswith(".json") and is_hex(path[len(prefix) : -len(".json")]):
+                name = path[len(prefix) : -len(".json")]
+                if path.startswith(prefix) and path.endswith(".json") and split_entry(name) is not None:
                     yield path, int(meta["size"])
                     wanted -= 1
                     if wanted == 0:
@@ -470,7 +471,7 @@ def _scanned(kind: str, rest: str, size: int) -> tuple[str, int]:
     the prefix); an empty name when it is not one of that kind's objects."""
     if kind == "index":
         build_key, _, leaf = rest.partition("/")
-        ok = is_hex(build_key) and leaf.endswith(".json") and is_hex(leaf.removesuffix(".json"))
+        ok = is_hex(build_key) and leaf.endswith(".json") and split_entry(leaf.removesuffix(".json")) is not None
         return (build_key, 1) if ok else ("", 0)
     if kind == "blob":
         shard, _, digest = rest.partition("/")

@@ -183,7 +183,7 @@ class RemoteStore(Protocol):
     Key layout (Redis; S3 mirrors it with object keys, see ``layout``)::
 
         sj:v1:<tenant>:cas:<blake3>                      [1-byte codec][bytes]   write-once
-        sj:v1:<tenant>:<backend>:idx:<K>   field <D>     manifest bytes          write-once per (K, D)
+        sj:v1:<tenant>:<backend>:idx:<K>   field <D>[.<key id>]  manifest bytes  write-once per (K, D, signer)
         sj:v1:<tenant>:<backend>:lease:<K>               lease token             SET NX PX
         sj:v1:<tenant>:<backend>:head:<K>                [1-byte codec][bytes]   write-once (first leaf's)
     """
@@ -202,9 +202,10 @@ class RemoteStore(Protocol):
         ...
 
     def index(self, build_key: str) -> Mapping[str, bytes]:
-        """Every leaf published under ``build_key``: ``{deps_key: manifest bytes}``, unverified.
+        """Every leaf published under ``build_key``: ``{entry: manifest bytes}``, unverified
+        (an entry is named ``<deps key>`` or ``<deps key>.<key id>``: ``layout.entry_name``).
         One round trip when the key is absent (Redis: always one). Entries over
-        ``max_manifest_bytes`` or with a malformed ``deps_key`` are left out."""
+        ``max_manifest_bytes`` or with a malformed name are left out."""
         ...
 
     def index_and_head(self, build_key: str) -> tuple[Mapping[str, bytes], PendingBlob | None]:
@@ -214,8 +215,9 @@ class RemoteStore(Protocol):
         engine that keeps no heads (the caller fetches by digest)."""
         ...
 
-    def publish_manifest(self, build_key: str, deps_key: str, manifest: bytes) -> Put:
-        """Write-once: ``CREATED``, ``EXISTS`` (never overwritten) or ``FULL`` (index at cap)."""
+    def publish_manifest(self, build_key: str, entry: str, manifest: bytes) -> Put:
+        """Write-once: ``CREATED``, ``EXISTS`` (never overwritten) or ``FULL`` (index at cap).
+        ``entry``: ``layout.entry_name`` of the manifest's deps key and signer."""
         ...
 
     def has_blob(self, digest: str) -> bool: ...

@@ -41,6 +41,7 @@ from ..leaf import (
     decode_manifest,
     verify_closure,
 )
+from .layout import split_entry
 from .lease import LeaseKeeper
 from .store import Lease, PendingBlob, RemoteError, RemoteStore
 from .uploads import UploadQueue
@@ -146,17 +147,17 @@ class RemoteTier:
         try:
             first: Rejection | None = None
             entries = []
-            for deps_key, raw in index.items():
+            for entry, raw in index.items():
                 try:
                     man = decode_manifest(raw)
                 except ManifestError as exc:
-                    first = first or Rejection(Miss.MANIFEST, str(exc), deps_key, "remote")
+                    first = first or Rejection(Miss.MANIFEST, str(exc), entry, "remote")
                     continue
-                entries.append((man.created, deps_key, man))
-            for _, deps_key, man in sorted(entries, key=lambda e: e[0], reverse=True):
+                entries.append((man.created, entry, man))
+            for _, entry, man in sorted(entries, key=lambda e: e[0], reverse=True):
                 # (the head, read or not, goes with the newest leaf: the one a hit most likely is)
                 given, head = head, None
-                result = self._verify(build_key, deps_key, man, anchors, given)
+                result = self._verify(build_key, entry, man, anchors, given)
                 if isinstance(result, VerifiedLeaf):
                     return result
                 first = first or result
@@ -166,13 +167,14 @@ class RemoteTier:
                 head.cancel()
 
     def _verify(
-        self, build_key: str, deps_key: str, man: Manifest, anchors: Anchors, head: PendingBlob | None = None
+        self, build_key: str, entry: str, man: Manifest, anchors: Anchors, head: PendingBlob | None = None
     ) -> VerifiedLeaf | Rejection:
-        """``head``: the build key's head, asked for with the index (cancelled or read here):
-        the artifact when its bytes are this leaf's, else fetched by digest after all."""
-        leaf = f"remote:{build_key}/deps-{deps_key}"
+        """The leaf stored as index entry ``entry`` (``layout.entry_name``), if it verifies
+        here. ``head``: the build key's head, asked for with the index (cancelled or read
+        here): the artifact when its bytes are this leaf's, else fetched by digest after all."""
+        leaf = f"remote:{build_key}/deps-{entry}"
         checked = _clock.now()
-        bad = self._vouch(build_key, deps_key, man, leaf)
+        bad = self._vouch(build_key, entry, man, leaf)
         if bad is not None or (head is not None and man.artifact_size > self.store.settings.head_max_bytes):
             _cancel(head)
             head = None
@@ -201,12 +203,14 @@ class RemoteTier:
         states, negatives = closure
         return VerifiedLeaf("", "remote", man, artifact, states, negatives, checked=checked)
 
-    def _vouch(self, build_key: str, deps_key: str, man: Manifest, leaf: str) -> Rejection | None:
+    def _vouch(self, build_key: str, entry: str, man: Manifest, leaf: str) -> Rejection | None:
         """What can be checked of a manifest without files: it names the leaf it is
-        stored as, its dependencies reproduce its deps key, its signature, its size."""
+        stored as (its deps key, and its signer's key id, make the entry's name), its
+        dependencies reproduce its deps key, its signature, its size."""
+        signer = man.signature.key_id if man.signature is not None else ""
         if (
             man.build_key != build_key
-            or man.deps_key != deps_key
+            or split_entry(entry) != (man.deps_key, signer)
             or man.tenant != self.store.tenant
             or man.backend != self.store.backend
         ):
@@ -246,20 +250,20 @@ class RemoteTier:
             return Rejection(Miss.ARTIFACT, "the artifact's bytes do not match the manifest", leaf, "remote")
         return _whole(view)
 
-    def audit(self, build_key: str, deps_key: str, raw: bytes, anchors: Anchors | None = None) -> Rejection | None:
-        """Why the index entry ``raw`` stored as ``(build_key, deps_key)`` would not be
-        used, or None (``safejit remote verify``): the checks of a lookup, in its order —
-        strict decode, names, deps key, signature, size, then (with ``anchors``) the
-        closure against this machine's files, then the artifact's bytes. Reads only."""
-        leaf = f"remote:{build_key}/deps-{deps_key}"
+    def audit(self, build_key: str, entry: str, raw: bytes, anchors: Anchors | None = None) -> Rejection | None:
+        """Why the manifest ``raw`` stored as index entry ``entry`` of ``build_key`` would
+        not be used, or None (``safejit remote verify``): the checks of a lookup, in its
+        order — strict decode, names, deps key, signature, size, then (with ``anchors``)
+        the closure against this machine's files, then the artifact's bytes. Reads only."""
+        leaf = f"remote:{build_key}/deps-{entry}"
         try:
             man = decode_manifest(raw)
         except ManifestError as exc:
             return Rejection(Miss.MANIFEST, str(exc), leaf, "remote")
         if anchors is not None:
-            found = self._verify(build_key, deps_key, man, anchors)
+            found = self._verify(build_key, entry, man, anchors)
             return None if isinstance(found, VerifiedLeaf) else found
-        bad = self._vouch(build_key, deps_key, man, leaf)
+        bad = self._vouch(build_key, entry, man, leaf)
         if bad is not None:
             return bad
         fetched = self._fetch(man, leaf)

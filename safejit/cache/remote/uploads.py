@@ -24,6 +24,7 @@ from typing import Final
 from ...outcomes import Outcome
 from ...telemetry import ATTR, SPAN, instruments, mark_failed, span
 from ..leaf import VerifiedLeaf, encode_manifest
+from .layout import entry_name
 from .lease import LeaseKeeper
 from .store import Put, RemoteError, RemoteStore
 
@@ -195,7 +196,10 @@ class UploadQueue:
         attrs = {ATTR.BUILD_KEY: item.build_key, ATTR.BYTES: man.artifact_size, **self._attrs}
         with span(SPAN.REMOTE_PUBLISH, attrs) as s:
             try:
-                if item.unless_present and man.deps_key in self.store.index(item.build_key):
+                # (an entry per leaf and signer: one signed under another key, a rotated
+                # one, is not this one, which readers holding only the new key can use)
+                entry = entry_name(man.deps_key, man.signature.key_id if man.signature is not None else "")
+                if item.unless_present and entry in self.store.index(item.build_key):
                     outcome, detail = Outcome.UPLOAD_SKIPPED, PRESENT
                 else:
                     # The artifact first: an index entry is never there before what it names.
@@ -203,7 +207,7 @@ class UploadQueue:
                     if len(item.leaf.artifact) <= self.store.settings.head_max_bytes:
                         # (write-once: the build key's first leaf's, read with the index)
                         self.store.put_head(item.build_key, item.leaf.artifact)
-                    put = self.store.publish_manifest(item.build_key, man.deps_key, encode_manifest(man))
+                    put = self.store.publish_manifest(item.build_key, entry, encode_manifest(man))
                     if put is Put.FULL:
                         outcome, detail = Outcome.UPLOAD_SKIPPED, INDEX_FULL
                     elif put is Put.EXISTS:
