@@ -252,7 +252,11 @@ def rmtree_at(fd: int, name: str, onerror: Any = None) -> None:
     raised RecursionError; the rest of such a tree is removed one directory at a time."""
     try:
         shutil.rmtree(name, dir_fd=fd, onerror=onerror)
-    except RecursionError:
+    except RecursionError:  # (3.11, 3.12: rmtree recurses)
+        _rmtree_deep(fd, name)
+    except OSError as exc:  # (3.13+: rmtree iterates, holding a descriptor per level)
+        if exc.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
         _rmtree_deep(fd, name)
 
 

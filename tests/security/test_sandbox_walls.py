@@ -465,6 +465,10 @@ def test_the_walls_hold_for_an_unprivileged_caller():
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",  # (only what this module needs: others may not import as nobody)
         }
         become = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--"]
+        probe = [*become, sys.executable, "-c", "import safejit, pytest, pytest_timeout"]
+        can = subprocess.run(probe, cwd=str(_HERE.parent.parent), env=env, capture_output=True, text=True, check=False)
+        if can.returncode != 0:  # (an interpreter under root's 0700 home: nobody cannot load it)
+            pytest.skip(f"nobody cannot run {sys.executable} with safejit: {can.stderr.strip()[-200:]}")
         args = ["-q", "-p", "no:cacheprovider", "-p", "pytest_timeout", "--basetemp", str(home / "t")]
         args += ["-k", "not unprivileged_caller"]
         proc = subprocess.run(

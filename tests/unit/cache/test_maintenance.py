@@ -342,6 +342,59 @@ def test_gc_removes_a_tree_deeper_than_the_recursion_limit(cache_dir):
         os.close(tmp)
 
 
+def _deep_tree(parent: Path, depth: int) -> None:
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.mkdir("deep", dir_fd=fd)
+        for _ in range(depth):
+            nxt = os.open("deep", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+            os.mkdir("deep", dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+REMOVE_UNDER_A_LIMIT = r"""
+import os, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+from safejit.cache import fsio
+top = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+fsio.rmtree_at(top, "deep")
+print(os.listdir(sys.argv[1]))
+"""
+
+
+def test_a_deep_tree_is_removed_under_a_low_descriptor_limit(tmp_path):
+    """From Python 3.13 rmtree no longer recurses: it holds a descriptor per level, and a
+    tree deeper than the process's descriptor limit failed with EMFILE, nothing removed
+    (a planted one stopped every gc, prune and staging clean-up). Either way it ends in
+    the removal one directory at a time."""
+    _deep_tree(tmp_path, 3000)
+    ran = subprocess.run(
+        [sys.executable, "-c", REMOVE_UNDER_A_LIMIT, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 0 and ran.stdout.strip() == "[]", ran.stderr[-2000:]
+
+
+def test_rmtree_running_out_of_descriptors_goes_on_one_directory_at_a_time(tmp_path, monkeypatch):
+    """The same on every Python: rmtree failing with EMFILE part way (3.13) is taken over."""
+    import errno
+
+    _deep_tree(tmp_path, 50)
+
+    def out_of_descriptors(*args, **kwargs):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(fsio.shutil, "rmtree", out_of_descriptors)
+    top = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fsio.rmtree_at(top, "deep")
+    finally:
+        os.close(top)
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_sparse_file_in_one_leaf_cannot_make_prune_remove_the_others(cache_dir):
     """A writer of a shared root adds a sparse 1 TiB file to its own (newest) leaf: it
     counted at its length, so 'prune --max-bytes' removed every other leaf to make room;
@@ -413,6 +466,11 @@ def test_a_deep_removal_never_climbs_into_another_tree(tmp_path, monkeypatch):
         return real_rmdir(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "rmdir", racing_rmdir)
+
+    def recursing_rmtree(*args, **kwargs):  # (3.13's rmtree iterates: the fallback as where it recursed)
+        raise RecursionError
+
+    monkeypatch.setattr(fsio.shutil, "rmtree", recursing_rmtree)
     top = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
     try:
         with pytest.raises(OSError, match="moved"):
