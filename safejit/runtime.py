@@ -302,7 +302,7 @@ class Runtime:
         wired = self._wired
         if wired is None:
             return
-        root = wired[0].disk.writable_root()
+        root = wired[0].disk.writable_root(make=False)  # (one removed meanwhile is not made again)
         stats = self.stats()
         if root is None or not any(stats[k] for k in ("compiles", "memory_hits", "disk_hits", "misses")):
             return

@@ -131,12 +131,13 @@ class DiskTier:
     def build_dir(self, root: str, build_key: str) -> str:
         return CacheLayout(root).build_dir(self.tenant, self.backend, build_key)
 
-    def writable_root(self) -> str | None:
+    def writable_root(self, *, make: bool = True) -> str | None:
         """The first root that can take new entries. A success is remembered while the
         root and its layout are there; a failure is not (a full or flaky disk may
         recover), and its error is kept in ``last_error`` for the caller to report. A
-        root that was removed or moved away while this process ran is made again. A
-        root that is now a symlink is never written through."""
+        root that was removed or moved away while this process ran is made again, unless
+        not ``make`` (a usage record is no reason to make a cache again). A root that is
+        now a symlink is never written through."""
         if isinstance(self._writable, str):
             if self._layout_there(self._writable):
                 return self._writable
@@ -150,8 +151,9 @@ class DiskTier:
                 continue
             layout = CacheLayout(root)
             try:
-                makedirs_durable(layout.tmp, root=layout.root)
-                makedirs_durable(layout.locks, root=layout.root)
+                if make:
+                    makedirs_durable(layout.tmp, root=layout.root)
+                    makedirs_durable(layout.locks, root=layout.root)
                 if not self._layout_there(root):
                     raise OSError(errno.ENOTDIR, "the cache layout is not made of directories", layout.base)
             except OSError as exc:

@@ -79,3 +79,15 @@ def test_compile_after_the_cache_dir_was_replaced_by_a_file_raises_or_bypasses_t
     assert mod.kernel("k")() == 3 and mod.artifact.source == "compiled"
     assert len(leaves(cache_dir)) == 1
     assert_cache_sound(cache_dir)
+
+
+def test_a_cache_dir_removed_for_good_is_not_made_again_for_a_usage_record(make_runtime, cache_dir):
+    """Closing (or exiting) writes the process's usage record: into the cache dir as it
+    is, never into one made again for it (a temporary cache a caller removed came back,
+    holding nothing but that record)."""
+    rt = make_runtime()
+    rt.compile(_source(1))
+    settle()  # (the staging spares made in the background: all made before the removal)
+    shutil.rmtree(cache_dir)
+    rt.close()
+    assert not os.path.lexists(cache_dir)
