@@ -4,6 +4,7 @@ are enforced without reading the whole value, and lease ownership."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -11,6 +12,7 @@ import time
 
 import pytest
 
+import safejit
 from safejit.cache.remote import Lease, Put, RemoteError
 from safejit.cache.remote.codec import RAW, ZSTD
 from safejit.closure.hashing import digest_bytes
@@ -691,3 +693,28 @@ def test_the_functions_load_beside_those_of_another_release(redis_server, make_s
     assert len(names & {lib.split("name=", 1)[1].split("\n", 1)[0] for lib in FUNCTIONS}) == 3
     assert any(name.startswith("safejit_publish_0ld") for name in names)
     assert make_store(redis_server.url).publish_manifest(K, D1, b"{}") is Put.CREATED
+
+
+def test_a_missing_bucket_is_said_so_not_taken_for_an_absent_object(moto, make_store, node, project, caplog):
+    """S3 answers a missing bucket with a 404, as for a missing object: a read found
+    nothing, and a write was "refused" (nobody listening). Each is an error that names the
+    bucket; a compile goes on (a miss) and its failed upload is a warning."""
+    url = f"s3://testing:testing@no-such-bucket/p?endpoint={moto.endpoint}&region=us-east-1"
+    store = make_store(url)
+    calls = {
+        "index": lambda: store.index(hexkey("k")),
+        "get_blob": lambda: store.get_blob(hexkey("b")),
+        "put_blob": lambda: store.put_blob(hexkey("b"), b"x"),
+    }
+    for op, call in calls.items():
+        with pytest.raises(RemoteError) as info:
+            call()
+        assert info.value.reason == "error" and info.value.op == op, info.value
+        assert info.value.detail == "the bucket 'no-such-bucket' does not exist (NoSuchBucket)"
+    rt = node("a", remote=url)
+    with caplog.at_level(logging.INFO, logger="safejit.cache.remote.uploads"):
+        mod = rt.compile(safejit.Source('#include "inner.h"\n', "k"), include_dirs=(str(project / "include"),))
+        (result,) = rt.flush_uploads().results
+    assert mod.artifact.tier == "compiled" and result.reason == "error" and "NoSuchBucket" in result.detail
+    (record,) = [r for r in caplog.records if "uploading" in r.getMessage()]
+    assert record.levelno == logging.WARNING

@@ -41,7 +41,7 @@ class Engine(Generic[C]):
         self.tenant = tenant
         self.backend = backend
         self.breaker = breaker or Breaker(settings.breaker, on_transition=on_transition)
-        self._guard = Guard(self.engine, settings, self.breaker, self._classify, observer)
+        self._guard = Guard(self.engine, settings, self.breaker, self._classify, observer, self._describe)
         self._lock = threading.Lock()
         self._pools: dict[float, C] = {}
         #: Lease releases under way: close() lets them end first (:meth:`_drop_pools`).
@@ -57,6 +57,11 @@ class Engine(Generic[C]):
     def _classify(exc: BaseException) -> Reason:
         """The reason for an exception of the engine's client library."""
         raise NotImplementedError
+
+    def _describe(self, exc: BaseException) -> str | None:
+        """What an exception of the engine's client library means, in words, where its own
+        text buries it (None: its text, redacted and cut)."""
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.settings.url}, tenant={self.tenant!r}, backend={self.backend!r})"

@@ -58,12 +58,14 @@ class Guard:
         breaker: Breaker,
         classify: Callable[[BaseException], Reason],
         observer: OpObserver | None = None,
+        describe: Callable[[BaseException], str | None] | None = None,
     ) -> None:
         self.engine = engine
         self.settings = settings
         self.breaker = breaker
         self._classify = classify
         self._observer = observer
+        self._describe = describe
         #: Set when the store is closed: every operation but letting a lease go is refused
         #: at :meth:`admit`.
         self.closed = False
@@ -122,5 +124,6 @@ class Guard:
             logger.exception("remote operation observer failed")
 
     def _detail(self, exc: BaseException) -> str:
-        text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+        said = self._describe(exc) if self._describe is not None else None
+        text = said or f"{type(exc).__name__}: {exc}".replace("\n", " ")
         return self.settings.redact(text)[:_DETAIL_LIMIT]

@@ -97,7 +97,19 @@ def classify(exc: BaseException) -> Reason:
         return "denied"
     if "507 Insufficient Storage" in text or "StorageFull" in text:
         return "unwritable"  # (a full store, MinIO's XMinioStorageFull: it still serves reads)
+    if _NO_BUCKET in text:
+        return "error"  # (a 404 as a missing object's, but nothing is there to find: not "refused")
     return os_reason(exc) or "error"
+
+
+#: The error code of a request to a bucket that does not exist (its 404 is a missing
+#: object's otherwise; a HEAD's carries no body to tell them apart).
+_NO_BUCKET: Final = "<Code>NoSuchBucket</Code>"
+
+
+def _absent(exc: FileNotFoundError) -> bool:
+    """Whether a 404 says the object is absent (not that the bucket is)."""
+    return _NO_BUCKET not in str(exc)
 
 
 class S3Store(Engine[Any]):
@@ -106,6 +118,11 @@ class S3Store(Engine[Any]):
     engine: ClassVar[str] = "s3"
 
     _classify = staticmethod(classify)
+
+    def _describe(self, exc: BaseException) -> str | None:
+        if _NO_BUCKET in str(exc):
+            return f"the bucket {self.settings.url.host!r} does not exist (NoSuchBucket)"
+        return None
 
     def _open(self, settings: RemoteSettings) -> None:
         if settings.engine != "s3":
@@ -176,7 +193,9 @@ class S3Store(Engine[Any]):
 
         try:
             result = self._obstore.get(store, path, options={"range": (0, limit + 1)})
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            if not _absent(exc):
+                raise
             return None
         except errors.GenericError as exc:
             if "416 Range Not Satisfiable" in str(exc):

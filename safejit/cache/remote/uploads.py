@@ -41,6 +41,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: Upload failures logged at INFO: the remote away a moment, or not asked; the others (a
+#: denied user, a missing bucket, a full server) at WARNING.
+_TRANSIENT: Final = frozenset({"timeout", "refused", "circuit_open"})
+
 #: How long an upload waits before it starts (see ``_work``).
 _UPLOAD_GRACE_S = 0.002
 
@@ -213,7 +217,9 @@ class UploadQueue:
                     elif put is Put.EXISTS:
                         detail = PRESENT
             except RemoteError as exc:
-                logger.info("uploading %s failed: %s", man.name, exc)
+                # (what will fail again until someone acts, loud; a moment's failure, quiet)
+                level = logging.INFO if exc.reason in _TRANSIENT else logging.WARNING
+                logger.log(level, "uploading %s failed: %s", man.name, exc)
                 outcome, detail, reason = Outcome.UPLOAD_FAILED, str(exc), exc.reason
                 error_type = type(exc).__name__
             except Exception as exc:  # (never the worker's end: every upload gets its outcome)
