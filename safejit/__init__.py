@@ -67,7 +67,9 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    # (the public names and the submodules imported so far; not this file's own imports)
+    own = (n for n, v in globals().items() if type(v) is type(importlib) and v.__name__ == f"{__name__}.{n}")
+    return sorted({*__all__, "__version__", *(n for n in own if not n.startswith("_"))})
 
 
 __all__ = [

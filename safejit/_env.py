@@ -160,7 +160,7 @@ HELP: Mapping[str, str] = {
     "SAFEJIT_NVRTC_WORKER": "run NVRTC in a confined worker process (`1`)",
     "SAFEJIT_CUDA_SPILLS": "register spills: `warn` (default), `error` or `ignore`",
     "SAFEJIT_NVCC": "the nvcc to use (absolute path)",
-    "SAFEJIT_ASCEND_HOME": "the CANN toolkit",
+    "SAFEJIT_ASCEND_HOME": "the CANN toolkit (else CANN's ASCEND_HOME_PATH, ASCEND_TOOLKIT_HOME, /usr/local/Ascend)",
     "SAFEJIT_HOST_CC": "the host C compiler (absolute path)",
     "SAFEJIT_HOST_CXX": "the host C++ compiler (absolute path)",
     "SAFEJIT_CACHE_MAX_BYTES": "an opt-in disk cache cap (`10G`): what `safejit prune` keeps under when given no limit",

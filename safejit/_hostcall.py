@@ -20,6 +20,10 @@ pass, naming the parameter):
   1-byte pointee, ``bytearray`` for any 1-byte one. Never a bare ``int``;
 - every scalar also takes a ctypes instance of its own C type.
 
+What no call can check: how many elements a pointer's buffer holds. A ``T *`` is an
+address; nothing in the prototype ties a length parameter to it, so a length past the
+array's end reads or writes past it, as a plain ctypes call would.
+
 The return value is ``None`` (void), an ``int``, ``bool`` or ``float``, ``bytes`` for
 a plain ``char``, an address ``int`` (or ``None``) for a pointer.
 

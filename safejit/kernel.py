@@ -134,16 +134,17 @@ class Module:
         if self.backend != "host":
             device: KernelHandle = self._library.function(name, argtypes=argtypes)
             return device
-        if self.artifact.kernels and name not in self.artifact.kernels:
+        kernels = self.artifact.kernels
+        if kernels and name not in kernels:
             raise KernelNotFoundError(
-                f"no kernel {name!r}; this module has {list(self.artifact.kernels)}",
+                f"no kernel {name!r}; this module has {list(kernels)}{_hint(name, kernels)}",
                 name=name,
-                kernels=list(self.artifact.kernels),
+                kernels=list(kernels),
             )
         try:
             fn = self._library.function(name)
         except (AttributeError, KeyError) as exc:
-            raise KernelNotFoundError(f"no kernel {name!r}", name=name) from exc
+            raise KernelNotFoundError(f"no kernel {name!r}{_hint(name, self.artifact.kernels)}", name=name) from exc
         signature = getattr(self._library, "signature", None)
         prepared = _hostcall.prepare(name, fn, signature(name) if signature else None, self._state, argtypes, restype)
         # Its own class, whose __call__ is the checked call itself: one Python frame per call.
@@ -212,3 +213,16 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<safejit.Kernel {self.signature or self.name} of {self._module!r}>"
+
+
+def _hint(name: str, kernels: Sequence[str]) -> str:
+    """What a host kernel not found most likely means: a C++ name mangled (its function
+    not ``extern "C"``), or a build that exports no function at all."""
+    if not kernels:
+        return (
+            " (the build exports no function: are they static, or hidden by -fvisibility=hidden "
+            'without __attribute__((visibility("default")))?)'
+        )
+    if any(k.startswith("_Z") and f"{len(name)}{name}" in k for k in kernels):
+        return f' (C++ names are mangled: declare {name} extern "C")'
+    return ""

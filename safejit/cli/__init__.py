@@ -76,7 +76,8 @@ def _parser() -> argparse.ArgumentParser:
         "--cache-dir",
         metavar="DIR",
         type=directory,
-        help="the cache root to use (default: SAFEJIT_CACHE_DIRS, else ~/.cache/safejit); must exist",
+        help="the cache root to use (default: SAFEJIT_CACHE_DIRS, else $XDG_CACHE_HOME/safejit or ~/.cache/safejit); "
+        "must exist",
     )
     js = argparse.ArgumentParser(add_help=False)
     js.add_argument("--json", action="store_true", help="print one JSON document (keys: see the README)")
@@ -113,6 +114,11 @@ def _cache_parsers(command: _Command, js: argparse.ArgumentParser) -> None:
     command("stats", "leaves and bytes per tenant and backend; hit rates and compile times from usage records", js)
     v = command("verify", "rehash every leaf; exit 0 only when all verify and every usage record is valid", js)
     v.add_argument("--fix", action="store_true", help="quarantine leaves that fail; delete bad usage records")
+    v.add_argument(
+        "--tenant",
+        help="whose leaves' signatures to check, against SAFEJIT_VERIFY_KEYS (default: SAFEJIT_TENANT, else "
+        "default); other tenants' leaves are rehashed, their signatures not checked",
+    )
 
     pr = command("prune", "delete leaves by age, by count per build and by total size (least recently used first)", js)
     pr.add_argument(
@@ -146,7 +152,8 @@ def _diagnosis_parsers(command: _Command, js: argparse.ArgumentParser) -> None:
     e = command(
         "explain", "would compiling SOURCE hit the cache? On a miss, say why (exit 0 on a hit, 1 on a miss)", js
     )
-    e.add_argument("source", help="the source file (under a --source-root)")
+    e.add_argument("source", help="the source file (under a --source-root), as compiled by Runtime.source(path)")
+    e.add_argument("--name", help="the source's name, as Runtime.source(path, name=...) (default: the file's stem)")
     e.add_argument(
         "-I",
         "--include",

@@ -48,7 +48,7 @@ def cmd_explain(args: argparse.Namespace, out: Out) -> int:
         "arch": args.arch,
     }
     with Runtime(config=cfg) as rt, out.status(f"looking up {args.source}"):
-        source = rt.source(args.source)
+        source = rt.source(args.source, name=args.name)
         explanation = rt.explain(source, **kwargs)
     if args.json:
         out.json(_json(explanation, source.name))

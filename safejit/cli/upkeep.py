@@ -28,7 +28,7 @@ def cmd_verify(args: argparse.Namespace, out: Out) -> int:
     roots = cache_roots(args.cache_dir)
     # (the tenant's signatures checked as its processes check them: SAFEJIT_VERIFY_KEYS, ...)
     try:
-        cfg = config_for(args.cache_dir)
+        cfg = config_for(args.cache_dir, tenant=args.tenant)
         verifier, tenant = config_policy(cfg), cfg.tenant
     except ConfigError as exc:  # (the leaves are checked all the same)
         out.warn(f"signatures not checked: {exc}")
@@ -65,6 +65,8 @@ def cmd_verify(args: argparse.Namespace, out: Out) -> int:
         out.line(f"no cache at {roots.missing_default} yet")
     show_findings(out, findings)
     out.line((f"{checked - failed}/{checked} leaves verify", "ok" if not failed else "bad"))
+    if verifier is not None:
+        out.line((f"signatures checked: tenant {tenant!r}'s leaves (--tenant)", "dim"))
     usage = len(findings) - failed
     if usage:
         out.line((f"{usage} usage records are not valid", "bad"))

@@ -130,7 +130,12 @@ def _install(
         tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{otlp_endpoint}/v1/traces")))
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=f"{otlp_endpoint}/v1/metrics")))
     if prometheus_port is not None:
-        start_http_server(port=prometheus_port, addr=prometheus_addr)
+        try:
+            start_http_server(port=prometheus_port, addr=prometheus_addr)
+        except OSError as exc:  # (before anything is installed: nothing to undo)
+            raise ConfigError(
+                f"prometheus_port: cannot serve /metrics on {prometheus_addr}:{prometheus_port}: {exc.strerror or exc}"
+            ) from None
         readers.append(PrometheusMetricReader())
     if traces:
         trace.set_tracer_provider(tracer_provider)

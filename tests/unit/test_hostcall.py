@@ -352,3 +352,18 @@ def test_the_published_bytes_give_the_manifests_signatures(make_runtime):
     kernels, meta = _signatures.host_products(data)
     assert kernels == art.kernels and set(meta["signatures"]) == set(kernels)
     assert backend_meta(meta) == manifest.meta
+
+
+def test_a_kernel_not_found_says_what_it_most_likely_is(tmp_path, cxx):
+    """A C++ function not ``extern "C"`` (its name mangled), and a build that exports no
+    function at all (``-fvisibility=hidden``), each named in the error."""
+    with pytest.raises(safejit.KernelNotFoundError, match=r"C\+\+ names are mangled: declare twice extern \"C\""):
+        rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(tmp_path / "a"),)))
+        rt.compile(safejit.Source("int twice(int x) { return 2 * x; }\n", "m", filename="m.cpp")).kernel("twice")
+    rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(tmp_path / "b"),)))
+    hidden = rt.compile(safejit.Source("int f(void) { return 1; }\n", "m"), flags=("-fvisibility=hidden",))
+    with pytest.raises(safejit.KernelNotFoundError, match="the build exports no function"):
+        hidden.kernel("f")
+    with pytest.raises(safejit.KernelNotFoundError) as plain:
+        rt.compile(safejit.Source("int f(void) { return 1; }\n", "m")).kernel("g")
+    assert str(plain.value) == "no kernel 'g'; this module has ['f']"

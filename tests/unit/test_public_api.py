@@ -46,6 +46,13 @@ def test_all_is_pinned():
         assert hasattr(safejit, name)
 
 
+def test_dir_shows_the_public_names_not_the_packages_own_imports():
+    shown = set(dir(safejit))
+    assert set(safejit.__all__) <= shown and not shown & {"Any", "TYPE_CHECKING", "annotations", "importlib"}
+    more = {n for n in shown - set(safejit.__all__) if not n.startswith("__")}
+    assert all(getattr(safejit, n).__name__ == f"safejit.{n}" for n in more), more  # (its submodules imported so far)
+
+
 @pytest.mark.parametrize(
     ("error", "builtin"),
     [

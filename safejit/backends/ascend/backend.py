@@ -38,7 +38,8 @@ def find_toolkit(homes: Sequence[str]) -> tuple[str, str, str]:
             if os.access(bisheng, os.X_OK) and os.access(lld, os.X_OK):
                 return os.path.realpath(home), os.path.realpath(bisheng), os.path.realpath(lld)
     raise ConfigError(
-        f"no Ascend toolkit (bisheng and ld.lld) found under {homes}; set Config.ascend_home or ASCEND_HOME_PATH"
+        f"no Ascend toolkit (bisheng and ld.lld) found under {homes}; set Config.ascend_home "
+        "(SAFEJIT_ASCEND_HOME), or CANN's ASCEND_HOME_PATH / ASCEND_TOOLKIT_HOME"
     )
 
 

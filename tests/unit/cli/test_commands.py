@@ -632,3 +632,28 @@ def test_verify_checks_the_leaves_whatever_else_the_environment_holds(cache_dir,
     ran = cli("verify", "--cache-dir", str(cache_dir))
     assert ran.rc == 0 and "1/1 leaves verify" in ran.out, (ran.out, ran.err)
     assert "signatures not checked" in ran.err
+
+
+def test_explain_takes_the_name_the_source_was_compiled_under(kernel, cache_dir):
+    cfg = safejit.Config(backend="fake", cache_dirs=(str(cache_dir),), source_roots=(str(kernel),))
+    with safejit.Runtime(config=cfg) as rt:
+        rt.build(rt.source(kernel / "k.c", name="saxpy"), include_dirs=(str(kernel / "inc"),), defines={"X": 2})
+    assert _explain(kernel, cache_dir, "-D", "X=2", "--name", "saxpy").rc == 0
+    other = _explain(kernel, cache_dir, "-D", "X=2")
+    assert other.rc == 1 and "no other build of k" in other.out
+
+
+def test_verify_checks_the_signatures_of_the_tenant_it_is_given(cache_dir, monkeypatch):
+    """Signatures are checked for one tenant's leaves (as that tenant's processes check
+    them); --tenant names it, and the text says which."""
+    from safejit.policy.trust import Ed25519Signer
+
+    builder, other = Ed25519Signer.generate(), Ed25519Signer.generate()
+    cfg = safejit.Config(backend="fake", cache_dirs=(str(cache_dir),), tenant="t1", signing_key=builder.private_pem())
+    with safejit.Runtime(config=cfg) as rt:
+        rt.build(safejit.Source("#define VALUE 1\n", "k"))
+    monkeypatch.setenv("SAFEJIT_VERIFY_KEYS", f"{other.key_id}={other.public_key.hex()}")
+    default = cli("verify", "--cache-dir", str(cache_dir))
+    assert default.rc == 0 and "1/1 leaves verify" in default.out and "tenant 'default'" in default.out
+    t1 = cli("verify", "--cache-dir", str(cache_dir), "--tenant", "t1")
+    assert t1.rc == 1 and "0/1 leaves verify" in t1.out and "unknown_key" in t1.out and "tenant 't1'" in t1.out

@@ -76,3 +76,26 @@ def test_setup_for_metrics_keeps_a_programs_own_tracer_and_refuses_over_its_own_
         ).stdout
     assert any(line.startswith("safejit_cache_lookups_total{") for line in runs["tracer"].splitlines())
     assert runs["meter"].startswith("refused: an OpenTelemetry meter provider is installed already")
+
+
+TAKEN = r"""
+import socket, sys
+from opentelemetry import metrics
+import safejit, safejit.telemetry
+with socket.socket() as held:
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    try:
+        safejit.telemetry.setup(prometheus_port=held.getsockname()[1])
+    except safejit.ConfigError as exc:
+        print("refused:", exc)
+print("installed:", type(metrics.get_meter_provider()).__name__)
+"""
+
+
+def test_a_prometheus_port_in_use_is_a_config_error_and_installs_nothing():
+    out = subprocess.run(
+        [sys.executable, "-c", TAKEN], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.splitlines()
+    assert out[0].startswith("refused: prometheus_port: cannot serve /metrics on 127.0.0.1:"), out
+    assert out[1] == "installed: _ProxyMeterProvider", out
