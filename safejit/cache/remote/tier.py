@@ -208,9 +208,11 @@ class RemoteTier:
         stored as (its deps key, and its signer's key id, make the entry's name), its
         dependencies reproduce its deps key, its signature, its size."""
         signer = man.signature.key_id if man.signature is not None else ""
+        # (a signed manifest under its bare deps key: as writers before key ids in entry
+        # names stored it; its signature is checked all the same)
         if (
             man.build_key != build_key
-            or split_entry(entry) != (man.deps_key, signer)
+            or split_entry(entry) not in ((man.deps_key, signer), (man.deps_key, ""))
             or man.tenant != self.store.tenant
             or man.backend != self.store.backend
         ):
