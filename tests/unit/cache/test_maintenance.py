@@ -371,10 +371,20 @@ def test_a_deep_tree_is_removed_under_a_low_descriptor_limit(tmp_path):
     (a planted one stopped every gc, prune and staging clean-up). Either way it ends in
     the removal one directory at a time."""
     _deep_tree(tmp_path, 3000)
-    ran = subprocess.run(
-        [sys.executable, "-c", REMOVE_UNDER_A_LIMIT, str(tmp_path)], capture_output=True, text=True, timeout=120
-    )
-    assert ran.returncode == 0 and ran.stdout.strip() == "[]", ran.stderr[-2000:]
+    try:
+        ran = subprocess.run(
+            [sys.executable, "-c", REMOVE_UNDER_A_LIMIT, str(tmp_path)], capture_output=True, text=True, timeout=120
+        )
+        assert ran.returncode == 0 and ran.stdout.strip() == "[]", ran.stderr[-2000:]
+    finally:  # (pytest's own clean-up of old temporary dirs recurses: none is left for it)
+        _remove_deep(tmp_path)
+
+
+def _remove_deep(parent: Path) -> None:
+    top = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    with contextlib.suppress(FileNotFoundError):
+        fsio._rmtree_deep(top, "deep")
+    os.close(top)
 
 
 def test_rmtree_running_out_of_descriptors_goes_on_one_directory_at_a_time(tmp_path, monkeypatch):
