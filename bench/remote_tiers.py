@@ -30,6 +30,8 @@ Keys written (targets in parentheses):
                                   stored bytes, same client, interleaved, p50 / p50 (<= 1.3)
   remote_hit_1mb_us               the verified hit itself
   remote_hit_1mb_raw_get_us       its peer, the raw GET of the same run
+  remote_hit_1mb_vs_raw_get_far   ... through a proxy that holds each request 250 us (a round trip as between
+                                  racks, longer than the closure check; and *_us_far, remote_round_trip_us_far)
   remote_round_trip_us            a PING on the same client (and its min), apart: what a second round trip
                                   would add (a leaf that is not its build key's head, or heads off). On a
                                   2-core VM a round trip's p50 is mostly the idle server's wake-up
@@ -59,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from safejit.cache.remote import Breaker, BreakerPolicy, RemoteError, RemoteSettings, open_store
 from safejit.cache.remote.codec import encode
-from tests.remote._servers import BlackHole, free_port, start_valkey
+from tests.remote._servers import BlackHole, Proxy, free_port, start_valkey
 
 K = "ab" * 32
 
@@ -135,7 +137,7 @@ def miss_round_trips(results: dict[str, Any], url: str, admin: Any) -> None:
             conn._sock = _CountedSocket(conn._sock, writes)
         return conn
 
-    Lane.take = counted  # type: ignore[method-assign]
+    Lane.take = counted  # type: ignore[method-assign,assignment]
     try:
         _, head = store.index_and_head(K)  # connect first: a new connection sends nothing but AUTH (none here)
         if head is not None:
@@ -416,6 +418,25 @@ def tier_hit(results: dict[str, Any], url: str, quick: bool) -> None:
     )
 
 
+#: The round trip added by :func:`tier_hit_far` (each request held this long on its way).
+FAR_DELAY_S = 250e-6
+
+
+def tier_hit_far(results: dict[str, Any], port: int, quick: bool) -> None:
+    """The same hit and its peer through a proxy that holds each request 250 us: a round
+    trip as between racks, longer than the closure check (which, on loopback, hides a
+    second round trip). Both pay the added trip once; a hit that needed the index, then
+    the artifact, paid it twice."""
+    proxy = Proxy(port, delay=FAR_DELAY_S)
+    got: dict[str, Any] = {}
+    try:
+        tier_hit(got, f"redis://127.0.0.1:{proxy.port}/0", quick)
+    finally:
+        proxy.close()
+    for key in ("remote_hit_1mb_vs_raw_get", "remote_hit_1mb_us", "remote_hit_1mb_raw_get_us", "remote_round_trip_us"):
+        results[f"{key}_far"] = got[key]
+
+
 FLEET_CHILD = r"""
 import json, sys
 import safejit
@@ -504,6 +525,8 @@ def main() -> int:
             open_cost(results)
             cubin_ratio(results)
             tier_hit(results, url, args.quick)
+            if server is not None:
+                tier_hit_far(results, server.port, args.quick)
             fleet(results, url, admin)
             upload_overhead(results, url, args.quick)
         finally:

@@ -244,12 +244,22 @@ class Proxy:
     """A TCP proxy to ``port`` that counts the bytes it forwards from the server and calls
     ``on_bytes(total)`` as they pass (to kill the server mid-transfer), and that can hold
     all traffic (``paused``). ``rate``: bytes/s at which the server's bytes are passed on
-    (a link slower than loopback; it spins to pace, taking a core while it sends)."""
+    (a link slower than loopback; it spins to pace, taking a core while it sends).
+    ``delay``: seconds each piece of a request is held before it is passed on (a round
+    trip that much longer, as between racks)."""
 
-    def __init__(self, port: int, on_bytes: Callable[[int], None] | None = None, *, rate: float | None = None) -> None:
+    def __init__(
+        self,
+        port: int,
+        on_bytes: Callable[[int], None] | None = None,
+        *,
+        rate: float | None = None,
+        delay: float | None = None,
+    ) -> None:
         self.target = port
         self.on_bytes = on_bytes
         self.rate = rate
+        self.delay = delay
         #: While set, nothing is forwarded in either direction (a hung peer, as under SIGSTOP).
         self.paused = False
         self.sock = socket.socket()
@@ -287,6 +297,10 @@ class Proxy:
                 if count and self.rate:
                     until = time.perf_counter() + len(data) / self.rate
                     while time.perf_counter() < until:  # (a sleep would overshoot by far more)
+                        pass
+                if not count and self.delay:
+                    until = time.perf_counter() + self.delay
+                    while time.perf_counter() < until:
                         pass
                 dst.sendall(data)
                 if count:

@@ -384,3 +384,23 @@ def test_only_fcall_itself_unknown_makes_a_client_run_scripts(text, unknown):
     from safejit.cache.remote._functions import _FCALL_UNKNOWN
 
     assert bool(_FCALL_UNKNOWN.search(text)) is unknown
+
+
+def test_an_index_read_with_a_head_behind_it_receives_none_of_the_heads_bytes(pair):
+    """A head's reply follows the index's on the connection: read ``exact``, the index
+    takes no more than a few bytes past its end, and the head's value is the bytes one
+    receive made (not pieces joined: a copy of the whole)."""
+    ours, theirs = pair
+    manifest = b"m" * 3000
+    index = b"*2\r\n$64\r\n" + D.encode() + b"\r\n$3000\r\n" + manifest + b"\r\n"
+    head = b"h" * 200_000
+    writer = threading.Thread(target=theirs.sendall, args=(index + b"$1\r\n\x00\r\n$200000\r\n" + head + b"\r\n",))
+    writer.start()
+    time.sleep(0.05)  # (as much of it there as the socket holds before the index is read)
+    got = replies(ours)
+    assert got.pairs(1 << 20, entries=8, budget=8 << 20, exact=True) == [(D.encode(), manifest)]
+    assert len(got._left) <= 16
+    assert got.bulk(1, expect=1) == b"\x00"
+    value = got.bulk(200_001, expect=200_000)
+    writer.join()
+    assert value == head and got.drained

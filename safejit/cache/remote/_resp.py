@@ -29,6 +29,9 @@ _LINE_LIMIT: Final = 4096
 _SMALL: Final = 64
 #: What an index read asks for at once (its reply is a few KB a leaf: one ``recv`` takes it).
 _INDEX_GUESS: Final = 64 << 10
+#: ... when a reply follows it: a line's likely length (an array's or bulk string's header),
+#: so that what is received past the index's last byte is at most a few bytes of the next.
+_HEADER_GUESS: Final = 16
 #: A value up to this size is asked for whole (one ``recv``, into the bytes object handed back,
 #: when it has all arrived); what is still missing after that, a piece of at most _PIECE at a time.
 _AT_ONCE: Final = 32 << 20
@@ -91,12 +94,15 @@ class Replies:
             raise self._errors.InvalidResponse(f"unexpected reply to GETRANGE: {line[:40]!r}")
         return self._ended(self._exactly(size, hasher))
 
-    def pairs(self, limit: int, *, entries: int, budget: int) -> list[tuple[bytes, bytes]]:
+    def pairs(self, limit: int, *, entries: int, budget: int, exact: bool = False) -> list[tuple[bytes, bytes]]:
         """The next reply, HGETALL's: its (field, value) pairs, at most ``entries`` of them,
         each at most ``limit`` bytes long and ``budget`` in all: a reply past any of
         these is ``oversize``, and nothing past the first line that shows it is read (the
-        connection, its reply unread, is dropped)."""
-        line = self._line(_INDEX_GUESS)
+        connection, its reply unread, is dropped). ``exact``: a large reply follows (a
+        head's): no byte of it is received with these (read in pieces, a value received
+        after a few of its first bytes were is joined: a copy of the whole)."""
+        guess = _HEADER_GUESS if exact else _INDEX_GUESS
+        line = self._line(guess)
         n = self._count(line, b"*", "HGETALL")
         if n % 2:
             raise self._errors.InvalidResponse(f"unexpected reply to HGETALL: {line[:40]!r}")
@@ -105,7 +111,7 @@ class Replies:
         flat: list[bytes] = []
         total = 0
         for _ in range(n):
-            size = self._count(self._line(_INDEX_GUESS), b"$", "HGETALL")
+            size = self._count(self._line(guess), b"$", "HGETALL")
             total += size  # (names and manifests: what the publish function counts too)
             self._expect(total)
             if size > limit:

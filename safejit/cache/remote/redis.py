@@ -226,7 +226,7 @@ class RedisStore(Engine["_redis.Redis"]):
                 # (the whole reply within its deadline, which grows with the sizes it announces)
                 allow = settings.reply_deadline
                 replies = Replies(self._redis, conn, time.monotonic() + allow(0), allow=allow)
-                got = replies.pairs(limit, entries=entries, budget=INDEX_BUDGET * limit)
+                got = replies.pairs(limit, entries=entries, budget=INDEX_BUDGET * limit, exact=head)
             except BaseException:
                 lane.drop(conn)  # (a reply left unread would be the next command's)
                 raise
