@@ -38,6 +38,18 @@ class Request:
     def digest(self) -> str:
         return digest_bytes(json.dumps(self.data, sort_keys=True).encode())
 
+    def roots_named(self) -> tuple[str, ...]:
+        """The anchors (``s0``: the first declared source root, …) its include dirs, its
+        quote dir and its flags name, in order, each once."""
+        from .closure.anchors import _TOKEN
+
+        d = self.data
+        names = [a for a, _ in d["include_dirs"]]
+        if d["quote_dir"] is not None:
+            names.append(d["quote_dir"][0])
+        names += [m.group(1) for f in d["flags"] for m in _TOKEN.finditer(f)]
+        return tuple(dict.fromkeys(str(n) for n in names))
+
     def arguments(self, anchors: Anchors) -> dict[str, Any] | None:
         """``Runtime.build`` keyword arguments with anchors expanded; None when a
         root it names is not declared here."""

@@ -51,15 +51,20 @@ def _warm_one(
     from ..inventory import Request
 
     name = str(data.get("name", "?"))
-    done: dict[str, Any] = {"name": name, "result": "failed", "detail": ""}
+    done: dict[str, Any] = {"name": name, "tenant": str(data.get("tenant", "")), "result": "failed", "detail": ""}
     done.update(upload=None, upload_reason="", upload_detail="")
     try:
         cfg = config_for(cache_dir, source_roots=source_roots, signing_key=signing_key)
         cfg = cfg.replace(tenant=data.get("tenant", cfg.tenant), backend=data.get("backend", cfg.backend))
         if remote is not None:
             cfg = cfg.replace(remote=remote or cfg.remote, remote_mode="read-write")
+        done["tenant"] = cfg.tenant
         with Runtime(config=cfg) as rt:
-            done["result"] = rt.warm(Request(data), fill_remote=remote is not None)
+            request = Request(data)
+            done["result"] = rt.warm(request, fill_remote=remote is not None)
+            if done["result"] == "skipped":
+                declared = ", ".join(f"s{i}={root}" for i, root in enumerate(cfg.source_roots)) or "none"
+                done["detail"] = f"it names {', '.join(request.roots_named())}; declared here: {declared}"
             if remote is not None:
                 done.update(_upload_of(rt))
     except SafejitError as exc:
@@ -156,7 +161,7 @@ def cmd_warm(args: argparse.Namespace, out: Out) -> int:
         _summary(out, results)
     else:
         _remote_report(out, results)
-        if signing_key is None:
+        if signing_key is None and any(r["upload"] == "uploaded" for r in results):
             out.line(("uploads are unsigned: nodes with verify_keys will not use them (--signing-key)", "warn"))
     return EXIT_FINDINGS if bad else EXIT_OK
 
@@ -173,9 +178,16 @@ def _summary(out: Out, results: list[dict[str, Any]]) -> None:
         if r["result"] == "failed":
             _failed(out, r)
     out.line(f"{len(results)} requests: " + _count([r["result"] for r in results]))
-    skipped = sum(r["result"] == "skipped" for r in results)
+    _skipped(out, results)
+
+
+def _skipped(out: Out, results: list[dict[str, Any]]) -> None:
+    """Each request skipped, with the roots it names and those declared here."""
+    skipped = sorted((r for r in results if r["result"] == "skipped"), key=lambda r: r["name"])
     if skipped:
-        out.line((f"skipped {skipped}: {SKIPPED_WHY}", "warn"))
+        out.line((f"skipped {len(skipped)}: {SKIPPED_WHY}", "warn"))
+    for r in skipped:
+        out.line(f"    {r['name']}: {r['detail']}")
 
 
 def _failed(out: Out, r: dict[str, Any]) -> None:
@@ -197,12 +209,11 @@ def _remote_report(out: Out, results: list[dict[str, Any]]) -> None:
         if r["result"] == "failed":
             _failed(out, r)
         elif r["upload"] in UPLOAD_FAILURES:
-            out.line((f"upload of {r['name']}: {_upload_cell(r)}: {r['upload_detail']}", "bad"))
+            out.line((f"upload of {r['name']} (tenant {r['tenant']}): {_upload_cell(r)}: {r['upload_detail']}", "bad"))
     shown = [SHOWN.get(r["result"], r["result"]) for r in results]
     uploads = [_upload_cell(r) for r in results if r["upload"]]
     out.line(f"{len(results)} requests: {_count(shown)}" + (f"; uploads: {_count(uploads)}" if uploads else ""))
-    if any(r["result"] == "skipped" for r in results):
-        out.line((f"skipped: {SKIPPED_WHY}", "warn"))
+    _skipped(out, results)
 
 
 def _upload_cell(r: dict[str, Any]) -> str:

@@ -113,7 +113,7 @@ def test_warm_remote_fills_the_remote_and_another_node_hits_it(env, tmp_path, in
     assert second.rc == 0, second
     results = {r["name"]: r for r in second.json()["results"]}
     assert {(r["result"], r["upload"]) for r in results.values()} == {("remote", None)}
-    assert set(results["alpha"]) == {"name", "result", "detail", "upload", "upload_reason", "upload_detail"}
+    assert set(results["alpha"]) == {"name", "tenant", "result", "detail", "upload", "upload_reason", "upload_detail"}
     # An application on a third node gets it from the remote too:
     mod = node("3").compile(safejit.Source(SRC.code, "alpha"), include_dirs=_inc(project))
     assert mod.artifact.tier == "remote"
@@ -127,6 +127,7 @@ def test_warm_remote_uploads_disk_hits_the_remote_lacks(env, tmp_path, inventory
     assert "uploads are unsigned: nodes with verify_keys will not use them (--signing-key)" in ran.out
     again = _warm(tmp_path, inventory, "recorder", "--remote", redis_server.url)
     assert "2 requests: disk hit 2; uploads: already there 2" in again.out, again
+    assert "uploads are unsigned" not in again.out  # (nothing was uploaded, signed or not)
 
 
 def test_warm_remote_reports_each_refused_upload_and_fails(env, tmp_path, inventory, redis_server):
@@ -135,7 +136,7 @@ def test_warm_remote_reports_each_refused_upload_and_fails(env, tmp_path, invent
     ran = _warm(tmp_path, inventory, "builder", "--remote", reader)
     assert ran.rc == 1, ran
     assert ran.out.splitlines()[1].split() == ["alpha", "compiled", "failed:", "denied"]
-    assert "upload of alpha: failed: denied: remote redis put_blob: denied (" in ran.out
+    assert "upload of alpha (tenant default): failed: denied: remote redis put_blob: denied (" in ran.out
     assert (
         "default-reader-pw" not in ran.out + ran.err
         and "***"

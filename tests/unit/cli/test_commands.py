@@ -577,6 +577,7 @@ def test_warm_says_why_requests_were_skipped_and_fails(tmp_path, kernel):
     out = run("warm", str(inventory), "-j", "1", "--cache-dir", str(tmp_path / "c2"), env={"SAFEJIT_BACKEND": "fake"})
     assert out.returncode == 1 and "1 requests: skipped 1" in out.stdout
     assert "a root it names is not declared here" in out.stdout
+    assert "    k: it names s0; declared here: none" in out.stdout  # (which request, which root)
 
 
 def test_warm_replays_what_compiled_and_shows_a_compile_log_a_line_each(tmp_path):
