@@ -72,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log the library's INFO lines (compiles) to stderr")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     cache = argparse.ArgumentParser(add_help=False)
+    cache.add_argument(  # (after the command too: ``safejit warm -v``; absent, the one before it stands)
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="as safejit -v"
+    )
     cache.add_argument(
         "--cache-dir",
         metavar="DIR",

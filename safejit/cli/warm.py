@@ -45,9 +45,26 @@ def _warm_one(
     data: dict[str, Any],
     remote: str | None,
     signing_key: bytes | None = None,
+    verbose: bool = False,
 ) -> dict[str, Any]:
-    """One request in this (spawned) process: ``{name, result, detail, upload,
-    upload_reason, upload_detail}`` (``result``: hit, remote, built, skipped, failed)."""
+    """One request in this (spawned) process: ``{name, tenant, result, detail, upload,
+    upload_reason, upload_detail}`` (``result``: hit, remote, built, skipped, failed).
+    The library's log lines go to this process's stderr, as the command's own do."""
+    import sys
+
+    from . import _logging
+
+    with _logging(verbose, sys.stderr):
+        return _warm_request(cache_dir, source_roots, data, remote, signing_key)
+
+
+def _warm_request(
+    cache_dir: str | None,
+    source_roots: tuple[str, ...],
+    data: dict[str, Any],
+    remote: str | None,
+    signing_key: bytes | None,
+) -> dict[str, Any]:
     from ..inventory import Request
 
     name = str(data.get("name", "?"))
@@ -150,7 +167,9 @@ def cmd_warm(args: argparse.Namespace, out: Out) -> int:
         out.progress("warming", len(requests)) as done,
     ):
         roots = tuple(args.source_root)
-        futures = [pool.submit(_warm_one, args.cache_dir, roots, r.data, remote, signing_key) for r in requests]
+        futures = [
+            pool.submit(_warm_one, args.cache_dir, roots, r.data, remote, signing_key, args.verbose) for r in requests
+        ]
         for n, future in enumerate(as_completed(futures), 1):
             results.append(future.result())
             done(n)

@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -658,3 +659,22 @@ def test_verify_checks_the_signatures_of_the_tenant_it_is_given(cache_dir, monke
     assert default.rc == 0 and "1/1 leaves verify" in default.out and "tenant 'default'" in default.out
     t1 = cli("verify", "--cache-dir", str(cache_dir), "--tenant", "t1")
     assert t1.rc == 1 and "0/1 leaves verify" in t1.out and "unknown_key" in t1.out and "tenant 't1'" in t1.out
+
+
+def test_warm_verbose_shows_each_requests_library_lines_and_takes_v_after_the_command(tmp_path, kernel):
+    """The requests run in processes of their own: their log lines reached no one (-v
+    printed nothing), and ``warm -v`` was a usage error."""
+    inventory = tmp_path / "inventory.jsonl"
+    cfg = safejit.Config(
+        backend="fake", cache_dirs=(str(tmp_path / "c1"),), source_roots=(str(kernel),), inventory=str(inventory)
+    )
+    with safejit.Runtime(config=cfg) as rt:
+        rt.compile(rt.source(kernel / "k.c"), include_dirs=(str(kernel / "inc"),), defines={"X": 1})
+    (tmp_path / "c2").mkdir()
+    args = (str(inventory), "-j", "1", "--cache-dir", str(tmp_path / "c2"), "--source-root", str(kernel))
+    for argv in (("-v", "warm", *args), ("warm", "-v", *args)):
+        out = run(*argv, env={"SAFEJIT_BACKEND": "fake"})
+        assert out.returncode == 0 and "INFO safejit.runtime: compil" in out.stderr, (argv, out.stderr[-2000:])
+        shutil.rmtree(tmp_path / "c2" / "v1", ignore_errors=True)  # (the next compiles again)
+    quiet = run("warm", *args, env={"SAFEJIT_BACKEND": "fake"})
+    assert quiet.returncode == 0 and "INFO" not in quiet.stderr
