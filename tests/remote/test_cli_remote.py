@@ -197,7 +197,7 @@ def test_ls_lists_ids_kernels_sizes_signers(filled):
     assert set(listed) == {"remote", "engine", "tenant", "backend", "limit", "complete", "leaves", "findings"}
     leaf = listed["leaves"][0]
     assert set(leaf) == {"id", "build_key", "deps_key", "entry", "kernel", "bytes", "digest", "signer", "created"}
-    assert leaf["entry"] == f"{leaf['deps_key']}.{SIGNER.key_id}"  # (an entry per leaf and signer)
+    assert leaf["entry"] == leaf["deps_key"]  # (the first signer's entry: the bare deps key)
     assert leaf["signer"] == {"alg": "ed25519", "key_id": SIGNER.key_id} and leaf["bytes"] == made[0].size
     one = cli("remote", "ls", "--remote", url, "--limit", "1")
     assert "stopped at 1 leaves (--limit): there are more" in one.out
@@ -321,7 +321,7 @@ def test_hostile_manifests_are_shown_escaped_and_bounded(env, node, project, red
     (art,) = _publish(node("a", signing_key=SIGNER.private_pem()), project, "k")
     admin = redis_server.admin()
     index = f"sj:v1:default:fake:idx:{art.build_key}"
-    man = decode_manifest(admin.hget(index, f"{art.deps_key}.{SIGNER.key_id}"))
+    man = decode_manifest(admin.hget(index, art.deps_key))
     signature = msgspec.structs.replace(man.signature, key_id="\x1b[31m" + "K" * 120)
     planted = msgspec.structs.replace(man, name=HOSTILE, signature=signature)
     admin.hset(index, "e" * 64, encode_manifest(msgspec.structs.replace(planted, deps_key="e" * 64)))

@@ -358,24 +358,39 @@ def test_a_rotated_signing_key_publishes_beside_the_old_keys_entry(node, project
     index = _entry_key(redis_server)
     fields = sorted(f.decode() for f in redis_server.admin().hkeys(index))
     deps = fields[0][:64]
-    assert fields == sorted([f"{deps}.{old.key_id}", f"{deps}.{new.key_id}"])
+    # (the old key's under the bare deps key, which readers from before key ids in entry
+    # names read too; the new one's beside it, named by its key id)
+    assert fields == [deps, f"{deps}.{new.key_id}"]
     mod = node("d", verify_keys=trusts[new]).compile(SRC, include_dirs=_inc(project))
     assert mod.artifact.tier == "remote" and mod.kernel("INNER")() == 41
     # An entry must be named by its own manifest's signer: the old key's manifest under the
     # new key's name is no leaf of the new key (nor of the old one, there).
     admin = redis_server.admin()
-    raw = admin.hget(index, f"{deps}.{old.key_id}")
+    raw = admin.hget(index, deps)
     admin.delete(index)
     admin.hset(index, f"{deps}.{new.key_id}", raw)
     misnamed = node("e", verify_keys=trusts[old])
     assert misnamed.explain(SRC, include_dirs=_inc(project)).result == "miss"
     assert misnamed.compile(SRC, include_dirs=_inc(project)).artifact.tier == "compiled"
-    # Under its bare deps key (as a writer before key ids in entry names stored it), a
-    # signed manifest is its signer's leaf still.
+    # And the new builder's next upload of the same leaf finds its own entry there.
     admin.delete(index)
     admin.hset(index, deps, raw)
-    legacy = node("f", verify_keys=trusts[old])
-    assert legacy.compile(SRC, include_dirs=_inc(project)).artifact.tier == "remote"
+    again = node("g", signing_key=new.private_pem(), verify_keys=trusts[new])
+    again.compile(SRC, include_dirs=_inc(project))
+    assert [(u.outcome.value, u.detail) for u in again.flush_uploads().results] == [("uploaded", "")]
+    assert sorted(f.decode() for f in admin.hkeys(index)) == [deps, f"{deps}.{new.key_id}"]
+    third = node("h", signing_key=new.private_pem(), verify_keys=trusts[new])
+    third.compile(safejit.Source(SRC.code + "\n", "k"), include_dirs=_inc(project))  # (another build key)
+    assert node("i", verify_keys=trusts[new]).compile(SRC, include_dirs=_inc(project)).artifact.tier == "remote"
+
+
+def test_a_leaf_a_builder_publishes_is_read_by_readers_from_before_key_ids_in_entry_names(node, project, redis_server):
+    """Signed or not, a leaf goes under its bare deps key first: a reader that knows only
+    those (an older release, during an upgrade of a fleet) finds it."""
+    signer = Ed25519Signer.generate()
+    _published(node("a", signing_key=signer.private_pem()), project)
+    ((field, raw),) = redis_server.admin().hgetall(_entry_key(redis_server)).items()
+    assert len(field) == 64 and decode_manifest(raw).signature.key_id == signer.key_id
 
 
 def test_a_planted_signature_past_ascii_is_a_miss_not_an_exception_out_of_compile(node, project, redis_server):

@@ -19,7 +19,6 @@ one boundary ``_run``; its lease protocol and its listing are what S3 lacks nati
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import math
@@ -426,11 +425,15 @@ class S3Store(Engine[Any]):
         path = self.layout.s3_cas("0" * 64)
         store = self._store()
 
-        def head() -> None:
-            with contextlib.suppress(FileNotFoundError):
-                self._obstore.head(store, path)
+        def get() -> None:
+            # (a GET, not a HEAD: a HEAD's 404 carries no body to say the bucket is missing)
+            try:
+                self._obstore.get(store, path, options={"range": (0, 1)})
+            except FileNotFoundError as exc:
+                if not _absent(exc):
+                    raise
 
-        self._run("ping", "remote.get", head)
+        self._run("ping", "remote.get", get)
 
     def _update_lease(self, lease: Lease, expires: float, token: str, *, releasing: bool = False) -> bool:
         """Write ``(token, expires)`` over the lease only while it holds ``lease.token``

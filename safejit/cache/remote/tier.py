@@ -144,6 +144,7 @@ class RemoteTier:
             index, head = self.store.index_and_head(build_key)
         except RemoteError as exc:
             return Rejection(MISS_OF[exc.reason], str(exc), root="remote")
+        given: PendingBlob | None = None
         try:
             first: Rejection | None = None
             entries = []
@@ -163,8 +164,10 @@ class RemoteTier:
                 first = first or result
             return first or Rejection(Miss.ABSENT, root="remote")
         finally:
-            if head is not None:
-                head.cancel()
+            # (the head not given yet; or given, where the check raised before it was read or
+            # cancelled: a cancel after either is nothing)
+            _cancel(head)
+            _cancel(given)
 
     def _verify(
         self, build_key: str, entry: str, man: Manifest, anchors: Anchors, head: PendingBlob | None = None

@@ -23,7 +23,7 @@ from typing import Final
 
 from ...outcomes import Outcome
 from ...telemetry import ATTR, SPAN, instruments, mark_failed, span
-from ..leaf import VerifiedLeaf, encode_manifest
+from ..leaf import ManifestError, VerifiedLeaf, decode_manifest, encode_manifest
 from .layout import entry_name
 from .lease import LeaseKeeper
 from .store import Put, RemoteError, RemoteStore
@@ -200,10 +200,8 @@ class UploadQueue:
         attrs = {ATTR.BUILD_KEY: item.build_key, ATTR.BYTES: man.artifact_size, **self._attrs}
         with span(SPAN.REMOTE_PUBLISH, attrs) as s:
             try:
-                # (an entry per leaf and signer: one signed under another key, a rotated
-                # one, is not this one, which readers holding only the new key can use)
-                entry = entry_name(man.deps_key, man.signature.key_id if man.signature is not None else "")
-                if item.unless_present and entry in self.store.index(item.build_key):
+                signer = man.signature.key_id if man.signature is not None else ""
+                if item.unless_present and self._present(item.build_key, man.deps_key, signer):
                     outcome, detail = Outcome.UPLOAD_SKIPPED, PRESENT
                 else:
                     # The artifact first: an index entry is never there before what it names.
@@ -211,7 +209,7 @@ class UploadQueue:
                     if len(item.leaf.artifact) <= self.store.settings.head_max_bytes:
                         # (write-once: the build key's first leaf's, read with the index)
                         self.store.put_head(item.build_key, item.leaf.artifact)
-                    put = self.store.publish_manifest(item.build_key, entry, encode_manifest(man))
+                    put = self._publish(item.build_key, man.deps_key, signer, encode_manifest(man))
                     if put is Put.FULL:
                         outcome, detail = Outcome.UPLOAD_SKIPPED, INDEX_FULL
                     elif put is Put.EXISTS:
@@ -235,6 +233,21 @@ class UploadQueue:
         if outcome is Outcome.UPLOADED:
             self.uploaded += 1
         self._done(item, outcome, detail, reason)
+
+    def _present(self, build_key: str, deps_key: str, signer: str) -> bool:
+        """Whether the index holds this leaf as ``signer`` signed it."""
+        index = self.store.index(build_key)
+        return entry_name(deps_key, signer) in index or _signed_by(index.get(deps_key), signer)
+
+    def _publish(self, build_key: str, deps_key: str, signer: str, manifest: bytes) -> Put:
+        """Publish under the bare deps key, which every reader reads (those from before
+        key ids in entry names too); where another signer's manifest holds it (the key was
+        rotated), under ``<D>.<key id>``: readers holding only this key's public half
+        use that one."""
+        put = self.store.publish_manifest(build_key, deps_key, manifest)
+        if put is not Put.EXISTS or not signer or _signed_by(self.store.index(build_key).get(deps_key), signer):
+            return put
+        return self.store.publish_manifest(build_key, entry_name(deps_key, signer), manifest)
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait (at most ``timeout`` seconds) for the queued uploads; whether all are done."""
@@ -266,3 +279,14 @@ class UploadQueue:
         if worker is not None and worker.is_alive():
             # (nothing is queued after close: the stop is the last item the worker reads)
             self._uploads.put_nowait(None)
+
+
+def _signed_by(manifest: bytes | None, signer: str) -> bool:
+    """Whether ``manifest`` (an index entry's bytes, unverified) says ``signer`` signed it."""
+    if manifest is None:
+        return False
+    try:
+        man = decode_manifest(manifest)
+    except ManifestError:
+        return False
+    return (man.signature.key_id if man.signature is not None else "") == signer
