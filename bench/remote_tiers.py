@@ -377,7 +377,7 @@ def tier_hit(results: dict[str, Any], url: str, quick: bool) -> None:
         )
         store = open_store(RemoteSettings.from_url(url), tenant="bench", backend="cuda")
         store.put_blob(man.artifact_digest, artifact)
-        store.put_head(K, artifact)  # (as an upload does for a build key's first leaf)
+        store.put_head(K, man.artifact_digest, artifact)  # (as an upload does for a build key's first leaf)
         store.publish_manifest(K, man.deps_key, encode_manifest(man))
         memo_dir = Path(tmp) / "memo"
         memo_dir.mkdir(mode=0o700)

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from safejit.cache.remote import RemoteError
+from safejit.closure.hashing import digest_bytes
 
 from .conftest import hexkey
 
@@ -115,7 +116,7 @@ def test_a_head_read_behind_the_index_keeps_the_connection_read_or_cancelled(red
     lookups of a build key with no head, with a head read, a head cancelled unread (a
     large one) all run on the one connection."""
     head = bytes(range(256)) * 2048  # (512 KiB: more than one recv)
-    assert store.put_head(K, head).value == "created"
+    assert store.put_head(K, digest_bytes(head), head).value == "created"
     index, pending = store.index_and_head(hexkey("absent"))
     assert dict(index) == {} and pending is not None and pending.result() is None
     before = connections(redis_server)
@@ -134,7 +135,7 @@ def test_a_head_read_behind_the_index_keeps_the_connection_read_or_cancelled(red
 def test_a_head_over_its_cap_or_of_another_type_drops_its_connection_not_the_next_read(redis_server, store):
     key = store.layout.redis_head(K)
     admin = redis_server.admin()
-    admin.set(key, b"\x00" + b"x" * (store.settings.head_max_bytes + 10))
+    admin.set(key, bytes(32) + b"\x00" + b"x" * (store.settings.head_max_bytes + 10))  # (a digest, raw)
     _, pending = store.index_and_head(K)
     with pytest.raises(RemoteError) as oversize:
         pending.result()

@@ -115,7 +115,9 @@ def _copies(redis_server) -> list[str]:
     """Where the artifact is stored: its blob, and the build key's head (the first leaf's)."""
     index, _, raw = _entry(redis_server)
     head = index.replace(":idx:", ":head:")
-    assert redis_server.admin().get(head) == redis_server.admin().get(_blob_key(raw))
+    stored = redis_server.admin().get(head)  # (the artifact's digest in front of the blob's value)
+    assert stored[32:] == redis_server.admin().get(_blob_key(raw))
+    assert stored[:32].hex() == decode_manifest(raw).artifact_digest
     return [_blob_key(raw), head]
 
 
@@ -221,7 +223,9 @@ HEAD_TAMPERS = {
     "another artifact": lambda value: SWAPPED,
     "over head_max_bytes": lambda value: b"\x00" + b"x" * (2 << 20),
     "a compression bomb": lambda value: _bomb(),
-    "an unknown codec": lambda value: b"\x07" + value[1:],
+    "a compression bomb under the leaf's digest": lambda value: value[:32] + _bomb(),
+    "an unknown codec": lambda value: value[:32] + b"\x07" + value[33:],
+    "another leaf's digest in front": lambda value: bytes(32) + value[32:],
     "a value of another type": None,
 }
 
@@ -268,9 +272,10 @@ def test_a_hit_on_the_head_takes_one_round_trip_and_reads_no_blob(node, project,
     assert off.compile(SRC, include_dirs=_inc(project)).artifact.tier == "compiled"  # (no blob, no head read)
 
 
-def test_only_the_first_leaf_of_a_build_key_is_its_head(node, project, redis_server):
+def test_only_the_first_leaf_of_a_build_key_is_its_head(node, project, redis_server, monkeypatch):
     """A second leaf (another closure) keeps its artifact in its blob only; a node whose
-    files are the second's gets it from there, the head read and passed over."""
+    files are the second's gets it from there, the head read and passed over by the digest
+    in front of it: never decoded or hashed (one value decoded: the blob)."""
     _published(node("a"), project)
     admin = redis_server.admin()
     _, head = _copies(redis_server)
@@ -279,9 +284,15 @@ def test_only_the_first_leaf_of_a_build_key_is_its_head(node, project, redis_ser
     time.sleep(0.05)
     _published(node("b"), project)
     assert admin.get(head) == first and len(admin.hgetall(_entry_key(redis_server))) == 2
+    from safejit.cache.remote import codec
+
+    decoded = []
+    real = codec.decode_parts
+    monkeypatch.setattr(codec, "decode_parts", lambda *a, **k: decoded.append(1) or real(*a, **k))
     c = node("c")
     mod = c.compile(SRC, include_dirs=_inc(project))
     assert mod.artifact.tier == "remote" and mod.kernel("INNER")() == 9
+    assert decoded == [1]
 
 
 def _entry_key(redis_server) -> str:

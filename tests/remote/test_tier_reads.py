@@ -66,7 +66,7 @@ def setup(request, redis_server, make_store, tmp_path):
     store.put_blob(man.artifact_digest, ARTIFACT)
     copies = [store.layout.redis_cas(man.artifact_digest)]
     if request.param == "head":
-        store.put_head(K, ARTIFACT)
+        store.put_head(K, man.artifact_digest, ARTIFACT)
         copies.append(store.layout.redis_head(K))
     store.publish_manifest(K, man.deps_key, encode_manifest(man))
     memo_dir = tmp_path / "memo"

@@ -33,11 +33,12 @@ class PendingGet:
     byte past the cap: a larger value is ``oversize`` and never read whole. A raw value is
     hashed piece by piece as it is received (``digest``), while the rest is on its way."""
 
-    __slots__ = ("_cap", "_conn", "_error", "_lane", "_replies", "_start", "_store", "digest")
+    __slots__ = ("_cap", "_conn", "_error", "_lane", "_replies", "_skip", "_start", "_store", "digest")
 
     def __init__(self, store: RedisStore, key: str, cap: int) -> None:
         self._store = store
         self._cap = cap
+        self._skip = 0
         self.digest: str | None = None
         self._lane = store._lane(cap + 1)
         self._conn: Any = None
@@ -58,23 +59,34 @@ class PendingGet:
         self._conn = conn
 
     @staticmethod
-    def request(key: str, cap: int) -> bytes:
-        return pack("GETRANGE", key, 0, 0) + pack("GETRANGE", key, 1, cap + 1)
+    def request(key: str, cap: int, skip: int = 0) -> bytes:
+        """The two GETRANGEs of a value that starts with ``skip`` bytes of its own (a head's
+        digest) before its codec byte."""
+        return pack("GETRANGE", key, 0, skip) + pack("GETRANGE", key, skip + 1, skip + cap + 1)
 
     @classmethod
-    def behind(cls, store: RedisStore, lane: Lane, conn: Any, replies: Replies, cap: int) -> PendingGet:
+    def behind(
+        cls, store: RedisStore, lane: Lane, conn: Any, replies: Replies, cap: int, *, skip: int = 0
+    ) -> PendingGet:
         """The read whose :meth:`request` went out behind another command on ``conn``, whose
         reply ``replies`` read (what was received past it is the start of this one's)."""
         self = cls.__new__(cls)
-        self._store, self._cap, self.digest, self._lane = store, cap, None, lane
+        self._store, self._cap, self._skip, self.digest, self._lane = store, cap, skip, None, lane
         self._conn, self._error, self._replies = conn, None, replies
         self._start = time.perf_counter()
         return self
 
-    def result(self) -> memoryview | None:
+    def result(self, *, want: str | None = None) -> memoryview | None:
+        """The value (see ``RemoteStore.get_blob``). ``want``: the digest a value with one
+        of its own in front (a head) must say it holds; one that says another is read off
+        the connection and dropped, never decoded or hashed, and is None (absent)."""
         try:
             head, payload, hasher = self._store._guard.run(
-                "get_blob", "remote.get", self._read, received=lambda r: len(r[0]) + len(r[1]), start=self._start
+                "get_blob",
+                "remote.get",
+                lambda: self._read(want),
+                received=lambda r: len(r[0]) + len(r[1]),
+                start=self._start,
             )
         finally:
             self.cancel()  # only when the replies were not read (the fault point raised first)
@@ -83,7 +95,7 @@ class PendingGet:
             self.digest = hasher.hexdigest()
         return view
 
-    def _read(self) -> tuple[bytes, bytes, blake3.blake3 | None]:
+    def _read(self, want: str | None) -> tuple[bytes, bytes, blake3.blake3 | None]:
         if self._error is not None:
             raise self._error
         conn, self._conn = self._conn, None
@@ -96,9 +108,15 @@ class PendingGet:
             else:
                 replies = self._replies
                 replies.restart(deadline)
-            head = replies.bulk(1, expect=1)
-            hasher = new_hasher() if head == RAW_HEAD else None
-            payload = replies.bulk(self._cap + 1, expect=self._cap, hasher=hasher)
+            skip = self._skip
+            lead = replies.bulk(skip + 1, expect=skip + 1)
+            head = lead[skip:]
+            if skip and want is not None and lead[:skip].hex() != want:  # (another leaf's, or none)
+                replies.bulk(self._cap + 1, expect=0)  # (read, dropped)
+                head, payload, hasher = b"", b"", None
+            else:
+                hasher = new_hasher() if head == RAW_HEAD else None
+                payload = replies.bulk(self._cap + 1, expect=self._cap, hasher=hasher)
         except BaseException:
             self._lane.drop(conn)  # an error reply to the first leaves the second unread
             raise
@@ -119,7 +137,7 @@ class PendingGet:
             # deadline; else it is dropped.
             with contextlib.suppress(Exception):
                 replies.restart(time.monotonic() + self._store.settings.op_timeout_s)
-                replies.bulk(1, expect=1)
+                replies.bulk(self._skip + 1, expect=self._skip + 1)
                 replies.bulk(self._cap + 1, expect=0)
                 if replies.drained:
                     self._lane.give(conn)

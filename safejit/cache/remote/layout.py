@@ -6,7 +6,7 @@ Redis keys::
     sj:v1:<tenant>:cas:<blake3>
     sj:v1:<tenant>:<backend>:idx:<K>        (hash; field <entry>)
     sj:v1:<tenant>:<backend>:lease:<K>
-    sj:v1:<tenant>:<backend>:head:<K>       (the first leaf's artifact, small ones only)
+    sj:v1:<tenant>:<backend>:head:<K>       (the first leaf's artifact, small ones only; its digest in front)
 
 S3 object keys (under the URL's prefix)::
 

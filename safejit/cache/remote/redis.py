@@ -32,7 +32,7 @@ from ._guard import os_reason
 from ._lane import Lane
 from ._pending import PendingGet
 from ._resp import Replies, pack
-from .layout import is_hex, split_entry
+from .layout import check_hex, is_hex, split_entry
 from .settings import RemoteSettings
 from .store import (
     Lease,
@@ -58,6 +58,9 @@ T = TypeVar("T")
 #: publish function lets in, and what a read takes (past it, one a writer filled bypassing
 #: the function with plain HSETNX, the read stops: oversize).
 INDEX_BUDGET: Final = 8
+
+#: The bytes of a head's value before its codec byte: the artifact's BLAKE3, raw.
+HEAD_DIGEST: Final = 32
 
 #: SCAN pages read at most for one listing (a keyspace of 100 million keys, at SCAN_PAGE slots
 #: a page): a server whose cursor never comes back to 0 would keep a listing going for good.
@@ -215,7 +218,7 @@ class RedisStore(Engine["_redis.Redis"]):
         limit, entries, cap = settings.max_manifest_bytes, settings.index_cap, settings.head_max_bytes
         request = pack("HGETALL", self.layout.redis_idx(build_key))
         if head:
-            request += PendingGet.request(self.layout.redis_head(build_key), cap)
+            request += PendingGet.request(self.layout.redis_head(build_key), cap, HEAD_DIGEST)
         lane = self._lane(cap + 1 if head else 0)
         kept: list[tuple[Any, Replies]] = []
 
@@ -243,7 +246,7 @@ class RedisStore(Engine["_redis.Redis"]):
         for field, value in pairs:
             if split_entry(name := field.decode("ascii", "replace")) is not None:
                 out[name] = value
-        return out, (PendingGet.behind(self, lane, *kept[0], cap) if kept else None)
+        return out, (PendingGet.behind(self, lane, *kept[0], cap, skip=HEAD_DIGEST) if kept else None)
 
     def publish_manifest(self, build_key: str, entry: str, manifest: bytes) -> Put:
         key = self.layout.redis_idx(build_key)
@@ -293,17 +296,20 @@ class RedisStore(Engine["_redis.Redis"]):
         self._check_put_size(data)
         return self._put_once("put_blob", self.layout.redis_cas(digest), data)
 
-    def put_head(self, build_key: str, data: bytes) -> Put | None:
+    def put_head(self, build_key: str, digest: str, data: bytes) -> Put | None:
         if len(data) > self.settings.head_max_bytes:
             raise RemoteError("oversize", "put_head", f"{len(data)} bytes > head_max_bytes", engine=self.engine)
-        return self._put_once("put_head", self.layout.redis_head(build_key), data)
+        # (its digest in front: a lookup whose leaf is another's tells from it, before it
+        # decodes or hashes a byte)
+        prefix = bytes.fromhex(check_hex(digest, "digest"))
+        return self._put_once("put_head", self.layout.redis_head(build_key), data, prefix)
 
-    def _put_once(self, op: str, key: str, data: bytes) -> Put:
+    def _put_once(self, op: str, key: str, data: bytes, prefix: bytes = b"") -> Put:
         settings = self.settings
         self._guard.admit(op)
         if len(data) >= settings.compress_min_bytes and self._exists(key):
             return Put.EXISTS  # SET NX would ship the whole value only to be refused
-        blob = codec.encode(data, min_bytes=settings.compress_min_bytes, level=settings.compress_level)
+        blob = prefix + codec.encode(data, min_bytes=settings.compress_min_bytes, level=settings.compress_level)
         client = self.client(len(blob))
         done = self._guard.run(op, "remote.put", lambda: client.set(key, blob, nx=True), sent=len(blob))
         return Put.CREATED if done else Put.EXISTS

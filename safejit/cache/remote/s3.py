@@ -252,7 +252,7 @@ class S3Store(Engine[Any]):
         # while the closure is checked)
         return self.index(build_key), None
 
-    def put_head(self, build_key: str, data: bytes) -> Put | None:
+    def put_head(self, build_key: str, digest: str, data: bytes) -> Put | None:
         return None
 
     def publish_manifest(self, build_key: str, entry: str, manifest: bytes) -> Put:

@@ -148,7 +148,11 @@ class PendingBlob(Protocol):
 
     @property
     def digest(self) -> str | None: ...
-    def result(self) -> memoryview | None: ...
+    def result(self, *, want: str | None = None) -> memoryview | None:
+        """``want``: the digest a value stored with its own in front (a head) must name;
+        one that names another is dropped unread (None)."""
+        ...
+
     def cancel(self) -> None: ...
 
 
@@ -162,7 +166,7 @@ class Deferred:
     def __init__(self, read: Callable[[], memoryview | None]) -> None:
         self._read = read
 
-    def result(self) -> memoryview | None:
+    def result(self, *, want: str | None = None) -> memoryview | None:
         return self._read()
 
     def cancel(self) -> None:
@@ -185,7 +189,7 @@ class RemoteStore(Protocol):
         sj:v1:<tenant>:cas:<blake3>                      [1-byte codec][bytes]   write-once
         sj:v1:<tenant>:<backend>:idx:<K>   field <D>[.<key id>]  manifest bytes  write-once per (K, D, signer)
         sj:v1:<tenant>:<backend>:lease:<K>               lease token             SET NX PX
-        sj:v1:<tenant>:<backend>:head:<K>                [1-byte codec][bytes]   write-once (first leaf's)
+        sj:v1:<tenant>:<backend>:head:<K>     [32-byte BLAKE3][1-byte codec][bytes]  write-once (first leaf's)
     """
 
     @property
@@ -242,9 +246,10 @@ class RemoteStore(Protocol):
         """Write-once (``CREATED`` or ``EXISTS``); a large blob is not sent when it exists."""
         ...
 
-    def put_head(self, build_key: str, data: bytes) -> Put | None:
+    def put_head(self, build_key: str, digest: str, data: bytes) -> Put | None:
         """Keep ``data`` (the artifact of the build key's first leaf, at most
-        ``settings.head_max_bytes``) as the build key's head, write-once like a blob; None
+        ``settings.head_max_bytes``; ``digest``: its BLAKE3, stored in front of it) as the
+        build key's head, write-once like a blob; None
         where the engine keeps no heads. The blob stays the artifact's home: a head only
         saves a lookup its second round trip."""
         ...

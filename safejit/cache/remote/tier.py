@@ -196,7 +196,7 @@ class RemoteTier:
         if isinstance(closure, Rejection):
             _cancel(pending)
             return Rejection(closure.reason, closure.detail, leaf, "remote")
-        artifact = self._finish_fetch(pending, man, leaf)
+        artifact = self._finish_fetch(pending, man, leaf, want=man.artifact_digest if head is not None else None)
         if isinstance(artifact, Rejection) and head is not None:
             # (no head, another leaf's, or one that did not read or decode: the blob it names)
             logger.debug("the head of %s did not serve: %s", build_key[:16], artifact.detail)
@@ -239,12 +239,14 @@ class RemoteTier:
         except RemoteError as exc:
             return exc  # reported only if the closure holds: a closure miss is the better reason
 
-    def _finish_fetch(self, pending: PendingBlob | RemoteError, man: Manifest, leaf: str) -> bytes | Rejection:
+    def _finish_fetch(
+        self, pending: PendingBlob | RemoteError, man: Manifest, leaf: str, *, want: str | None = None
+    ) -> bytes | Rejection:
         with span(SPAN.REMOTE_FETCH, {ATTR.BYTES: man.artifact_size, **self._attrs}):
             try:
                 if isinstance(pending, RemoteError):
                     raise pending
-                view = pending.result()
+                view = pending.result(want=want)
             except RemoteError as exc:
                 return Rejection(MISS_OF[exc.reason], str(exc), leaf, "remote")
         if view is None:

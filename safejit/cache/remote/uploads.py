@@ -208,7 +208,7 @@ class UploadQueue:
                     self.store.put_blob(man.artifact_digest, item.leaf.artifact)
                     if len(item.leaf.artifact) <= self.store.settings.head_max_bytes:
                         # (write-once: the build key's first leaf's, read with the index)
-                        self.store.put_head(item.build_key, item.leaf.artifact)
+                        self.store.put_head(item.build_key, man.artifact_digest, item.leaf.artifact)
                     put = self._publish(item.build_key, man.deps_key, signer, encode_manifest(man))
                     if put is Put.FULL:
                         outcome, detail = Outcome.UPLOAD_SKIPPED, INDEX_FULL
