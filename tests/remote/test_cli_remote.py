@@ -168,15 +168,18 @@ def filled(env, engine_url, node, project):
 def test_stats_counts_keys_leaves_blobs_and_leases(filled):
     url, made = filled
     report = cli("remote", "stats", "--remote", url, "--json").json()
-    assert {k: report[k] for k in ("build_keys", "leaves", "blobs", "leases_held", "complete", "breaker")} == {
+    keys = ("build_keys", "leaves", "blobs", "heads", "leases_held", "complete", "breaker")
+    assert {k: report[k] for k in keys} == {
         "build_keys": 2,
         "leaves": 2,
         "blobs": 1,  # (both kernels compile to the same bytes: one blob)
+        "heads": 2 if url.startswith("redis") else 0,  # (each build key's first artifact, again)
         "leases_held": 1,
         "complete": True,
         "breaker": "closed",
     }
     assert report["blob_bytes"] > made[0].size and report["round_trip_ms"] > 0
+    assert report["head_bytes"] == (2 * (report["blob_bytes"] + 32) if report["heads"] else 0)
     assert (report["tenant"], report["backend"], report["engine"]) == ("default", "fake", url.split(":")[0])
     text = cli("remote", "stats", "--remote", url)
     assert text.rc == 0 and "  build keys   2" in text.out and "  leases held  1" in text.out

@@ -112,6 +112,7 @@ class Layout:
             "index": f"sj:{SCHEMA}:{self.tenant}:{self.backend}:idx:",
             "blob": f"sj:{SCHEMA}:{self.tenant}:cas:",
             "lease": f"sj:{SCHEMA}:{self.tenant}:{self.backend}:lease:",
+            "head": f"sj:{SCHEMA}:{self.tenant}:{self.backend}:head:",
         }[kind]
 
     # S3
@@ -140,4 +141,5 @@ class Layout:
             "index": f"{SCHEMA}/{self.tenant}/{self.backend}/idx/",
             "blob": f"{SCHEMA}/{self.tenant}/cas/",
             "lease": f"{SCHEMA}/{self.tenant}/{self.backend}/lease/",
+            "head": f"{SCHEMA}/{self.tenant}/{self.backend}/head/",  # (S3 keeps none: never listed)
         }[kind]

@@ -378,7 +378,7 @@ class RedisStore(Engine["_redis.Redis"]):
         after, keys = cast("tuple[int, list[bytes]]", client.scan(cursor, match=prefix + "*", count=SCAN_PAGE))
         names = [k[len(prefix) :].decode("ascii", "replace") for k in keys]
         fresh = [n for n in dict.fromkeys(names) if is_hex(n) and n not in seen][:room]
-        command = {"index": "hlen", "blob": "strlen"}.get(kind)
+        command = {"index": "hlen", "blob": "strlen", "head": "strlen"}.get(kind)
         if command is None or not fresh:
             return int(after), [(n, 1) for n in fresh]
         pipe = client.pipeline(transaction=False)

@@ -393,6 +393,8 @@ class S3Store(Engine[Any]):
         keys in UTF-8 binary order, so an index's objects (``idx/<K>/<D>.json``) come
         together and are counted as they pass; a lease object is read (its expiry) to
         tell whether it is held now."""
+        if kind == "head":
+            return  # (S3 keeps no heads)
         prefix = self.layout.s3_prefix(kind)
         store = self._store()
         found = (_scanned(kind, rest, size) for rest, size in self._listed(store, prefix))

@@ -109,16 +109,18 @@ class Lease:
 
 
 #: What :meth:`RemoteStore.scan` lists: ``index``, this backend's build keys (one index
-#: each); ``blob``, the tenant's artifacts; ``lease``, this backend's build leases.
-ScanKind = Literal["index", "blob", "lease"]
+#: each); ``blob``, the tenant's artifacts; ``lease``, this backend's build leases;
+#: ``head``, this backend's build keys' heads (none on S3).
+ScanKind = Literal["index", "blob", "lease", "head"]
 SCAN_KINDS: Final[tuple[ScanKind, ...]] = get_args(ScanKind)
 
 
 @dataclass(frozen=True, slots=True)
 class Scanned:
     """One key a scan found. ``name``: the build key (``index``, ``lease``) or the digest
-    (``blob``). ``size``: an index's leaves; a blob's stored bytes (its codec byte
-    included, compressed when stored so); a lease's 1 when it is held now, else 0."""
+    (``blob``). ``size``: an index's leaves; a blob's or a head's stored bytes (its codec
+    byte, and a head's digest, included; compressed when stored so); a lease's 1 when it
+    is held now, else 0."""
 
     name: str
     size: int
