@@ -541,10 +541,17 @@ def test_a_runtime_dropped_without_close_leaves_no_work_dir_behind(cache_dir, tm
         "config = safejit.Config(cache_dirs=(sys.argv[1],))\n"
         "for i in range(3):\n"
         "    safejit.Runtime(config=config).compile(safejit.Source('int k%d(void) { return 1; }' % i, 'k'))\n"
+        "import os, time\n"
         "from safejit.cache.staging import settle\n"
-        "settle()\n"  # (the last one's spares are made in the background: it lives until then)
-        "gc.collect()\n"
-        "print(len(__import__('os').listdir(sys.argv[1] + '/v1/tmp')), flush=True)\n"
+        "deadline = time.monotonic() + 10\n"  # (what a compile's own threads remove after it: gone soon)
+        "while True:\n"
+        "    settle()\n"  # (the last one's spares are made in the background: it lives until then)
+        "    gc.collect()\n"
+        "    left = os.listdir(sys.argv[1] + '/v1/tmp')\n"
+        "    if not left or time.monotonic() > deadline:\n"
+        "        break\n"
+        "    time.sleep(0.05)\n"
+        "print(len(left), flush=True)\n"
         "keep = safejit.Runtime(config=config)\n"  # (not collected before exit)
         "keep.compile(safejit.Source('int kept(void) { return 1; }', 'k'))\n"
     )
