@@ -567,7 +567,9 @@ def test_verbose_shows_the_library_lines_on_stderr(tmp_path):
     assert "INFO safejit.runtime: compiled demo in " in out.stderr
 
 
-def test_warm_says_why_requests_were_skipped_and_fails(tmp_path, kernel):
+def _recorded(tmp_path: Path, kernel: Path) -> Path:
+    """An inventory of one compile of ``kernel``'s k.c (its cache ``c1``), and an empty
+    cache dir ``c2`` to warm."""
     inventory = tmp_path / "inventory.jsonl"
     cfg = safejit.Config(
         backend="fake", cache_dirs=(str(tmp_path / "c1"),), source_roots=(str(kernel),), inventory=str(inventory)
@@ -575,6 +577,11 @@ def test_warm_says_why_requests_were_skipped_and_fails(tmp_path, kernel):
     with safejit.Runtime(config=cfg) as rt:
         rt.compile(rt.source(kernel / "k.c"), include_dirs=(str(kernel / "inc"),), defines={"X": 1})
     (tmp_path / "c2").mkdir()
+    return inventory
+
+
+def test_warm_says_why_requests_were_skipped_and_fails(tmp_path, kernel):
+    inventory = _recorded(tmp_path, kernel)
     out = run("warm", str(inventory), "-j", "1", "--cache-dir", str(tmp_path / "c2"), env={"SAFEJIT_BACKEND": "fake"})
     assert out.returncode == 1 and "1 requests: skipped 1" in out.stdout
     assert "a root it names is not declared here" in out.stdout
@@ -664,13 +671,7 @@ def test_verify_checks_the_signatures_of_the_tenant_it_is_given(cache_dir, monke
 def test_warm_verbose_shows_each_requests_library_lines_and_takes_v_after_the_command(tmp_path, kernel):
     """The requests run in processes of their own: their log lines reached no one (-v
     printed nothing), and ``warm -v`` was a usage error."""
-    inventory = tmp_path / "inventory.jsonl"
-    cfg = safejit.Config(
-        backend="fake", cache_dirs=(str(tmp_path / "c1"),), source_roots=(str(kernel),), inventory=str(inventory)
-    )
-    with safejit.Runtime(config=cfg) as rt:
-        rt.compile(rt.source(kernel / "k.c"), include_dirs=(str(kernel / "inc"),), defines={"X": 1})
-    (tmp_path / "c2").mkdir()
+    inventory = _recorded(tmp_path, kernel)
     args = (str(inventory), "-j", "1", "--cache-dir", str(tmp_path / "c2"), "--source-root", str(kernel))
     for argv in (("-v", "warm", *args), ("warm", "-v", *args)):
         out = run(*argv, env={"SAFEJIT_BACKEND": "fake"})
