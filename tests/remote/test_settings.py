@@ -254,6 +254,8 @@ def test_defaults():
         {"head_max_bytes": 1.5},
         {"compress_level": 30},
         {"lease_ttl_s": float("inf")},
+        {"lease_ttl_s": 100000.0},  # (past what a lease command takes: refused here, not at the first miss)
+        {"lease_ttl_s": 0.0005},
         {"no_such_setting": 1},
     ],
 )

@@ -427,6 +427,21 @@ def test_a_check_that_raises_on_the_remotes_data_is_a_miss_never_raised(node, pr
     assert "checking the remote's leaves" in caplog.text
 
 
+def test_a_lease_command_that_raises_is_a_compile_without_the_lease_never_raised(node, project, monkeypatch, caplog):
+    from safejit.cache.remote.redis import RedisStore
+
+    def broken(*args, **kwargs):
+        raise ValueError("a check the lease commands make")
+
+    monkeypatch.setattr(RedisStore, "acquire_lease", broken)
+    monkeypatch.setattr(RedisStore, "lease_holder", broken)
+    rt = node("a")
+    mod = rt.compile(SRC, include_dirs=_inc(project))
+    assert mod.artifact.tier == "compiled" and mod.kernel("INNER")() == 41
+    assert rt.stats()["compiles"] == 1
+    assert "taking the lease on" in caplog.text
+
+
 def test_a_negative_header_present_locally_makes_the_remote_leaf_a_miss(node, project, tmp_path):
     first, second = project / "include", project / "second"
     second.mkdir()

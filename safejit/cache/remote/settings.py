@@ -65,6 +65,8 @@ class RemoteSettings:
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not (0 < value < math.inf):
                 raise ConfigError(f"remote {name} must be a positive number, got {value!r}")
+        if not 0.001 <= self.lease_ttl_s <= 86400:  # (what a lease command takes: check_ttl)
+            raise ConfigError(f"remote lease_ttl_s must be between 0.001 and 86400 seconds, got {self.lease_ttl_s!r}")
         if self.timeout_max_s < self.op_timeout_s:
             raise ConfigError("remote timeout_max_s must be at least timeout_s")
         for name in ("max_bytes", "max_manifest_bytes", "index_cap", "compress_min_bytes"):

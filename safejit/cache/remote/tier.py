@@ -293,12 +293,18 @@ class RemoteTier:
         except RemoteError as exc:
             logger.debug("lease on %s not taken: %s", build_key[:16], exc)
             return exc
+        except Exception as exc:  # (whatever else a lease command raises is the remote failing, never raised)
+            logger.exception("taking the lease on %s failed", build_key[:16])
+            return RemoteError("error", "lease", f"{type(exc).__name__}: {exc}", engine=self.store.engine)
 
     def _held(self, build_key: str) -> bool | None:
         """Whether a node holds the build key's lease; None when the remote cannot say."""
         try:
             return self.store.lease_holder(build_key) is not None
         except RemoteError:
+            return None
+        except Exception:  # (as in _take)
+            logger.exception("asking who holds the lease on %s failed", build_key[:16])
             return None
 
     def claim(self, build_key: str, anchors: Anchors, *, deadline: float) -> VerifiedLeaf | Lease | None:
