@@ -376,6 +376,7 @@ class Runtime:
             # (the roots, include dirs, path flags and source file as named: "inc", "~/lib",
             # a symlink; they must still resolve as they did for the entry to stand)
             paths=tuple(dict.fromkeys(resolved.paths)),
+            toolchain=functools.partial(parts.backend.toolchain_unchanged, resolved.spec),
         )
         return entry, module
 

@@ -29,12 +29,14 @@ __all__ = [
     "ProbeCache",
     "ProbeMemo",
     "Tool",
+    "absent_search_dirs",
     "compiler_search_dirs",
     "dir_ident",
     "dir_idents",
     "file_ident",
     "find_program",
     "hash_tools",
+    "install_dir",
     "program_dirs",
     "run_text",
 ]
@@ -91,6 +93,15 @@ def program_dirs(search_dirs_output: str, kind: str = "programs") -> list[str]:
     return []
 
 
+def install_dir(search_dirs_output: str) -> list[str]:
+    """The driver's own install dir (``install:`` of ``-print-search-dirs``: its headers,
+    specs and libraries), in a list of one, or none."""
+    for line in search_dirs_output.splitlines():
+        if line.startswith("install: ") and len(line) > len("install: "):
+            return [os.path.normpath(line[len("install: ") :])]
+    return []
+
+
 def find_program(name: str) -> str | None:
     """The file a driver runs for ``name`` as it reported it (``-print-prog-name``):
     itself when absolute, else found on the fixed PATH; resolved. None if none."""
@@ -117,6 +128,21 @@ def run_text(run: Runner, argv: Sequence[str], extra_read: Sequence[str] = ()) -
     if result.returncode != 0:
         raise ConfigError(f"probing {argv[0]} failed ({result.returncode}): {result.log[-2000:]}")
     return result.log
+
+
+def absent_search_dirs(verbose: str) -> list[list[Any]]:
+    """The include dirs a compiler would search but skipped, not there (``ignoring
+    nonexistent directory`` in ``cc -E -v``), as :func:`dir_idents` rows of a dir not
+    there: a probe stands only while each is still absent. Such a dir made later (a
+    package that installs ``/usr/local/include/<multiarch>``) is searched by every
+    compile after, ahead of those the probe listed; a row is never taken of how it is
+    now (one made since the compiler looked must not vouch for the probe)."""
+    head = 'ignoring nonexistent directory "'
+    return [
+        [os.path.normpath(line[len(head) : -1])]
+        for line in verbose.splitlines()
+        if line.startswith(head) and line.endswith('"')
+    ]
 
 
 def compiler_search_dirs(verbose: str) -> list[str]:

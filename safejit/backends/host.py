@@ -35,11 +35,13 @@ from ._signatures import host_products, is_clang, no_caret_flag, signature_flags
 from ._toolchain import (
     ProbeCache,
     ProbeMemo,
+    absent_search_dirs,
     compiler_search_dirs,
     dir_idents,
     file_ident,
     find_program,
     hash_tools,
+    install_dir,
     program_dirs,
     run_text,
 )
@@ -50,7 +52,8 @@ __all__ = ["HostBackend", "HostLibrary", "elf_exported_functions", "refuse_load_
 
 logger = logging.getLogger(__name__)
 
-_PROBE_SCHEMA: Final = 8
+#: 9: a probe records the include dirs the compiler skipped, not there (it stands while they are absent).
+_PROBE_SCHEMA: Final = 9
 
 
 def _assembler_flags(version: str) -> tuple[str, ...]:
@@ -121,25 +124,31 @@ class HostBackend:
         cached = self._probes.get(ident)
         if cached is not None:
             return cached
-        where = (os.path.dirname(compiler),)  # a compiler outside /usr must be readable to probe it
+        # A compiler outside /usr must be readable to probe it: first the driver's own dir
+        # (what runs nothing else), then where it finds its programs and files.
+        where = [os.path.dirname(compiler)]
         version = run_text(run, [compiler, "--version"], where).strip()
-        verbose = run_text(run, [compiler, "-E", "-v", "-x", language, "/dev/null", "-o", "/dev/null"], where)
-        search = compiler_search_dirs(verbose)
-        roots = list(search)
         digests = [hash_file(compiler)[0]]
         # The programs the driver runs are part of the toolchain: their digests enter the
         # key, and the probe is redone when one of them changes.
-        found = []
+        found, cc1_dir = [], []
         search_out = run_text(run, [compiler, "-print-search-dirs"], where)
-        dirs = dir_idents(program_dirs(search_out))
+        programs = program_dirs(search_out)
+        dirs = dir_idents(programs)
         for prog in ("cc1plus" if language == "c++" else "cc1", "as", "ld"):
             name = run_text(run, [compiler, f"-print-prog-name={prog}"], where).strip()
             path = find_program(name)
             if path is not None:
                 found.append((name, path))
                 if prog.startswith("cc1"):
-                    roots.append(os.path.dirname(path))
-        roots.append(os.path.dirname(compiler))
+                    cc1_dir.append(os.path.dirname(path))
+        # (an install under /opt, spack's, conda's: cc1 and the compiler's own headers lie
+        # outside the driver's dir and outside the system roots)
+        where += [d for d in (*programs, *install_dir(search_out), *cc1_dir) if os.path.isdir(d)]
+        verbose = run_text(run, [compiler, "-E", "-v", "-x", language, "/dev/null", "-o", "/dev/null"], where)
+        search = compiler_search_dirs(verbose)
+        dirs += absent_search_dirs(verbose)
+        roots = [*search, *cc1_dir, os.path.dirname(compiler)]
         # Inline asm can read files (.incbin, .include) that no depfile of the compiler
         # names; GNU as writes its own (--MD). Without it such reads go unseen. (clang's
         # own assembler lists nothing: clang is made to run GNU as, as gcc does.)

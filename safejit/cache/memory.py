@@ -86,6 +86,10 @@ class Entry(Generic[T]):
     trusted: bool = True
     #: (path as the request gave it, what it resolved to): a re-pointed path makes the entry stale.
     paths: tuple[tuple[str, str], ...] = ()
+    #: ``toolchain(since)``: whether the toolchain the value was built with still stands,
+    #: as it did at ``since`` (the entry's last check): a compiler replaced, a program
+    #: it runs changed, an include dir it skipped made, make the entry stale.
+    toolchain: Callable[[float], bool] | None = None
 
     @staticmethod
     def dep_list(states: tuple[tuple[str, Snapshot, str], ...]) -> list[list[Any]]:
@@ -182,13 +186,16 @@ class MemoryTier(Generic[T]):
         return self.revalidate(entry, _clock.now())
 
     def revalidate(self, entry: Entry[T], now: float) -> bool:
-        """Re-stat every dependency; rehash those whose stat moved (or is racy). ``now``:
-        when this check started (the entry's new ``checked``)."""
+        """Re-stat every dependency; rehash those whose stat moved (or is racy); ask
+        whether the toolchain stands. ``now``: when this check started (the entry's new
+        ``checked``)."""
         if not entry.trusted:
             return False
         for given, resolved in entry.paths:
             if os.path.realpath(os.path.expanduser(given)) != resolved:
                 return False
+        if entry.toolchain is not None and not entry.toolchain(entry.checked):
+            return False
         wall = time.time_ns()
         for dep in entry.deps:
             path, snap, digest, racy = dep

@@ -18,7 +18,7 @@ from ...errors import CompileError, ConfigError, FlagPolicyError, LoadError
 from ...spec import BuildSpec, Source, Toolchain
 from .._argv import PCH_GUARD, preprocessor_apart, run_argv
 from .._elf import ElfError, section_names
-from .._toolchain import ProbeCache, ProbeMemo, compiler_search_dirs, file_ident, run_text
+from .._toolchain import ProbeCache, ProbeMemo, absent_search_dirs, compiler_search_dirs, file_ident, run_text
 from ..base import CompileContext, CompileOutput, Products, Runner, macro_flags
 from .launch import AscendLibrary
 
@@ -26,7 +26,8 @@ __all__ = ["AscendBackend", "ascend_kernel_names", "find_toolkit"]
 
 _ARCH = re.compile(r"dav-(?:[a-z][0-9]{3,4}(?:-(?:vec|cube))?|[0-9]{4})\Z")
 _TOOL_DIRS: Final = ("compiler/ccec_compiler/bin", "ccec_compiler/bin", "tools/ccec_compiler/bin", "bin")
-_PROBE_SCHEMA: Final = 1
+#: 2: the skipped include dirs recorded (see the host backend's).
+_PROBE_SCHEMA: Final = 2
 _META: Final = ".ascend.meta."
 
 
@@ -116,7 +117,7 @@ class AscendBackend:
                 roots=tuple(dict.fromkeys((home, *system))),
                 search_dirs=tuple(include),
             )
-            self._probes.put(ident, cached)
+            self._probes.put(ident, cached, dirs=absent_search_dirs(verbose))
         return cached
 
     def argv(

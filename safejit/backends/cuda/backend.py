@@ -29,6 +29,7 @@ from .._signatures import no_caret_flag
 from .._toolchain import (
     ProbeCache,
     ProbeMemo,
+    absent_search_dirs,
     compiler_search_dirs,
     dir_idents,
     file_ident,
@@ -57,7 +58,8 @@ logger = logging.getLogger(__name__)
 _ARCH = re.compile(r"sm_[0-9]{2,3}[af]?\Z")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _FUNC = re.compile(r"Function properties for (\S+)")
-_PROBE_SCHEMA: Final = 4
+#: 5: the host compiler's skipped include dirs recorded (see the host backend's).
+_PROBE_SCHEMA: Final = 5
 #: ``argv[0]`` of an NVRTC compile whose headers are handed over in memory (where its
 #: lookups cannot be recorded): how NVRTC finds headers is part of the key.
 NVRTC_IN_MEMORY: Final = "nvrtc-headers-in-memory"
@@ -259,7 +261,8 @@ class CudaBackend:
         prefix = os.path.dirname(os.path.dirname(nvcc))
         version = run_text(run, [nvcc, "--version"], (prefix,)).strip()  # (a toolkit outside /usr)
         host_version = run_text(run, [host, "--version"]).strip()
-        host_dirs = compiler_search_dirs(run_text(run, [host, "-E", "-v", "-x", "c++", "/dev/null", "-o", "/dev/null"]))
+        host_verbose = run_text(run, [host, "-E", "-v", "-x", "c++", "/dev/null", "-o", "/dev/null"])
+        host_dirs = compiler_search_dirs(host_verbose)
         cc1plus = run_text(run, [host, "-print-prog-name=cc1plus"]).strip()
         roots = [prefix, *self._include_dir(), *host_dirs]
         # What nvcc runs and reads for device code is part of the toolchain: its profile
@@ -267,7 +270,7 @@ class CudaBackend:
         # (cc1plus, which defines the macros device code sees). The probe is redone when
         # one of them changes, or when a file is added to the dirs nvcc finds them in.
         places = [os.path.join(prefix, d) for d in ("bin", "nvvm/bin", "nvvm/libdevice")]
-        dirs = dir_idents(places)
+        dirs = dir_idents(places) + absent_search_dirs(host_verbose)
         kit = [os.path.join(prefix, f) for f in ("bin/nvcc.profile", "nvvm/bin/cicc", "bin/ptxas")]
         with contextlib.suppress(OSError), os.scandir(places[2]) as it:
             kit += sorted(e.path for e in it if e.name.endswith(".bc"))

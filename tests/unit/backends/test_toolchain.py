@@ -278,3 +278,73 @@ def test_a_build_across_a_compiler_replaced_and_put_back_is_not_published(make_r
     assert got == [2]
     fresh = make_runtime(host_cc=str(cc)).compile(k)
     assert fresh.kernel("ver")() == 1 and fresh.artifact.tier == "compiled"
+
+
+def test_a_memory_entry_built_before_the_compiler_was_replaced_is_stale(make_runtime, tmp_path):
+    """A memory entry looked only at its files when revalidated: after the compiler was
+    replaced under a running process it served the old compiler's build for good, while
+    a new Runtime in the same process built with the new one."""
+    cc, install = _wrapper_cc(tmp_path)
+    src = safejit.Source("int ver(void) { return CCVER; }\n", "ver")
+    install(1)
+    rt = make_runtime(host_cc=str(cc), max_staleness_s=0.05)
+    assert rt.compile(src).kernel("ver")() == 1
+    assert rt.compile(src).artifact.tier == "memory"
+    install(2)
+    time.sleep(0.1)  # (past the entry's window: the next call revalidates it)
+    again = rt.compile(src)
+    assert again.kernel("ver")() == 2 and again.artifact.tier == "compiled"
+    assert rt.stats()["stale"] == 1
+
+
+def test_an_include_dir_the_compiler_skipped_made_later_is_a_new_toolchain(make_runtime, tmp_path):
+    """A dir in the compiler's search list that is not there is skipped (``ignoring
+    nonexistent directory``), and searched once made (a package installing
+    ``/usr/local/include/<multiarch>``): a header there shadows the one a build read.
+    The remembered probe stood, and every process and the running one served the old
+    binary."""
+    import os
+    import shutil
+
+    real_cc = os.path.realpath(shutil.which("cc") or "/usr/bin/cc")
+    later = tmp_path / "later"
+    cc = tmp_path / "bin" / "cc"
+    cc.parent.mkdir()
+    cc.write_text(f'#!/bin/sh\nexec {real_cc} -isystem {later} "$@"\n')
+    cc.chmod(0o755)
+    src = safejit.Source("#include <stdint.h>\nint v(void) {\n#ifdef LATER\nreturn 2;\n#endif\nreturn 1; }\n", "v")
+    running = make_runtime(host_cc=str(cc), max_staleness_s=0.05)
+    assert running.compile(src).kernel("v")() == 1
+    later.mkdir()
+    (later / "stdint.h").write_text("#define LATER 1\n#include_next <stdint.h>\n")
+    time.sleep(0.1)
+    fresh = make_runtime(host_cc=str(cc)).compile(src)  # (the probe remembered on disk, looked at again)
+    assert fresh.kernel("v")() == 2 and fresh.artifact.tier == "compiled"
+    assert running.compile(src).kernel("v")() == 2  # (its memory entry stale, its probe done again)
+    assert running.stats()["stale"] == 1
+
+
+def test_a_compiler_whose_programs_lie_outside_its_dir_is_probed_in_the_sandbox(make_runtime, tmp_path):
+    """An install under /opt (gcc-toolset, spack, conda): cc1 lies beside neither the
+    driver nor /usr. The probe could read only the driver's dir, so under Landlock the
+    first compile failed ("cannot execute cc1"), and worked once an unconfined run had
+    left its probe behind."""
+    import os
+    import shutil
+    import subprocess
+
+    real_cc = os.path.realpath(shutil.which("cc") or "/usr/bin/cc")
+    libexec = subprocess.run([real_cc, "-print-prog-name=cc1"], capture_output=True, text=True, check=True)
+    cc1 = Path(libexec.stdout.strip())
+    if not cc1.is_absolute():
+        pytest.skip("the compiler names no cc1 of its own")
+    prefix = tmp_path / "opt"
+    (prefix / "bin").mkdir(parents=True)
+    mine = prefix / "libexec" / cc1.name
+    mine.parent.mkdir()
+    shutil.copy2(cc1, mine)
+    driver = prefix / "bin" / "cc"
+    driver.write_text(f'#!/bin/sh\nexec {real_cc} -B{mine.parent}/ "$@"\n')
+    driver.chmod(0o755)
+    rt = make_runtime(host_cc=str(driver))
+    assert rt.compile(ONE).kernel("one")() == 1
