@@ -174,3 +174,32 @@ def test_transitions_are_logged(clock, caplog):
 def test_bad_policy_is_a_config_error(bad):
     with pytest.raises(ConfigError):
         BreakerPolicy(**bad)
+
+
+@pytest.mark.parametrize("raised", [ConnectionError("Error connecting to cache:6379"), OSError("handshake failed")])
+def test_a_failure_slower_than_any_deadline_is_a_timeout_whatever_it_says(raised):
+    """A resolver, TLS or AUTH handshake that stalled and then failed: counted as an
+    error, it never made the consecutive-timeout run that opens the breaker."""
+    import time
+
+    from safejit.cache.remote import RemoteError, RemoteSettings
+    from safejit.cache.remote._guard import Guard
+
+    settings = RemoteSettings.from_url("redis://cache", timeout_s=0.01, timeout_max_s=0.02)
+    guard = Guard("redis", settings, Breaker(), lambda exc: "error")
+
+    def slow() -> None:
+        time.sleep(0.05)
+        raise raised
+
+    def quick() -> None:
+        raise raised
+
+    with pytest.raises(RemoteError) as fast:
+        guard.run("index", "remote.get", quick)
+    assert fast.value.reason == "error"
+    for _ in range(3):
+        with pytest.raises(RemoteError) as late:
+            guard.run("index", "remote.get", slow)
+        assert late.value.reason == "timeout"
+    assert guard.breaker.state == "open"

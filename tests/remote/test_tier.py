@@ -517,6 +517,44 @@ def test_a_remote_that_is_down_never_raises_out_of_compile(node, project):
     assert rt.stats()["compiles"] == 5
 
 
+def test_a_resolver_that_does_not_answer_costs_the_connect_deadline_and_opens_the_breaker(node, project, monkeypatch):
+    """getaddrinfo has no deadline: a resolver that did not answer held each remote call
+    of a compile for its own timeout (5 s an attempt), three calls a compile, and the
+    failures, errors rather than timeouts, never opened the breaker."""
+    import socket
+    import threading
+
+    real = socket.getaddrinfo
+    release = threading.Event()
+    asked = []
+
+    def stalled(host, *args, **kwargs):
+        if host == "cache.stalled.test":
+            asked.append(host)
+            release.wait(30)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", stalled)
+    try:
+        rt = node("a", remote="redis://cache.stalled.test:6379/0")
+        started = time.monotonic()
+        for i in range(6):
+            assert rt.compile(safejit.Source(f"#define V {i}\n", "v")).kernel("V")() == i
+        took = time.monotonic() - started
+        assert rt._init()[0].remote.store.breaker.state == "open"
+        assert len(asked) == 1  # (one resolution under way at a time, joined by every connect)
+        assert took < 20  # (generous: 6 compiles, each remote call bounded by the 100 ms connect deadline)
+    finally:
+        release.set()
+
+
+def test_a_remote_named_by_host_name_is_resolved_and_used(node, project, redis_server):
+    url = f"redis://localhost:{redis_server.port}/0"
+    _published(node("a", remote=url), project)
+    assert node("b", remote=url).compile(SRC, include_dirs=_inc(project)).artifact.tier == "remote"
+
+
 def test_credentials_are_redacted_in_the_config_and_in_errors(node, project, redis_server):
     cfg = safejit.Config(remote=f"redis://user:hunter2-secret@127.0.0.1:{redis_server.port}/0")
     assert "hunter2-secret" not in repr(cfg) and "hunter2-secret" not in str(cfg)

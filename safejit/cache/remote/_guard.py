@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import socket
 import time
 from collections.abc import Callable
 from typing import Final, TypeVar
@@ -25,6 +26,9 @@ _DETAIL_LIMIT: Final = 240
 _REFUSED: Final = frozenset({errno.ECONNREFUSED, errno.ENOENT, errno.EHOSTUNREACH, errno.ENETUNREACH})
 _TIMEOUT: Final = frozenset({errno.ETIMEDOUT, errno.EAGAIN})
 _DENIED: Final = frozenset({errno.EACCES, errno.EPERM})
+#: A name the resolver did not answer for in time / says does not exist.
+_RESOLVER_TIMEOUT: Final = frozenset({socket.EAI_AGAIN})
+_NO_SUCH_HOST: Final = frozenset({socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)})
 
 
 def os_reason(exc: BaseException) -> Reason | None:
@@ -36,6 +40,11 @@ def os_reason(exc: BaseException) -> Reason | None:
             return "timeout"
         if isinstance(cur, ConnectionRefusedError | FileNotFoundError):
             return "refused"
+        if isinstance(cur, socket.gaierror):
+            if cur.errno in _RESOLVER_TIMEOUT:
+                return "timeout"
+            if cur.errno in _NO_SUCH_HOST:
+                return "refused"
         if isinstance(cur, OSError) and cur.errno is not None:
             if cur.errno in _TIMEOUT:
                 return "timeout"
@@ -107,6 +116,10 @@ class Guard:
             raise
         except BaseException as exc:  # (a Rust client's panic is one: pyo3's PanicException)
             reason = self._classify(exc)
+            if reason in ("error", "refused") and time.perf_counter() - start > self.settings.timeout_max_s:
+                # (slow, whatever the client said at the end: a resolver, a TLS or AUTH
+                # handshake that stalled; counted as the breaker counts timeouts)
+                reason = "timeout"
             detail = self._detail(exc)
             self._done(op, start, reason, sent, 0)
             logger.debug("remote %s %s failed: %s (%s)", self.engine, op, reason, detail)

@@ -31,6 +31,7 @@ from ._functions import FUNCTIONS, SERVER_CODE
 from ._guard import os_reason
 from ._lane import Lane
 from ._pending import PendingGet
+from ._resolve import resolve
 from ._resp import Replies, pack
 from .layout import check_hex, is_hex, split_entry
 from .settings import RemoteSettings
@@ -437,6 +438,14 @@ def _connection_class(redis: Any, settings: RemoteSettings) -> type:
         def connect(self, *args: Any, **kwargs: Any) -> None:
             if self._sock is None:
                 faults.point("remote.connect")
+                if scheme != "unix":
+                    # The name resolved within the connect deadline (getaddrinfo has none). Over
+                    # TLS the client resolves it again itself: the certificate is checked against
+                    # the name, which it connects by.
+                    name: str = self.__dict__.setdefault("_safejit_name", str(getattr(self, "host", "")))
+                    address = resolve(name, self.port, settings.connect_timeout_s)
+                    if scheme == "redis":
+                        self.host = address
             super().connect(*args, **kwargs)
 
     _Connection.__name__ = _Connection.__qualname__ = f"Safejit{base.__name__}"

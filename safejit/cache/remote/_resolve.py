@@ -1,0 +1,85 @@
+"""A remote's host name resolved within the connect deadline.
+
+A client connects through ``getaddrinfo``, which nothing bounds: against a resolver
+that does not answer, glibc waits 5 s an attempt, and every connect waits again (no
+cache), so each remote call of a compile waited it out, and the failures, seen as
+errors, not timeouts, left the breaker closed. Here a name is resolved on a thread of
+its own, waited for at most the connect deadline (a resolution still under way is
+joined, never started twice), and remembered for :data:`KEEP_S`; a name that did not
+resolve in time is a ``TimeoutError``, which the guard counts as a timeout."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Final
+
+__all__ = ["KEEP_S", "resolve"]
+
+#: How long a resolved address is used before the name is resolved again (a server moved
+#: by DNS is followed within this).
+KEEP_S: Final = 30.0
+
+_lock = threading.Lock()
+#: (host, port) -> (address, when it expires; ``time.monotonic()``)
+_known: dict[tuple[str, int], tuple[str, float]] = {}
+_pending: dict[tuple[str, int], Future[str]] = {}
+
+
+def _forget() -> None:  # (a forked child has none of its parent's resolver threads)
+    global _lock
+    _lock = threading.Lock()
+    _pending.clear()
+
+
+os.register_at_fork(after_in_child=_forget)
+
+
+def _numeric(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _lookup(host: str, port: int, fut: Future[str]) -> None:
+    try:
+        found = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+        if not found:
+            raise OSError(f"no address for {host}")
+        address = str(found[0][4][0])
+    except BaseException as exc:  # (told to whoever waits; this thread ends here)
+        fut.set_exception(exc)
+    else:
+        with _lock:
+            _known[(host, port)] = (address, time.monotonic() + KEEP_S)
+        fut.set_result(address)
+    finally:
+        with _lock:
+            if _pending.get((host, port)) is fut:
+                del _pending[(host, port)]
+
+
+def resolve(host: str, port: int, timeout: float) -> str:
+    """An address of ``host`` (itself when it is one), within ``timeout`` seconds."""
+    if _numeric(host):
+        return host
+    key = (host, port)
+    with _lock:
+        known = _known.get(key)
+        if known is not None and known[1] > time.monotonic():
+            return known[0]
+        fut = _pending.get(key)
+        if fut is None:
+            fut = _pending[key] = Future()
+            threading.Thread(target=_lookup, args=(host, port, fut), name="safejit-resolve", daemon=True).start()
+    try:
+        return fut.result(timeout=timeout)
+    except FutureTimeout:
+        raise TimeoutError(f"resolving {host} took longer than {timeout:g} s") from None
