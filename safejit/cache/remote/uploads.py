@@ -47,6 +47,9 @@ _TRANSIENT: Final = frozenset({"timeout", "refused", "circuit_open"})
 
 #: How long an upload waits before it starts (see ``_work``).
 _UPLOAD_GRACE_S = 0.002
+#: How long the worker waits for an upload before it ends (the next offer starts one): a
+#: node dropped without ``close()`` keeps no thread, nor the store's connections it holds.
+_IDLE_S = 5.0
 
 #: Leaves waiting to be uploaded, at most (a burst of compiles beyond it drops uploads).
 UPLOAD_QUEUE: Final = 32
@@ -179,7 +182,14 @@ class UploadQueue:
 
     def _work(self) -> None:
         while True:
-            item = self._uploads.get()
+            try:
+                item = self._uploads.get(timeout=_IDLE_S)
+            except queue.Empty:
+                with self._lock:  # (what is offered meanwhile, under this lock, starts a worker of its own)
+                    if self._uploads.empty():
+                        self._worker = None
+                        return
+                continue
             try:
                 if item is None:
                     return
@@ -276,9 +286,9 @@ class UploadQueue:
                     self._uploads.task_done()
         with self._lock:
             worker = self._worker
-        if worker is not None and worker.is_alive():
-            # (nothing is queued after close: the stop is the last item the worker reads)
-            self._uploads.put_nowait(None)
+            if worker is not None and worker.is_alive():
+                # (nothing is queued after close: the stop is the last item the worker reads)
+                self._uploads.put_nowait(None)
 
 
 def _signed_by(manifest: bytes | None, signer: str) -> bool:
