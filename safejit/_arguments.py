@@ -15,6 +15,7 @@ reaches the memory tier, and a memory hit pays nothing for the checks::
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
@@ -104,4 +105,11 @@ def _mapping(call: str, name: str, value: Any, *, none_ok: bool) -> None:
             allowed = "str, int, float, bool" + (" or None" if none_ok else "")
             raise ConfigError(
                 f"{call}({name}=...)[{key!r}] must be {allowed}, got {type(item).__name__}", argument=name
+            )
+        if isinstance(item, float) and not math.isfinite(item):
+            # (written "nan", "inf": a name in C, not a number; and a NaN, equal to no other,
+            # missed the memory tier on every call, each adding an entry)
+            raise ConfigError(
+                f"{call}({name}=...)[{key!r}] is {item!r}, not a finite number (give the text meant as a str)",
+                argument=name,
             )

@@ -157,3 +157,28 @@ def test_heads_off_reads_the_index_alone(redis_server, make_store):
     store.publish_manifest(K, D, b'{"m": 1}')
     index, pending = store.index_and_head(K)
     assert dict(index) == {D: b'{"m": 1}'} and pending is None
+
+
+def test_a_head_cancel_interrupted_while_reading_drops_its_connection(redis_server, store, monkeypatch):
+    """A KeyboardInterrupt while a cancelled head was read to its end left its connection
+    taken from the pool for good, its reply half read: neither kept nor closed."""
+    from safejit.cache.remote import _resp
+
+    head = bytes(range(256)) * 64
+    store.put_head(K, digest_bytes(head), head)
+    _, pending = store.index_and_head(K)
+    real = _resp.Replies.bulk
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_resp.Replies, "bulk", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pending.cancel()
+    monkeypatch.setattr(_resp.Replies, "bulk", real)
+    client = store.client(len(head) + 1)
+    pool = client.connection_pool
+    assert not pool._in_use_connections  # (dropped: given back to the pool closed)
+    clients = [c for c in redis_server.admin().client_list() if c.get("cmd") != "client|list"]
+    assert all(c.get("cmd") != "getrange" for c in clients)  # (no connection left behind mid-read)
+    assert bytes(store.get_blob(BLOB, size=14)) == b"artifact bytes"

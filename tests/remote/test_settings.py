@@ -134,6 +134,7 @@ def test_config_error_messages_never_hold_the_password(url):
         "s3://AKID:Zx9Kq2Lm/Pw7Rt/Pw7RtMore@bucket-1/p",
         "redis://user:1234?db=Tr0ub+4dor+xyz@cache.example",  # (the query decoded: no raw piece matched)
         "s3://AKID:12/Tr0ub4dor@bucket/p",  # (a piece of two characters: the bucket 'AKID:12')
+        "unix://writer:Zx9Kq2Lm@/Pw7RtTAIL@/run/valkey.sock",  # (parsed: the password's tail the socket path)
     ],
 )
 def test_a_credential_not_percent_encoded_never_shows_in_the_error(url):

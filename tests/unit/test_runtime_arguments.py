@@ -105,6 +105,19 @@ def test_an_int_too_large_to_write_is_a_typed_error_as_a_define_or_an_extra(make
         rt.compile(src, extras={"e": 10**5000})
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("argument", ["defines", "extras"])
+def test_a_float_that_is_no_number_is_refused_and_nothing_is_kept(make_runtime, cache_dir, value, argument):
+    """A NaN, equal to no other, missed the memory tier on every call: each loaded the
+    library again and added an entry for the same kernel (evicting the others); and "nan"
+    or "inf" written into a define is a name in C, not a number."""
+    rt = make_runtime(backend="fake", declared_extras=("e",))
+    src = safejit.Source("#define V 1\n", "v")
+    with pytest.raises(safejit.ConfigError, match="not a finite number"):
+        rt.compile(src, **{argument: {"e" if argument == "extras" else "X": value}})
+    assert rt.stats()["compiles"] == 0 and rt.stats()["memory_entries"] == 0 and not any(cache_dir.iterdir())
+
+
 def test_a_closed_runtime_refuses_to_compile_or_build(make_runtime):
     """After close(), compile and build raise LoadError (they went on compiling and filled
     the closed runtime's memory tier again)."""

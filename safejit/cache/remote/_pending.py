@@ -131,16 +131,19 @@ class PendingGet:
         if conn is None:
             return
         replies = self._replies
-        if replies is not None:
-            # Behind an index read: read to its end and keep the connection, warm (a head is
-            # small; an absent one two empty replies, there already), within an operation's
-            # deadline; else it is dropped.
-            with contextlib.suppress(Exception):
-                replies.restart(time.monotonic() + self._store.settings.op_timeout_s)
-                replies.bulk(self._skip + 1, expect=self._skip + 1)
-                replies.bulk(self._cap + 1, expect=0)
-                if replies.drained:
-                    self._lane.give(conn)
-                    return
-        with contextlib.suppress(Exception):
-            self._lane.drop(conn)  # the reply is dropped unread, with the connection carrying it
+        try:
+            if replies is not None:
+                # Behind an index read: read to its end and keep the connection, warm (a head is
+                # small; an absent one two empty replies, there already), within an operation's
+                # deadline; else it is dropped.
+                with contextlib.suppress(Exception):
+                    replies.restart(time.monotonic() + self._store.settings.op_timeout_s)
+                    replies.bulk(self._skip + 1, expect=self._skip + 1)
+                    replies.bulk(self._cap + 1, expect=0)
+                    if replies.drained:
+                        self._lane.give(conn)
+                        conn = None
+        finally:
+            if conn is not None:  # (also when interrupted while reading: never left out of the pool, half read)
+                with contextlib.suppress(Exception):
+                    self._lane.drop(conn)  # the reply is dropped unread, with the connection carrying it

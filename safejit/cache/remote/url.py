@@ -311,6 +311,8 @@ def _redis(url: str, base: RemoteURL, host: str, path: str, port: int | None, qu
             raise ConfigError(f"remote URL {_scrub(url)!r}: write unix:///absolute/path.sock (no host)")
         if not path.startswith("/") or path.endswith("/"):
             raise ConfigError(f"remote URL {_scrub(url)!r}: the socket path must be absolute")
+        if "@" in path:  # (a password's '@' not percent-encoded leaves its tail here)
+            raise ConfigError(f"remote URL {_scrub(url)!r}: a socket path holds no '@'")
         return replace(base, path=unquote(path), db=db)
     if not host:
         raise ConfigError(f"remote URL {_scrub(url)!r} has no host")
