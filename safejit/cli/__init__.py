@@ -71,21 +71,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=_version())
     p.add_argument("-v", "--verbose", action="store_true", help="log the library's INFO lines (compiles) to stderr")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    cache = argparse.ArgumentParser(add_help=False)
-    cache.add_argument(  # (after the command too: ``safejit warm -v``; absent, the one before it stands)
-        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="as safejit -v"
-    )
-    cache.add_argument(
-        "--cache-dir",
-        metavar="DIR",
-        type=directory,
-        help="the cache root to use (default: SAFEJIT_CACHE_DIRS, else $XDG_CACHE_HOME/safejit or ~/.cache/safejit); "
-        "must exist",
-    )
+
+    def cache_parser(must: str) -> argparse.ArgumentParser:
+        cache = argparse.ArgumentParser(add_help=False)
+        cache.add_argument(  # (after the command too: ``safejit warm -v``; absent, the one before it stands)
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="as safejit -v"
+        )
+        cache.add_argument(
+            "--cache-dir",
+            metavar="DIR",
+            type=directory,
+            help="the cache root to use (default: SAFEJIT_CACHE_DIRS, else $XDG_CACHE_HOME/safejit or "
+            f"~/.cache/safejit); {must}",
+        )
+        return cache
+
+    # (the commands that fill a cache make it; those that read one refuse a missing one: a typo)
+    reading, filling = cache_parser("must exist"), cache_parser("made if missing")
     js = argparse.ArgumentParser(add_help=False)
     js.add_argument("--json", action="store_true", help="print one JSON document (keys: see the README)")
 
     def command(name: str, text: str, *parents: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        cache = filling if name in ("demo", "warm") else reading
         return sub.add_parser(name, help=text, description=text, parents=[cache, *parents], formatter_class=_Help)
 
     d = command("demo", "compile a kernel on the host backend and show each cache tier")

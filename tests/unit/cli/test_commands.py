@@ -124,6 +124,14 @@ def test_a_missing_or_non_directory_cache_dir_is_an_error(tmp_path, command, wha
     assert f"--cache-dir {path}: " + ("no such directory" if what == "missing" else "not a directory") in ran.err
 
 
+@pytest.mark.parametrize("command", ["ls", "stats", "verify", "gc", "prune", "inspect", "explain", "demo", "warm"])
+def test_each_commands_help_says_what_a_missing_cache_dir_does(command):
+    """``demo`` and ``warm`` fill a cache and make it; the help of every command said
+    "must exist"."""
+    said = " ".join(run(command, "--help", env={"COLUMNS": "200"}).stdout.split())
+    assert ("made if missing" if command in ("demo", "warm") else "must exist") in said
+
+
 @pytest.mark.parametrize("command", ["ls", "stats", "verify", "gc", "prune"])
 def test_an_empty_cache_dir_is_an_error_not_the_default_cache(tmp_path, monkeypatch, command):
     """``--cache-dir "$CACHE"`` with the variable unset: it ran on the default cache (a
