@@ -106,3 +106,21 @@ def test_a_runtime_dropped_without_close_keeps_no_upload_thread_nor_connections(
         time.sleep(0.05)
     assert uploaders() == 0
     assert len(admin.client_list()) <= before
+
+
+def test_a_head_not_stored_still_publishes_the_leaf(node, project, redis_server, monkeypatch):
+    """The head is a shortcut (the artifact read with the index): one that failed to be
+    stored failed the whole upload, and the leaf was never published."""
+    from safejit.cache.remote import RemoteError
+    from safejit.cache.remote.redis import RedisStore
+
+    def refused(self, *args, **kwargs):
+        raise RemoteError("error", "put_head", "refused for this test", engine="redis")
+
+    monkeypatch.setattr(RedisStore, "put_head", refused)
+    rt = node("a")
+    art = rt.compile(SRC, include_dirs=_inc(project)).artifact
+    (result,) = rt.flush_uploads(10).results
+    assert result.outcome is Outcome.UPLOADED
+    assert not redis_server.admin().keys(f"sj:v1:default:fake:head:{art.build_key}")
+    assert node("b").compile(SRC, include_dirs=_inc(project)).artifact.tier == "remote"

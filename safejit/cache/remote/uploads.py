@@ -217,8 +217,12 @@ class UploadQueue:
                     # The artifact first: an index entry is never there before what it names.
                     self.store.put_blob(man.artifact_digest, item.leaf.artifact)
                     if len(item.leaf.artifact) <= self.store.settings.head_max_bytes:
-                        # (write-once: the build key's first leaf's, read with the index)
-                        self.store.put_head(item.build_key, man.artifact_digest, item.leaf.artifact)
+                        # (write-once: the build key's first leaf's, read with the index; one
+                        # not stored costs a lookup a round trip, never the leaf its entry)
+                        try:
+                            self.store.put_head(item.build_key, man.artifact_digest, item.leaf.artifact)
+                        except RemoteError as exc:
+                            logger.debug("the head of %s was not stored: %s", item.build_key[:16], exc)
                     put = self._publish(item.build_key, man.deps_key, signer, encode_manifest(man))
                     if put is Put.FULL:
                         outcome, detail = Outcome.UPLOAD_SKIPPED, INDEX_FULL
