@@ -5,6 +5,7 @@ are never used again; a forked child makes its own; a closed store closes them."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -182,3 +183,55 @@ def test_a_head_cancel_interrupted_while_reading_drops_its_connection(redis_serv
     clients = [c for c in redis_server.admin().client_list() if c.get("cmd") != "client|list"]
     assert all(c.get("cmd") != "getrange" for c in clients)  # (no connection left behind mid-read)
     assert bytes(store.get_blob(BLOB, size=14)) == b"artifact bytes"
+
+
+def test_a_lease_key_of_any_size_is_read_no_further_than_a_token(redis_server, store):
+    """The lease holder was read with redis-py's GET: a lease key anyone who may write set
+    to 20 MiB was read whole, and decoded, on every poll of every waiting node."""
+    admin = redis_server.admin()
+    key = store.layout.redis_lease(K)
+    admin.set(key, b"h" * (20 << 20))
+    store.lease_holder(K)  # (the lane's connection made)
+    sent = int(admin.info("stats")["total_net_output_bytes"])
+    for _ in range(3):
+        assert store.lease_holder(K) == "h" * 1024
+    assert int(admin.info("stats")["total_net_output_bytes"]) - sent < 64 << 10
+    admin.delete(key)
+    assert store.lease_holder(K) is None
+
+
+def test_a_lease_holder_reply_sent_a_byte_at_a_time_ends_at_its_deadline(make_store):
+    """Through redis-py only each wait was bounded: a reply a byte every 40 ms held a lease
+    wait's poll as long as the reply was long (4 s for 104 bytes)."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    stop = threading.Event()
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while not stop.is_set():
+                conn, _ = listener.accept()
+                threading.Thread(target=trickle, args=(conn,), daemon=True).start()
+
+    def trickle(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.recv(65536)
+            conn.sendall(b"$1000\r\n")
+            while not stop.wait(0.02):
+                conn.sendall(b"x")
+
+    threading.Thread(target=serve, daemon=True).start()
+    store = make_store(f"redis://127.0.0.1:{listener.getsockname()[1]}/0")
+    started = time.monotonic()
+    try:
+        with pytest.raises(RemoteError) as info:
+            store.lease_holder(K)
+        assert info.value.reason == "timeout"
+        assert time.monotonic() - started < 5  # (1000 bytes at 50 a second: 20 s without a whole-reply deadline)
+    finally:
+        stop.set()
+        listener.close()

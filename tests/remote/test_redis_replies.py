@@ -302,9 +302,9 @@ def test_a_client_panic_is_a_remote_error(redis_server, make_store, monkeypatch)
     def panic(*args, **kwargs):
         raise _Panic("invalid port")
 
-    monkeypatch.setattr(redis.Redis, "get", panic)
+    monkeypatch.setattr(redis.Redis, "set", panic)
     with pytest.raises(RemoteError) as info:
-        store.lease_holder(K)
+        store.acquire_lease(K)
     assert info.value.reason == "error" and "_Panic" in str(info.value)
 
 

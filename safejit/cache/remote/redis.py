@@ -65,6 +65,10 @@ HEAD_DIGEST: Final = 32
 
 #: SCAN pages read at most for one listing (a keyspace of 100 million keys, at SCAN_PAGE slots
 #: a page): a server whose cursor never comes back to 0 would keep a listing going for good.
+#: The most of a lease key's value read (a token is a holder's name, at most 200
+#: characters, and 33 more): a larger value, which anyone who may write could set, is
+#: never read whole.
+LEASE_HOLDER_MAX: Final = 1024
 SCAN_PAGES_MAX: Final = 100_000
 
 #: Keys asked for per SCAN call (the server examines about this many slots per call).
@@ -115,12 +119,6 @@ def _put_of(got: object) -> Put:
     if type(got) is not int:
         raise TypeError(f"the publish script answered {type(got).__name__}, not an integer")
     return {1: Put.CREATED, 0: Put.EXISTS}.get(got, Put.FULL)
-
-
-def _text_or_none(got: object) -> str | None:
-    if got is not None and not isinstance(got, bytes):
-        raise TypeError(f"GET answered {type(got).__name__}, not a bulk string")
-    return got.decode("utf-8", "replace") if got is not None else None
 
 
 class RedisStore(Engine["_redis.Redis"]):
@@ -343,10 +341,31 @@ class RedisStore(Engine["_redis.Redis"]):
         return bool(got)
 
     def lease_holder(self, build_key: str) -> str | None:
+        # Asked on every poll of a lease wait: read as the hot reads are (its first
+        # LEASE_HOLDER_MAX bytes, the whole reply within its deadline), not through redis-py,
+        # where a lease key of any size was read whole and a reply sent a byte at a time held
+        # the read as long as it was long.
         self._guard.admit("lease_holder")
-        key = self.layout.redis_lease(build_key)
-        client = self.client()
-        return self._guard.run("lease_holder", "remote.get", lambda: _text_or_none(client.get(key)))
+        request = pack("GETRANGE", self.layout.redis_lease(build_key), 0, LEASE_HOLDER_MAX - 1)
+        lane = self._lane(0)
+
+        def read() -> bytes:
+            conn = lane.take()
+            try:
+                conn._sock.sendall(request)
+                replies = Replies(self._redis, conn, time.monotonic() + self.settings.reply_deadline(LEASE_HOLDER_MAX))
+                got = replies.bulk(LEASE_HOLDER_MAX, expect=48)
+            except BaseException:
+                lane.drop(conn)
+                raise
+            if replies.drained:
+                lane.give(conn)
+            else:
+                lane.drop(conn)
+            return got
+
+        got = self._guard.run("lease_holder", "remote.get", read)
+        return got.decode("utf-8", "replace") if got else None  # ("": no lease; a token is never empty)
 
     # -- listing (operators: ``safejit remote stats|ls|verify``) -----------------
 
