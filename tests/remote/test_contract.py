@@ -719,3 +719,40 @@ def test_a_missing_bucket_is_said_so_not_taken_for_an_absent_object(moto, make_s
     assert mod.artifact.tier == "compiled" and result.reason == "error" and "NoSuchBucket" in result.detail
     (record,) = [r for r in caplog.records if "uploading" in r.getMessage()]
     assert record.levelno == logging.WARNING
+
+
+def test_an_s3_index_is_read_within_its_byte_budget_and_published_no_further(s3_url, s3_client, make_store):
+    """On S3 an index read had no byte budget (64 leaves of up to 1 MiB each read in full)
+    and a publish let in any number of bytes: as on Redis, a publish stops at what a read
+    takes, and an index filled past it another way is oversize, never read whole."""
+    store = make_store(s3_url, max_manifest_bytes=1000)
+    puts = [store.publish_manifest(K, hexkey(f"d{i}"), b"m" * 1000) for i in range(12)]
+    created = puts.count(Put.CREATED)
+    assert created == 8 and puts[created:] == [Put.FULL] * (12 - created), puts
+    assert len(store.index(K)) == created
+    prefix = s3_url.split("/")[3].split("?")[0]
+    s3_client.put_object(Bucket=BUCKET, Key=f"{prefix}/v1/t1/cuda/idx/{K}/{hexkey('more')}.json", Body=b"m" * 1000)
+    with pytest.raises(RemoteError) as info:
+        store.index(K)
+    assert info.value.reason == "oversize"
+
+
+def test_an_s3_index_read_ends_at_one_deadline_for_all_its_requests(s3_url, moto, make_store):
+    """Each request had a deadline of its own, the whole read none: an index of many
+    leaves on a store answering each request slowly held a lookup for seconds."""
+    from ._servers import Proxy
+
+    writer = make_store(s3_url)
+    for i in range(12):
+        writer.publish_manifest(K, hexkey(f"slow{i}"), b"{}")
+    proxy = Proxy(moto.port, delay=0.06)
+    try:
+        slow = s3_url.replace(moto.endpoint, f"http://127.0.0.1:{proxy.port}")
+        store = make_store(slow, timeout_s=0.5, timeout_max_s=0.5)
+        started = time.monotonic()
+        with pytest.raises(RemoteError) as info:
+            store.index(K)
+        assert info.value.reason == "timeout" and "entries read in time" in str(info.value)
+        assert time.monotonic() - started < 0.5 + 1.0  # (one request past the deadline at most)
+    finally:
+        proxy.close()

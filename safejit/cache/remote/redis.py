@@ -36,6 +36,7 @@ from ._resp import Replies, pack
 from .layout import check_hex, is_hex, split_entry
 from .settings import RemoteSettings
 from .store import (
+    INDEX_BUDGET,
     Lease,
     PendingBlob,
     Put,
@@ -54,11 +55,6 @@ __all__ = ["FUNCTIONS", "RedisStore"]
 
 T = TypeVar("T")
 
-
-#: An index's manifests in all, in manifests' worth (``max_manifest_bytes``): what the
-#: publish function lets in, and what a read takes (past it, one a writer filled bypassing
-#: the function with plain HSETNX, the read stops: oversize).
-INDEX_BUDGET: Final = 8
 
 #: The bytes of a head's value before its codec byte: the artifact's BLAKE3, raw.
 HEAD_DIGEST: Final = 32

@@ -36,6 +36,7 @@ from ._guard import os_reason
 from .layout import is_hex, split_entry
 from .settings import RemoteSettings
 from .store import (
+    INDEX_BUDGET,
     Deferred,
     Lease,
     PendingBlob,
@@ -235,13 +236,32 @@ class S3Store(Engine[Any]):
             # One LIST (all a miss costs), then one GET per leaf listed, at most index_cap:
             # the first index_cap objects named as leaves are (anything else under the
             # prefix, a writer's junk, is passed over, never counted), and no page is
-            # listed past them.
+            # listed past them. As on Redis, the leaves' bytes in all are within the
+            # index budget (past it nothing more is read: oversize), and the whole read
+            # within one deadline (each request has its own, but up to 64 of them).
+            settings = self.settings
+            started, budget = time.monotonic(), INDEX_BUDGET * limit
+            leaves = [(path, size) for path, size in self._leaves(store, prefix) if size <= limit]
+            listed = sum(size for _, size in leaves)
+            if listed > budget:
+                raise RemoteError(
+                    "oversize", "index", f"entries of {listed} bytes in all, over {budget}", engine=self.engine
+                )
+            ends = started + max(settings.timeout_max_s, settings.reply_deadline(listed))
             out: dict[str, bytes] = {}
-            for path, size in self._leaves(store, prefix):
-                if size > limit:
-                    continue
+            total = 0
+            for path, _ in leaves:
+                if time.monotonic() > ends:
+                    raise RemoteError(
+                        "timeout", "index", f"{len(out)} of {len(leaves)} entries read in time", engine=self.engine
+                    )
                 got = self._get(manifest_store, path, limit)
                 if got is not None and len(got[0]) <= limit and got[1] <= limit:
+                    total += len(got[0])  # (rewritten since listed: counted as read)
+                    if total > budget:
+                        raise RemoteError(
+                            "oversize", "index", f"entries of more than {budget} bytes in all", engine=self.engine
+                        )
                     out[path[len(prefix) : -len(".json")]] = got[0]
             return out
 
@@ -265,10 +285,11 @@ class S3Store(Engine[Any]):
         def publish() -> Put:
             # The cap is checked, then the put is conditional: concurrent writers may overshoot
             # the cap by their number, never overwrite. (Only leaves count.)
-            names = {name for name, _ in self._leaves(store, prefix, limit=self.settings.index_cap + 1)}
-            if path in names:
+            listed = dict(self._leaves(store, prefix, limit=self.settings.index_cap + 1))
+            if path in listed:
                 return Put.EXISTS
-            if len(names) >= self.settings.index_cap:
+            budget = INDEX_BUDGET * self.settings.max_manifest_bytes  # (what a read takes: no more)
+            if len(listed) >= self.settings.index_cap or sum(listed.values()) + len(manifest) > budget:
                 return Put.FULL
             return self._create(store, path, manifest)
 

@@ -24,6 +24,7 @@ from .breaker import Breaker
 from .settings import RemoteSettings
 
 __all__ = [
+    "INDEX_BUDGET",
     "REASONS",
     "SCAN_KINDS",
     "Deferred",
@@ -132,6 +133,12 @@ def new_token(holder: str = "") -> str:
     if not isinstance(holder, str) or len(holder) > 200 or any(c in holder for c in "\r\n\0"):
         raise ValueError("a lease holder name must be a short string on one line")
     return f"{holder}:{uuid.uuid4().hex}" if holder else uuid.uuid4().hex
+
+
+#: An index's manifests in all, in manifests' worth (``max_manifest_bytes``): what a
+#: publish lets in, and what a read takes (past it, one a writer filled bypassing the
+#: engine's publish, the read stops: oversize).
+INDEX_BUDGET: Final = 8
 
 
 def check_ttl(ttl_s: float) -> float:
