@@ -20,6 +20,8 @@ import atexit
 import contextlib
 import fcntl
 import os
+import stat
+import time
 from collections.abc import Callable, Iterator
 
 from . import _forksafe
@@ -84,6 +86,28 @@ def ended(base: str, token: str) -> bool:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def unmade(base: str, name: str, min_age_s: float = 60.0) -> bool:
+    """Whether ``name`` in ``base`` is a ``.<token>.making`` mark its process left when
+    killed before it renamed it (:func:`owner`): ours, older than ``min_age_s``, and held
+    by nobody (the maker holds its lock from the moment it made it)."""
+    if not (name.startswith(".") and name.endswith(".making")):
+        return False
+    try:
+        fd = os.open(os.path.join(base, name), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode) or time.time() - st.st_mtime < min_age_s:
+            return False
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True
     except OSError:
         return False

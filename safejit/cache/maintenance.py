@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .._proc import claimed, ended
+from .._proc import claimed, ended, unmade
 from ..outcomes import Miss
 from ._walk import closing, dirs, each_in, kind_of, read_at, real_layout, remove_at, sorted_entries
 from .disk import DiskTier
@@ -50,6 +50,7 @@ from .layout import (
     is_real_dir,
 )
 from .leaf import MANIFEST_LIMIT, Manifest, Rejection, VerifiedLeaf, Verifier, decode_manifest
+from .statmemo import sweep_memo
 from .usage import UsageEntry, read_usage, remove_usage
 
 __all__ = [
@@ -403,7 +404,10 @@ def gc(
     ``v1`` is not a real directory)."""
     layout = real_layout(root)
     clock = time.time() if now is None else now
-    counts = {"staging": 0, "quarantine": 0, "usage": 0, "locks": 0, "damaged": 0, "obsolete": 0}
+    counts = {"staging": 0, "quarantine": 0, "usage": 0, "locks": 0, "damaged": 0, "obsolete": 0, "empty": 0}
+    if marks:  # (the user's private dir: whatever the cache holds)
+        _remove_ended_marks(marks)
+        sweep_memo(marks, max_age_s=max_age_s, now=clock)
     if not _sound_base(layout):
         return counts
 
@@ -440,19 +444,36 @@ def gc(
         if old(fd, entry) and _remove_idle_lock(fd, entry.name):
             counts["locks"] += 1
     counts["obsolete"] = _remove_obsolete(layout)
-    if marks:
-        _remove_ended_marks(marks)
+    counts["empty"] = _remove_empty_builds(layout, old)
     return counts
 
 
 def _remove_ended_marks(place: str) -> None:
-    """The marks in ``place`` of processes that ended without removing theirs (killed)."""
+    """The marks in ``place`` of processes that ended without removing theirs (killed),
+    and those one killed while making its mark left (``_proc.unmade``)."""
     with contextlib.suppress(OSError):
         for name in os.listdir(place):
             token = name.removesuffix(".alive")
-            if token != name and _TOKEN.fullmatch(token) and ended(place, token):
+            if (token != name and _TOKEN.fullmatch(token) and ended(place, token)) or unmade(place, name):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(place, name))
+
+
+def _remove_empty_builds(layout: CacheLayout, old: Callable[[int, os.DirEntry[str]], bool]) -> int:
+    """Remove the build dirs left empty (``old`` ones): made when a compile began, and kept
+    by none that failed, was killed or was not published. One a publish has just filled is
+    not empty (``rmdir`` fails); one emptied under a publish about to fill it makes the
+    publish make it again."""
+    removed = 0
+    for tenant, backend, build in layout.build_dirs():
+        if build_key_of(build.name) is None:
+            continue
+        shard = os.path.basename(os.path.dirname(build.path))
+        with contextlib.suppress(OSError), layout.open_dir(tenant, backend, shard) as fd:
+            if old(fd, build) and stat.S_ISDIR(os.stat(build.name, dir_fd=fd, follow_symlinks=False).st_mode):
+                os.rmdir(build.name, dir_fd=fd)
+                removed += 1
+    return removed
 
 
 def _remove_obsolete(layout: CacheLayout) -> int:

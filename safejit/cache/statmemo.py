@@ -33,9 +33,10 @@ import time
 import msgspec
 
 from ..closure.hashing import Snapshot, digest_bytes, is_racy
+from .fsio import rmtree_at
 from .leaf import MemoRecord
 
-__all__ = ["StatMemo", "boot_id"]
+__all__ = ["StatMemo", "boot_id", "sweep_memo"]
 
 
 def boot_id() -> str:
@@ -129,3 +130,53 @@ class StatMemo:
             with open(fd, "wb") as fh:
                 fh.write(_ENCODER.encode(data))
             os.replace(tmp, path)
+
+
+#: A record's temporary file older than this was left by a process killed while writing it.
+_TMP_LEFT_S = 60.0
+
+
+def sweep_memo(private_dir: str, *, max_age_s: float, now: float) -> int:
+    """Remove what no lookup can use any more (``safejit gc``): the memos of other boots
+    (each boot starts one of its own), the records of leaves no longer there, the
+    records of remote leaves not written again within ``max_age_s``, and temporary
+    files killed writers left. How many entries went."""
+    boot = boot_id()
+    removed = 0
+    with contextlib.suppress(OSError), os.scandir(private_dir) as it:
+        stale = [e.name for e in it if e.name.startswith("stat-") and e.name != f"stat-{boot}"]
+    for name in stale:
+        with contextlib.suppress(OSError):
+            fd = os.open(private_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    rmtree_at(fd, name)
+                    removed += 1
+            finally:
+                os.close(fd)
+    if not boot:
+        return removed
+    current = os.path.join(private_dir, f"stat-{boot}")
+    with contextlib.suppress(OSError), os.scandir(current) as it:
+        for entry in it:
+            if _useless(entry, max_age_s, now):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                    removed += 1
+    return removed
+
+
+def _useless(entry: os.DirEntry[str], max_age_s: float, now: float) -> bool:
+    st = entry.stat(follow_symlinks=False)
+    if entry.name.endswith(".tmp"):
+        return now - st.st_mtime > _TMP_LEFT_S
+    if not entry.name.endswith(".json") or not stat.S_ISREG(st.st_mode):
+        return False
+    try:
+        with open(os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as fh:
+            leaf = _DECODER.decode(fh.read(st.st_size)).leaf
+    except (OSError, msgspec.DecodeError):
+        return True  # (no lookup can use it either)
+    if os.path.isabs(leaf):
+        return not os.path.lexists(leaf)
+    return now - st.st_mtime > max_age_s  # (a remote leaf's: nothing local to look at)

@@ -152,14 +152,15 @@ def cmd_gc(args: argparse.Namespace, out: Out) -> int:
     if args.json:
         out.json({"roots": [{"root": r, **counts} for r, counts in results], "findings": [f.as_json() for f in left]})
         return EXIT_FINDINGS if left else EXIT_OK
-    keys = ("staging", "quarantine", "usage", "locks", "damaged", "obsolete")
+    keys = ("staging", "quarantine", "usage", "locks", "empty", "damaged", "obsolete")
     for root, counts in results:
         out.line(("cache root ", "bold"), (root, "bold"))
         out.table(
-            ("STAGING", "QUARANTINE", "USAGE", "LOCKS", "DAMAGED", "OBSOLETE"),
+            ("STAGING", "QUARANTINE", "USAGE", "LOCKS", "EMPTY", "DAMAGED", "OBSOLETE"),
             [tuple(str(counts[k]) for k in keys)],
-            right=range(6),
+            right=range(7),
         )
     out.line(("removed: what is older than the age given, and v1/tools; damaged: quarantined", "dim"))
+    out.line(("empty: build dirs no leaf went into (a failed or killed compile's)", "dim"))
     show_findings(out, left)
     return EXIT_FINDINGS if left else EXIT_OK

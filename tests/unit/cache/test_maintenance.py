@@ -637,3 +637,79 @@ def test_verify_checks_signatures_as_this_users_processes_do(cache_dir, tmp_path
     # (another tenant's leaves answer to its own keys, not these)
     assert [b for _, b in maintenance.verify_all(str(cache_dir), verifier=policy, tenant="other")] == [None]
     assert [b for _, b in maintenance.verify_all(str(cache_dir))] == [None]  # (no key: as before)
+
+
+def test_gc_removes_the_build_dir_a_failed_compile_left_empty(cache_dir):
+    """A build dir is made when its compile begins: one that failed, was killed or was
+    not published left it empty, and nothing ever removed it."""
+    rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(cache_dir),)))
+    for i in range(3):
+        with pytest.raises(safejit.CompileError):
+            rt.compile(safejit.Source(f"int broken{i}(void) {{ return x; }}\n", f"broken{i}"))
+    rt.build(safejit.Source("int k(void) { return 1; }\n", "k"))
+    rt.close()
+    builds = sorted((cache_dir / "v1").glob("*/*/*/build-*"))
+    empty = [b for b in builds if not any(b.iterdir())]
+    assert len(builds) == 4 and len(empty) == 3
+    assert maintenance.gc(str(cache_dir), max_age_s=86400)["empty"] == 0  # (young: a compile may be about to fill it)
+    for build in builds:
+        _age(str(build), 2 * 86400)
+    assert maintenance.gc(str(cache_dir), max_age_s=86400)["empty"] == 3
+    assert [b for b in builds if b.exists()] == [b for b in builds if b not in empty]
+    assert len(leaves(cache_dir)) == 1
+    assert_cache_sound(cache_dir)
+
+
+def test_gc_sweeps_the_stat_memo_of_leaves_gone_and_of_other_boots(cache_dir, tmp_path):
+    """The per-user stat memo kept a record of every leaf ever verified, of every boot,
+    and what killed writers left: the private state dir grew for good."""
+    from safejit.cache.statmemo import boot_id
+
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg")}
+    private = tmp_path / "xdg" / "safejit"
+    memo = private / f"stat-{boot_id()}"
+    rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(cache_dir),)))
+    for i in range(3):
+        rt.build(safejit.Source(f"int k(void) {{ return {i}; }}\n", "k"))
+    rt.close()
+    time.sleep(2.1)  # (past the racy window: the next full check records each leaf)
+    hits = (
+        "import sys, safejit\n"
+        "rt = safejit.Runtime(config=safejit.Config(cache_dirs=(sys.argv[1],)))\n"
+        "for i in range(3):\n"
+        "    assert rt.compile(safejit.Source(f'int k(void) {{ return {i}; }}\\n', 'k')).artifact.tier == 'disk'\n"
+    )
+    subprocess.run([sys.executable, "-c", hits, str(cache_dir)], check=True, env=env)
+    assert len(list(memo.glob("*.json"))) == 3
+    other_boot = private / ("stat-" + "0" * 32)
+    other_boot.mkdir()
+    (other_boot / "x.json").write_text("{}")
+    killed = memo / "x.json.123.tmp"  # (a writer killed before its rename)
+    killed.write_text("{")
+    _age(str(killed), 3600)
+    maintenance.gc(str(cache_dir), max_age_s=86400, marks=str(private))
+    assert len(list(memo.glob("*.json"))) == 3 and not killed.exists() and not other_boot.exists()
+    infos = leaves(cache_dir)
+    maintenance.prune(str(cache_dir), max_bytes=sum(i.size for i in infos) - 1, grace_s=0)  # (one goes)
+    assert len(leaves(cache_dir)) == 2
+    maintenance.gc(str(cache_dir), max_age_s=86400, marks=str(private))
+    assert len(list(memo.glob("*.json"))) == 2  # (the pruned leaf's record only)
+
+
+def test_gc_removes_a_mark_a_process_killed_while_making_it_left(cache_dir, tmp_path):
+    """A process killed between making ``.<token>.making`` and renaming it to its mark left
+    the file for good: gc looked only at ``*.alive``. One still held (its maker alive), or
+    made a moment ago, stays."""
+    import fcntl
+
+    private = tmp_path / "state"
+    private.mkdir(mode=0o700)
+    left, held, young = (private / f".p{n}.0123456789ab.making" for n in (11, 12, 13))
+    for path in (left, held, young):
+        path.write_text("")
+    for path in (left, held):
+        _age(str(path), 3600)
+    with open(held, "rb") as fh:
+        fcntl.flock(fh, fcntl.LOCK_SH)
+        maintenance.gc(str(cache_dir), max_age_s=86400, marks=str(private))
+    assert not left.exists() and held.exists() and young.exists()

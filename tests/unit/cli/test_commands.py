@@ -383,7 +383,7 @@ def test_gc_removes_idle_locks_and_reports_counts_as_json(make_runtime, cache_di
     assert locks
     data = json.loads(cli("gc", "--older-than", "0s", "--json", "--cache-dir", str(cache_dir)).out)
     (root,) = data["roots"]
-    assert set(root) == {"root", "staging", "quarantine", "usage", "locks", "damaged", "obsolete"}
+    assert set(root) == {"root", "staging", "quarantine", "usage", "locks", "empty", "damaged", "obsolete"}
     assert data["findings"] == []
     assert root["locks"] == len(locks) and not any(p.exists() for p in locks)
 
