@@ -209,14 +209,14 @@ class DiskTier:
         # Digests taken for one candidate are reused for the next: a hit's clock starts
         # when the first of them may have been taken, the lookup's start (DESIGN §6).
         rehashed: Rehashed = {}
-        since = _clock.now()
+        since, taken_ns = _clock.now(), time.time_ns()
         for leaf in self._candidates(root, build_key, rejections):
             if quiet:
-                result = self.verify(leaf, root, build_key, anchors, rehashed, since=since)
+                result = self.verify(leaf, root, build_key, anchors, rehashed, since=since, taken_ns=taken_ns)
             else:
                 with span(SPAN.VERIFY, {ATTR.ROOT: root, "safejit.leaf": os.path.basename(leaf)}) as vs:
                     started = time.perf_counter()
-                    result = self.verify(leaf, root, build_key, anchors, rehashed, since=since)
+                    result = self.verify(leaf, root, build_key, anchors, rehashed, since=since, taken_ns=taken_ns)
                     instruments.verify_duration.record(time.perf_counter() - started, self._attrs)
                     if isinstance(result, VerifiedLeaf):
                         vs.set_attributes({ATTR.RESULT: "ok", ATTR.DEPS_COUNT: len(result.manifest.deps)})
@@ -303,13 +303,15 @@ class DiskTier:
         rehashed: Rehashed | None = None,
         *,
         since: float | None = None,
+        taken_ns: int | None = None,
     ) -> VerifiedLeaf | Rejection:
         """Check a leaf completely; a :class:`Rejection` says why it is not a hit.
 
         With ``anchors=None`` only the leaf's own integrity is checked (marker,
         manifest, name, signature, artifact), not its dependencies. ``rehashed``:
         digests taken earlier, reused; ``since``: when the first of them was taken
-        (the hit's ``checked``; default: now).
+        (the hit's ``checked``; default: now); ``taken_ns``: the same, wall time (what
+        a stat recorded in the memo must not be racy as of).
         """
         checked = _clock.now() if since is None else since
         found = self._manifest(leaf, root, build_key)
@@ -318,7 +320,7 @@ class DiskTier:
         man = found
         if anchors is None:
             return self._read_artifact(leaf, root, man, (), Negatives(), checked)
-        closure = verify_closure(man, anchors, leaf, self._memo, rehashed)
+        closure = verify_closure(man, anchors, leaf, self._memo, rehashed, taken_ns)
         if isinstance(closure, Rejection):
             return Rejection(closure.reason, closure.detail, leaf, root)
         return self._read_artifact(leaf, root, man, *closure, checked)

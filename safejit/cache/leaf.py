@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import operator
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Final, Protocol
@@ -336,7 +337,7 @@ class ClosureMemo(Protocol):
 
     def lookup(self, leaf: str, deps_key: str, roots: str) -> MemoRecord | None: ...
 
-    def record(self, leaf: str, deps_key: str, roots: str, record: MemoRecord) -> None: ...
+    def record(self, leaf: str, deps_key: str, roots: str, record: MemoRecord, now: int | None = None) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,14 +355,22 @@ Rehashed = dict[str, tuple[str, Snapshot] | None]
 
 
 def verify_closure(
-    man: Manifest, anchors: Anchors, leaf: str, memo: ClosureMemo | None, rehashed: Rehashed | None = None
+    man: Manifest,
+    anchors: Anchors,
+    leaf: str,
+    memo: ClosureMemo | None,
+    rehashed: Rehashed | None = None,
+    taken_ns: int | None = None,
 ) -> tuple[tuple[DepState, ...], Negatives] | Rejection:
     """The dependencies' current states and the negatives, if the closure still holds on
     this machine — every dependency hashes as listed, every negative is absent — else
     why not. With a memo, a dependency whose stat is as this user recorded it after a
     full check is not read again, and negatives below unchanged directories are not
     looked up one by one. ``rehashed``: digests already taken in this lookup (leaves
-    of one build key share most of their closure)."""
+    of one build key share most of their closure); ``taken_ns``: the wall time before
+    the first of them was taken (default: now). A stat is recorded only if it was not
+    racy *then*, when its file was read, not when the check ended."""
+    taken = time.time_ns() if taken_ns is None else taken_ns
     roots_id = _roots_id(anchors) if memo is not None else ""
     recorded = memo.lookup(leaf, man.deps_key, roots_id) if memo is not None else None
     states = _trusted_deps(man, recorded) if recorded is not None else None
@@ -382,7 +391,11 @@ def verify_closure(
         return Rejection(Miss.DEP_SHADOWED, negatives.first_present())
     if memo is not None and (changed or negatives.dirs is not before):
         memo.record(
-            leaf, man.deps_key, roots_id, MemoRecord([s[0] for s in states], [s[1] for s in states], negatives.dirs)
+            leaf,
+            man.deps_key,
+            roots_id,
+            MemoRecord([s[0] for s in states], [s[1] for s in states], negatives.dirs),
+            now=taken,
         )
     return states, negatives
 

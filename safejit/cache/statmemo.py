@@ -113,10 +113,12 @@ class StatMemo:
         paths = data.paths.split("\0") if data.paths else []
         return MemoRecord(paths, _unchanged(paths, data.snaps), data.dirs)
 
-    def record(self, leaf: str, deps_key: str, roots: str, record: MemoRecord) -> None:
+    def record(self, leaf: str, deps_key: str, roots: str, record: MemoRecord, now: int | None = None) -> None:
+        """Keep ``record`` unless a stat in it is racy as of ``now`` (wall ns; default: now):
+        the time its file was read, or earlier, not when the check that read it ended."""
         if not self.directory:
             return
-        now = time.time_ns()
+        now = time.time_ns() if now is None else now
         snaps = record.snaps
         if snaps is None or len(snaps) != len(record.paths) or any(is_racy(s, now) for s in snaps):
             return

@@ -148,3 +148,28 @@ def test_a_lookup_leaves_no_descriptor_open(memo: StatMemo, deps: list[str]) -> 
     path.unlink()
     assert memo.lookup(LEAF, KEY, ROOTS) is None
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_stat_racy_when_its_file_was_read_is_not_recorded_however_long_the_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The racy rule was applied as of when the check ended: a header written just
+    before it was read, by a check lasting past the window, was recorded as one whose
+    stat vouches for its bytes (a write within its timestamp tick would go unseen)."""
+    import types
+
+    import safejit
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    root, cache = tmp_path / "src", tmp_path / "cache"
+    (root / "inc").mkdir(parents=True)
+    (root / "inc" / "h.h").write_text("#define H 2\n")
+    cfg = safejit.Config(cache_dirs=(str(cache),), source_roots=(str(root),), backend="fake")
+    src = safejit.Source('#include "h.h"\n#define V H\n', "v")
+    with safejit.Runtime(config=cfg) as rt:
+        rt.build(src, include_dirs=(str(root / "inc"),))
+    # (the check "ends" 3 s after it began: the header, written a moment before it, is racy as of its read)
+    monkeypatch.setattr(statmemo, "time", types.SimpleNamespace(time_ns=lambda: time.time_ns() + 3_000_000_000))
+    with safejit.Runtime(config=cfg) as rt:
+        assert rt.compile(src, include_dirs=(str(root / "inc"),)).artifact.tier == "disk"
+    assert not list((tmp_path / "xdg").rglob("stat-*/*.json"))
