@@ -123,7 +123,12 @@ def _cache_parsers(command: _Command, js: argparse.ArgumentParser) -> None:
     ls.add_argument("--paths", action="store_true", help="print each leaf's id and directory, one per line")
     command("stats", "leaves and bytes per tenant and backend; hit rates and compile times from usage records", js)
     v = command("verify", "rehash every leaf; exit 0 only when all verify and every usage record is valid", js)
-    v.add_argument("--fix", action="store_true", help="quarantine leaves that fail; delete bad usage records")
+    v.add_argument(
+        "--fix",
+        action="store_true",
+        help="quarantine damaged leaves (a signature these keys do not vouch for is reported, not moved: the keys may "
+        "be the wrong ones); delete bad usage records",
+    )
     v.add_argument(
         "--tenant",
         help="whose leaves' signatures to check, against SAFEJIT_VERIFY_KEYS (default: SAFEJIT_TENANT, else "
