@@ -69,9 +69,7 @@ def test_warm_fills_the_remote_with_a_disk_hit_unless_it_has_it(node, project, t
     assert node("c", remote=None).warm(request) == "built"
 
 
-def test_a_runtime_dropped_without_close_keeps_no_upload_thread_nor_connections(
-    project, tmp_path, redis_server, monkeypatch
-):
+def test_a_runtime_dropped_without_close_keeps_no_upload_thread_nor_connections(project, tmp_path, monkeypatch):
     """The upload worker waited for work for good, holding the store and its connections:
     every Runtime that ever uploaded and was dropped unclosed kept a thread and two
     connections to the server until the process ended."""
@@ -81,31 +79,37 @@ def test_a_runtime_dropped_without_close_keeps_no_upload_thread_nor_connections(
 
     from safejit.cache.remote import uploads
 
+    from ._servers import start_valkey
+
     monkeypatch.setattr(uploads, "_IDLE_S", 0.1, raising=False)  # (a moment, not 5 s)
-    admin = redis_server.admin()
+    server = start_valkey(tmp_path / "valkey")  # (its own: no other test's connections counted)
+    admin = server.admin()
 
     def uploaders() -> int:
         return sum(t.name == "safejit-upload" for t in threading.enumerate())
 
     before = len(admin.client_list())
-    for i in range(4):
-        rt = safejit.Runtime(
-            config=safejit.Config(
-                backend="fake",
-                remote=redis_server.url,
-                cache_dirs=(str(tmp_path / f"disk-{i}"),),
-                source_roots=(str(project),),
+    try:
+        for i in range(4):
+            rt = safejit.Runtime(
+                config=safejit.Config(
+                    backend="fake",
+                    remote=server.url,
+                    cache_dirs=(str(tmp_path / f"disk-{i}"),),
+                    source_roots=(str(project),),
+                )
             )
-        )
-        rt.compile(SRC, include_dirs=_inc(project))
-        assert rt.flush_uploads(10).done
-        del rt
-    deadline = time.monotonic() + 10
-    while (uploaders() or len(admin.client_list()) > before) and time.monotonic() < deadline:
-        gc.collect()
-        time.sleep(0.05)
-    assert uploaders() == 0
-    assert len(admin.client_list()) <= before
+            rt.compile(SRC, include_dirs=_inc(project))
+            assert rt.flush_uploads(10).done
+            del rt
+        deadline = time.monotonic() + 10
+        while (uploaders() or len(admin.client_list()) > before) and time.monotonic() < deadline:
+            gc.collect()
+            time.sleep(0.05)
+        assert uploaders() == 0
+        assert len(admin.client_list()) <= before
+    finally:
+        server.stop()
 
 
 def test_a_head_not_stored_still_publishes_the_leaf(node, project, redis_server, monkeypatch):
