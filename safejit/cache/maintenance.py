@@ -402,14 +402,19 @@ def gc(
     private state dir — or in ``tmp``) is never removed; one whose process ended is, at
     once. Never follows symlinks; never leaves ``<root>/v1`` (nothing at all when
     ``v1`` is not a real directory)."""
-    layout = real_layout(root)
     clock = time.time() if now is None else now
     counts = {"staging": 0, "quarantine": 0, "usage": 0, "locks": 0, "damaged": 0, "obsolete": 0, "empty": 0}
-    if marks:  # (the user's private dir: whatever the cache holds)
+    layout = real_layout(root)
+    if _sound_base(layout):
+        _gc_cache(layout, counts, max_age_s, clock, marks)
+    if marks:  # (the user's private dir, whatever the cache holds; its marks after the work dirs they vouch for)
         _remove_ended_marks(marks)
         sweep_memo(marks, max_age_s=max_age_s, now=clock)
-    if not _sound_base(layout):
-        return counts
+    return counts
+
+
+def _gc_cache(layout: CacheLayout, counts: dict[str, int], max_age_s: float, clock: float, marks: str | None) -> None:
+    """:func:`gc`'s work in the cache (its ``v1`` a real directory)."""
 
     def old(fd: int, entry: os.DirEntry[str]) -> bool:
         try:
@@ -417,7 +422,7 @@ def gc(
         except OSError:
             return False
 
-    for path, _ in damaged(root):
+    for path, _ in damaged(layout.root):
         counts["damaged"] += layout.set_aside(path)
     for kind, name in (("staging", "tmp"), ("quarantine", "quarantine")):
         for fd, entry in each_in(layout, name):
@@ -445,7 +450,6 @@ def gc(
             counts["locks"] += 1
     counts["obsolete"] = _remove_obsolete(layout)
     counts["empty"] = _remove_empty_builds(layout, old)
-    return counts
 
 
 def _remove_ended_marks(place: str) -> None:

@@ -713,3 +713,21 @@ def test_gc_removes_a_mark_a_process_killed_while_making_it_left(cache_dir, tmp_
         fcntl.flock(fh, fcntl.LOCK_SH)
         maintenance.gc(str(cache_dir), max_age_s=86400, marks=str(private))
     assert not left.exists() and held.exists() and young.exists()
+
+
+def test_gc_removes_a_killed_processs_young_work_dir_before_its_mark(cache_dir, tmp_path):
+    """gc took away the killed process's mark first, and with it the proof that its young
+    work dir was free: the dir then waited a full gc age."""
+    marks = tmp_path / "state"
+    marks.mkdir(mode=0o700)
+    (cache_dir / "v1" / "tmp").mkdir(parents=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _WORKDIR_HOLDER, str(cache_dir), str(marks)], stdout=subprocess.PIPE, text=True
+    )
+    live = Path(child.stdout.readline().strip())
+    child.kill()
+    child.wait()
+    child.stdout.close()
+    assert live.is_dir() and os.listdir(marks)
+    counts = maintenance.gc(str(cache_dir), max_age_s=86400, marks=str(marks))
+    assert counts["staging"] == 1 and not live.exists() and os.listdir(marks) == []
