@@ -203,3 +203,24 @@ def test_a_failure_slower_than_any_deadline_is_a_timeout_whatever_it_says(raised
             guard.run("index", "remote.get", slow)
         assert late.value.reason == "timeout"
     assert guard.breaker.state == "open"
+
+
+def test_the_callers_own_work_before_reading_a_reply_is_not_the_remotes_slowness():
+    """A request sent, then the caller's own checks (a closure of a thousand headers), then
+    a read that failed at once: counted from the send, the failure was "slow", a timeout."""
+    import time
+
+    from safejit.cache.remote import RemoteError, RemoteSettings
+    from safejit.cache.remote._guard import Guard
+
+    settings = RemoteSettings.from_url("redis://cache", timeout_s=0.01, timeout_max_s=0.02)
+    guard = Guard("redis", settings, Breaker(), lambda exc: "refused")
+    sent = time.perf_counter()
+    time.sleep(0.05)
+
+    def refused() -> None:
+        raise ConnectionRefusedError("refused")
+
+    with pytest.raises(RemoteError) as info:
+        guard.run("get_blob", "remote.get", refused, start=sent)
+    assert info.value.reason == "refused"

@@ -104,7 +104,8 @@ class Guard:
         """``fn()``, or a :class:`RemoteError`. ``point`` is the fault point fired first.
         The caller was admitted (:meth:`admit`). ``start``: when the operation began, if
         before this call (its request was sent earlier; ``time.perf_counter()``)."""
-        start = time.perf_counter() if start is None else start
+        began = time.perf_counter()
+        start = began if start is None else start
         try:
             faults.point(point)
             result = fn()
@@ -116,9 +117,10 @@ class Guard:
             raise
         except BaseException as exc:  # (a Rust client's panic is one: pyo3's PanicException)
             reason = self._classify(exc)
-            if reason in ("error", "refused") and time.perf_counter() - start > self.settings.timeout_max_s:
+            if reason in ("error", "refused") and time.perf_counter() - began > self.settings.timeout_max_s:
                 # (slow, whatever the client said at the end: a resolver, a TLS or AUTH
-                # handshake that stalled; counted as the breaker counts timeouts)
+                # handshake that stalled; counted as the breaker counts timeouts. From this
+                # call on: not the caller's own work since a request was sent earlier)
                 reason = "timeout"
             detail = self._detail(exc)
             self._done(op, start, reason, sent, 0)
