@@ -555,6 +555,28 @@ def test_a_remote_named_by_host_name_is_resolved_and_used(node, project, redis_s
     assert node("b", remote=url).compile(SRC, include_dirs=_inc(project)).artifact.tier == "remote"
 
 
+def test_each_address_of_a_remotes_name_is_tried_in_turn(node, project, redis_server, monkeypatch):
+    """The name resolved here was pinned to its first address: one that refused (a server
+    listening on IPv4 only, "localhost" resolving to ::1 first) lost the remote, where the
+    client itself tries each address."""
+    import socket
+
+    real = socket.getaddrinfo
+
+    def two(host, port, *args, **kwargs):
+        if host == "cache.two-addresses.test":
+            return [
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.2", port)),  # (nothing listens there)
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
+            ]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", two)
+    url = f"redis://cache.two-addresses.test:{redis_server.port}/0"
+    _published(node("a", remote=url), project)
+    assert node("b", remote=url).compile(SRC, include_dirs=_inc(project)).artifact.tier == "remote"
+
+
 def test_credentials_are_redacted_in_the_config_and_in_errors(node, project, redis_server):
     cfg = safejit.Config(remote=f"redis://user:hunter2-secret@127.0.0.1:{redis_server.port}/0")
     assert "hunter2-secret" not in repr(cfg) and "hunter2-secret" not in str(cfg)

@@ -19,16 +19,19 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Final
 
-__all__ = ["KEEP_S", "resolve"]
+__all__ = ["KEEP_S", "TRIED", "resolve"]
 
 #: How long a resolved address is used before the name is resolved again (a server moved
 #: by DNS is followed within this).
 KEEP_S: Final = 30.0
 
 _lock = threading.Lock()
-#: (host, port) -> (address, when it expires; ``time.monotonic()``)
-_known: dict[tuple[str, int], tuple[str, float]] = {}
-_pending: dict[tuple[str, int], Future[str]] = {}
+#: The addresses of a name tried, at most (each connect bounded by the connect deadline).
+TRIED: Final = 4
+
+#: (host, port) -> (addresses, when they expire; ``time.monotonic()``)
+_known: dict[tuple[str, int], tuple[tuple[str, ...], float]] = {}
+_pending: dict[tuple[str, int], Future[tuple[str, ...]]] = {}
 
 
 def _forget() -> None:  # (a forked child has none of its parent's resolver threads)
@@ -48,28 +51,29 @@ def _numeric(host: str) -> bool:
     return True
 
 
-def _lookup(host: str, port: int, fut: Future[str]) -> None:
+def _lookup(host: str, port: int, fut: Future[tuple[str, ...]]) -> None:
     try:
         found = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
-        if not found:
+        addresses = tuple(dict.fromkeys(str(info[4][0]) for info in found))[:TRIED]
+        if not addresses:
             raise OSError(f"no address for {host}")
-        address = str(found[0][4][0])
     except BaseException as exc:  # (told to whoever waits; this thread ends here)
         fut.set_exception(exc)
     else:
         with _lock:
-            _known[(host, port)] = (address, time.monotonic() + KEEP_S)
-        fut.set_result(address)
+            _known[(host, port)] = (addresses, time.monotonic() + KEEP_S)
+        fut.set_result(addresses)
     finally:
         with _lock:
             if _pending.get((host, port)) is fut:
                 del _pending[(host, port)]
 
 
-def resolve(host: str, port: int, timeout: float) -> str:
-    """An address of ``host`` (itself when it is one), within ``timeout`` seconds."""
+def resolve(host: str, port: int, timeout: float) -> tuple[str, ...]:
+    """The addresses of ``host`` (itself when it is one), in the order the resolver gave
+    them (at most :data:`TRIED`), within ``timeout`` seconds."""
     if _numeric(host):
-        return host
+        return (host,)
     key = (host, port)
     with _lock:
         known = _known.get(key)

@@ -17,6 +17,7 @@ redis-py is imported when a store is made, never by ``import safejit``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import time
@@ -454,13 +455,20 @@ def _connection_class(redis: Any, settings: RemoteSettings) -> type:
             if self._sock is None:
                 faults.point("remote.connect")
                 if scheme != "unix":
-                    # The name resolved within the connect deadline (getaddrinfo has none). Over
-                    # TLS the client resolves it again itself: the certificate is checked against
-                    # the name, which it connects by.
+                    # The name resolved within the connect deadline (getaddrinfo has none), and
+                    # each address it has tried in turn, as the client does. Over TLS the client
+                    # resolves it again itself: the certificate is checked against the name,
+                    # which it connects by.
                     name: str = self.__dict__.setdefault("_safejit_name", str(getattr(self, "host", "")))
-                    address = resolve(name, self.port, settings.connect_timeout_s)
+                    addresses = resolve(name, self.port, settings.connect_timeout_s)
                     if scheme == "redis":
-                        self.host = address
+                        for address in addresses[:-1]:
+                            self.host = address
+                            with contextlib.suppress(redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                                super().connect(*args, **kwargs)
+                                break
+                        else:
+                            self.host = addresses[-1]
             super().connect(*args, **kwargs)
 
     _Connection.__name__ = _Connection.__qualname__ = f"Safejit{base.__name__}"
