@@ -64,3 +64,27 @@ def test_a_failed_renewal_within_the_ttl_is_retried(engine_url, make_store):
         time.sleep(0.2)
         assert keeper.lost is False
         assert other.lease_holder(K) == lease.token
+
+
+def test_a_renewal_or_release_raising_anything_else_neither_ends_the_heartbeat_silently_nor_escapes(
+    engine_url, make_store, monkeypatch
+):
+    """Only RemoteError was caught: anything else a renewal raised ended the heartbeat
+    thread unseen (the lease then lapsed while its holder still compiled), and a release
+    raising escaped stop(), in the upload worker or at close."""
+    holder = make_store(engine_url)
+    lease = holder.acquire_lease(K, ttl_s=0.3)
+    assert lease is not None
+
+    def broken(*args, **kwargs):
+        raise ValueError("not a remote failure")
+
+    monkeypatch.setattr(type(holder), "renew_lease", broken)
+    monkeypatch.setattr(type(holder), "release_lease", broken)
+    lost = threading.Event()
+    keeper = LeaseKeeper(holder, lease, interval_s=0.05, on_lost=lost.set).start()
+    assert lost.wait(5) and keeper.lost  # (renewals failed for a whole TTL: lost, said so)
+    keeper.stop()
+    fresh = holder.acquire_lease(hexkey("other"), ttl_s=30)
+    assert fresh is not None
+    LeaseKeeper(holder, fresh).stop()  # (a release that raises: logged, never raised)

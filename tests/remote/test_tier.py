@@ -433,8 +433,11 @@ def test_a_lease_command_that_raises_is_a_compile_without_the_lease_never_raised
     def broken(*args, **kwargs):
         raise ValueError("a check the lease commands make")
 
+    import logging
+
     monkeypatch.setattr(RedisStore, "acquire_lease", broken)
     monkeypatch.setattr(RedisStore, "lease_holder", broken)
+    caplog.set_level(logging.DEBUG, logger="safejit.cache.remote.tier")  # (ERROR the first time per process)
     rt = node("a")
     mod = rt.compile(SRC, include_dirs=_inc(project))
     assert mod.artifact.tier == "compiled" and mod.kernel("INNER")() == 41

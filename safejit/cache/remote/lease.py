@@ -63,9 +63,11 @@ class LeaseKeeper:
             started = time.monotonic()
             try:
                 held = self.store.renew_lease(self.lease)
-            except RemoteError as exc:
+            except Exception as exc:  # (whatever it is, the heartbeat goes on: never a thread ended silently)
+                if not isinstance(exc, RemoteError):
+                    logger.exception("remote lease renewal raised")
                 if time.monotonic() < self._valid_until:
-                    logger.debug("remote lease renewal failed (%s); retrying", exc.reason)
+                    logger.debug("remote lease renewal failed (%s); retrying", getattr(exc, "reason", exc))
                     continue
                 held = False
             if not held:
@@ -92,6 +94,8 @@ class LeaseKeeper:
                 self.store.release_lease(self.lease)
             except RemoteError as exc:  # it expires on its own
                 logger.debug("remote lease release failed (%s)", exc.reason)
+            except Exception:  # (never out of stop(): it runs in the upload worker and at close)
+                logger.exception("remote lease release raised; it expires on its own")
 
     def __enter__(self) -> LeaseKeeper:
         return self.start()

@@ -76,6 +76,17 @@ def _whole(view: memoryview) -> bytes:
     return bytes(view)
 
 
+_told: set[str] = set()
+
+
+def _unexpected(what: str, build_key: str) -> None:
+    """Log a lease command's unexpected failure: with its traceback the first time (per
+    kind, per process), after that at DEBUG (a lease wait asks every few ms)."""
+    first = what not in _told
+    _told.add(what)
+    logger.log(logging.ERROR if first else logging.DEBUG, what, build_key[:16], exc_info=True)
+
+
 def _cancel(pending: PendingBlob | RemoteError | None) -> None:
     if pending is not None and not isinstance(pending, RemoteError):
         pending.cancel()
@@ -294,7 +305,7 @@ class RemoteTier:
             logger.debug("lease on %s not taken: %s", build_key[:16], exc)
             return exc
         except Exception as exc:  # (whatever else a lease command raises is the remote failing, never raised)
-            logger.exception("taking the lease on %s failed", build_key[:16])
+            _unexpected("taking the lease on %s failed", build_key)
             return RemoteError("error", "lease", f"{type(exc).__name__}: {exc}", engine=self.store.engine)
 
     def _held(self, build_key: str) -> bool | None:
@@ -304,7 +315,7 @@ class RemoteTier:
         except RemoteError:
             return None
         except Exception:  # (as in _take)
-            logger.exception("asking who holds the lease on %s failed", build_key[:16])
+            _unexpected("asking who holds the lease on %s failed", build_key)
             return None
 
     def claim(self, build_key: str, anchors: Anchors, *, deadline: float) -> VerifiedLeaf | Lease | None:
