@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -153,6 +154,10 @@ def _checked_inputs(
     _check_text("flags", flags)
     _check_text("defines", [k for k, _ in defines] + [v for _, v in defines if isinstance(v, str)])
     _check_text("extras", [v for _, v in extras if isinstance(v, str)])
+    for what, given in (("defines", defines), ("extras", extras)):
+        for k, v in given:
+            if isinstance(v, float) and not math.isfinite(v):  # (compile()'s arguments are refused so too)
+                raise ConfigError(f"{what}[{k!r}] is {v!r}, not a finite number (give the text meant as a str)")
     if any(not isinstance(e, str) or not e for e in name_expressions):
         raise ConfigError("name_expressions must be non-empty strings")
     if any(c < " " or c == "\x7f" for e in name_expressions for c in e):

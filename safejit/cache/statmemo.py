@@ -140,13 +140,20 @@ _TMP_LEFT_S = 60.0
 
 def sweep_memo(private_dir: str, *, max_age_s: float, now: float) -> int:
     """Remove what no lookup can use any more (``safejit gc``): the memos of other boots
-    (each boot starts one of its own), the records of leaves no longer there, the
-    records of remote leaves not written again within ``max_age_s``, and temporary
+    not written within ``max_age_s`` (each boot starts one of its own; a home shared
+    between nodes holds their live ones too), the records of leaves no longer there,
+    the records of remote leaves not written again within ``max_age_s``, and temporary
     files killed writers left. How many entries went."""
     boot = boot_id()
     removed = 0
     with contextlib.suppress(OSError), os.scandir(private_dir) as it:
-        stale = [e.name for e in it if e.name.startswith("stat-") and e.name != f"stat-{boot}"]
+        stale = [
+            e.name
+            for e in it
+            if e.name.startswith("stat-")
+            and e.name != f"stat-{boot}"
+            and now - e.stat(follow_symlinks=False).st_mtime > max_age_s
+        ]
     for name in stale:
         with contextlib.suppress(OSError):
             fd = os.open(private_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -18,6 +18,7 @@ from safejit.cache import fsio, maintenance
 from safejit.cache.leaf import Rejection
 from safejit.cache.staging import Staging
 from safejit.cli import parse_age, parse_size
+from safejit.inventory import read_inventory
 from safejit.outcomes import Miss
 from tests.conftest import assert_cache_sound, leaves, settle
 
@@ -681,14 +682,17 @@ def test_gc_sweeps_the_stat_memo_of_leaves_gone_and_of_other_boots(cache_dir, tm
     )
     subprocess.run([sys.executable, "-c", hits, str(cache_dir)], check=True, env=env)
     assert len(list(memo.glob("*.json"))) == 3
-    other_boot = private / ("stat-" + "0" * 32)
-    other_boot.mkdir()
-    (other_boot / "x.json").write_text("{}")
+    other_boot, other_node = private / ("stat-" + "0" * 32), private / ("stat-" + "1" * 32)
+    for memo_dir in (other_boot, other_node):  # (a past boot's; a node's sharing this home, in use)
+        memo_dir.mkdir()
+        (memo_dir / "x.json").write_text("{}")
+    _age(str(other_boot), 2 * 86400)
     killed = memo / "x.json.123.tmp"  # (a writer killed before its rename)
     killed.write_text("{")
     _age(str(killed), 3600)
     maintenance.gc(str(cache_dir), max_age_s=86400, marks=str(private))
-    assert len(list(memo.glob("*.json"))) == 3 and not killed.exists() and not other_boot.exists()
+    assert len(list(memo.glob("*.json"))) == 3 and not killed.exists()
+    assert not other_boot.exists() and other_node.exists()
     infos = leaves(cache_dir)
     maintenance.prune(str(cache_dir), max_bytes=sum(i.size for i in infos) - 1, grace_s=0)  # (one goes)
     assert len(leaves(cache_dir)) == 2
@@ -731,3 +735,22 @@ def test_gc_removes_a_killed_processs_young_work_dir_before_its_mark(cache_dir, 
     assert live.is_dir() and os.listdir(marks)
     counts = maintenance.gc(str(cache_dir), max_age_s=86400, marks=str(marks))
     assert counts["staging"] == 1 and not live.exists() and os.listdir(marks) == []
+
+
+def test_warm_refuses_an_inventorys_float_that_is_no_number(project, tmp_path):
+    """compile() refuses a NaN extra; an inventory (its extras' values JSON, where NaN is
+    a literal) fed one to warm, which builds its requests past compile()'s checks."""
+    (project / "kernel.c").write_text("int value(void) { return 3; }\n")
+    inventory = tmp_path / "inventory.jsonl"
+    cfg = {"source_roots": (str(project),), "declared_extras": ("e",)}
+    rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(tmp_path / "c1"),), inventory=str(inventory), **cfg))
+    rt.compile(rt.source(project / "kernel.c"), extras={"e": 1.5})
+    rt.close()
+    assert '["e", "1.5"]' in inventory.read_text()
+    inventory.write_text(inventory.read_text().replace('["e", "1.5"]', '["e", "NaN"]'))
+    cache2 = tmp_path / "c2"
+    with safejit.Runtime(config=safejit.Config(cache_dirs=(str(cache2),), **cfg)) as warm:
+        (request,) = read_inventory(str(inventory))
+        with pytest.raises(safejit.ConfigError, match="not a finite number"):
+            warm.warm(request)
+    assert not leaves(cache2)
