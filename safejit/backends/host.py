@@ -131,7 +131,7 @@ class HostBackend:
         digests = [hash_file(compiler)[0]]
         # The programs the driver runs are part of the toolchain: their digests enter the
         # key, and the probe is redone when one of them changes.
-        found, cc1_dir = [], []
+        found = []
         search_out = run_text(run, [compiler, "-print-search-dirs"], where)
         programs = program_dirs(search_out)
         dirs = dir_idents(programs)
@@ -140,15 +140,15 @@ class HostBackend:
             path = find_program(name)
             if path is not None:
                 found.append((name, path))
-                if prog.startswith("cc1"):
-                    cc1_dir.append(os.path.dirname(path))
-        # (an install under /opt, spack's, conda's: cc1 and the compiler's own headers lie
-        # outside the driver's dir and outside the system roots)
-        where += [d for d in (*programs, *install_dir(search_out), *cc1_dir) if os.path.isdir(d)]
+        # (an install under /opt, spack's, conda's: cc1, its binutils and the compiler's own
+        # headers lie outside the driver's dir and outside the system roots; a compile runs
+        # what the probe ran)
+        ran = list(dict.fromkeys(os.path.dirname(path) for _, path in found))
+        where += [d for d in (*programs, *install_dir(search_out), *ran) if os.path.isdir(d)]
         verbose = run_text(run, [compiler, "-E", "-v", "-x", language, "/dev/null", "-o", "/dev/null"], where)
         search = compiler_search_dirs(verbose)
         dirs += absent_search_dirs(verbose)
-        roots = [*search, *cc1_dir, os.path.dirname(compiler)]
+        roots = [*search, *ran, os.path.dirname(compiler)]
         # Inline asm can read files (.incbin, .include) that no depfile of the compiler
         # names; GNU as writes its own (--MD). Without it such reads go unseen. (clang's
         # own assembler lists nothing: clang is made to run GNU as, as gcc does.)

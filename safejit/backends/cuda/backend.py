@@ -35,6 +35,8 @@ from .._toolchain import (
     file_ident,
     find_program,
     hash_tools,
+    install_dir,
+    program_dirs,
     run_text,
 )
 from ..base import CompileContext, CompileOutput, Products, Runner, macro_flags
@@ -260,10 +262,20 @@ class CudaBackend:
             return cached
         prefix = os.path.dirname(os.path.dirname(nvcc))
         version = run_text(run, [nvcc, "--version"], (prefix,)).strip()  # (a toolkit outside /usr)
-        host_version = run_text(run, [host, "--version"]).strip()
-        host_verbose = run_text(run, [host, "-E", "-v", "-x", "c++", "/dev/null", "-o", "/dev/null"])
+        # (a host compiler outside /usr, as the host backend probes one: its own dir, then
+        # where it finds its programs and files)
+        where = [os.path.dirname(host)]
+        host_version = run_text(run, [host, "--version"], where).strip()
+        cc1plus = run_text(run, [host, "-print-prog-name=cc1plus"], where).strip()
+        search_out = run_text(run, [host, "-print-search-dirs"], where)
+        cc1plus_real = find_program(cc1plus)
+        where += [
+            d
+            for d in (*program_dirs(search_out), *install_dir(search_out), os.path.dirname(cc1plus_real or ""))
+            if d and os.path.isdir(d)
+        ]
+        host_verbose = run_text(run, [host, "-E", "-v", "-x", "c++", "/dev/null", "-o", "/dev/null"], where)
         host_dirs = compiler_search_dirs(host_verbose)
-        cc1plus = run_text(run, [host, "-print-prog-name=cc1plus"]).strip()
         roots = [prefix, *self._include_dir(), *host_dirs]
         # What nvcc runs and reads for device code is part of the toolchain: its profile
         # (search paths, flags), cicc, ptxas and libdevice; and the host preprocessor
@@ -275,7 +287,6 @@ class CudaBackend:
         with contextlib.suppress(OSError), os.scandir(places[2]) as it:
             kit += sorted(e.path for e in it if e.name.endswith(".bc"))
         found = [(path, os.path.realpath(path)) for path in kit if os.path.isfile(path)]
-        cc1plus_real = find_program(cc1plus)
         if cc1plus_real is not None:
             found.append((cc1plus, cc1plus_real))
             roots.append(os.path.dirname(cc1plus_real))
