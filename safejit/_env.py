@@ -171,7 +171,7 @@ HELP: Mapping[str, str] = {
     "SAFEJIT_REMOTE_MAX_BYTES": "the largest artifact fetched or sent, bytes or a size (`512M`, the default)",
     "SAFEJIT_REMOTE_HEAD_MAX_BYTES": "the largest artifact also kept as its build key's head, read with the index "
     "(Redis; `1M`, the default; `0`: none)",
-    "SAFEJIT_REMOTE_LEASE_TTL_S": "seconds a build lease lives without its holder's heartbeat (30)",
+    "SAFEJIT_REMOTE_LEASE_TTL_S": "seconds a build lease lives without its holder's heartbeat (30; 0.001 to 86400)",
     "SAFEJIT_VERIFY_KEYS": "Ed25519 public keys that may sign leaves: `id=key;id=key`",
     **OTHER_VARIABLES,
 }

@@ -394,14 +394,15 @@ def _owner_alive(places: tuple[str, ...], name: str) -> bool | None:
 def gc(
     root: str, *, max_age_s: float = 24 * 3600.0, now: float | None = None, marks: str | None = None
 ) -> dict[str, int]:
-    """Remove staging residue, quarantined leaves, usage records and idle lock files
-    older than ``max_age_s``, and the obsolete directories of ``v1`` (``OBSOLETE``,
-    whatever their age), and move aside whatever stands where a leaf or a build dir
-    should be. A work dir a compile uses (locked, ``_proc.use``: seen by any user, HOME
-    or process) or whose process lives (its owner's mark held, in ``marks`` — the user's
-    private state dir — or in ``tmp``) is never removed; one whose process ended is, at
-    once. Never follows symlinks; never leaves ``<root>/v1`` (nothing at all when
-    ``v1`` is not a real directory)."""
+    """Remove staging residue, quarantined leaves, usage records, idle lock files and
+    build dirs no leaf went into older than ``max_age_s``, and the obsolete directories
+    of ``v1`` (``OBSOLETE``, whatever their age), and move aside whatever stands where a
+    leaf or a build dir should be; in ``marks``, the marks of ended processes and the
+    stat memo no lookup can use (``statmemo.sweep_memo``). A work dir a compile uses
+    (locked, ``_proc.use``: seen by any user, HOME or process) or whose process lives
+    (its owner's mark held, in ``marks`` — the user's private state dir — or in ``tmp``)
+    is never removed; one whose process ended is, at once. Never follows symlinks;
+    never leaves ``<root>/v1`` (nothing at all when ``v1`` is not a real directory)."""
     clock = time.time() if now is None else now
     counts = {"staging": 0, "quarantine": 0, "usage": 0, "locks": 0, "damaged": 0, "obsolete": 0, "empty": 0}
     layout = real_layout(root)

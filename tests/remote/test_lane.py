@@ -201,8 +201,8 @@ def test_a_lease_key_of_any_size_is_read_no_further_than_a_token(redis_server, s
 
 
 def test_a_lease_holder_reply_sent_a_byte_at_a_time_ends_at_its_deadline(make_store):
-    """Through redis-py only each wait was bounded: a reply a byte every 40 ms held a lease
-    wait's poll as long as the reply was long (4 s for 104 bytes)."""
+    """Through redis-py only each wait was bounded: a reply a byte every 20 ms held a lease
+    wait's poll as long as the reply was long (20 s for these 1,000 bytes)."""
     import socket
     import threading
 

@@ -60,12 +60,13 @@ T = TypeVar("T")
 #: The bytes of a head's value before its codec byte: the artifact's BLAKE3, raw.
 HEAD_DIGEST: Final = 32
 
-#: SCAN pages read at most for one listing (a keyspace of 100 million keys, at SCAN_PAGE slots
-#: a page): a server whose cursor never comes back to 0 would keep a listing going for good.
 #: The most of a lease key's value read (a token is a holder's name, at most 200
 #: characters, and 33 more): a larger value, which anyone who may write could set, is
 #: never read whole.
 LEASE_HOLDER_MAX: Final = 1024
+
+#: SCAN pages read at most for one listing (a keyspace of 100 million keys, at SCAN_PAGE slots
+#: a page): a server whose cursor never comes back to 0 would keep a listing going for good.
 SCAN_PAGES_MAX: Final = 100_000
 
 #: Keys asked for per SCAN call (the server examines about this many slots per call).
