@@ -249,8 +249,13 @@ class Pipeline:
         key = resolved.key
         # The leaf is staged as soon as the compiler closes its artifact (its driver takes
         # another millisecond or two to exit, which this thread spends waiting), and
-        # fsynced in the background.
-        early = EarlyWrite(workdir.stage) if workdir.prepared else None
+        # fsynced in the background. Not where the compiler works in the work dir itself
+        # (its scratch in the cache root): the stage there is within what it may write,
+        # and a compiler subverted by its input could fill it with a leaf of its own,
+        # self-consistent, published for the next process to load. Its leaf is staged
+        # only once it has exited, in a stage it never could reach.
+        exposed = workdir.scratch == workdir.path
+        early = EarlyWrite(workdir.stage) if workdir.prepared and not exposed else None
 
         def on_artifact(data: bytes, manifest: Manifest | None) -> None:
             assert early is not None
@@ -287,7 +292,7 @@ class Pipeline:
         with span(SPAN.PUBLISH, {ATTR.DEPS_KEY: manifest.deps_key, ATTR.DEPS_COUNT: len(manifest.deps)}) as s:
             try:
                 with cache_errors(f"publishing {resolved.spec.name} failed"):
-                    published, outcome = disk.publish(root, key, built.leaf, workdir, early)
+                    published, outcome = disk.publish(root, key, built.leaf, None if exposed else workdir, early)
             except CacheError as exc:
                 s.set_attribute(ATTR.OUTCOME, Outcome.FAILED)
                 instruments.publish_outcomes.add(1, {**self._attrs, ATTR.OUTCOME: Outcome.FAILED})

@@ -323,3 +323,38 @@ def test_verifying_a_dependency_never_opens_a_terminal_as_its_own(tmp_path):
         check=True,
     )
     assert out.stdout.strip() == "0", out
+
+
+def test_a_compiler_working_in_the_cache_root_cannot_fill_the_stage_its_leaf_is_published_from(
+    make_runtime, cache_dir, monkeypatch
+):
+    """With its scratch in the cache root (``scratch="cache"``, or /dev/shm unusable: another
+    user can squat this user's name there), a compiler may write anywhere in the work
+    dir, the publish stage included: the leaf was staged there early and published from
+    it, checked against the bytes safejit remembered writing, not those on disk. A
+    compiler subverted by its input (here, a write after its compile) could publish a
+    self-consistent leaf of its own, loaded by the next process."""
+    from safejit.backends.host import HostBackend
+
+    src = safejit.Source("int k(void) { return 1; }\n", "k")
+    rt = make_runtime(scratch="cache")
+    rt.compile(safejit.Source("int warm(void) { return 0; }\n", "warm"))
+    settle()  # (the next compile takes a prepared work dir, its stage made ahead)
+    real = HostBackend.compile
+    planted = []
+
+    def subverted(self, ctx):
+        out = real(self, ctx)
+        stage = Path(ctx.workdir) / "leaf"
+        if (stage / "artifact.so").exists():
+            (stage / "artifact.so").write_bytes(b"\x7fELF planted")
+            planted.append(stage)
+        return out
+
+    monkeypatch.setattr(HostBackend, "compile", subverted)
+    assert rt.compile(src).kernel("k")() == 1
+    monkeypatch.undo()
+    assert planted  # (the stage was within the compiler's reach, and written)
+    again = make_runtime(scratch="cache").compile(src)
+    assert again.artifact.tier == "disk" and again.kernel("k")() == 1
+    assert_cache_sound(cache_dir)
