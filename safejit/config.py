@@ -52,6 +52,15 @@ _ENV_REFUSED = frozenset(
         "GCONV_PATH",
         "PYTHONPATH",
         "OBJCPLUS_INCLUDE_PATH",
+        # nvcc.profile's variables: nvcc appends them to its phases' command lines, through
+        # its shell, unquoted (``PTXAS_FLAGS='$(cmd)'`` runs cmd).
+        "INCLUDES",
+        "SYSTEM_INCLUDES",
+        "LIBRARIES",
+        "CUDAFE_FLAGS",
+        "PTXAS_FLAGS",
+        "CICC_PATH",
+        "NVVMIR_LIBRARY_DIR",
     }
 )
 

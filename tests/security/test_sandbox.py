@@ -355,7 +355,22 @@ def test_sandboxed_compiler_cannot_signal_outside_processes(make_runtime, projec
 
 
 @pytest.mark.parametrize(
-    "name", ["LD_PRELOAD", "GCC_EXEC_PREFIX", "CPATH", "DEPENDENCIES_OUTPUT", "PATH", "NVCC_APPEND_FLAGS", "LD_AUDIT"]
+    "name",
+    [
+        "LD_PRELOAD",
+        "GCC_EXEC_PREFIX",
+        "CPATH",
+        "DEPENDENCIES_OUTPUT",
+        "PATH",
+        "NVCC_APPEND_FLAGS",
+        "LD_AUDIT",
+        # nvcc.profile's: appended to nvcc's phases through its shell, unquoted
+        "PTXAS_FLAGS",
+        "CUDAFE_FLAGS",
+        "INCLUDES",
+        "SYSTEM_INCLUDES",
+        "LIBRARIES",
+    ],
 )
 def test_passthrough_of_a_variable_that_acts_as_a_flag_is_refused(name):
     with pytest.raises(safejit.ConfigError, match=name):
