@@ -415,6 +415,9 @@ class CudaBackend:
                 )
         worker = self._worker_client(spec.arch, (), spec.toolchain) if self._worker_wanted else None
         once = worker.compile_once if worker is not None else nvrtc_compile_once
+        # (a computed #include is NVRTC's own reading of the filesystem: safe only where the
+        # worker can read nothing, its hello says Landlock confines it, not wherever it runs)
+        isolated = worker is not None and worker.confined()
         result, headers = compile_with_headers(
             spec.code,
             spec.name,
@@ -423,7 +426,7 @@ class CudaBackend:
             search_dirs=search_dirs,
             confine=ctx.confine,
             compile_once=once,
-            isolated=self._worker_wanted,
+            isolated=isolated,
             timeout=ctx.timeout,
             max_headers=ctx.max_deps,
         )

@@ -314,6 +314,13 @@ class NvrtcWorker:
         #: confined); 0 when none is.
         self.landlock = 0
 
+    def confined(self, timeout: float = _START_S) -> bool:
+        """Whether Landlock confines the worker (started now if need be: its hello says)."""
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._start(timeout)
+            return self.landlock > 0
+
     def _start(self, timeout: float) -> subprocess.Popen[bytes]:
         # Isolated mode ignores the environment; the parent's import path is handed over
         # explicitly so the worker finds safejit and cuda-python wherever they are installed.

@@ -221,6 +221,31 @@ def test_computed_include_needs_the_isolated_worker(make_runtime, cuda_project, 
     assert art.kernels == ("k",)
 
 
+@pytest.mark.parametrize("confined", [True, False])
+def test_a_computed_include_in_memory_needs_a_worker_landlock_confines(
+    make_runtime, cuda_project, cache_dir, monkeypatch, confined
+):
+    """With NVRTC's lookups not recorded (no C compiler here), headers are handed over in
+    memory, and a computed #include is NVRTC reading the filesystem itself: safe in a
+    worker that can read nothing, which only Landlock makes it. The worker was taken for
+    one whether Landlock confined it or not: an outside file was read, compiled in, and
+    echoed in the log."""
+    from safejit.backends.cuda import backend as cuda_backend
+    from safejit.backends.cuda import nvrtc
+
+    monkeypatch.setattr(cuda_backend.lookup_recorder, "build", lambda *a, **k: None)  # (headers in memory)
+    if not confined:
+        monkeypatch.setattr(nvrtc, "landlock_abi", lambda: 0)  # (a kernel without Landlock)
+    rt = _rt(make_runtime, cuda_project, "nvrtc", nvrtc_worker=True)
+    inc = (str(cuda_project / "include"),)
+    if confined:
+        assert rt.build(safejit.Source(COMPUTED, "k"), include_dirs=inc, arch="sm_90").kernels == ("k",)
+        return
+    with pytest.raises(safejit.PathConfinementError, match="computed"):
+        rt.build(safejit.Source(COMPUTED, "k"), include_dirs=inc, arch="sm_90")
+    assert leaves(cache_dir) == []
+
+
 @pytest.mark.parametrize(
     "directive",
     ['#/**/include "{p}"', '#inc\\\nlude "{p}"', '%:include "{p}"', '#if __has_include("{p}")\n#endif',
