@@ -1,4 +1,5 @@
-"""A remote's host name resolved within the connect deadline.
+"""Connecting to a Redis-protocol remote: redis-py's connection class for the URL's
+scheme (:func:`connection_class`), its host name resolved within the connect deadline.
 
 A client connects through ``getaddrinfo``, which nothing bounds: against a resolver
 that does not answer, glibc waits 5 s an attempt, and every connect waits again (no
@@ -10,6 +11,7 @@ resolve in time is a ``TimeoutError``, which the guard counts as a timeout."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import socket
@@ -17,9 +19,12 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Final
+from typing import Any, Final
 
-__all__ = ["KEEP_S", "TRIED", "resolve"]
+from ... import faults
+from .settings import RemoteSettings
+
+__all__ = ["KEEP_S", "TRIED", "connection_class", "resolve"]
 
 #: How long a resolved address is used before the name is resolved again (a server moved
 #: by DNS is followed within this).
@@ -87,3 +92,38 @@ def resolve(host: str, port: int, timeout: float) -> tuple[str, ...]:
         return fut.result(timeout=timeout)
     except FutureTimeout:
         raise TimeoutError(f"resolving {host} took longer than {timeout:g} s") from None
+
+
+def connection_class(redis: Any, settings: RemoteSettings) -> type:
+    """redis-py's connection class for the URL's scheme, with the ``remote.connect`` fault
+    point at every connect."""
+    scheme = settings.url.scheme
+    base = {
+        "redis": redis.Connection,
+        "rediss": redis.SSLConnection,
+        "unix": redis.UnixDomainSocketConnection,
+    }[scheme]
+
+    class _Connection(base):  # type: ignore[misc, valid-type]
+        def connect(self, *args: Any, **kwargs: Any) -> None:
+            if self._sock is None:
+                faults.point("remote.connect")
+                if scheme != "unix":
+                    # The name resolved within the connect deadline (getaddrinfo has none), and
+                    # each address it has tried in turn, as the client does. Over TLS the client
+                    # resolves it again itself: the certificate is checked against the name,
+                    # which it connects by.
+                    name: str = self.__dict__.setdefault("_safejit_name", str(getattr(self, "host", "")))
+                    addresses = resolve(name, self.port, settings.connect_timeout_s)
+                    if scheme == "redis":
+                        for address in addresses[:-1]:
+                            self.host = address
+                            with contextlib.suppress(redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                                super().connect(*args, **kwargs)
+                                break
+                        else:
+                            self.host = addresses[-1]
+            super().connect(*args, **kwargs)
+
+    _Connection.__name__ = _Connection.__qualname__ = f"Safejit{base.__name__}"
+    return _Connection

@@ -17,7 +17,6 @@ redis-py is imported when a store is made, never by ``import safejit``.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import time
@@ -32,7 +31,7 @@ from ._functions import FUNCTIONS, SERVER_CODE
 from ._guard import os_reason
 from ._lane import Lane
 from ._pending import PendingGet
-from ._resolve import resolve
+from ._resolve import connection_class
 from ._resp import Replies, pack
 from .layout import check_hex, is_hex, split_entry
 from .settings import RemoteSettings
@@ -134,7 +133,7 @@ class RedisStore(Engine["_redis.Redis"]):
         except ImportError:
             raise ConfigError(f"the remote {settings.url} needs redis-py: pip install 'safejit[redis]'") from None
         self._redis = redis
-        self._connection_class = _connection_class(redis, settings)
+        self._connection_class = connection_class(redis, settings)
         self._lanes: dict[float, Lane] = {}
 
     # -- connections ---------------------------------------------------------
@@ -439,38 +438,3 @@ def _no_client_info(connection_class: type) -> dict[str, Any]:
         if "lib_name" in params:
             return {"lib_name": None, "lib_version": None}
     return {}
-
-
-def _connection_class(redis: Any, settings: RemoteSettings) -> type:
-    """redis-py's connection class for the URL's scheme, with the ``remote.connect`` fault
-    point at every connect."""
-    scheme = settings.url.scheme
-    base = {
-        "redis": redis.Connection,
-        "rediss": redis.SSLConnection,
-        "unix": redis.UnixDomainSocketConnection,
-    }[scheme]
-
-    class _Connection(base):  # type: ignore[misc, valid-type]
-        def connect(self, *args: Any, **kwargs: Any) -> None:
-            if self._sock is None:
-                faults.point("remote.connect")
-                if scheme != "unix":
-                    # The name resolved within the connect deadline (getaddrinfo has none), and
-                    # each address it has tried in turn, as the client does. Over TLS the client
-                    # resolves it again itself: the certificate is checked against the name,
-                    # which it connects by.
-                    name: str = self.__dict__.setdefault("_safejit_name", str(getattr(self, "host", "")))
-                    addresses = resolve(name, self.port, settings.connect_timeout_s)
-                    if scheme == "redis":
-                        for address in addresses[:-1]:
-                            self.host = address
-                            with contextlib.suppress(redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-                                super().connect(*args, **kwargs)
-                                break
-                        else:
-                            self.host = addresses[-1]
-            super().connect(*args, **kwargs)
-
-    _Connection.__name__ = _Connection.__qualname__ = f"Safejit{base.__name__}"
-    return _Connection
