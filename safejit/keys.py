@@ -19,7 +19,7 @@ from typing import Any, Final
 import msgspec
 
 from .closure.hashing import digest_bytes
-from .spec import NOT_IN_KEY, BuildSpec, Toolchain
+from .spec import NOT_IN_KEY, TOOLCHAIN_NOT_IN_KEY, BuildSpec, Toolchain
 
 __all__ = ["KEY_SCHEMA", "build_key", "deps_encoding", "deps_key", "encode"]
 
@@ -126,7 +126,9 @@ def _toolchain_msgpack(value: Toolchain) -> bytes:
             _ENCODED.clear()
         prefix = install_prefix(value)
         items = [
-            (f.name, portable(getattr(value, f.name), prefix)) for f in dataclasses.fields(value) if f.name != "prefix"
+            (f.name, portable(getattr(value, f.name), prefix))
+            for f in dataclasses.fields(value)
+            if f.name not in TOOLCHAIN_NOT_IN_KEY
         ]
         found = _ENCODED[value] = _TOOLCHAIN.encode((type(value).__name__, items))
     return found

@@ -22,11 +22,11 @@ from .. import _clock
 from ..backends.base import CompileContext, CompileOutput, Products
 from ..cache.leaf import Manifest, Negatives, VerifiedLeaf
 from ..closure import scan
-from ..closure.anchors import LINK_ANCHOR, Anchors
+from ..closure.anchors import LINK_ANCHOR, LOOKED_OUTSIDE, Anchors
 from ..closure.hashing import Snapshot
 from ..closure.scan import Closure
 from ..config import Config
-from ..errors import CompileError, LimitExceededError, PolicyError, SafejitError
+from ..errors import CompileError, LimitExceededError, PolicyError, SafejitError, UndeclaredDependencyError
 from ..outcomes import Outcome
 from ..policy import completeness
 from ..policy import roots as root_policy
@@ -110,6 +110,7 @@ class BuildJob:
         #: What the last compile's preprocessors were recorded looking up (None: not
         #: recorded), or why the records were lost.
         self._looked: tuple[tuple[str, bool | None], ...] | str | None = None
+        self._workdir = ""  # (the last compile's)
 
     # -- events from the compile (CompileEvents) ----------------------------------
     def started(self) -> None:
@@ -235,7 +236,13 @@ class BuildJob:
         if not self._looked:
             return closure
         return completeness.with_recorded_lookups(
-            closure, self._looked, self.anchors, started_ns=self._started_ns, trust_stat=self.config.trust_stat
+            closure,
+            self._looked,
+            self.anchors,
+            started_ns=self._started_ns,
+            skipped=self.spec.toolchain.skipped_dirs,
+            scratch=os.path.dirname(self._workdir),
+            trust_stat=self.config.trust_stat,
         )
 
     def _elapsed(self) -> float:
@@ -249,10 +256,10 @@ class BuildJob:
         self.counters.add("compiles")
         spec, anchors = self.spec, self.anchors
         # The preprocessors record their lookups where they can (sandbox.lookups), into a
-        # file in the work dir: none from an earlier run may stand in for this one's. (Only
-        # those under the source roots are used: with none, nothing is recorded.)
-        recording = bool(workdir) and bool(self.config.source_roots) and bool(self.parts.sandbox.preload_env())
-        self._looked = None
+        # file in the work dir: none from an earlier run may stand in for this one's. (Those
+        # under the source roots complete the closure; one outside every root refuses it.)
+        recording = bool(workdir) and bool(self.parts.sandbox.preload_env())
+        self._looked, self._workdir = None, workdir
         preloaded: set[str] = set()  # (the dirs of the runs the recorder was preloaded into)
         if recording:
             with contextlib.suppress(FileNotFoundError):
@@ -285,6 +292,11 @@ class BuildJob:
                 # (a failed run, a timeout above all, took compiler time too: on the dashboards,
                 # told apart by its error.type)
                 self._record_failed_run(began, exc)
+                if recording and self._looked_outside(workdir):
+                    # Refused as a build that went on is: a file there stopped the compiler
+                    # (Landlock), one not there may have too (its error said it was missing).
+                    instruments.policy_violations.add(1, {**self._attrs, ATTR.KIND: "UndeclaredDependencyError"})
+                    raise UndeclaredDependencyError(LOOKED_OUTSIDE) from None
                 raise
             except PolicyError as exc:  # (what the compiler made is refused: LoadTimeCodeError)
                 kind = type(exc).__name__
@@ -321,6 +333,20 @@ class BuildJob:
                 limit=self.config.max_artifact_bytes,
             )
         return out
+
+    def _looked_outside(self, workdir: str) -> bool:
+        """Whether the failed compile's preprocessors looked up a path outside every root,
+        other than the compiler's own (``completeness.first_lookup_outside``)."""
+        try:
+            looked = lookups.read_preloaded(workdir)
+        except ValueError:  # (none finished: what they looked up is unknown; the log tells)
+            return False
+        found = looked and completeness.first_lookup_outside(
+            looked, self.anchors, skipped=self.spec.toolchain.skipped_dirs, scratch=os.path.dirname(workdir)
+        )
+        if found:
+            logger.debug("%s: refused: the compiler looked up %r, outside every root", self.spec.name, found)
+        return bool(found)
 
     def _record_failed_run(self, began: float, exc: Exception) -> None:
         attrs = {**self._attrs, ATTR.ERROR_TYPE: type(exc).__name__}

@@ -39,6 +39,7 @@ __all__ = [
     "install_dir",
     "program_dirs",
     "run_text",
+    "skipped_search_dirs",
 ]
 
 
@@ -137,12 +138,14 @@ def absent_search_dirs(verbose: str) -> list[list[Any]]:
     package that installs ``/usr/local/include/<multiarch>``) is searched by every
     compile after, ahead of those the probe listed; a row is never taken of how it is
     now (one made since the compiler looked must not vouch for the probe)."""
+    return [[os.path.normpath(d)] for d in skipped_search_dirs(verbose)]
+
+
+def skipped_search_dirs(verbose: str) -> list[str]:
+    """The include dirs ``cc -E -v`` says it skipped, not there, as it names them (as it
+    looks them up at every compile: ``Toolchain.skipped_dirs``)."""
     head = 'ignoring nonexistent directory "'
-    return [
-        [os.path.normpath(line[len(head) : -1])]
-        for line in verbose.splitlines()
-        if line.startswith(head) and line.endswith('"')
-    ]
+    return [line[len(head) : -1] for line in verbose.splitlines() if line.startswith(head) and line.endswith('"')]
 
 
 def compiler_search_dirs(verbose: str) -> list[str]:
@@ -231,6 +234,7 @@ class ProbeCache:
                 link_inputs=tuple(str(p) for p in data["link_inputs"]),
                 link_roots=tuple(str(p) for p in data["link_roots"]),
                 prefix=str(data.get("prefix", "")),
+                skipped_dirs=tuple(str(p) for p in data["skipped_dirs"]),
                 load_baseline=_baseline_from(data.get("load_baseline")),
             )
         except (OSError, ValueError, KeyError, TypeError, IndexError, ConfigError):
@@ -262,6 +266,7 @@ class ProbeCache:
             "link_inputs": list(tc.link_inputs),
             "link_roots": list(tc.link_roots),
             "prefix": tc.prefix,
+            "skipped_dirs": list(tc.skipped_dirs),
             "load_baseline": None if tc.load_baseline is None else dataclasses.asdict(tc.load_baseline),
             "tools": tool_rows,
             "dirs": [list(d) for d in dirs],

@@ -44,6 +44,7 @@ from ._toolchain import (
     install_dir,
     program_dirs,
     run_text,
+    skipped_search_dirs,
 )
 from ._toolreads import ASM_DEP_FLAG, LD_DEP_FLAG
 from .base import CompileContext, CompileEvents, CompileOutput, Products, Runner, macro_flags
@@ -52,8 +53,9 @@ __all__ = ["HostBackend", "HostLibrary", "elf_exported_functions", "refuse_load_
 
 logger = logging.getLogger(__name__)
 
-#: 9: a probe records the include dirs the compiler skipped, not there (it stands while they are absent).
-_PROBE_SCHEMA: Final = 9
+#: 9: a probe records the include dirs the compiler skipped, not there (it stands while they are absent);
+#: 10: and carries them on the Toolchain (a compile's lookups of them are the compiler's own).
+_PROBE_SCHEMA: Final = 10
 
 
 def _assembler_flags(version: str) -> tuple[str, ...]:
@@ -147,7 +149,8 @@ class HostBackend:
         where += [d for d in (*programs, *install_dir(search_out), *ran) if os.path.isdir(d)]
         verbose = run_text(run, [compiler, "-E", "-v", "-x", language, "/dev/null", "-o", "/dev/null"], where)
         search = compiler_search_dirs(verbose)
-        dirs += absent_search_dirs(verbose)
+        skipped = absent_search_dirs(verbose)
+        dirs += skipped
         roots = [*search, *ran, os.path.dirname(compiler)]
         # Inline asm can read files (.incbin, .include) that no depfile of the compiler
         # names; GNU as writes its own (--MD). Without it such reads go unseen. (clang's
@@ -180,6 +183,7 @@ class HostBackend:
             link_inputs=tuple(name for name, _ in link_inputs),
             link_roots=tuple(dict.fromkeys(link_roots)),
             load_baseline=baseline,
+            skipped_dirs=tuple(skipped_search_dirs(verbose)),
         )
         self._probes.put(ident, tc, tools, dirs)
         return tc

@@ -134,12 +134,43 @@ def record_closure(
     return Closure(reads.deps, reads.states, reads.too_new, negatives, negative_paths, tuple(unsure))
 
 
+#: What a compiler looks up outside every root whatever it compiles (clang: the root dir,
+#: its own open files): nothing a source steers, nothing a tenant learns.
+_OWN_LOOKUPS: Final = frozenset({"/", "/proc/self/fd", "/dev/null"})
+
+
+def first_lookup_outside(
+    looked: Sequence[tuple[str, bool | None]], anchors: Anchors, *, skipped: Sequence[str], scratch: str
+) -> str | None:
+    """The first of the preprocessors' recorded lookups (``sandbox.lookups.read_preloaded``)
+    that leads outside every root, other than the compiler's own: ``_OWN_LOOKUPS``, the
+    include dirs it skips as not there (``skipped``, as its ``-v`` names them) and the dirs
+    on their way, and what lies within the ``scratch`` dir its work dir is in (only this
+    library names entries there). Whatever the source looked up outside the roots — found
+    or not, read or only probed, by a name a macro made — is one: a file there is refused
+    to the compiler (Landlock) or probed (a ``stat`` is not confined), one not there is
+    not, so a build that went on would say which files exist outside the roots."""
+    roots = list(anchors.roots.values())
+    for path, _ in looked:
+        if anchors.anchor(path) is not None or path in _OWN_LOOKUPS:
+            continue
+        if is_under(os.path.normpath(path), scratch):
+            continue
+        if any(is_under(d, path.rstrip("/") or "/") for d in skipped):
+            continue  # (a dir it skips, or one on its way: looked up at every compile)
+        if first_outside([path], roots) is not None:
+            return path
+    return None
+
+
 def with_recorded_lookups(
     closure: Closure,
     looked: Sequence[tuple[str, bool | None]],
     anchors: Anchors,
     *,
     started_ns: int,
+    skipped: Sequence[str],
+    scratch: str,
     trust_stat: bool = True,
 ) -> Closure:
     """``closure`` and what the preprocessors were recorded looking up under the roots
@@ -151,10 +182,15 @@ def with_recorded_lookups(
     then (or the other way), or a directory changed since the start, too new to vouch
     for. Only lookups under the source roots are taken: the toolchain's own are derived
     as before (its search dirs, the directories on the way to a header: the same for
-    every build), and those outside every root are the sandbox's to refuse, or the
-    compiler's own business (its locale, its temporary files). A directory on the way
-    to a negative already recorded adds nothing (the deepest one there vouches for it).
-    The same ``closure`` when nothing is added."""
+    every build). One outside every root, other than the compiler's own, refuses the
+    build (:func:`first_lookup_outside`: ``skipped``, ``scratch``) with the words a
+    compile refused a file there gets. A directory on the way to a negative already
+    recorded adds nothing (the deepest one there vouches for it). The same ``closure``
+    when nothing is added."""
+    outside = first_lookup_outside(looked, anchors, skipped=skipped, scratch=scratch)
+    if outside is not None:
+        logger.debug("refused: the compiler looked up %r, outside every root", outside)
+        raise UndeclaredDependencyError(LOOKED_OUTSIDE)
     roots = [r for name, r in anchors.roots.items() if not name.startswith(LINK_ANCHOR)]
 
     def allowed(real: str) -> bool:

@@ -102,6 +102,8 @@ _PRELOAD_MAX: Final = 256 << 20
 #: what is no link), or not (nothing by that name, or a file where a directory was named).
 _THERE: Final = frozenset({0, errno.EINVAL})
 _NOT_THERE: Final = frozenset({errno.ENOENT, errno.ENOTDIR})
+#: A lookup the sandbox refused (Landlock): of a path there, outside every root.
+_REFUSED: Final = frozenset({errno.EACCES, errno.EPERM})
 
 
 def preload_env(library: str) -> dict[str, str] | None:
@@ -116,7 +118,8 @@ def read_preloaded(cwd: str) -> tuple[tuple[str, bool | None], ...] | None:
     """``(path, found)`` for each path the preprocessors of a run in ``cwd`` looked up
     (opens to read, stats, access and readlink checks; ``cwd`` itself and what lies
     in it aside), in order, once each; found is None when lookups of it disagreed (it
-    was made or removed meanwhile). None when nothing was recorded (no preprocessor
+    was made or removed meanwhile), True for one the sandbox refused (there, outside
+    every root). None when nothing was recorded (no preprocessor
     ran with the recorder). Raises ``ValueError`` when records were lost: a buffer
     that overflowed, records cut short, a file that is no regular file or is too large
     (the compiler wrote it: read never through a link, never blocking)."""
@@ -152,7 +155,7 @@ def read_preloaded(cwd: str) -> tuple[tuple[str, bool | None], ...] | None:
         ):
             error = -result if result < 0 else 0
             path = os.path.join(cwd, os.fsdecode(data[at + _HEAD.size : at + size]))
-            there = error in _THERE if kind == 5 else error == 0
+            there = (error in _THERE if kind == 5 else error == 0) or error in _REFUSED
             own = os.path.normpath(path) + "/"  # (the work dir is ours: no link in it)
             if (there or error in _NOT_THERE) and not own.startswith(inside):
                 was = found.setdefault(path, there)

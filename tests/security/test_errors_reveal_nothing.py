@@ -10,7 +10,11 @@ import shutil
 import pytest
 
 import safejit
-from tests.security._support import assert_no_secret, assert_nothing_published, needs_landlock
+from safejit.sandbox import lookups
+from tests.security._support import SECRET_TOKEN, assert_no_secret, assert_nothing_published, needs_landlock
+
+CLANG = shutil.which("clang") or shutil.which("clang-14") or "/nonexistent/clang"
+needs_clang = pytest.mark.skipif(not os.path.exists(CLANG), reason="no clang")
 
 OK = "int k(void) { return 1; }\n"
 
@@ -88,19 +92,31 @@ def test_a_missing_path_under_a_root_says_so(make_runtime, tmp_path):
         '#if __has_include("{p}")\n#endif',
         '#include "../../{rel}"',
         '#if __has_include("{p}.absent-first")\n#endif\n#if __has_include("{p}")\n#endif',
+        '#define P "{p}"\n#if __has_include(P)\n#endif',
+        '#define P "{p}"\n#if !__has_include(P)\n#error not there\n#endif',
+        '#include "../../../../../../../../../../../../..{p}"',
+        '#line 1 "{p}"\n#error stop',
     ],
-    ids=["include", "probe", "dotdot", "which-is-named"],
+    ids=["include", "probe", "dotdot", "which-is-named", "macro-probe", "macro-probe-fails", "dotdot-system", "line"],
 )
-def test_a_compile_does_not_say_whether_a_file_outside_the_roots_exists(make_runtime, tmp_path, directive):
+@pytest.mark.parametrize("cc", ["gcc", pytest.param("clang", marks=needs_clang)])
+def test_a_compile_does_not_say_whether_a_file_outside_the_roots_exists(make_runtime, tmp_path, directive, cc):
     """An #include or __has_include of an outside path reaches the compiler, which Landlock
     refuses: its "Permission denied" for a file that is there and "No such file or
     directory" for one that is not told them apart, and so did the error types (a failed
-    compile for one, a refused closure for the other). Both read the same now."""
+    compile for one, a refused closure for the other). Both read the same now. So do a
+    probe whose name a macro makes (none of it in the source's text: a build returned
+    for a file not there), a ``..`` name that climbs out of the compiler's own dirs, and a
+    ``#line`` name an error's diagnostic looks up."""
     there = tmp_path / "outside" / "there.h"
     there.parent.mkdir()
     there.write_text("#define X 1\n")
     (tmp_path / "root" / "inc").mkdir(parents=True)
-    rt = make_runtime(source_roots=(str(tmp_path / "root"),), sandbox="auto")
+    compilers = {"host_cc": CLANG} if cc == "clang" else {}
+    if "__has_include(P)" in directive or "#line" in directive:
+        if not lookups.supported():
+            pytest.skip("what a macro names is seen only by the lookup recorder")
+    rt = make_runtime(source_roots=(str(tmp_path / "root"),), sandbox="auto", **compilers)
     said = []
     for path in (there, tmp_path / "outside" / "absent.h"):
         (tmp_path / "root" / "inc" / "h.h").write_text(directive.format(p=path, rel=f"outside/{path.name}") + "\n")
@@ -109,8 +125,11 @@ def test_a_compile_does_not_say_whether_a_file_outside_the_roots_exists(make_run
                        include_dirs=(str(tmp_path / "root" / "inc"),))  # fmt: skip
         said.append((type(exc.value), str(exc.value).replace(path.name, "<name>")))
     assert said[0] == said[1], said
-    assert said[0][0] is safejit.UndeclaredDependencyError and "outside every declared root" in said[0][1]
+    if cc == "clang" and "#line" in directive:  # (clang never looks the name up: its error, either way)
+        assert said[0][0] is safejit.CompileError
+        return
     assert "<name>" not in said[0][1]  # (which lookup stopped the compiler would tell which exist)
+    assert said[0][0] is safejit.UndeclaredDependencyError and "outside every declared root" in said[0][1]
 
 
 @needs_landlock
@@ -138,13 +157,18 @@ def test_a_probe_of_a_link_out_of_a_root_is_refused_whether_its_target_is_there(
 @pytest.mark.parametrize(
     "backend", ["host", pytest.param("cuda", marks=pytest.mark.skipif(not shutil.which("nvcc"), reason="no nvcc"))]
 )
-def test_a_line_directive_never_quotes_a_file_in_a_diagnostic(make_runtime, outside, cache_dir, backend):
+def test_a_line_directive_never_quotes_a_file_in_a_diagnostic(make_runtime, tmp_path, cache_dir, backend):
     """``#line 1 "/any/file"`` then an error: gcc reopened the named file to quote its line
     under the message (the compile log, hence CompileError.log, held a line of any file
-    the compiler could read; with the sandbox off or a system file, read it did)."""
+    the compiler could read; with the sandbox off or a system file, read it did). (A file
+    outside the roots is not even looked up now: the build is refused, as any lookup
+    there is — see above. One under a root is looked up, and not quoted.)"""
     extra = {"cuda_compiler": "nvcc"} if backend == "cuda" else {}
-    rt = make_runtime(backend=backend, sandbox="off", **extra)
-    code = f'#line 1 "{outside}/secret"\n#error the line quoted here\n'
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "secret").write_text(f"{SECRET_TOKEN}\n")
+    rt = make_runtime(backend=backend, sandbox="off", source_roots=(str(root),), **extra)
+    code = f'#line 1 "{root}/secret"\n#error the line quoted here\n'
     with pytest.raises(safejit.CompileError) as exc:
         rt.compile(safejit.Source(code, "k"), **({"arch": "sm_90"} if backend == "cuda" else {}))
     assert "the line quoted here" in exc.value.log  # (the diagnostic itself is kept)

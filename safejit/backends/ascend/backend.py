@@ -18,7 +18,15 @@ from ...errors import CompileError, ConfigError, FlagPolicyError, LoadError
 from ...spec import BuildSpec, Source, Toolchain
 from .._argv import PCH_GUARD, preprocessor_apart, run_argv
 from .._elf import ElfError, section_names
-from .._toolchain import ProbeCache, ProbeMemo, absent_search_dirs, compiler_search_dirs, file_ident, run_text
+from .._toolchain import (
+    ProbeCache,
+    ProbeMemo,
+    absent_search_dirs,
+    compiler_search_dirs,
+    file_ident,
+    run_text,
+    skipped_search_dirs,
+)
 from ..base import CompileContext, CompileOutput, Products, Runner, macro_flags
 from .launch import AscendLibrary
 
@@ -27,7 +35,8 @@ __all__ = ["AscendBackend", "ascend_kernel_names", "find_toolkit"]
 _ARCH = re.compile(r"dav-(?:[a-z][0-9]{3,4}(?:-(?:vec|cube))?|[0-9]{4})\Z")
 _TOOL_DIRS: Final = ("compiler/ccec_compiler/bin", "ccec_compiler/bin", "tools/ccec_compiler/bin", "bin")
 #: 2: the skipped include dirs recorded (see the host backend's).
-_PROBE_SCHEMA: Final = 2
+#: 3: and carried on the Toolchain (see the host backend's).
+_PROBE_SCHEMA: Final = 3
 _META: Final = ".ascend.meta."
 
 
@@ -106,6 +115,7 @@ class AscendBackend:
             lld_version = run_text(run, [lld, "--version"], (home,)).strip()
             verbose = run_text(run, [bisheng, "-E", "-v", "-x", "c++", "/dev/null", "-o", "/dev/null"], (home,))
             system = compiler_search_dirs(verbose)
+            skipped = absent_search_dirs(verbose)
             include = [
                 p for p in (os.path.join(home, "include"), os.path.join(home, "compiler", "tikcpp")) if os.path.isdir(p)
             ]
@@ -116,8 +126,9 @@ class AscendBackend:
                 digest=f"{hash_file(bisheng)[0]}:{hash_file(lld)[0]}",
                 roots=tuple(dict.fromkeys((home, *system))),
                 search_dirs=tuple(include),
+                skipped_dirs=tuple(skipped_search_dirs(verbose)),
             )
-            self._probes.put(ident, cached, dirs=absent_search_dirs(verbose))
+            self._probes.put(ident, cached, dirs=skipped)
         return cached
 
     def argv(

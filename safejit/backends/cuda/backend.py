@@ -38,6 +38,7 @@ from .._toolchain import (
     install_dir,
     program_dirs,
     run_text,
+    skipped_search_dirs,
 )
 from ..base import CompileContext, CompileOutput, Products, Runner, macro_flags
 from . import fastpath
@@ -61,7 +62,8 @@ _ARCH = re.compile(r"sm_[0-9]{2,3}[af]?\Z")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _FUNC = re.compile(r"Function properties for (\S+)")
 #: 5: the host compiler's skipped include dirs recorded (see the host backend's).
-_PROBE_SCHEMA: Final = 5
+#: 6: and carried on the Toolchain (see the host backend's).
+_PROBE_SCHEMA: Final = 6
 #: ``argv[0]`` of an NVRTC compile whose headers are handed over in memory (where its
 #: lookups cannot be recorded): how NVRTC finds headers is part of the key.
 NVRTC_IN_MEMORY: Final = "nvrtc-headers-in-memory"
@@ -282,7 +284,8 @@ class CudaBackend:
         # (cc1plus, which defines the macros device code sees). The probe is redone when
         # one of them changes, or when a file is added to the dirs nvcc finds them in.
         places = [os.path.join(prefix, d) for d in ("bin", "nvvm/bin", "nvvm/libdevice")]
-        dirs = dir_idents(places) + absent_search_dirs(host_verbose)
+        skipped = absent_search_dirs(host_verbose)
+        dirs = dir_idents(places) + skipped
         kit = [os.path.join(prefix, f) for f in ("bin/nvcc.profile", "nvvm/bin/cicc", "bin/ptxas")]
         with contextlib.suppress(OSError), os.scandir(places[2]) as it:
             kit += sorted(e.path for e in it if e.name.endswith(".bc"))
@@ -297,6 +300,7 @@ class CudaBackend:
             digest=":".join(digests),
             roots=tuple(dict.fromkeys(roots)),
             search_dirs=(*self._include_dir(), *host_dirs),
+            skipped_dirs=tuple(skipped_search_dirs(host_verbose)),
         )
         self._probes.put(ident, tc, tools, dirs)
         return tc

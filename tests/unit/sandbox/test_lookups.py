@@ -391,8 +391,10 @@ def _records(*runs: list[tuple[int, int, int, bytes]]) -> bytes:
             _records([(1, 3, 0, b"/r/a.h"), (2, -2, 0, b"/r/b.h"), (3, -20, 0, b"/r/f/c.h"), (5, -22, 0, b"/r/d")]),
             (("/r/a.h", True), ("/r/b.h", False), ("/r/f/c.h", False), ("/r/d", True)),
         ),
-        # opened to write, a denied lookup, the run's own dir: not lookups of inputs
-        (_records([(1, 3, os.O_WRONLY | os.O_CREAT, b"/r/o.s"), (1, -13, 0, b"/x/y.h"), (2, 0, 0, b"k.c")]), ()),
+        # opened to write, the run's own dir: not lookups of inputs
+        (_records([(1, 3, os.O_WRONLY | os.O_CREAT, b"/r/o.s"), (2, 0, 0, b"k.c")]), ()),
+        # denied (EACCES, EPERM: Landlock refused a file there, outside the roots): there
+        (_records([(1, -13, 0, b"/x/y.h"), (2, -1, 0, b"/x/z.h")]), (("/x/y.h", True), ("/x/z.h", True))),
         # two runs (nvcc runs the preprocessor more than once): found in one, not the other
         (
             _records([(1, -2, 0, b"/r/a.h")], [(1, 3, 0, b"/r/a.h"), (2, 0, 0, b"../e.h")]),
