@@ -9,6 +9,7 @@ published.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,51 @@ def test_whether_an_outside_file_exists_is_not_told(make_runtime, project, outsi
         told.append((type(exc.value), str(exc.value).replace(name, "<name>")))
         _assert_refused(exc, cache_dir)
     assert told[0] == told[1] and told[0][0] is safejit.UndeclaredDependencyError, told
+
+
+@pytest.mark.parametrize(
+    "directive",
+    [
+        '#define P "{p}"\n#include P',
+        '#define P "{dotdot}"\n#include P',
+        '#include "link.h"',
+        '#define P "{p}"\n#if __has_include(P)\n#endif',
+    ],
+    ids=["computed-absolute", "computed-dotdot", "link-out-of-a-root", "probe-of-a-macro"],
+)
+def test_whether_an_outside_file_exists_is_not_told_with_headers_in_memory(
+    make_runtime, project, outside, cache_dir, monkeypatch, directive
+):
+    """Where NVRTC's lookups are not recorded, its worker gets the headers in memory, and
+    Landlock alone keeps it from the files it names itself (a computed #include). A name
+    it could not open that led outside the roots was then refused when a file was there
+    and a missing header when not (PathConfinementError against CompileError); so was a
+    link in a root whose target is outside. One error now, whichever. (A probe NVRTC
+    makes itself comes out false both ways, Landlock refusing the one there: the same
+    binary, never published.)"""
+    from safejit.backends.cuda import backend as cuda_backend
+
+    monkeypatch.setattr(cuda_backend.lookup_recorder, "build", lambda *a, **k: None)  # (headers in memory)
+    include = project / "include"
+    include.mkdir(exist_ok=True)
+    told = []
+    for name in ("secret.h", "nothing-there.h"):
+        target = outside / name
+        (include / "link.h").unlink(missing_ok=True)
+        (include / "link.h").symlink_to(target)
+        dotdot = os.path.relpath(target, include)
+        code = directive.format(p=target, dotdot=dotdot) + "\n" + KERNEL.format(value="1")
+        if "__has_include" in directive:
+            rt = make_runtime(backend="cuda", source_roots=(str(project),))
+            told.append(rt.build(safejit.Source(code, "s"), include_dirs=(str(include),), arch="sm_90").digest)
+            assert_nothing_published(cache_dir)
+            continue
+        with pytest.raises(safejit.SafejitError) as exc:
+            _compile(make_runtime, project, code, include)
+        told.append((type(exc.value), str(exc.value).replace(name, "<name>")))
+        _assert_refused(exc, cache_dir)
+        assert isinstance(exc.value, safejit.PolicyError)
+    assert told[0] == told[1], told
 
 
 def test_nvrtc_files_the_worker_may_read_for_itself_are_outside_like_any(make_runtime, project, cache_dir):

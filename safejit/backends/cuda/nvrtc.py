@@ -195,7 +195,9 @@ def compile_with_headers(
             kind = "<" if f'"{header}" (no directories in search list)' in result.log else '"'
             if header in given.paths:
                 continue
-            if not given.hand_over(includer_file, kind, header):
+            if _risky(header):  # (one a macro named, which no scan saw: refused one way, there or not)
+                given.hand_over_risky(includer_file, kind, header)
+            elif not given.hand_over(includer_file, kind, header):
                 return result, given.paths  # genuinely missing: the compile error stands
             progressed = True
         if not progressed:
@@ -254,20 +256,22 @@ class _HandedOver:
                 "filesystem; compile this source with Config(nvrtc_worker=True)"
             )
         for kind, header in names:
-            risky = os.path.isabs(header) or ".." in header.split("/")
             # Absolute and ".." names would reach the filesystem if not handed over: resolve them now
             # (or refuse). Plain names are resolved on demand, when NVRTC asks.
-            if risky and header not in self.paths:
-                # One error whether the file is there outside the roots or nowhere: which of
-                # the two is no business of the source's.
-                what = f"#include {header!r} does not resolve under a declared root"
-                refused = PathConfinementError(what, path=header)
-                try:
-                    handed = self.hand_over(file, kind, header)
-                except PathConfinementError:
-                    raise refused from None
-                if not handed:
-                    raise refused
+            if _risky(header) and header not in self.paths:
+                self.hand_over_risky(file, kind, header)
+
+    def hand_over_risky(self, includer_file: str | None, kind: str, header: str) -> None:
+        """Hand over an absolute or ``..`` ``header``, or raise the one
+        :class:`PathConfinementError` whether a file is there outside the roots or
+        nowhere: which of the two is no business of the source's."""
+        refused = PathConfinementError(f"#include {header!r} does not resolve under a declared root", path=header)
+        try:
+            handed = self.hand_over(includer_file, kind, header)
+        except PathConfinementError:
+            raise refused from None
+        if not handed:
+            raise refused
 
 
 def _resolve(
@@ -280,9 +284,15 @@ def _resolve(
         first = [os.path.dirname(includer)] if includer and kind == '"' else []
         candidates = [os.path.join(d, header) for d in (*first, *search_dirs)]
     for cand in candidates:
-        if os.path.isfile(cand):
+        # (a link is confined whether its target is there or not: which, the error would say)
+        if os.path.isfile(cand) or os.path.islink(cand):
             return confine(cand)
     return None
+
+
+def _risky(header: str) -> bool:
+    """Whether an include name reaches past its search dirs: absolute, or with a ``..``."""
+    return os.path.isabs(header) or ".." in header.split("/")
 
 
 #: NVRTC allocates and frees some megabytes per compile. A process that hands that back
