@@ -197,18 +197,18 @@ def with_recorded_lookups(
         return any(is_under(real, r) for r in roots)
 
     reads = _Reads(anchors, allowed, started_ns, trust_stat, derived=False)
-    known = {lexical for lexical, _, _ in closure.states}.union(closure.negative_paths)
-    on_the_way = {os.path.dirname(p) for p in closure.negative_paths}
-    while len(on_the_way) > 1:  # (every ancestor of a negative: a few dozen names)
-        more = {os.path.dirname(p) for p in on_the_way} - on_the_way
-        if not more:
-            break
-        on_the_way |= more
+    known: set[str] | None = None  # (made when a lookup under a source root needs them)
+    on_the_way: set[str] = set()
     missing: list[str] = []
     dirs: list[str] = []
     for path, found in looked:
         anchored = anchors.anchor(path)
-        if path in known or path in on_the_way or anchored is None or not anchored[0].startswith("s"):
+        if anchored is None or not anchored[0].startswith("s"):
+            continue
+        if known is None:
+            known = {lexical for lexical, _, _ in closure.states}.union(closure.negative_paths)
+            on_the_way = _ancestors(closure.negative_paths)
+        if path in known or path in on_the_way:
             continue
         known.add(path)
         if not encodable(path):  # (no key or manifest can hold its name)
@@ -240,6 +240,17 @@ def with_recorded_lookups(
         [*closure.negative_paths, *negative_paths],
         (*closure.unsure, *reads.unsure),
     )
+
+
+def _ancestors(paths: Sequence[str]) -> set[str]:
+    """Every directory above each of ``paths`` (those of a closure's negatives: a few dozen)."""
+    found = {os.path.dirname(p) for p in paths}
+    while len(found) > 1:
+        more = {os.path.dirname(p) for p in found} - found
+        if not more:
+            break
+        found |= more
+    return found
 
 
 def _dotdot_links(path: str, anchors: Anchors) -> tuple[bool, bool]:

@@ -23,6 +23,7 @@ import os
 import platform
 import stat
 import struct
+import sys
 from dataclasses import dataclass
 from typing import Final
 
@@ -104,6 +105,8 @@ _THERE: Final = frozenset({0, errno.EINVAL})
 _NOT_THERE: Final = frozenset({errno.ENOENT, errno.ENOTDIR})
 #: A lookup the sandbox refused (Landlock): of a path there, outside every root.
 _REFUSED: Final = frozenset({errno.EACCES, errno.EPERM})
+_FS_ENCODING: Final = sys.getfilesystemencoding()
+_FS_ERRORS: Final = sys.getfilesystemencodeerrors()
 
 
 def preload_env(library: str) -> dict[str, str] | None:
@@ -150,13 +153,15 @@ def read_preloaded(cwd: str) -> tuple[tuple[str, bool | None], ...] | None:
             if result < 0:
                 raise ValueError("more lookups than the recorder's buffer holds")
             heads += 1
-        elif KINDS[kind] not in ("statfs", "chdir") and (
-            KINDS[kind] != "open" or (flags & (os.O_ACCMODE | os.O_CREAT)) == os.O_RDONLY
-        ):
+        elif kind < 6 and (kind != 1 or (flags & (os.O_ACCMODE | os.O_CREAT)) == os.O_RDONLY):
+            # (not statfs, chdir, nor an open to write; kind 1 is "open", 5 "readlink")
             error = -result if result < 0 else 0
-            path = os.path.join(cwd, os.fsdecode(data[at + _HEAD.size : at + size]))
+            path = data[at + _HEAD.size : at + size].decode(_FS_ENCODING, _FS_ERRORS)  # (os.fsdecode's)
+            if path[:1] != "/":
+                path = os.path.join(cwd, path)
             there = (error in _THERE if kind == 5 else error == 0) or error in _REFUSED
-            own = os.path.normpath(path) + "/"  # (the work dir is ours: no link in it)
+            # (the work dir is ours: no link in it; most names need no normalizing)
+            own = (os.path.normpath(path) if "/." in path or "//" in path else path) + "/"
             if (there or error in _NOT_THERE) and not own.startswith(inside):
                 was = found.setdefault(path, there)
                 if was is not None and was != there:
