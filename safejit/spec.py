@@ -169,10 +169,10 @@ class Toolchain:
     #: same toolchain (the same binaries: ``digest``) installed elsewhere on another node
     #: shares entries (DESIGN.md §4). "" : the compiler's ``<prefix>/bin/..`` parent.
     prefix: str = ""
-    #: The include dirs the compiler would search but skips, not there (``ignoring
-    #: nonexistent directory``), normalized: its lookups of them, and of the dirs on their
-    #: way, are its own at every compile (``completeness.own_lookup``).
-    skipped_dirs: tuple[str, ...] = ()
+    #: The include dirs the compiler's ``-v`` names, searched or skipped as not there, as
+    #: it spells them (``..`` and all): what it looks up at every compile, and the dirs on
+    #: the way to those it skips, are its own lookups (``completeness.first_lookup_outside``).
+    spelled_dirs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,8 +205,8 @@ class BuildSpec:
 #: Toolchain fields that do not enter ``build_key`` as themselves, each with the reason.
 TOOLCHAIN_NOT_IN_KEY: Final[dict[str, str]] = {
     "prefix": "paths under it enter the key relative to it; its binaries' digests say which toolchain it is",
-    "skipped_dirs": "a probe stands only while each is still not there (one made since is a new probe): "
-    "they are the same for every toolchain the key's other fields name",
+    "spelled_dirs": "those searched enter the key as search_dirs; those skipped: a probe stands only while each "
+    "is still not there (one made since is a new probe)",
 }
 
 #: BuildSpec fields that do not enter ``build_key``, each with the reason.

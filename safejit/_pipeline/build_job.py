@@ -240,8 +240,8 @@ class BuildJob:
             self._looked,
             self.anchors,
             started_ns=self._started_ns,
-            skipped=self.spec.toolchain.skipped_dirs,
-            scratch=os.path.dirname(self._workdir),
+            spelled=self.spec.toolchain.spelled_dirs,
+            workdir=self._workdir,
             trust_stat=self.config.trust_stat,
         )
 
@@ -342,7 +342,7 @@ class BuildJob:
         except ValueError:  # (none finished: what they looked up is unknown; the log tells)
             return False
         found = looked and completeness.first_lookup_outside(
-            looked, self.anchors, skipped=self.spec.toolchain.skipped_dirs, scratch=os.path.dirname(workdir)
+            looked, self.anchors, spelled=self.spec.toolchain.spelled_dirs, workdir=workdir
         )
         if found:
             logger.debug("%s: refused: the compiler looked up %r, outside every root", self.spec.name, found)

@@ -351,11 +351,15 @@ class Pipeline:
     def _bypass(self, resolved: Resolved, load: Load | None, why: str) -> Obtained:
         """Compile privately, publish nothing: the kernel works; the cache is not used."""
         self._note_bypass(why)
-        workdir = tempfile.mkdtemp(prefix="safejit-bypass-")
+        # (in a private dir of its own: a work dir's parent is where a source's "../../x"
+        # is looked for next to it, completeness.first_lookup_outside — not the shared /tmp)
+        scratch = tempfile.mkdtemp(prefix="safejit-bypass-")
         try:
+            workdir = os.path.join(scratch, "w")
+            os.mkdir(workdir, 0o700)
             built = self._job(resolved).run(workdir)
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            shutil.rmtree(scratch, ignore_errors=True)
         return Obtained(built.leaf, Tier.BYPASS, _load(load, built.leaf))
 
     def _note_bypass(self, why: str) -> None:

@@ -17,6 +17,7 @@ directory mapped away (the same inputs make the same bytes in any work dir)::
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, Final
 
 from .. import _forksafe
@@ -81,11 +82,18 @@ def signature_flags(toolchain: Toolchain) -> tuple[str, ...]:
     return _CLANG if is_clang(toolchain.version) else _GCC
 
 
-def no_caret_flag(version: str) -> str:
-    """The flag that keeps a compiler from quoting a source line under a diagnostic
+def no_caret_flags(version: str) -> tuple[str, ...]:
+    """The flags that keep a compiler from quoting a source line under a diagnostic
     (after the user's flags): a ``#line`` directive can name any file, which gcc then
-    reopens to quote — a line of a file outside the roots in the log."""
-    return "-fno-caret-diagnostics" if is_clang(version) else "-fno-diagnostics-show-caret"
+    reopens to quote — a line of a file outside the roots in the log. gcc 11 on also
+    opens it to count a column in characters: counted in bytes, it is not opened (a
+    lookup outside the roots refuses the build)."""
+    if is_clang(version):
+        return ("-fno-caret-diagnostics",)
+    major = re.findall(r"\b(\d+)\.\d+(?:\.\d+)?\b", version.splitlines()[0] if version else "")
+    if major and int(major[-1]) >= 11:
+        return ("-fno-diagnostics-show-caret", "-fdiagnostics-column-unit=byte")
+    return ("-fno-diagnostics-show-caret",)
 
 
 def host_products(artifact: bytes) -> Products:

@@ -39,7 +39,7 @@ __all__ = [
     "install_dir",
     "program_dirs",
     "run_text",
-    "skipped_search_dirs",
+    "spelled_search_dirs",
 ]
 
 
@@ -138,18 +138,27 @@ def absent_search_dirs(verbose: str) -> list[list[Any]]:
     package that installs ``/usr/local/include/<multiarch>``) is searched by every
     compile after, ahead of those the probe listed; a row is never taken of how it is
     now (one made since the compiler looked must not vouch for the probe)."""
-    return [[os.path.normpath(d)] for d in skipped_search_dirs(verbose)]
+    return [[os.path.normpath(d)] for d in _skipped(verbose)]
 
 
-def skipped_search_dirs(verbose: str) -> list[str]:
-    """The include dirs ``cc -E -v`` says it skipped, not there, as it names them (as it
-    looks them up at every compile: ``Toolchain.skipped_dirs``)."""
+def _skipped(verbose: str) -> list[str]:
     head = 'ignoring nonexistent directory "'
     return [line[len(head) : -1] for line in verbose.splitlines() if line.startswith(head) and line.endswith('"')]
 
 
+def spelled_search_dirs(verbose: str) -> list[str]:
+    """The include dirs ``cc -E -v`` names, searched or skipped as not there, as it
+    spells them (``/usr/lib/gcc/<triple>/12/../../../../include/c++/12``: as it looks
+    them up at every compile; ``Toolchain.spelled_dirs``)."""
+    return [*_skipped(verbose), *_search_list(verbose)]
+
+
 def compiler_search_dirs(verbose: str) -> list[str]:
     """The include search list printed by ``cc -E -v``."""
+    return [os.path.normpath(d) for d in _search_list(verbose)]
+
+
+def _search_list(verbose: str) -> list[str]:
     dirs: list[str] = []
     inside = False
     for line in verbose.splitlines():
@@ -159,7 +168,7 @@ def compiler_search_dirs(verbose: str) -> list[str]:
         if line.startswith("End of search list."):
             break
         if inside and line.startswith(" "):
-            dirs.append(os.path.normpath(line.strip().removesuffix(" (framework directory)")))
+            dirs.append(line.strip().removesuffix(" (framework directory)"))
     return dirs
 
 
@@ -234,7 +243,7 @@ class ProbeCache:
                 link_inputs=tuple(str(p) for p in data["link_inputs"]),
                 link_roots=tuple(str(p) for p in data["link_roots"]),
                 prefix=str(data.get("prefix", "")),
-                skipped_dirs=tuple(str(p) for p in data["skipped_dirs"]),
+                spelled_dirs=tuple(str(p) for p in data["spelled_dirs"]),
                 load_baseline=_baseline_from(data.get("load_baseline")),
             )
         except (OSError, ValueError, KeyError, TypeError, IndexError, ConfigError):
@@ -266,7 +275,7 @@ class ProbeCache:
             "link_inputs": list(tc.link_inputs),
             "link_roots": list(tc.link_roots),
             "prefix": tc.prefix,
-            "skipped_dirs": list(tc.skipped_dirs),
+            "spelled_dirs": list(tc.spelled_dirs),
             "load_baseline": None if tc.load_baseline is None else dataclasses.asdict(tc.load_baseline),
             "tools": tool_rows,
             "dirs": [list(d) for d in dirs],

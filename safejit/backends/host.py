@@ -31,7 +31,7 @@ from ._elf import ElfError, dynsym_functions
 from ._host_library import HostLibrary
 from ._load_time import baseline_of, load_time_code
 from ._native import resolve_native
-from ._signatures import host_products, is_clang, no_caret_flag, signature_flags
+from ._signatures import host_products, is_clang, no_caret_flags, signature_flags
 from ._toolchain import (
     ProbeCache,
     ProbeMemo,
@@ -44,7 +44,7 @@ from ._toolchain import (
     install_dir,
     program_dirs,
     run_text,
-    skipped_search_dirs,
+    spelled_search_dirs,
 )
 from ._toolreads import ASM_DEP_FLAG, LD_DEP_FLAG
 from .base import CompileContext, CompileEvents, CompileOutput, Products, Runner, macro_flags
@@ -183,7 +183,7 @@ class HostBackend:
             link_inputs=tuple(name for name, _ in link_inputs),
             link_roots=tuple(dict.fromkeys(link_roots)),
             load_baseline=baseline,
-            skipped_dirs=tuple(skipped_search_dirs(verbose)),
+            spelled_dirs=tuple(spelled_search_dirs(verbose)),
         )
         self._probes.put(ident, tc, tools, dirs)
         return tc
@@ -250,7 +250,7 @@ class HostBackend:
             PCH_GUARD,  # (first: no precompiled header can stand in for a header unrecorded)
             *(f for f in flags if not f.startswith("-l")),
             *signature_flags(toolchain),  # (after the user's: what each kernel takes, in DWARF)
-            no_caret_flag(toolchain.version),
+            *no_caret_flags(toolchain.version),
             "-fno-lto",
             *preprocessor_apart(toolchain.version),
         ]

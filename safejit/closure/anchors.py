@@ -10,10 +10,20 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
-__all__ = ["BAD_REL", "LINK_ANCHOR", "LOOKED_OUTSIDE", "Anchors", "encodable", "first_outside", "is_under", "real_path"]
+__all__ = [
+    "BAD_REL",
+    "LINK_ANCHOR",
+    "LOOKED_OUTSIDE",
+    "Anchors",
+    "climbs_out",
+    "encodable",
+    "first_outside",
+    "is_under",
+    "real_path",
+]
 
 
 def encodable(text: str) -> bool:
@@ -143,6 +153,25 @@ def first_outside(paths: Iterable[str], roots: Iterable[str]) -> str | None:
         if not (real + "/").startswith(under):
             return path
     return None
+
+
+def climbs_out(path: str, roots: Sequence[str], *, spelled: Sequence[str] = (), ours: str | None = None) -> bool:
+    """Whether ``path`` (absolute; looked up by a compiler) has a ``..`` after a dir that
+    is, or leads through a link, outside every one of ``roots`` (resolved) and ``ours``:
+    the kernel climbs out of a dir only if it is there, so where such a path lands says
+    whether an outside dir exists. Past the include dir it starts with as the compiler
+    spells it (``spelled``: ``/usr/lib/gcc/<triple>/12/../../../../include``, whose ``..``
+    are the compiler's own)."""
+    base = max((d for d in spelled if path.startswith(d.rstrip("/") + "/")), key=len, default="/")
+    here = os.path.normpath(base)
+    for part in path[len(base) :].split("/"):
+        if part == "..":
+            if not (ours is not None and is_under(here, ours)) and first_outside([here], roots) is not None:
+                return True
+            here = os.path.dirname(here)
+        elif part and part != ".":
+            here = os.path.join(here, part)
+    return False
 
 
 #: What a build that looked for a file outside every root is refused with: the same words

@@ -17,7 +17,16 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
-from ..closure.anchors import LINK_ANCHOR, LOOKED_OUTSIDE, Anchors, encodable, first_outside, is_under, real_path
+from ..closure.anchors import (
+    LINK_ANCHOR,
+    LOOKED_OUTSIDE,
+    Anchors,
+    climbs_out,
+    encodable,
+    first_outside,
+    is_under,
+    real_path,
+)
 from ..closure.hashing import Snapshot, snapshot_of
 from ..closure.scan import (
     COARSE_NS,
@@ -140,26 +149,36 @@ _OWN_LOOKUPS: Final = frozenset({"/", "/proc/self/fd", "/dev/null"})
 
 
 def first_lookup_outside(
-    looked: Sequence[tuple[str, bool | None]], anchors: Anchors, *, skipped: Sequence[str], scratch: str
+    looked: Sequence[tuple[str, bool | None]], anchors: Anchors, *, spelled: Sequence[str], workdir: str
 ) -> str | None:
     """The first of the preprocessors' recorded lookups (``sandbox.lookups.read_preloaded``)
-    that leads outside every root, other than the compiler's own: ``_OWN_LOOKUPS``, the
-    include dirs it skips as not there (``skipped``, as its ``-v`` names them) and the dirs
-    on their way, and what lies within the ``scratch`` dir its work dir is in (only this
-    library names entries there). Whatever the source looked up outside the roots — found
-    or not, read or only probed, by a name a macro made — is one: a file there is refused
-    to the compiler (Landlock) or probed (a ``stat`` is not confined), one not there is
-    not, so a build that went on would say which files exist outside the roots."""
+    that leads outside every root, other than the compiler's own. Whatever the source
+    looked up outside the roots — found or not, read or only probed, by a name a macro
+    made — is one: a file there is refused to the compiler (Landlock) or probed (a
+    ``stat`` is not confined), one not there is not, so a build that went on would say
+    which files exist outside the roots. So is a path that climbs (``..``) out of a dir
+    outside every root, wherever it lands (the kernel climbs out of a dir only if it is
+    there), and one that leads out through a link in a source root, its target there or
+    not. The compiler's own: ``_OWN_LOOKUPS``, the include dirs its ``-v`` names as it
+    spells them (``spelled``: ``..`` in them is its own) and the dirs on their way, and
+    what lies next to the main source within the work dir's parent (``<workdir>/src/../../x``:
+    a private dir only this library names entries in)."""
     roots = list(anchors.roots.values())
+    scratch = os.path.dirname(workdir)
+    next_to_source = os.path.join(workdir, "src", "")
     for path, _ in looked:
-        if anchors.anchor(path) is not None or path in _OWN_LOOKUPS:
-            continue
-        if is_under(os.path.normpath(path), scratch):
-            continue
-        if any(is_under(d, path.rstrip("/") or "/") for d in skipped):
-            continue  # (a dir it skips, or one on its way: looked up at every compile)
-        if first_outside([path], roots) is not None:
+        if path in _OWN_LOOKUPS or any(is_under(d, path.rstrip("/") or "/") for d in spelled):
+            continue  # (a dir it names, or one on its way: looked up at every compile)
+        if "/.." in path and climbs_out(path, roots, spelled=spelled, ours=scratch):
             return path
+        anchored = anchors.anchor(path)
+        if anchored is None:
+            if path.startswith(next_to_source) and is_under(os.path.normpath(path), scratch):
+                continue
+            if first_outside([path], roots) is not None:
+                return path
+        elif anchored[0].startswith("s") and first_outside([path], roots) is not None:
+            return path  # (a link in a source root out of the roots: refused, its target there or not)
     return None
 
 
@@ -169,8 +188,8 @@ def with_recorded_lookups(
     anchors: Anchors,
     *,
     started_ns: int,
-    skipped: Sequence[str],
-    scratch: str,
+    spelled: Sequence[str],
+    workdir: str,
     trust_stat: bool = True,
 ) -> Closure:
     """``closure`` and what the preprocessors were recorded looking up under the roots
@@ -183,11 +202,11 @@ def with_recorded_lookups(
     for. Only lookups under the source roots are taken: the toolchain's own are derived
     as before (its search dirs, the directories on the way to a header: the same for
     every build). One outside every root, other than the compiler's own, refuses the
-    build (:func:`first_lookup_outside`: ``skipped``, ``scratch``) with the words a
+    build (:func:`first_lookup_outside`: ``spelled``, ``workdir``) with the words a
     compile refused a file there gets. A directory on the way to a negative already
     recorded adds nothing (the deepest one there vouches for it). The same ``closure``
     when nothing is added."""
-    outside = first_lookup_outside(looked, anchors, skipped=skipped, scratch=scratch)
+    outside = first_lookup_outside(looked, anchors, spelled=spelled, workdir=workdir)
     if outside is not None:
         logger.debug("refused: the compiler looked up %r, outside every root", outside)
         raise UndeclaredDependencyError(LOOKED_OUTSIDE)

@@ -121,9 +121,9 @@ def read_preloaded(cwd: str) -> tuple[tuple[str, bool | None], ...] | None:
     """``(path, found)`` for each path the preprocessors of a run in ``cwd`` looked up
     (opens to read, stats, access and readlink checks; ``cwd`` itself and what lies
     in it aside), in order, once each; found is None when lookups of it disagreed (it
-    was made or removed meanwhile), True for one the sandbox refused (there, outside
-    every root). None when nothing was recorded (no preprocessor
-    ran with the recorder). Raises ``ValueError`` when records were lost: a buffer
+    was made or removed meanwhile) or failed another way (a name too long, a loop of
+    links), True for one the sandbox refused (there, outside every root). None when
+    nothing was recorded (no preprocessor ran with the recorder). Raises ``ValueError`` when records were lost: a buffer
     that overflowed, records cut short, a file that is no regular file or is too large
     (the compiler wrote it: read never through a link, never blocking)."""
     try:
@@ -162,9 +162,12 @@ def read_preloaded(cwd: str) -> tuple[tuple[str, bool | None], ...] | None:
             there = (error in _THERE if kind == 5 else error == 0) or error in _REFUSED
             # (the work dir is ours: no link in it; most names need no normalizing)
             own = (os.path.normpath(path) if "/." in path or "//" in path else path) + "/"
-            if (there or error in _NOT_THERE) and not own.startswith(inside):
-                was = found.setdefault(path, there)
-                if was is not None and was != there:
+            if not own.startswith(inside):
+                # (any other error — a name too long, a loop of links, a FIFO — says something
+                # of what is there too: None, as a path whose lookups disagreed)
+                said = there if there or error in _NOT_THERE else None
+                was = found.setdefault(path, said)
+                if was is not None and was != said:
                     found[path] = None
         at += size
     if not heads:

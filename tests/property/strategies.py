@@ -68,7 +68,7 @@ TOOLCHAIN_FIELD_STRATEGIES: dict[str, st.SearchStrategy[Any]] = {
     "link_inputs": _tool_dirs,
     "link_roots": _tool_dirs,
     "prefix": st.sampled_from(["", "/usr", "/opt/cuda"]),
-    "skipped_dirs": _tool_dirs,
+    "spelled_dirs": _tool_dirs,
     "load_baseline": st.none()
     | st.builds(
         LoadBaseline,

@@ -86,7 +86,7 @@ def test_keys_agree_across_processes_and_hash_seeds() -> None:
     for spec, key in zip(specs, here, strict=True):
         other = by_key.setdefault(key, spec)
         # (what is not in the key: the code, by its digest; the dirs the compiler skips)
-        unkeyed = dataclasses.replace(other.toolchain, skipped_dirs=spec.toolchain.skipped_dirs)
+        unkeyed = dataclasses.replace(other.toolchain, spelled_dirs=spec.toolchain.spelled_dirs)
         assert dataclasses.replace(other, code=spec.code, toolchain=unkeyed) == spec, "two specs share a build key"
 
 

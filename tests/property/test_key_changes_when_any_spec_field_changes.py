@@ -31,7 +31,7 @@ def test_every_field_is_either_keyed_or_excluded_with_a_strategy() -> None:
     assert set(TOOLCHAIN_FIELD_STRATEGIES) == {f.name for f in dataclasses.fields(Toolchain)}, (
         "a Toolchain field has no strategy"
     )
-    assert set(TOOLCHAIN_NOT_IN_KEY) == {"prefix", "skipped_dirs"}, (
+    assert set(TOOLCHAIN_NOT_IN_KEY) == {"prefix", "spelled_dirs"}, (
         "TOOLCHAIN_NOT_IN_KEY changed: review it and test its reason"
     )
     assert KEYED_FIELDS, "build_key would hash nothing"
@@ -127,5 +127,5 @@ def test_the_same_toolchain_installed_elsewhere_keys_the_same(spec: BuildSpec, p
 def test_the_dirs_a_compiler_skips_do_not_enter_the_key(spec: BuildSpec, skipped: list[str]) -> None:
     """TOOLCHAIN_NOT_IN_KEY's reason: which dirs a compiler skips as not there is a fact of
     the probe (redone when one appears), not of what it builds: entries stay shared."""
-    tc = dataclasses.replace(spec.toolchain, skipped_dirs=tuple(skipped))
+    tc = dataclasses.replace(spec.toolchain, spelled_dirs=tuple(skipped))
     assert build_key(dataclasses.replace(spec, toolchain=tc)) == build_key(spec)

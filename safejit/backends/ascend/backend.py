@@ -25,7 +25,7 @@ from .._toolchain import (
     compiler_search_dirs,
     file_ident,
     run_text,
-    skipped_search_dirs,
+    spelled_search_dirs,
 )
 from ..base import CompileContext, CompileOutput, Products, Runner, macro_flags
 from .launch import AscendLibrary
@@ -126,7 +126,7 @@ class AscendBackend:
                 digest=f"{hash_file(bisheng)[0]}:{hash_file(lld)[0]}",
                 roots=tuple(dict.fromkeys((home, *system))),
                 search_dirs=tuple(include),
-                skipped_dirs=tuple(skipped_search_dirs(verbose)),
+                spelled_dirs=tuple(spelled_search_dirs(verbose)),
             )
             self._probes.put(ident, cached, dirs=skipped)
         return cached

@@ -25,7 +25,7 @@ from ...sandbox import lookups as lookup_recorder
 from ...sandbox.statedir import StateDir
 from ...spec import BuildSpec, Source, Toolchain
 from .._argv import run_argv, source_as_known
-from .._signatures import no_caret_flag
+from .._signatures import no_caret_flags
 from .._toolchain import (
     ProbeCache,
     ProbeMemo,
@@ -38,7 +38,7 @@ from .._toolchain import (
     install_dir,
     program_dirs,
     run_text,
-    skipped_search_dirs,
+    spelled_search_dirs,
 )
 from ..base import CompileContext, CompileOutput, Products, Runner, macro_flags
 from . import fastpath
@@ -300,7 +300,7 @@ class CudaBackend:
             digest=":".join(digests),
             roots=tuple(dict.fromkeys(roots)),
             search_dirs=(*self._include_dir(), *host_dirs),
-            skipped_dirs=tuple(skipped_search_dirs(host_verbose)),
+            spelled_dirs=tuple(spelled_search_dirs(host_verbose)),
         )
         self._probes.put(ident, tc, tools, dirs)
         return tc
@@ -340,7 +340,7 @@ class CudaBackend:
             *header_args(flags, defines),
             *_separated(others),
             # (after the user's: the host preprocessor quotes no line of a file a #line names)
-            f"-Xcompiler={no_caret_flag(host_version)}",
+            f"-Xcompiler={','.join(no_caret_flags(host_version))}",
             *(f"-I{d}" for d in include_dirs),
         ]
         if quote_dir is not None:

@@ -284,6 +284,11 @@ def _resolve(
         first = [os.path.dirname(includer)] if includer and kind == '"' else []
         candidates = [os.path.join(d, header) for d in (*first, *search_dirs)]
     for cand in candidates:
+        # (a '..' out of a dir outside the roots is refused whether that dir is there: the
+        # kernel climbs out of it only if it is)
+        parts = cand.split("/")
+        for i in [i for i, part in enumerate(parts) if part == ".."]:
+            confine("/".join(parts[:i]) or "/")
         # (a link is confined whether its target is there or not: which, the error would say)
         if os.path.isfile(cand) or os.path.islink(cand):
             return confine(cand)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ...closure.anchors import LOOKED_OUTSIDE, first_outside
+from ...closure.anchors import LOOKED_OUTSIDE, climbs_out, first_outside
 from ...errors import CompileError, LimitExceededError, UndeclaredDependencyError
 from .nvrtc import PROGRAM_DIR, LookupRow, NvrtcRequest, NvrtcResult
 
@@ -118,7 +118,11 @@ def compile_recorded(
     # refused it; no Landlock: found) or not: which of the two is no business of the source's.
     # (read outside them counts too: a file the worker may read for NVRTC's own sake)
     outside = (
-        first_outside(reads.denied, roots) or first_outside(reads.absent, roots) or first_outside(reads.deps, roots)
+        first_outside(reads.denied, roots)
+        or first_outside(reads.absent, roots)
+        or first_outside(reads.deps, roots)
+        # (a '..' out of a dir outside the roots: where it lands says whether that dir is there)
+        or next((p for p in (*reads.denied, *reads.absent, *reads.deps) if "/.." in p and climbs_out(p, roots)), None)
     )
     for path in reads.denied:
         if outside is None:
