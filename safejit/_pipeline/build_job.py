@@ -388,6 +388,8 @@ class BuildJob:
                     includes=not tools,
                     linker=linker,
                     absent=absent,
+                    spelled=self.spec.toolchain.spelled_dirs,
+                    ours=os.path.dirname(self._workdir) if self._workdir else None,
                 )
             except (PolicyError, LimitExceededError) as exc:
                 kind = type(exc).__name__

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ..closure.anchors import LOOKED_OUTSIDE, Anchors, first_outside
+from ..closure.anchors import LOOKED_OUTSIDE, Anchors, climbs_out, first_outside
 from ..closure.depfiles import check_compiler_depfile, parse_depfile
 from ..closure.hashing import read_output
 from ..errors import CompileError, FlagPolicyError, UndeclaredDependencyError
@@ -263,6 +263,10 @@ def _run_steps(
         if result.returncode != 0:
             said = _unread_alike(user_paths(result.log, shown))
             outside = first_outside(_unread_names(said, ctx.search_dirs, spec.toolchain.search_dirs), ctx.read_roots)
+            if outside is None:  # (an assembler's .incbin or .include that climbed out of a dir outside)
+                names = [os.path.join(workdir, m.group(1) or m.group(2)) for m in _AS_UNREAD.finditer(result.log)]
+                ours = os.path.dirname(workdir)
+                outside = next((n for n in names if "/.." in n and climbs_out(n, ctx.read_roots, ours=ours)), None)
             if outside is not None:  # (as the same lookup gives when nothing is there: see record_closure)
                 logger.debug("%s: refused: the compiler could not open %r, outside every root", spec.name, outside)
                 raise UndeclaredDependencyError(LOOKED_OUTSIDE)
@@ -357,6 +361,9 @@ _UNREAD: Final = re.compile(
     re.M,
 )
 
+
+#: GNU as's words for a file an ``.incbin`` or ``.include`` names that it could not open.
+_AS_UNREAD: Final = re.compile(r"\bError: (?:file not found: (.+)|can't open (.+?) for reading: .*)$", re.M)
 
 #: What :func:`_unread_alike` made of a file the compiler could not open: ``<includer>:<line>:<col>:`` or
 #: ``<program>:``, then the name as the directive spelt it.

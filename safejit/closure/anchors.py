@@ -156,19 +156,22 @@ def first_outside(paths: Iterable[str], roots: Iterable[str]) -> str | None:
 
 
 def climbs_out(path: str, roots: Sequence[str], *, spelled: Sequence[str] = (), ours: str | None = None) -> bool:
-    """Whether ``path`` (absolute; looked up by a compiler) has a ``..`` after a dir that
-    is, or leads through a link, outside every one of ``roots`` (resolved) and ``ours``:
-    the kernel climbs out of a dir only if it is there, so where such a path lands says
-    whether an outside dir exists. Past the include dir it starts with as the compiler
-    spells it (``spelled``: ``/usr/lib/gcc/<triple>/12/../../../../include``, whose ``..``
-    are the compiler's own)."""
+    """Whether ``path`` (absolute; looked up by a compiler) has a ``..`` out of a dir that
+    lies outside every one of ``roots`` (resolved) and ``ours``, where the kernel is when
+    it takes that ``..`` (through every link on the way: ``l -> .`` then ``l/l/..`` is
+    the root's parent): it climbs out of a dir only if it is there, so where such a path
+    lands says whether an outside dir exists. Past the include dir it starts with as the
+    compiler spells it (``spelled``: ``/usr/lib/gcc/<triple>/12/../../../../include``,
+    whose ``..`` are the compiler's own)."""
     base = max((d for d in spelled if path.startswith(d.rstrip("/") + "/")), key=len, default="/")
     here = os.path.normpath(base)
+    mine = os.path.realpath(ours) if ours is not None else None
     for part in path[len(base) :].split("/"):
         if part == "..":
-            if not (ours is not None and is_under(here, ours)) and first_outside([here], roots) is not None:
+            real = os.path.realpath(here)
+            if not (mine is not None and is_under(real, mine)) and not any(is_under(real, r) for r in roots):
                 return True
-            here = os.path.dirname(here)
+            here = os.path.dirname(real)
         elif part and part != ".":
             here = os.path.join(here, part)
     return False

@@ -77,6 +77,8 @@ def record_closure(
     includes: bool = True,
     linker: bool = False,
     absent: Sequence[str] | None = None,
+    spelled: Sequence[str] = (),
+    ours: str | None = None,
 ) -> Closure:
     """Confine, anchor and hash the closure the compiler reported, and derive
     its negative lookups. Raises :class:`UndeclaredDependencyError` for a file
@@ -91,7 +93,9 @@ def record_closure(
     anchored there first). ``absent``: the paths the compiler looked up and did not
     find, when its lookups were recorded (NVRTC's worker): then they are the negative
     lookups, exactly, in place of those derived from ``search_dirs`` and the sources'
-    include names and probes."""
+    include names and probes. A name that climbs (``..``) out of a dir outside every root
+    (``climbs_out``: ``spelled``, ``ours``) is refused wherever it lands: it was read only
+    because that dir is there (an assembler's ``.incbin "/x/../usr/include/stdio.h"``)."""
     if len(paths) > max_deps:
         raise LimitExceededError(f"{len(paths)} dependencies exceed the limit of {max_deps}", limit=max_deps)
     _refuse_names_that_are_not_text([*paths, *(absent or ())])
@@ -101,6 +105,10 @@ def record_closure(
     def allowed(real: str) -> bool:
         return any(is_under(real, r) for r in roots)
 
+    for path in paths:
+        if "/.." in path and climbs_out(path, roots, spelled=spelled, ours=ours):
+            logger.debug("refused: %r climbs out of a dir outside every root", path)
+            raise UndeclaredDependencyError(LOOKED_OUTSIDE)
     # (where the compiler's lookups are recorded, its probes are among them: nothing to derive)
     reads = _Reads(anchors, allowed, started_ns, trust_stat, derived=absent is None)
     reads.probes = [(kind, name, "") for kind, name in has_include_probes(source)]
@@ -163,7 +171,8 @@ def first_lookup_outside(
     spells them (``spelled``: ``..`` in them is its own) and the dirs on their way, and
     what lies next to the main source within the work dir's parent (``<workdir>/src/../../x``:
     a private dir only this library names entries in)."""
-    roots = list(anchors.roots.values())
+    # (the linker's roots are none of a preprocessor's: /usr/lib holds links out, to /etc)
+    roots = [r for name, r in anchors.roots.items() if not name.startswith(LINK_ANCHOR)]
     scratch = os.path.dirname(workdir)
     next_to_source = os.path.join(workdir, "src", "")
     for path, _ in looked:
@@ -171,14 +180,11 @@ def first_lookup_outside(
             continue  # (a dir it names, or one on its way: looked up at every compile)
         if "/.." in path and climbs_out(path, roots, spelled=spelled, ours=scratch):
             return path
-        anchored = anchors.anchor(path)
-        if anchored is None:
-            if path.startswith(next_to_source) and is_under(os.path.normpath(path), scratch):
-                continue
-            if first_outside([path], roots) is not None:
-                return path
-        elif anchored[0].startswith("s") and first_outside([path], roots) is not None:
-            return path  # (a link in a source root out of the roots: refused, its target there or not)
+        if path.startswith(next_to_source) and is_under(os.path.normpath(path), scratch):
+            continue
+        # (by name, or through a link on the way or at its end, its target there or not)
+        if first_outside([path], roots) is not None:
+            return path
     return None
 
 

@@ -233,3 +233,39 @@ def test_a_line_directive_with_a_warning_is_no_lookup_outside_the_roots(make_run
     rt = make_runtime()
     code = '#line 10 "/opt/orig/template.c"\nint k(void) { int unused; return 1; }\n'
     assert rt.compile(safejit.Source(code, "k"), flags=("-Wall",)).kernel("k")() == 1
+
+
+_PROBE_OF = "#if __has_include({name})\nint k(void) {{ return 1; }}\n#else\nint k(void) {{ return 0; }}\n#endif\n"
+
+
+@needs_landlock
+@pytest.mark.skipif(not lookups.supported(), reason="only the lookup recorder sees what a macro names")
+@pytest.mark.parametrize(
+    "code",
+    [
+        _PROBE_OF.format(name='"{root}/l/../{d}/../root/f.h"'),
+        '#define P "{lib}/libc.so.6"\n#define Q "{lib}/no-such-libc.so"\n' + _PROBE_OF.format(name="{which}"),
+        '__asm__(".section .rodata\\n.incbin \\"{d}/../../../../../../../../../../../../../usr/include/stdio.h\\"\\n"'
+        '".text");\nint k(void) { return 1; }\n',
+    ],
+    ids=["climb-through-a-link", "under-the-linker-roots", "incbin-climb"],
+)
+def test_a_climb_or_a_linker_root_does_not_say_whether_a_path_exists(make_runtime, tmp_path, cache_dir, code):
+    """Found in the second review: a '..' was followed by name where the kernel follows it
+    after links (a link in a root to '.' climbs out of the root: 1 or 0 by whether an
+    outside dir exists); the linker's roots (/usr/lib, with links out to /etc) counted
+    as roots of what a preprocessor looks up; an assembler's .incbin that climbs out of
+    an outside dir was read when it was there, a missing file when not."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "f.h").write_text("#define F 1\n")
+    (root / "l").symlink_to(".")
+    lib = "/usr/lib/x86_64-linux-gnu" if os.path.exists("/usr/lib/x86_64-linux-gnu/libc.so.6") else "/usr/lib64"
+    (tmp_path / "outside").mkdir()
+    said = []
+    for d, which in ((tmp_path / "outside", "P"), (tmp_path / "absent", "Q")):
+        text = code.replace("{root}", str(root)).replace("{d}", d.name if "/l/../" in code else str(d))
+        rt = make_runtime(source_roots=(str(root),))
+        said.append(_outcome(rt, text.replace("{lib}", lib).replace("{which}", which)))
+        assert_nothing_published(cache_dir)
+    assert said[0] == said[1] and said[0][0] is safejit.UndeclaredDependencyError, said
