@@ -158,6 +158,7 @@ class BuildJob:
         """Compile in ``workdir`` and record the closure."""
         self._started_ns, self._started = time.time_ns(), time.perf_counter()
         out = self._compile(workdir, events=True)
+        self._refuse_outside()
         closure, manifest, checked, dirs = self._closure_of(out)
         recorded = self._recorded(closure)
         if recorded is not closure:  # (what the early check vouched for is not all of it)
@@ -169,6 +170,7 @@ class BuildJob:
             time.sleep(scan.COARSE_NS / 1e9)
             self._started_ns = time.time_ns()
             out = self._compile(workdir, events=False)
+            self._refuse_outside()
             checked = _clock.now()
             closure = scan.merged(self._closure(out.deps, absent=out.absent), self._tools_closure(out.tool_reads))
             closure = self._recorded(closure)
@@ -335,18 +337,28 @@ class BuildJob:
         return out
 
     def _looked_outside(self, workdir: str) -> bool:
-        """Whether the failed compile's preprocessors looked up a path outside every root,
-        other than the compiler's own (``completeness.first_lookup_outside``)."""
+        """Whether the failed compile's preprocessors (or assembler) looked up a path
+        outside every root, other than the compiler's own (``completeness.first_lookup_outside``)."""
         try:
             looked = lookups.read_preloaded(workdir)
         except ValueError:  # (none finished: what they looked up is unknown; the log tells)
             return False
-        found = looked and completeness.first_lookup_outside(
-            looked, self.anchors, spelled=self.spec.toolchain.spelled_dirs, workdir=workdir
+        return bool(looked) and self._outside(looked or ())
+
+    def _refuse_outside(self) -> None:
+        """Refuse the finished compile whose recorded lookups left the roots, before its
+        closure is made (whose own refusal of a file read outside names it)."""
+        if isinstance(self._looked, tuple) and self._outside(self._looked):
+            instruments.policy_violations.add(1, {**self._attrs, ATTR.KIND: "UndeclaredDependencyError"})
+            raise UndeclaredDependencyError(LOOKED_OUTSIDE)
+
+    def _outside(self, looked: Sequence[tuple[str, bool | None]]) -> bool:
+        found = completeness.first_lookup_outside(
+            looked, self.anchors, spelled=self.spec.toolchain.spelled_dirs, workdir=self._workdir
         )
         if found:
             logger.debug("%s: refused: the compiler looked up %r, outside every root", self.spec.name, found)
-        return bool(found)
+        return found is not None
 
     def _record_failed_run(self, began: float, exc: Exception) -> None:
         attrs = {**self._attrs, ATTR.ERROR_TYPE: type(exc).__name__}

@@ -18,6 +18,7 @@ __all__ = [
     "LINK_ANCHOR",
     "LOOKED_OUTSIDE",
     "Anchors",
+    "Walk",
     "climbs_out",
     "encodable",
     "first_outside",
@@ -156,25 +157,78 @@ def first_outside(paths: Iterable[str], roots: Iterable[str]) -> str | None:
 
 
 def climbs_out(path: str, roots: Sequence[str], *, spelled: Sequence[str] = (), ours: str | None = None) -> bool:
-    """Whether ``path`` (absolute; looked up by a compiler) has a ``..`` out of a dir that
-    lies outside every one of ``roots`` (resolved) and ``ours``, where the kernel is when
-    it takes that ``..`` (through every link on the way: ``l -> .`` then ``l/l/..`` is
-    the root's parent): it climbs out of a dir only if it is there, so where such a path
-    lands says whether an outside dir exists. Past the include dir it starts with as the
-    compiler spells it (``spelled``: ``/usr/lib/gcc/<triple>/12/../../../../include``,
-    whose ``..`` are the compiler's own)."""
-    base = max((d for d in spelled if path.startswith(d.rstrip("/") + "/")), key=len, default="/")
-    here = os.path.normpath(base)
-    mine = os.path.realpath(ours) if ours is not None else None
-    for part in path[len(base) :].split("/"):
-        if part == "..":
-            real = os.path.realpath(here)
-            if not (mine is not None and is_under(real, mine)) and not any(is_under(real, r) for r in roots):
+    """Whether ``path`` (absolute; looked up by a compiler) leads outside every one of
+    ``roots`` (resolved) and ``ours`` on its way or at its end, walked as the kernel
+    walks it (:class:`Walk`). For one path; :class:`Walk` for many."""
+    return Walk(roots, spelled=spelled).leads_out(path, ours=ours)
+
+
+class Walk:
+    """Paths walked as the kernel walks them, a name at a time from ``/``: each link
+    followed by its text where it is met (a part of its target not there is not taken
+    for there, as ``os.path.realpath`` takes it), each ``..`` taken where the walk is by
+    then. A path leads out when the walk looks a name up in a dir outside every root
+    that is no ancestor of one (whether that name is there says something of the world
+    outside; an ancestor's entries on the way to a root are known to be there), or ends
+    outside one. A name in ``/proc`` is outside: a process's ``cwd`` or ``root`` there
+    means the compiler's, not this process's. Past the include dir a path starts with as
+    the compiler spells it (``spelled``: ``/usr/lib/gcc/<triple>/12/../../../../include``,
+    whose ``..`` are the compiler's own). What is resolved is kept for the next path."""
+
+    __slots__ = ("_roots", "_seen", "_spelled")
+
+    def __init__(self, roots: Sequence[str], *, spelled: Sequence[str] = ()) -> None:
+        self._roots = tuple(r.rstrip("/") or "/" for r in roots)
+        self._spelled = tuple(spelled)
+        self._seen: dict[tuple[str, str], str | None] = {}
+
+    def leads_out(self, path: str, *, ours: str | None = None) -> bool:
+        """Whether ``path`` leads outside every root and ``ours`` (a dir it may walk in
+        as in a root: a work dir's parent)."""
+        base = max((d for d in self._spelled if path.startswith(d.rstrip("/") + "/")), key=len, default="")
+        mine = os.path.realpath(ours) if ours is not None else ""
+        here: str | None = os.path.normpath(base) if base else "/"
+        for part in path[len(base) :].split("/"):
+            here = self._step(here, part, mine, 0)
+            if here is None:
                 return True
-            here = os.path.dirname(real)
-        elif part and part != ".":
-            here = os.path.join(here, part)
-    return False
+        return here is None or not (self._inside(here, mine) or self._above(here, mine))
+
+    def _inside(self, path: str, mine: str) -> bool:
+        return any(is_under(path, r) for r in self._roots) or bool(mine and is_under(path, mine))
+
+    def _above(self, path: str, mine: str) -> bool:
+        return any(is_under(r, path) for r in self._roots) or bool(mine and is_under(mine, path))
+
+    def _step(self, here: str | None, part: str, mine: str, hops: int) -> str | None:
+        """Where the walk is after ``part`` from the resolved dir ``here``; None: out."""
+        if here is None or part in ("", "."):
+            return here
+        if part == "..":
+            return os.path.dirname(here)
+        key = (here, part) if not mine else (here + "\0" + mine, part)
+        if key in self._seen:
+            return self._seen[key]
+        named = os.path.join(here, part)
+        there: str | None = named
+        if not (self._inside(named, mine) or self._above(named, mine)) or named.startswith("/proc/"):
+            there = None
+        else:
+            try:
+                target = os.readlink(named)
+            except OSError:  # (no link: a dir, a file, nothing)
+                target = None
+            if target is not None:
+                if hops >= 40:  # (a loop of links: the kernel's ELOOP)
+                    there = None
+                else:
+                    there = "/" if target.startswith("/") else here
+                    for sub in target.split("/"):
+                        there = self._step(there, sub, mine, hops + 1)
+                        if there is None:
+                            break
+        self._seen[key] = there
+        return there
 
 
 #: What a build that looked for a file outside every root is refused with: the same words

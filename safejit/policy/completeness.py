@@ -21,6 +21,7 @@ from ..closure.anchors import (
     LINK_ANCHOR,
     LOOKED_OUTSIDE,
     Anchors,
+    Walk,
     climbs_out,
     encodable,
     first_outside,
@@ -164,26 +165,21 @@ def first_lookup_outside(
     looked up outside the roots — found or not, read or only probed, by a name a macro
     made — is one: a file there is refused to the compiler (Landlock) or probed (a
     ``stat`` is not confined), one not there is not, so a build that went on would say
-    which files exist outside the roots. So is a path that climbs (``..``) out of a dir
-    outside every root, wherever it lands (the kernel climbs out of a dir only if it is
-    there), and one that leads out through a link in a source root, its target there or
-    not. The compiler's own: ``_OWN_LOOKUPS``, the include dirs its ``-v`` names as it
-    spells them (``spelled``: ``..`` in them is its own) and the dirs on their way, and
-    what lies next to the main source within the work dir's parent (``<workdir>/src/../../x``:
-    a private dir only this library names entries in)."""
+    which files exist outside the roots. So is one whose walk (``anchors.Walk``, as the
+    kernel walks it: links followed by their text, each ``..`` where it is by then) looks
+    a name up outside, wherever it lands. The compiler's own: ``_OWN_LOOKUPS``, the
+    include dirs its ``-v`` names as it spells them (``spelled``: ``..`` in them is its
+    own) and the dirs on their way, and, for a name looked for next to the main source,
+    the work dir's parent (``<workdir>/src/../../x``: a private dir only this library
+    names entries in)."""
     # (the linker's roots are none of a preprocessor's: /usr/lib holds links out, to /etc)
-    roots = [r for name, r in anchors.roots.items() if not name.startswith(LINK_ANCHOR)]
+    walk = Walk([r for name, r in anchors.roots.items() if not name.startswith(LINK_ANCHOR)], spelled=spelled)
     scratch = os.path.dirname(workdir)
     next_to_source = os.path.join(workdir, "src", "")
     for path, _ in looked:
         if path in _OWN_LOOKUPS or any(is_under(d, path.rstrip("/") or "/") for d in spelled):
             continue  # (a dir it names, or one on its way: looked up at every compile)
-        if "/.." in path and climbs_out(path, roots, spelled=spelled, ours=scratch):
-            return path
-        if path.startswith(next_to_source) and is_under(os.path.normpath(path), scratch):
-            continue
-        # (by name, or through a link on the way or at its end, its target there or not)
-        if first_outside([path], roots) is not None:
+        if walk.leads_out(path, ours=scratch if path.startswith(next_to_source) else None):
             return path
     return None
 

@@ -401,7 +401,10 @@ static int is_preprocessor(int argc, char **argv) {
     exe[n] = 0;
     const char *base = strrchr(exe, '/');
     base = base ? base + 1 : exe;
-    return strcmp(base, "cc1") == 0 || strcmp(base, "cc1plus") == 0 || is_clang_cc1(argc, argv);
+    size_t len = strlen(base);
+    /* GNU as too (as, x86_64-linux-gnu-as): what inline asm's .incbin and .include name */
+    int gas = strcmp(base, "as") == 0 || (len > 3 && strcmp(base + len - 3, "-as") == 0);
+    return gas || strcmp(base, "cc1") == 0 || strcmp(base, "cc1plus") == 0 || is_clang_cc1(argc, argv);
 }
 
 static void write_all(int fd, const char *p, size_t n) {

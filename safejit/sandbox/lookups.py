@@ -8,8 +8,9 @@ what it read, and what it looked for and did not find (negative dependencies).
 
 Preloaded into a compiler run (:func:`preload_env`), it records the preprocessors
 (GCC's ``cc1``, ``cc1plus``: the host compiler's, and the one nvcc runs; clang's
-``clang -cc1``), each appending to :data:`PRELOAD_FILE` in the run's directory as it
-exits (:func:`read_preloaded`).
+``clang -cc1``) and GNU as (what inline asm's ``.incbin`` and ``.include`` name),
+each appending to :data:`PRELOAD_FILE` in the run's directory as it exits
+(:func:`read_preloaded`).
 
 Linux on x86_64 and aarch64 only, with seccomp filters; built once per user by the
 system C compiler (:func:`build`).

@@ -247,15 +247,20 @@ _PROBE_OF = "#if __has_include({name})\nint k(void) {{ return 1; }}\n#else\nint 
         '#define P "{lib}/libc.so.6"\n#define Q "{lib}/no-such-libc.so"\n' + _PROBE_OF.format(name="{which}"),
         '__asm__(".section .rodata\\n.incbin \\"{d}/../../../../../../../../../../../../../usr/include/stdio.h\\"\\n"'
         '".text");\nint k(void) { return 1; }\n',
+        '__asm__(".section .rodata\\n.incbin \\"{d}/../../../../../../../../../../../../../usr/include/stdio.h\\"\\n"'
+        '".text\\nno_such_insn");\nint k(void) { return 1; }\n',
+        '#include "{root}/l2/f.h"\nint k(void) { return F; }\n',
     ],
-    ids=["climb-through-a-link", "under-the-linker-roots", "incbin-climb"],
+    ids=["climb-through-a-link", "under-the-linker-roots", "incbin-climb", "incbin-climb-then-fails", "link-climbs"],
 )
 def test_a_climb_or_a_linker_root_does_not_say_whether_a_path_exists(make_runtime, tmp_path, cache_dir, code):
     """Found in the second review: a '..' was followed by name where the kernel follows it
     after links (a link in a root to '.' climbs out of the root: 1 or 0 by whether an
     outside dir exists); the linker's roots (/usr/lib, with links out to /etc) counted
     as roots of what a preprocessor looks up; an assembler's .incbin that climbs out of
-    an outside dir was read when it was there, a missing file when not."""
+    an outside dir was read when it was there, a missing file when not. Found in the
+    third: such an .incbin read, then an error of the assembler's own; a link in a root
+    whose target climbs out of an outside dir (followed as if that dir were there)."""
     root = tmp_path / "root"
     root.mkdir()
     (root / "f.h").write_text("#define F 1\n")
@@ -264,6 +269,8 @@ def test_a_climb_or_a_linker_root_does_not_say_whether_a_path_exists(make_runtim
     (tmp_path / "outside").mkdir()
     said = []
     for d, which in ((tmp_path / "outside", "P"), (tmp_path / "absent", "Q")):
+        (root / "l2").unlink(missing_ok=True)
+        (root / "l2").symlink_to(f"{d}/../root")  # (a link whose target climbs out of an outside dir)
         text = code.replace("{root}", str(root)).replace("{d}", d.name if "/l/../" in code else str(d))
         rt = make_runtime(source_roots=(str(root),))
         said.append(_outcome(rt, text.replace("{lib}", lib).replace("{which}", which)))
