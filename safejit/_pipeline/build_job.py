@@ -324,7 +324,12 @@ class BuildJob:
                     if looked is None and workdir in preloaded
                     else looked
                 )
-            except ValueError as exc:  # (lost: what they hid is unknown, the build unvouched)
+            except lookups.LookupsLost:
+                # (so many that the rest went unrecorded: one outside the roots may be among
+                # them, which a build returned would tell by its value, or by being returned)
+                instruments.policy_violations.add(1, {**self._attrs, ATTR.KIND: "UndeclaredDependencyError"})
+                raise _lost() from None
+            except ValueError as exc:  # (cut short: what they hid is unknown, the build unvouched)
                 self._looked = str(exc)
         instruments.compile_duration.record(out.seconds, self._attrs)
         self.counters.compile_seconds.append(out.seconds)
@@ -341,6 +346,8 @@ class BuildJob:
         outside every root, other than the compiler's own (``completeness.first_lookup_outside``)."""
         try:
             looked = lookups.read_preloaded(workdir)
+        except lookups.LookupsLost:
+            raise _lost() from None
         except ValueError:  # (none finished: what they looked up is unknown; the log tells)
             return False
         return bool(looked) and self._outside(looked or ())
@@ -427,3 +434,10 @@ def _as_scanned(spec: BuildSpec) -> bytes:
             lines.append(f"#define {name} {value if eq else '1'}".encode())
     lines += [f"#define {name} {'' if value is None else value}".encode() for name, value in spec.defines]
     return b"\n".join([*lines, spec.code]) if lines else spec.code
+
+
+def _lost() -> UndeclaredDependencyError:
+    return UndeclaredDependencyError(
+        "the compiler looked up more paths than can be recorded, so whether it looked outside every "
+        "declared root is unknown: refused"
+    )

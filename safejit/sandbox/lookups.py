@@ -36,6 +36,7 @@ __all__ = [
     "PRELOAD_FD",
     "PRELOAD_FILE",
     "Lookup",
+    "LookupsLost",
     "Recorder",
     "build",
     "parse",
@@ -58,6 +59,11 @@ class Lookup:
     error: int
     #: The open flags (``open``), the ``*at`` flags (``stat``, ``lstat``), the mode (``access``).
     flags: int
+
+
+class LookupsLost(ValueError):
+    """More lookups than the recorder's buffer holds: what was looked up past them is
+    unknown (a source can make that many on purpose, to hide one)."""
 
 
 def supported() -> bool:
@@ -152,7 +158,7 @@ def read_preloaded(cwd: str) -> tuple[tuple[str, bool | None], ...] | None:
             raise ValueError("the recorded lookups are cut short or malformed")
         if kind == 0:  # (a run's head: -1 when its records overflowed the buffer)
             if result < 0:
-                raise ValueError("more lookups than the recorder's buffer holds")
+                raise LookupsLost("more lookups than the recorder's buffer holds")
             heads += 1
         elif kind < 6 and (kind != 1 or (flags & (os.O_ACCMODE | os.O_CREAT)) == os.O_RDONLY):
             # (not statfs, chdir, nor an open to write; kind 1 is "open", 5 "readlink")

@@ -276,3 +276,24 @@ def test_a_climb_or_a_linker_root_does_not_say_whether_a_path_exists(make_runtim
         said.append(_outcome(rt, text.replace("{lib}", lib).replace("{which}", which)))
         assert_nothing_published(cache_dir)
     assert said[0] == said[1] and said[0][0] is safejit.UndeclaredDependencyError, said
+
+
+@pytest.mark.skipif(not lookups.supported(), reason="no lookup recorder on this machine")
+@pytest.mark.parametrize("fails", [False, True], ids=["built", "failed"])
+def test_lookups_lost_to_the_recorder_refuse_the_build(make_runtime, tmp_path, cache_dir, monkeypatch, fails):
+    """Found in the fourth review: a source that looks up more paths than the recorder's
+    buffer holds (thousands of probes, 7 s of compiling) hid one outside the roots among
+    those lost; the build was then returned, unpublished, with its value. One refusal now,
+    whether the compile went on or failed."""
+    from safejit._pipeline import build_job
+
+    def overflowed(cwd: str) -> None:
+        raise lookups.LookupsLost("more lookups than the recorder's buffer holds")
+
+    monkeypatch.setattr(build_job.lookups, "read_preloaded", overflowed)
+    (tmp_path / "root").mkdir()
+    rt = make_runtime(source_roots=(str(tmp_path / "root"),))
+    code = "#error stop\n" if fails else OK
+    with pytest.raises(safejit.UndeclaredDependencyError, match="more paths than can be recorded"):
+        rt.compile(safejit.Source(code, "k"))
+    assert_nothing_published(cache_dir)

@@ -203,3 +203,30 @@ def test_a_lookup_outside_the_roots_is_the_same_error_on_every_backend(make_runt
         told.append(str(exc.value).removeprefix("s: "))
         _assert_refused(exc, cache_dir)
     assert len(set(told)) == 1 and "logged at DEBUG" in told[0], told
+
+
+@pytest.mark.parametrize("in_memory", [False, True], ids=["recorded", "headers-in-memory"])
+def test_a_link_whose_target_climbs_through_an_outside_dir_is_refused_either_way(
+    make_runtime, project, outside, cache_dir, monkeypatch, in_memory
+):
+    """Found in the fourth review: a link in a root to ``<outside>/dir/../../<root>/f.h``
+    was followed as if ``dir`` were there (``os.path.realpath``): built when it was,
+    "cannot open" when not. Walked as the kernel walks it, it is refused either way."""
+    from safejit.backends.cuda import backend as cuda_backend
+
+    if in_memory:
+        monkeypatch.setattr(cuda_backend.lookup_recorder, "build", lambda *a, **k: None)
+    include = project / "include"
+    include.mkdir(exist_ok=True)
+    (include / "real.h").write_text("#define VALUE 7\n")
+    (outside / "dir").mkdir()
+    told = []
+    for sub in ("dir", "nothing-there"):
+        (include / "link.h").unlink(missing_ok=True)
+        (include / "link.h").symlink_to(os.path.join(outside, sub, "..", "..", project.name, "include", "real.h"))
+        code = '#include "link.h"\n' + KERNEL.format(value="VALUE")
+        with pytest.raises(safejit.SafejitError) as exc:
+            _compile(make_runtime, project, code, include)
+        told.append((type(exc.value), str(exc.value)))
+        _assert_refused(exc, cache_dir)
+    assert told[0] == told[1] and issubclass(told[0][0], safejit.PolicyError), told

@@ -433,6 +433,7 @@ class CudaBackend:
             isolated=isolated,
             timeout=ctx.timeout,
             max_headers=ctx.max_deps,
+            roots=ctx.read_roots,
         )
         if not result.ok:
             raise nvrtc_failed(spec.name, result.log, options, search_dirs, source_as_known(ctx))

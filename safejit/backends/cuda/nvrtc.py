@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from ...closure.anchors import Walk
 from ...closure.hashing import read_beneath
 from ...closure.scan import HAS_INCLUDE as _HAS_INCLUDE
 from ...closure.scan import readings
@@ -172,13 +173,14 @@ def compile_with_headers(
     isolated: bool,
     timeout: float,
     max_headers: int,
+    roots: Sequence[str] = (),
 ) -> tuple[NvrtcResult, dict[str, str]]:
     """Compile, handing over headers until NVRTC stops asking.
 
     Returns the result and ``{header name: absolute path}`` of what was handed over.
     """
     deadline = time.monotonic() + timeout
-    given = _HandedOver(name, search_dirs, confine, isolated, max_headers)
+    given = _HandedOver(name, search_dirs, confine, isolated, max_headers, Walk(roots) if roots else None)
     main = f"{PROGRAM_DIR}/{name}.cu"
     given.scan(code, None)
     for _ in range(_MAX_ROUNDS):
@@ -210,16 +212,22 @@ class _HandedOver:
     ``paths`` (name: the confined file each was read from)."""
 
     def __init__(
-        self, name: str, search_dirs: Sequence[str], confine: Callable[[str], str], isolated: bool, max_headers: int
+        self,
+        name: str,
+        search_dirs: Sequence[str],
+        confine: Callable[[str], str],
+        isolated: bool,
+        max_headers: int,
+        walk: Walk | None = None,
     ) -> None:
         self.name, self.search_dirs, self.confine = name, search_dirs, confine
-        self.isolated, self.max_headers = isolated, max_headers
+        self.isolated, self.max_headers, self.walk = isolated, max_headers, walk
         self.headers: dict[str, bytes] = {}
         self.paths: dict[str, str] = {}
 
     def hand_over(self, includer_file: str | None, kind: str, header: str) -> bool:
         """Resolve, confine, read and scan ``header``; False when it resolves nowhere."""
-        path = _resolve(header, kind, includer_file, self.search_dirs, self.confine)
+        path = _resolve(header, kind, includer_file, self.search_dirs, self.confine, self.walk)
         if path is None:
             return False
         known = self.paths.get(header)
@@ -275,7 +283,12 @@ class _HandedOver:
 
 
 def _resolve(
-    header: str, kind: str, includer: str | None, search_dirs: Sequence[str], confine: Callable[[str], str]
+    header: str,
+    kind: str,
+    includer: str | None,
+    search_dirs: Sequence[str],
+    confine: Callable[[str], str],
+    walk: Walk | None = None,
 ) -> str | None:
     """The confined file an ``#include`` names, searched like a compiler would."""
     if os.path.isabs(header):
@@ -284,6 +297,11 @@ def _resolve(
         first = [os.path.dirname(includer)] if includer and kind == '"' else []
         candidates = [os.path.join(d, header) for d in (*first, *search_dirs)]
     for cand in candidates:
+        # (walked as the kernel walks it: a name that leads out of the roots on its way — a
+        # link in a root whose target passes through an outside dir — is refused whether
+        # that dir is there or not)
+        if walk is not None and walk.leads_out(cand):
+            raise PathConfinementError(f"#include {header!r} does not resolve under a declared root", path=header)
         # (a '..' out of a dir outside the roots is refused whether that dir is there: the
         # kernel climbs out of it only if it is)
         parts = cand.split("/")

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ...closure.anchors import LOOKED_OUTSIDE, climbs_out, first_outside
+from ...closure.anchors import LOOKED_OUTSIDE, Walk, first_outside
 from ...errors import CompileError, LimitExceededError, UndeclaredDependencyError
 from .nvrtc import PROGRAM_DIR, LookupRow, NvrtcRequest, NvrtcResult
 
@@ -114,6 +114,7 @@ def compile_recorded(
         raise CompileError(f"{name}: the NVRTC worker recorded no lookups\n{result.log}", log=result.log)
     reads = sort_lookups(result.lookups)
     under = tuple(r.rstrip("/") + "/" for r in roots)
+    walk = Walk(roots)
     # A lookup outside the roots fails the compile one way, whether a file is there (Landlock
     # refused it; no Landlock: found) or not: which of the two is no business of the source's.
     # (read outside them counts too: a file the worker may read for NVRTC's own sake)
@@ -121,8 +122,9 @@ def compile_recorded(
         first_outside(reads.denied, roots)
         or first_outside(reads.absent, roots)
         or first_outside(reads.deps, roots)
-        # (a '..' out of a dir outside the roots: where it lands says whether that dir is there)
-        or next((p for p in (*reads.denied, *reads.absent, *reads.deps) if "/.." in p and climbs_out(p, roots)), None)
+        # (walked as the kernel walks it: a '..' out of a dir outside the roots, a link in a
+        # root whose target passes through one — where it lands says whether that dir is there)
+        or next((p for p in (*reads.denied, *reads.absent, *reads.deps) if walk.leads_out(p)), None)
     )
     for path in reads.denied:
         if outside is None:
