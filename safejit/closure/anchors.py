@@ -3,7 +3,8 @@
 A dependency is recorded as ``(anchor, relpath, digest)``. Anchors name the
 declared roots (``s0``, ``s1``… for source roots, ``t0``… for toolchain
 roots, ``c0``… cache roots, ``l0``… the linker's library dirs), so a second
-checkout at another path records the same closure.
+checkout at another path records the same closure. :class:`Walk` walks a path as
+the kernel does, to tell whether a compiler's lookup left the roots on its way.
 """
 
 from __future__ import annotations
