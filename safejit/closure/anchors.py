@@ -176,17 +176,23 @@ class Walk:
     the compiler spells it (``spelled``: ``/usr/lib/gcc/<triple>/12/../../../../include``,
     whose ``..`` are the compiler's own). What is resolved is kept for the next path."""
 
-    __slots__ = ("_roots", "_seen", "_spelled")
+    __slots__ = ("_above_roots", "_roots", "_seen", "_spelled", "_system", "_under")
 
-    def __init__(self, roots: Sequence[str], *, spelled: Sequence[str] = ()) -> None:
-        self._roots = tuple(r.rstrip("/") or "/" for r in roots)
-        self._spelled = tuple(spelled)
+    def __init__(self, roots: Sequence[str], *, spelled: Sequence[str] = (), system: Sequence[str] = ()) -> None:
+        # (``system``: the toolchain's roots, whose links are the system's, not a tenant's:
+        # one is taken where it leads, as realpath takes it — /usr/include/cblas.h through
+        # /etc/alternatives is found wherever the walk to it went)
+        self._system = tuple(r.rstrip("/") + "/" for r in system)
+        self._roots = frozenset(r.rstrip("/") or "/" for r in roots)
+        self._under = tuple(r.rstrip("/") + "/" for r in self._roots)  # (str.startswith takes a tuple)
+        self._above_roots = frozenset(_ancestors(self._roots))
+        self._spelled = tuple(sorted(spelled, key=len, reverse=True))
         self._seen: dict[tuple[str, str], str | None] = {}
 
     def leads_out(self, path: str, *, ours: str | None = None) -> bool:
         """Whether ``path`` leads outside every root and ``ours`` (a dir it may walk in
         as in a root: a work dir's parent)."""
-        base = max((d for d in self._spelled if path.startswith(d.rstrip("/") + "/")), key=len, default="")
+        base = next((d for d in self._spelled if path.startswith(d.rstrip("/") + "/")), "")  # (the longest)
         mine = os.path.realpath(ours) if ours is not None else ""
         here: str | None = os.path.normpath(base) if base else "/"
         for part in path[len(base) :].split("/"):
@@ -196,10 +202,10 @@ class Walk:
         return here is None or not (self._inside(here, mine) or self._above(here, mine))
 
     def _inside(self, path: str, mine: str) -> bool:
-        return any(is_under(path, r) for r in self._roots) or bool(mine and is_under(path, mine))
+        return path in self._roots or path.startswith(self._under) or bool(mine and is_under(path, mine))
 
     def _above(self, path: str, mine: str) -> bool:
-        return any(is_under(r, path) for r in self._roots) or bool(mine and is_under(mine, path))
+        return path in self._above_roots or bool(mine and is_under(mine, path))
 
     def _step(self, here: str | None, part: str, mine: str, hops: int) -> str | None:
         """Where the walk is after ``part`` from the resolved dir ``here``; None: out."""
@@ -219,7 +225,10 @@ class Walk:
                 target = os.readlink(named)
             except OSError:  # (no link: a dir, a file, nothing)
                 target = None
-            if target is not None:
+            if target is not None and named.startswith(self._system):
+                real = os.path.realpath(named)
+                there = real if self._inside(real, mine) or self._above(real, mine) else None
+            elif target is not None:
                 if hops >= 40:  # (a loop of links: the kernel's ELOOP)
                     there = None
                 else:
@@ -230,6 +239,19 @@ class Walk:
                             break
         self._seen[key] = there
         return there
+
+
+def _ancestors(paths: Iterable[str]) -> set[str]:
+    """Every dir above each of ``paths`` (absolute, normalized), ``/`` included."""
+    found: set[str] = set()
+    for path in paths:
+        here = path
+        while here != "/":
+            here = os.path.dirname(here)
+            if here in found:
+                break
+            found.add(here)
+    return found
 
 
 #: What a build that looked for a file outside every root is refused with: the same words

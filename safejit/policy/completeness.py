@@ -173,15 +173,27 @@ def first_lookup_outside(
     the work dir's parent (``<workdir>/src/../../x``: a private dir only this library
     names entries in)."""
     # (the linker's roots are none of a preprocessor's: /usr/lib holds links out, to /etc)
-    walk = Walk([r for name, r in anchors.roots.items() if not name.startswith(LINK_ANCHOR)], spelled=spelled)
+    walk = Walk(
+        [r for name, r in anchors.roots.items() if not name.startswith(LINK_ANCHOR)],
+        spelled=spelled,
+        system=[r for name, r in anchors.roots.items() if name.startswith("t")],
+    )
     scratch = os.path.dirname(workdir)
     next_to_source = os.path.join(workdir, "src", "")
+    # (a dir it names, or one on its way, as it spells them: looked up at every compile)
+    own = set(_OWN_LOOKUPS).union(*(_spelled_prefixes(d) for d in spelled))
     for path, _ in looked:
-        if path in _OWN_LOOKUPS or any(is_under(d, path.rstrip("/") or "/") for d in spelled):
-            continue  # (a dir it names, or one on its way: looked up at every compile)
+        if path in own or path.rstrip("/") in own:
+            continue
         if walk.leads_out(path, ours=scratch if path.startswith(next_to_source) else None):
             return path
     return None
+
+
+def _spelled_prefixes(spelled: str) -> list[str]:
+    """``spelled`` and each dir on its way, as spelt (``/usr/lib/gcc/x/12/..``, ``/usr``)."""
+    parts = spelled.rstrip("/").split("/")
+    return ["/".join(parts[:i]) or "/" for i in range(1, len(parts) + 1)]
 
 
 def with_recorded_lookups(
