@@ -242,8 +242,6 @@ class BuildJob:
             self._looked,
             self.anchors,
             started_ns=self._started_ns,
-            spelled=self.spec.toolchain.spelled_dirs,
-            workdir=self._workdir,
             trust_stat=self.config.trust_stat,
         )
 

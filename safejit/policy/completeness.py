@@ -22,7 +22,6 @@ from ..closure.anchors import (
     LOOKED_OUTSIDE,
     Anchors,
     Walk,
-    climbs_out,
     encodable,
     first_outside,
     is_under,
@@ -45,7 +44,7 @@ from ..closure.scan import (
 )
 from ..errors import LimitExceededError, UndeclaredDependencyError
 
-__all__ = ["record_closure", "with_recorded_lookups"]
+__all__ = ["first_lookup_outside", "record_closure", "with_recorded_lookups"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +94,7 @@ def record_closure(
     find, when its lookups were recorded (NVRTC's worker): then they are the negative
     lookups, exactly, in place of those derived from ``search_dirs`` and the sources'
     include names and probes. A name that climbs (``..``) out of a dir outside every root
-    (``climbs_out``: ``spelled``, ``ours``) is refused wherever it lands: it was read only
+    (``anchors.Walk``: ``spelled``, ``ours``) is refused wherever it lands: it was read only
     because that dir is there (an assembler's ``.incbin "/x/../usr/include/stdio.h"``)."""
     if len(paths) > max_deps:
         raise LimitExceededError(f"{len(paths)} dependencies exceed the limit of {max_deps}", limit=max_deps)
@@ -106,8 +105,9 @@ def record_closure(
     def allowed(real: str) -> bool:
         return any(is_under(real, r) for r in roots)
 
+    walk = Walk(roots, spelled=spelled)  # (one for every path: what it resolves, it keeps)
     for path in paths:
-        if "/.." in path and climbs_out(path, roots, spelled=spelled, ours=ours):
+        if "/.." in path and walk.leads_out(path, ours=ours):
             logger.debug("refused: %r climbs out of a dir outside every root", path)
             raise UndeclaredDependencyError(LOOKED_OUTSIDE)
     # (where the compiler's lookups are recorded, its probes are among them: nothing to derive)
@@ -202,8 +202,6 @@ def with_recorded_lookups(
     anchors: Anchors,
     *,
     started_ns: int,
-    spelled: Sequence[str],
-    workdir: str,
     trust_stat: bool = True,
 ) -> Closure:
     """``closure`` and what the preprocessors were recorded looking up under the roots
@@ -215,15 +213,10 @@ def with_recorded_lookups(
     then (or the other way), or a directory changed since the start, too new to vouch
     for. Only lookups under the source roots are taken: the toolchain's own are derived
     as before (its search dirs, the directories on the way to a header: the same for
-    every build). One outside every root, other than the compiler's own, refuses the
-    build (:func:`first_lookup_outside`: ``spelled``, ``workdir``) with the words a
-    compile refused a file there gets. A directory on the way to a negative already
-    recorded adds nothing (the deepest one there vouches for it). The same ``closure``
-    when nothing is added."""
-    outside = first_lookup_outside(looked, anchors, spelled=spelled, workdir=workdir)
-    if outside is not None:
-        logger.debug("refused: the compiler looked up %r, outside every root", outside)
-        raise UndeclaredDependencyError(LOOKED_OUTSIDE)
+    every build); one outside every root is refused before (:func:`first_lookup_outside`,
+    checked by the build job ahead of the closure). A directory on the way to a negative
+    already recorded adds nothing (the deepest one there vouches for it). The same
+    ``closure`` when nothing is added."""
     roots = [r for name, r in anchors.roots.items() if not name.startswith(LINK_ANCHOR)]
 
     def allowed(real: str) -> bool:
