@@ -26,7 +26,14 @@ from ..closure.anchors import LINK_ANCHOR, LOOKED_OUTSIDE, Anchors
 from ..closure.hashing import Snapshot
 from ..closure.scan import Closure
 from ..config import Config
-from ..errors import CompileError, LimitExceededError, PolicyError, SafejitError, UndeclaredDependencyError
+from ..errors import (
+    CompileError,
+    CompileTimeout,
+    LimitExceededError,
+    PolicyError,
+    SafejitError,
+    UndeclaredDependencyError,
+)
 from ..outcomes import Outcome
 from ..policy import completeness
 from ..policy import roots as root_policy
@@ -292,9 +299,10 @@ class BuildJob:
                 # (a failed run, a timeout above all, took compiler time too: on the dashboards,
                 # told apart by its error.type)
                 self._record_failed_run(began, exc)
-                if recording and self._looked_outside(workdir):
+                if recording and self._looked_outside(workdir, killed=isinstance(exc, CompileTimeout)):
                     # Refused as a build that went on is: a file there stopped the compiler
-                    # (Landlock), one not there may have too (its error said it was missing).
+                    # (Landlock), one not there may have too (its error said it was missing),
+                    # or let it run on to its time limit.
                     instruments.policy_violations.add(1, {**self._attrs, ATTR.KIND: "UndeclaredDependencyError"})
                     raise UndeclaredDependencyError(LOOKED_OUTSIDE) from None
                 raise
@@ -339,14 +347,24 @@ class BuildJob:
             )
         return out
 
-    def _looked_outside(self, workdir: str) -> bool:
+    def _looked_outside(self, workdir: str, *, killed: bool) -> bool:
         """Whether the failed compile's preprocessors (or assembler) looked up a path
-        outside every root, other than the compiler's own (``completeness.first_lookup_outside``)."""
+        outside every root, other than the compiler's own (``completeness.first_lookup_outside``):
+        those that finished and those cut short (``killed``: at the time limit), each
+        lookup written down before the program saw its result."""
         try:
-            looked = lookups.read_preloaded(workdir)
+            looked = lookups.read_preloaded(workdir, killed=True)
         except lookups.LookupsLost:
             raise _lost() from None
-        except ValueError:  # (none finished: what they looked up is unknown; the log tells)
+        except ValueError as exc:  # (malformed: what they looked up is unknown)
+            if killed:  # (what it said before its kill may rest on a lookup outside: not told)
+                raise CompileTimeout(
+                    f"{self.spec.name}: the compiler ran past {self.config.compile_timeout_s:g}s and was "
+                    "killed (its output is withheld: what it looked up is unknown)",
+                    log="",
+                    timeout=self.config.compile_timeout_s,
+                ) from None
+            logger.debug("%s: the failed compile's lookups are unknown: %s", self.spec.name, exc)
             return False
         return bool(looked) and self._outside(looked or ())
 

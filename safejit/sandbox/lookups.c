@@ -24,11 +24,13 @@
  * SAFEJIT_LOOKUPS naming a file, it records in the preprocessing programs only (GCC's
  * cc1 and cc1plus; clang's `clang -cc1`, a program of its own when the driver is given
  * -fno-integrated-cc1, known by its arguments: what looks headers up, and runs
- * nothing): installed as the program starts, the records appended to that file as it
- * exits, after a head record (kind 0, result 0, or -1 when the buffer overflowed).
- * Every other program it is loaded into (the driver, the assembler, the linker,
- * nvcc's) it leaves alone. No file at all: nothing vouches for the compile. In a
- * preprocessor, renames are let through (clang -cc1 renames its object into place).
+ * nothing; and GNU as): installed as the program starts, each record appended to that
+ * file as it is made, before the lookup's result reaches the program (a process killed
+ * at a time limit has all it acted on written down), between a begin record (kind 0,
+ * result 1) and an end record (kind 0, result 0) written as it exits.
+ * Every other program it is loaded into (the driver, the linker, nvcc's) it leaves
+ * alone. No file at all: nothing vouches for the compile. In a preprocessor, renames
+ * are let through (clang -cc1 renames its object into place).
  *
  * A program that sets its own SIGSYS handler (LLVM's crash handlers do) would take the
  * trapped calls for a crash: setting one is refused with EPERM once the filter is in.
@@ -104,6 +106,8 @@ enum { K_OPEN = 1, K_STAT = 2, K_LSTAT = 3, K_ACCESS = 4, K_READLINK = 5, K_STAT
 static char *buffer;
 static size_t used;
 static int recording, overflow;
+/* Preloaded: the file each record is appended to as it is made (no buffer). */
+static int preload_out = -1;
 /* Preloaded (below): what adds nothing to the lookups a preprocessor makes, and costs a
  * trap each, is not trapped — an fstat of a descriptor (AT_EMPTY_PATH), and readlink,
  * realpath's walk over paths that are opened or stat'ed as well. */
@@ -125,12 +129,33 @@ static size_t fd_path(long fd, char *out, size_t cap) {
     return (size_t)got + 1;
 }
 
+/* One record, in one append: records of processes writing side by side never
+ * interleave. (A write cut short by a kill leaves a torn last record: a lookup whose
+ * result the program never saw.) */
+static void append(int kind, long result, long flags, const char *dir, size_t dlen, const char *path, size_t plen) {
+    char head[HEAD];
+    uint32_t head_size = (uint32_t)(HEAD + dlen + plen);
+    int32_t head_kind = kind, head_flags = (int32_t)flags;
+    int64_t head_result = result;
+    memcpy(head, &head_size, 4);
+    memcpy(head + 4, &head_kind, 4);
+    memcpy(head + 8, &head_result, 8);
+    memcpy(head + 16, &head_flags, 4);
+    struct iovec parts[3] = { { head, HEAD }, { (void *)dir, dlen }, { (void *)path, plen } };
+    ssize_t w;
+    do w = writev(preload_out, parts, 3); while (w < 0 && errno == EINTR);
+}
+
 static void record(int kind, long dirfd, const char *path, long result, long flags) {
     if (!__atomic_load_n(&recording, __ATOMIC_ACQUIRE) || path == NULL) return;
     char dir[4096];
     size_t dlen = path[0] != '/' && dirfd != AT_FDCWD ? fd_path(dirfd, dir, sizeof dir) : 0;
     size_t plen = strnlen(path, 4096);
     size_t size = HEAD + dlen + plen;
+    if (preload_out >= 0) {
+        append(kind, result, flags, dir, dlen, path, plen);
+        return;
+    }
     size_t at = __atomic_fetch_add(&used, size, __ATOMIC_RELAXED);
     if (at + size > BUFFER_BYTES) {
         __atomic_store_n(&overflow, 1, __ATOMIC_RELAXED);
@@ -256,10 +281,14 @@ static int is_rename(long nr) {
 
 /* Returns 0, or -errno. Once installed, the filter stays for the life of the process. */
 int lookups_install(void) {
-    if (buffer != NULL) return -EALREADY;
-    void *mem = mmap(NULL, BUFFER_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (mem == MAP_FAILED) return -errno;
-    buffer = mem;
+    static int installed;
+    if (installed) return -EALREADY;
+    installed = 1;
+    if (!light) {  /* (preloaded, records are written through: no buffer) */
+        void *mem = mmap(NULL, BUFFER_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (mem == MAP_FAILED) return -errno;
+        buffer = mem;
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_sigsys;
@@ -360,8 +389,6 @@ long lookups_end(const char **out) {
 
 /* -- preloaded: GCC's cc1 and cc1plus ----------------------------------------------- */
 
-static int preload_out = -1;
-
 /* Whether the program was started as clang's preprocessor: `... -cc1 ...`, or, when the
  * command line was too long for one, `... @FILE` with FILE starting `"-cc1" ` (a response
  * file, as clang writes them). (Not -cc1as: the assembler.) By its arguments, not its
@@ -407,53 +434,21 @@ static int is_preprocessor(int argc, char **argv) {
     return gas || strcmp(base, "cc1") == 0 || strcmp(base, "cc1plus") == 0 || is_clang_cc1(argc, argv);
 }
 
-static void write_all(int fd, const char *p, size_t n) {
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w <= 0) {
-            if (w < 0 && errno == EINTR) continue;
-            return;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-}
-
 __attribute__((constructor)) static void preload_begin(int argc, char **argv) {
     const char *out = getenv("SAFEJIT_LOOKUPS");
     if (out == NULL || *out == 0 || !is_preprocessor(argc, argv)) return;
     light = 1;
     if (lookups_install() != 0) return;  /* (then no file: the build is not vouched for) */
-    /* (opened now, written to at exit; made by the handler, before recording begins) */
-    preload_out = (int)lookup_syscall(SYS_openat, AT_FDCWD, (long)out, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC,
-                                      0600, 0, 0);
-    if (preload_out < 0) return;
+    /* (made by the handler, before recording begins) */
+    int fd = (int)lookup_syscall(SYS_openat, AT_FDCWD, (long)out, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600, 0, 0);
+    if (fd < 0) return;
+    preload_out = fd;
+    append(0, 1, 0, "", 0, "", 0);  /* (begun: a process with no end record did not finish) */
     lookups_begin();
 }
 
 __attribute__((destructor)) static void preload_end(void) {
     if (preload_out < 0) return;
-    const char *records;
-    long n = lookups_end(&records);
-    /* the head, then its records (nvcc runs several preprocessors, each appending) */
-    char head[HEAD];
-    uint32_t size = HEAD;
-    int32_t kind = 0, flags = 0;
-    int64_t result = n < 0 ? -1 : 0;
-    memcpy(head, &size, 4);
-    memcpy(head + 4, &kind, 4);
-    memcpy(head + 8, &result, 8);
-    memcpy(head + 16, &flags, 4);
-    /* (one append: preprocessors running side by side never interleave their records) */
-    size_t body = n > 0 ? (size_t)n : 0;
-    struct iovec parts[2] = { { head, HEAD }, { (void *)records, body } };
-    ssize_t w;
-    do w = writev(preload_out, parts, body ? 2 : 1); while (w < 0 && errno == EINTR);
-    if (w >= 0 && (size_t)w < HEAD + body) {  /* (short: the rest; the reader checks each record) */
-        size_t done = (size_t)w;
-        if (done < HEAD) write_all(preload_out, head + done, HEAD - done);
-        write_all(preload_out, records + (done > HEAD ? done - HEAD : 0), body - (done > HEAD ? done - HEAD : 0));
-    }
-    close(preload_out);
-    preload_out = -1;
+    __atomic_store_n(&recording, 0, __ATOMIC_SEQ_CST);
+    append(0, 0, 0, "", 0, "", 0);  /* (the descriptor stays: a thread still recording writes to it) */
 }

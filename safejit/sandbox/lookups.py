@@ -9,8 +9,8 @@ what it read, and what it looked for and did not find (negative dependencies).
 Preloaded into a compiler run (:func:`preload_env`), it records the preprocessors
 (GCC's ``cc1``, ``cc1plus``: the host compiler's, and the one nvcc runs; clang's
 ``clang -cc1``) and GNU as (what inline asm's ``.incbin`` and ``.include`` name),
-each appending to :data:`PRELOAD_FILE` in the run's directory as it exits
-(:func:`read_preloaded`).
+each appending its records to :data:`PRELOAD_FILE` in the run's directory as it makes
+them (:func:`read_preloaded`).
 
 Linux on x86_64 and aarch64 only, with seccomp filters; built once per user by the
 system C compiler (:func:`build`).
@@ -39,6 +39,7 @@ __all__ = [
     "LookupsLost",
     "Recorder",
     "build",
+    "keep_records",
     "parse",
     "preload_env",
     "read_preloaded",
@@ -104,7 +105,7 @@ def parse(data: bytes) -> list[Lookup]:
 PRELOAD_FILE: Final = "safejit-lookups.rec"
 #: Where each run's processes find the recorder open (shim.c's ``-L``).
 PRELOAD_FD: Final = 200
-#: The most records read back from a run (each preprocessor's buffer holds 64 MiB).
+#: The most records read back from a run: past it, what was looked up is lost.
 _PRELOAD_MAX: Final = 256 << 20
 #: What a lookup's result says of the path: there (the lookup found it; a readlink of
 #: what is no link), or not (nothing by that name, or a file where a directory was named).
@@ -124,15 +125,21 @@ def preload_env(library: str) -> dict[str, str] | None:
     return {"LD_PRELOAD": library, "SAFEJIT_LOOKUPS": PRELOAD_FILE}
 
 
-def read_preloaded(cwd: str) -> tuple[tuple[str, bool | None], ...] | None:
+def read_preloaded(cwd: str, *, killed: bool = False) -> tuple[tuple[str, bool | None], ...] | None:
     """``(path, found)`` for each path the preprocessors of a run in ``cwd`` looked up
     (opens to read, stats, access and readlink checks; ``cwd`` itself and what lies
     in it aside), in order, once each; found is None when lookups of it disagreed (it
     was made or removed meanwhile) or failed another way (a name too long, a loop of
     links), True for one the sandbox refused (there, outside every root). None when
-    nothing was recorded (no preprocessor ran with the recorder). Raises ``ValueError`` when records were lost: a buffer
-    that overflowed, records cut short, a file that is no regular file or is too large
-    (the compiler wrote it: read never through a link, never blocking)."""
+    nothing was recorded (no preprocessor ran with the recorder).
+
+    Raises ``LookupsLost`` past :data:`_PRELOAD_MAX` (a source can make that many
+    lookups, to hide one), ``ValueError`` when the records cannot vouch for the run: a
+    preprocessor that did not finish, records cut short, a file that is no regular
+    file (the compiler wrote it: read never through a link, never blocking).
+    ``killed``: the run was killed (at its time limit): what its preprocessors recorded
+    before, each lookup written down before the program saw its result; a torn last
+    record is one whose result it never saw."""
     try:
         fd = os.open(os.path.join(cwd, PRELOAD_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -141,25 +148,27 @@ def read_preloaded(cwd: str) -> tuple[tuple[str, bool | None], ...] | None:
         raise ValueError(f"the recorded lookups cannot be read: {exc.strerror}") from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > _PRELOAD_MAX:
-            raise ValueError("the recorded lookups are no regular file, or too large")
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("the recorded lookups are no regular file")
         with open(fd, "rb", closefd=False) as fh:
             data = fh.read(_PRELOAD_MAX + 1)
     finally:
         os.close(fd)
+    if len(data) > _PRELOAD_MAX:
+        raise LookupsLost("more lookups than the recorder's file may hold")
     found: dict[str, bool | None] = {}
-    at, end, heads = 0, len(data), 0
+    at, end, begun, ended = 0, len(data), 0, 0
     inside = cwd.rstrip("/") + "/"
     while at < end:
-        if end - at < _HEAD.size:
-            raise ValueError("the recorded lookups are cut short")
-        size, kind, result, flags = _HEAD.unpack_from(data, at)
-        if size < _HEAD.size or at + size > end or (kind != 0 and kind not in KINDS) or (kind and not heads):
+        size, kind, result, flags = _HEAD.unpack_from(data, at) if end - at >= _HEAD.size else (0, 0, 0, 0)
+        torn = end - at < _HEAD.size or at + size > end
+        if torn and killed:  # (the last record, torn by the kill)
+            break
+        if torn or size < _HEAD.size or (kind != 0 and kind not in KINDS):
             raise ValueError("the recorded lookups are cut short or malformed")
-        if kind == 0:  # (a run's head: -1 when its records overflowed the buffer)
-            if result < 0:
-                raise LookupsLost("more lookups than the recorder's buffer holds")
-            heads += 1
+        if kind == 0:  # (a process's begin record, result 1, and its end record, result 0)
+            begun += result == 1
+            ended += result == 0
         elif kind < 6 and (kind != 1 or (flags & (os.O_ACCMODE | os.O_CREAT)) == os.O_RDONLY):
             # (not statfs, chdir, nor an open to write; kind 1 is "open", 5 "readlink")
             error = -result if result < 0 else 0
@@ -177,9 +186,32 @@ def read_preloaded(cwd: str) -> tuple[tuple[str, bool | None], ...] | None:
                 if was is not None and was != said:
                     found[path] = None
         at += size
-    if not heads:
-        raise ValueError("the recorded lookups are empty: a preprocessor did not finish")
+    if not killed and (not ended or begun != ended):
+        raise ValueError("the recorded lookups are incomplete: a preprocessor did not finish")
     return tuple(found.items())
+
+
+def keep_records(scratch: str, cwd: str) -> None:
+    """Copy the records a killed run left in its ``scratch`` into ``cwd`` (which its
+    scratch was mounted on), where :func:`read_preloaded` reads them; what cannot be
+    copied is left (then they are not there to vouch for, nor to refuse, the run)."""
+    try:
+        src = os.open(os.path.join(scratch, PRELOAD_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        if not stat.S_ISREG(os.fstat(src).st_mode):
+            return
+        with open(src, "rb", closefd=False) as fh:
+            data = fh.read(_PRELOAD_MAX + 1)  # (past it, the reader says they were lost)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        dst = os.open(os.path.join(cwd, PRELOAD_FILE), flags, 0o600)
+        with open(dst, "wb") as out:
+            out.write(data)
+    except OSError:
+        return
+    finally:
+        os.close(src)
 
 
 class Recorder:

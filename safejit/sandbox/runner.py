@@ -417,6 +417,10 @@ class Sandbox:
         try:
             closes = CloseWatch.open(watch, view=scratch.view if scratch else None) if watch else None
             rc = self._wait(shim, argv, timeout, log, closes, files, on_start, on_closed)
+        except CompileTimeout:
+            if scratch is not None:  # (killed: nothing came back from its scratch but this)
+                lookups.keep_records(scratch.view, cwd)
+            raise
         finally:
             if closes is not None:
                 closes.close()

@@ -948,7 +948,7 @@ def test_lost_records_and_a_name_that_is_not_text_are_never_vouched_for(make_run
     }
     _turned(make_runtime, root, files, "#include <uses.h>\n", ("first", "lib"), list, (2, 2))
     assert leaves(cache_dir) == []
-    monkeypatch.setattr(lookups, "read_preloaded", lambda cwd: (_ for _ in ()).throw(ValueError("records lost")))
+    monkeypatch.setattr(lookups, "read_preloaded", lambda cwd, **_: (_ for _ in ()).throw(ValueError("records lost")))
     (root / "lib/other.h").write_text("#define V 3\n")
     src = safejit.Source("#include <other.h>\nint k(void) { return V; }\n", "k")
     rt = make_runtime(source_roots=(str(root),))
@@ -965,7 +965,7 @@ def test_a_compile_no_preprocessor_recorded_is_never_vouched_for(make_runtime, t
     (root / "lib/other.h").write_text("#define V 3\n")
     src = safejit.Source("#include <other.h>\nint k(void) { return V; }\n", "k")
     with monkeypatch.context() as mp:
-        mp.setattr(lookups, "read_preloaded", lambda cwd: None)
+        mp.setattr(lookups, "read_preloaded", lambda cwd, **_: None)
         rt = make_runtime(source_roots=(str(root),))
         assert rt.compile(src, include_dirs=(str(root / "lib"),)).kernel("k")() == 3 and leaves(cache_dir) == []
     again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=(str(root / "lib"),))

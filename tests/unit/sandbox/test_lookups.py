@@ -373,12 +373,12 @@ def test_only_gccs_preprocessors_record(library, tmp_path):
     assert done.returncode == 0 and not (tmp_path / lookups.PRELOAD_FILE).exists()
 
 
-def _records(*runs: list[tuple[int, int, int, bytes]]) -> bytes:
-    """Runs of ``(kind, result, flags, path)``, each after its head (kind 0)."""
+def _records(*runs: list[tuple[int, int, int, bytes]], ended: bool = True) -> bytes:
+    """Runs of ``(kind, result, flags, path)``, each between its begin and end records
+    (kind 0; no end record with ``ended=False``: a process killed)."""
     out = b""
     for run in runs:
-        head = [(0, run[0][1] if run and run[0][0] == 0 else 0, 0, b"")] if not run or run[0][0] != 0 else []
-        for kind, result, flags, path in [*head, *run]:
+        for kind, result, flags, path in [(0, 1, 0, b""), *run, *([(0, 0, 0, b"")] if ended else [])]:
             out += struct.pack("<IiqI", 20 + len(path), kind, result, flags) + path
     return out
 
@@ -413,10 +413,11 @@ def test_preloaded_records_are_read_into_paths_and_whether_they_were_there(tmp_p
 @pytest.mark.parametrize(
     "lost",
     [
-        _records([(0, -1, 0, b"")]),  # (a run's buffer overflowed)
         _records([(1, 3, 0, b"/r/a.h")])[:-2],  # (cut short)
-        b"",  # (a preprocessor that began and never finished)
-        struct.pack("<IiqI", 26, 1, 3, 0) + b"/r/a.h",  # (records with no head)
+        b"",  # (none finished)
+        _records([(1, 3, 0, b"/r/a.h")], ended=False),  # (a preprocessor that began and never finished)
+        _records([(1, 3, 0, b"/r/a.h")]) + _records([], ended=False),  # (one of two)
+        struct.pack("<IiqI", 26, 1, 3, 0) + b"/r/a.h",  # (records with no begin nor end)
         "a symlink to what it may not read",
         "a FIFO, which would block the reader",
     ],
@@ -436,3 +437,30 @@ def test_lost_records_raise_and_none_is_no_records(tmp_path, lost):
         where.write_bytes(lost)
     with pytest.raises(ValueError, match="lookups"):
         lookups.read_preloaded(str(cwd))
+
+
+def test_a_killed_runs_records_are_read_to_the_last_whole_one(tmp_path):
+    """Killed at its time limit, a preprocessor leaves no end record, and perhaps a
+    last record torn by the kill (a lookup whose result it never saw): ``killed=True``
+    reads what it looked up before; ``killed=False`` never vouches for it."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    data = _records([(1, 3, 0, b"/r/a.h")]) + _records([(2, -2, 0, b"/x/b.h"), (1, -13, 0, b"/x/c.h")], ended=False)
+    for torn in (b"", struct.pack("<IiqI", 40, 1, -2, 0)[:7], struct.pack("<IiqI", 40, 1, -2, 0) + b"/x/d"):
+        (cwd / lookups.PRELOAD_FILE).write_bytes(data + torn)
+        assert lookups.read_preloaded(str(cwd), killed=True) == (("/r/a.h", True), ("/x/b.h", False), ("/x/c.h", True))
+        with pytest.raises(ValueError, match="lookups"):
+            lookups.read_preloaded(str(cwd))
+
+
+def test_records_past_the_cap_are_lost_not_cut(tmp_path, monkeypatch):
+    """A source can make a compile look up more paths than are read back, to hide one
+    past the cap: that is ``LookupsLost`` (the build refused), not the records before it."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    data = _records([(2, -2, 0, b"/r/%d.h" % i) for i in range(100)])
+    (cwd / lookups.PRELOAD_FILE).write_bytes(data)
+    monkeypatch.setattr(lookups, "_PRELOAD_MAX", len(data) - 1)
+    for killed in (False, True):
+        with pytest.raises(lookups.LookupsLost):
+            lookups.read_preloaded(str(cwd), killed=killed)
