@@ -150,17 +150,18 @@ def read_preloaded(cwd: str, *, killed: bool = False) -> tuple[tuple[str, bool |
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ValueError("the recorded lookups are no regular file")
-        with open(fd, "rb", closefd=False) as fh:
-            data = fh.read(_PRELOAD_MAX + 1)
+        data = _read_capped(fd, st.st_size)
     finally:
         os.close(fd)
     if len(data) > _PRELOAD_MAX:
         raise LookupsLost("more lookups than the recorder's file may hold")
-    found: dict[str, bool | None] = {}
+    # (each name once, as bytes first: most are looked up more than once — an open, then a
+    # stat; the same header in each include dir — and decoding is the dearer part)
+    said_of: dict[bytes, bool | None] = {}
     at, end, begun, ended = 0, len(data), 0, 0
-    inside = cwd.rstrip("/") + "/"
+    unpack = _HEAD.unpack_from
     while at < end:
-        size, kind, result, flags = _HEAD.unpack_from(data, at) if end - at >= _HEAD.size else (0, 0, 0, 0)
+        size, kind, result, flags = unpack(data, at) if end - at >= _HEAD.size else (0, 0, 0, 0)
         torn = end - at < _HEAD.size or at + size > end
         if torn and killed:  # (the last record, torn by the kill)
             break
@@ -172,23 +173,43 @@ def read_preloaded(cwd: str, *, killed: bool = False) -> tuple[tuple[str, bool |
         elif kind < 6 and (kind != 1 or (flags & (os.O_ACCMODE | os.O_CREAT)) == os.O_RDONLY):
             # (not statfs, chdir, nor an open to write; kind 1 is "open", 5 "readlink")
             error = -result if result < 0 else 0
-            path = data[at + _HEAD.size : at + size].decode(_FS_ENCODING, _FS_ERRORS)  # (os.fsdecode's)
-            if path[:1] != "/":
-                path = os.path.join(cwd, path)
             there = (error in _THERE if kind == 5 else error == 0) or error in _REFUSED
-            # (the work dir is ours: no link in it; most names need no normalizing)
-            own = (os.path.normpath(path) if "/." in path or "//" in path else path) + "/"
-            if not own.startswith(inside):
-                # (any other error — a name too long, a loop of links, a FIFO — says something
-                # of what is there too: None, as a path whose lookups disagreed)
-                said = there if there or error in _NOT_THERE else None
-                was = found.setdefault(path, said)
-                if was is not None and was != said:
-                    found[path] = None
+            # (any other error — a name too long, a loop of links, a FIFO — says something
+            # of what is there too: None, as a path whose lookups disagreed)
+            said = there if there or error in _NOT_THERE else None
+            name = data[at + _HEAD.size : at + size]
+            was = said_of.setdefault(name, said)
+            if was is not None and was != said:
+                said_of[name] = None
         at += size
+    found: dict[str, bool | None] = {}
+    inside = cwd.rstrip("/") + "/"
+    for name, said in said_of.items():
+        path = name.decode(_FS_ENCODING, _FS_ERRORS)  # (os.fsdecode's)
+        if path[:1] != "/":
+            path = os.path.join(cwd, path)
+        # (the work dir is ours: no link in it; most names need no normalizing)
+        own = (os.path.normpath(path) if "/." in path or "//" in path else path) + "/"
+        if not own.startswith(inside):
+            was = found.setdefault(path, said)
+            if was is not None and was != said:
+                found[path] = None
     if not killed and (not ended or begun != ended):
         raise ValueError("the recorded lookups are incomplete: a preprocessor did not finish")
     return tuple(found.items())
+
+
+def _read_capped(fd: int, size: int) -> bytes:
+    """What ``fd`` holds, up to :data:`_PRELOAD_MAX` and a byte more (past it, the
+    records are lost); in reads of its size (a buffer of the cap cost ~25 us a compile)."""
+    chunks, got = [], 0
+    while got <= _PRELOAD_MAX:
+        chunk = os.read(fd, min(max(size - got, 0) + 1, _PRELOAD_MAX + 1 - got))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def keep_records(scratch: str, cwd: str) -> None:
@@ -200,10 +221,10 @@ def keep_records(scratch: str, cwd: str) -> None:
     except OSError:
         return
     try:
-        if not stat.S_ISREG(os.fstat(src).st_mode):
+        st = os.fstat(src)
+        if not stat.S_ISREG(st.st_mode):
             return
-        with open(src, "rb", closefd=False) as fh:
-            data = fh.read(_PRELOAD_MAX + 1)  # (past it, the reader says they were lost)
+        data = _read_capped(src, st.st_size)  # (past the cap, the reader says they were lost)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         dst = os.open(os.path.join(cwd, PRELOAD_FILE), flags, 0o600)
         with open(dst, "wb") as out:
