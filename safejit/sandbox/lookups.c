@@ -131,7 +131,9 @@ static size_t fd_path(long fd, char *out, size_t cap) {
 
 /* One record, in one append: records of processes writing side by side never
  * interleave. (A write cut short by a kill leaves a torn last record: a lookup whose
- * result the program never saw.) */
+ * result the program never saw.) One that cannot be written (a full disk, the file
+ * size limit) ends the process before the program sees the result: whatever it did
+ * rests on lookups written down. */
 static void append(int kind, long result, long flags, const char *dir, size_t dlen, const char *path, size_t plen) {
     char head[HEAD];
     uint32_t head_size = (uint32_t)(HEAD + dlen + plen);
@@ -144,6 +146,7 @@ static void append(int kind, long result, long flags, const char *dir, size_t dl
     struct iovec parts[3] = { { head, HEAD }, { (void *)dir, dlen }, { (void *)path, plen } };
     ssize_t w;
     do w = writev(preload_out, parts, 3); while (w < 0 && errno == EINTR);
+    if (w != (ssize_t)head_size) raise(SIGKILL);
 }
 
 static void record(int kind, long dirfd, const char *path, long result, long flags) {

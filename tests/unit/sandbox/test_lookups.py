@@ -464,3 +464,32 @@ def test_records_past_the_cap_are_lost_not_cut(tmp_path, monkeypatch):
     for killed in (False, True):
         with pytest.raises(lookups.LookupsLost):
             lookups.read_preloaded(str(cwd), killed=killed)
+
+
+def test_a_preprocessor_whose_records_cannot_be_written_dies_before_it_sees_a_result(library, tmp_path):
+    """Each lookup is written down before the program sees its result; one that cannot be
+    (the file size limit, with SIGXFSZ ignored: EFBIG; a full disk) ends the process, so
+    a compile never goes on past a lookup its records lack (a build returned would say
+    by its value what that lookup found)."""
+    work = _pasted_project(tmp_path)
+
+    def limited() -> None:
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (600, 600))
+
+    env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C", **(lookups.preload_env(library) or {})}
+    argv = [str(CC), "-E", f"-I{tmp_path}/first", f"-I{tmp_path}/inc", "../t.c", "-o", "/dev/null"]
+    proc = subprocess.run(
+        argv, cwd=work, env=env, capture_output=True, text=True, timeout=120, check=False, preexec_fn=limited
+    )
+    assert proc.returncode != 0, proc.stderr
+    records = (work / lookups.PRELOAD_FILE).read_bytes()
+    assert 0 < len(records) <= 600  # (as much as the limit let through, no more)
+    with pytest.raises(ValueError, match="lookups"):  # (never vouched for: cut short, or no end record)
+        lookups.read_preloaded(str(work))
+    assert lookups.read_preloaded(str(work), killed=True) is not None  # (what was written, to refuse by)
+    proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr  # (without the limit: the same run goes through)
