@@ -118,6 +118,10 @@ class BuildJob:
         #: recorded), or why the records were lost.
         self._looked: tuple[tuple[str, bool | None], ...] | str | None = None
         self._workdir = ""  # (the last compile's)
+        #: The last compile's records as read while it ran (None: not recorded), and the
+        #: check of what they name (its walk kept for the check after the compile).
+        self._records: lookups.Records | None = None
+        self._check: completeness.OutsideCheck | None = None
 
     # -- events from the compile (CompileEvents) ----------------------------------
     def started(self) -> None:
@@ -159,6 +163,17 @@ class BuildJob:
             self._held = _Held(early[1], data, tool_reads, closure, manifest, checked, early[2])
             if self._on_artifact is not None:  # staged once all it was made of is known to be confined
                 self._on_artifact(data, manifest)
+
+    def looked(self, data: bytes) -> None:
+        """A program that records its lookups closed the records (a preprocessor has
+        exited; the assembler and linker may run on): read them now and walk what they
+        name, off the caller's time. The check after the compile decides; this one only
+        leaves it less to read and walk."""
+        records = self._records
+        if records is not None:
+            with contextlib.suppress(ValueError, OSError):  # (LookupsLost too: told after)
+                records.feed(data)
+                self._outside_check().first(records.found(killed=True))
 
     # -- the job ---------------------------------------------------------------
     def run(self, workdir: str) -> Built:
@@ -266,7 +281,8 @@ class BuildJob:
         # file in the work dir: none from an earlier run may stand in for this one's. (Those
         # under the source roots complete the closure; one outside every root refuses it.)
         recording = bool(workdir) and bool(self.parts.sandbox.preload_env())
-        self._looked, self._workdir = None, workdir
+        self._looked, self._workdir, self._check = None, workdir, None
+        self._records = lookups.Records(workdir) if recording else None
         preloaded: set[str] = set()  # (the dirs of the runs the recorder was preloaded into)
         if recording:
             with contextlib.suppress(FileNotFoundError):
@@ -324,7 +340,7 @@ class BuildJob:
             # preprocessor not known for one — what it looked up is unknown, as when lost.
             # None from a backend that ran no process there, NVRTC's worker: nothing to add)
             try:
-                looked = lookups.read_preloaded(workdir)
+                looked = lookups.read_preloaded(workdir, early=self._records)
                 self._looked = (
                     "no preprocessor of the compile recorded its lookups"
                     if looked is None and workdir in preloaded
@@ -353,7 +369,7 @@ class BuildJob:
         those that finished and those cut short (``killed``: at the time limit), each
         lookup written down before the program saw its result."""
         try:
-            looked = lookups.read_preloaded(workdir, killed=True)
+            looked = lookups.read_preloaded(workdir, killed=True, early=self._records)
         except lookups.LookupsLost:
             raise _lost() from None
         except ValueError as exc:  # (malformed: what they looked up is unknown)
@@ -375,10 +391,15 @@ class BuildJob:
             instruments.policy_violations.add(1, {**self._attrs, ATTR.KIND: "UndeclaredDependencyError"})
             raise UndeclaredDependencyError(LOOKED_OUTSIDE)
 
+    def _outside_check(self) -> completeness.OutsideCheck:
+        if self._check is None:
+            self._check = completeness.OutsideCheck(
+                self.anchors, spelled=self.spec.toolchain.spelled_dirs, workdir=self._workdir
+            )
+        return self._check
+
     def _outside(self, looked: Sequence[tuple[str, bool | None]]) -> bool:
-        found = completeness.first_lookup_outside(
-            looked, self.anchors, spelled=self.spec.toolchain.spelled_dirs, workdir=self._workdir
-        )
+        found = self._outside_check().first(looked)
         if found:
             logger.debug("%s: refused: the compiler looked up %r, outside every root", self.spec.name, found)
         return found is not None

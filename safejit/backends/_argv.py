@@ -17,6 +17,7 @@ from ..closure.anchors import LOOKED_OUTSIDE, Anchors, climbs_out, first_outside
 from ..closure.depfiles import check_compiler_depfile, parse_depfile
 from ..closure.hashing import read_output
 from ..errors import CompileError, FlagPolicyError, UndeclaredDependencyError
+from ..sandbox import lookups
 from ..spec import BuildSpec
 from ._toolreads import read_lists, tool_reads
 from .base import CompileContext
@@ -251,7 +252,7 @@ def _run_steps(
         # off the caller's time, and what stands is their content when the step ended.
         step_lists = read_lists(workdir, step)
         named = dep in step or slots["{DEPNAME}"] in step
-        watch = [p for p in (dep, out) if p in step or (p == dep and named)] + step_lists
+        watch = [p for p in (dep, out) if p in step or (p == dep and named)] + step_lists + [watcher.records]
         watcher.lists = dict.fromkeys(step_lists)
         try:
             result = ctx.run(step, cwd=workdir, timeout=ctx.timeout, watch=watch, on_closed=watcher)
@@ -416,6 +417,8 @@ class _Closes:
         self.ctx = ctx
         self.depfile = depfile
         self.artifact = artifact
+        #: Where the programs that record their lookups write them (``sandbox.lookups``).
+        self.records = os.path.join(ctx.workdir, lookups.PRELOAD_FILE)
         self.lists: dict[str, bytes | None] = {}
         self.deps: tuple[str, ...] | None = None
         #: What was made of the depfile's bytes, and of the lists at the artifact's close
@@ -429,6 +432,8 @@ class _Closes:
             return
         if path in self.lists:
             self.lists[path] = data
+        elif path == self.records:
+            events.looked(data)
         elif path == self.depfile:
             self.deps = self.parsed = None
             with contextlib.suppress(OSError, ValueError):

@@ -77,6 +77,10 @@ class CompileEvents(Protocol):
         """The compiler closed its artifact holding ``data`` (it may close it again);
         ``tool_reads``: what the other tools had read by then (None: not known yet)."""
 
+    def looked(self, data: bytes) -> None:
+        """A program that records its lookups (``sandbox.lookups``: a preprocessor, the
+        assembler) closed the run's records, holding ``data`` (more may follow)."""
+
 
 @dataclass(frozen=True, slots=True)
 class CompileContext:

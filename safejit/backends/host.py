@@ -337,6 +337,9 @@ class _CheckedAtClose:
             refuse_load_time_code(self._spec, data)
         self._events.closed_artifact(data, tool_reads)
 
+    def looked(self, data: bytes) -> None:
+        self._events.looked(data)
+
 
 #: The bytes last found free of load-time code, with the baseline they were held to.
 _passed: tuple[bytes, LoadBaseline] | None = None

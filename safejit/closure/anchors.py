@@ -186,13 +186,14 @@ class Walk:
         self._roots = frozenset(r.rstrip("/") or "/" for r in roots)
         self._under = tuple(r.rstrip("/") + "/" for r in self._roots)  # (str.startswith takes a tuple)
         self._above_roots = frozenset(_ancestors(self._roots))
-        self._spelled = tuple(sorted(spelled, key=len, reverse=True))
+        # (each with its trailing "/", the longest first: the first a path starts with is its base)
+        self._spelled = tuple(sorted((d.rstrip("/") + "/" for d in spelled), key=len, reverse=True))
         self._seen: dict[tuple[str, str], str | None] = {}
 
     def leads_out(self, path: str, *, ours: str | None = None) -> bool:
         """Whether ``path`` leads outside every root and ``ours`` (a dir it may walk in
         as in a root: a work dir's parent)."""
-        base = next((d for d in self._spelled if path.startswith(d.rstrip("/") + "/")), "")  # (the longest)
+        base = next((d for d in self._spelled if path.startswith(d)), "") if self._spelled else ""
         mine = os.path.realpath(ours) if ours is not None else ""
         here: str | None = os.path.normpath(base) if base else "/"
         for part in path[len(base) :].split("/"):
@@ -216,7 +217,7 @@ class Walk:
         key = (here, part) if not mine else (here + "\0" + mine, part)
         if key in self._seen:
             return self._seen[key]
-        named = os.path.join(here, part)
+        named = f"{here}/{part}" if here != "/" else f"/{part}"
         there: str | None = named
         if not (self._inside(named, mine) or self._above(named, mine)) or named.startswith("/proc/"):
             there = None

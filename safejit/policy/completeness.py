@@ -44,7 +44,7 @@ from ..closure.scan import (
 )
 from ..errors import LimitExceededError, UndeclaredDependencyError
 
-__all__ = ["first_lookup_outside", "record_closure", "with_recorded_lookups"]
+__all__ = ["OutsideCheck", "first_lookup_outside", "record_closure", "with_recorded_lookups"]
 
 logger = logging.getLogger(__name__)
 
@@ -161,33 +161,49 @@ def first_lookup_outside(
     looked: Sequence[tuple[str, bool | None]], anchors: Anchors, *, spelled: Sequence[str], workdir: str
 ) -> str | None:
     """The first of the preprocessors' recorded lookups (``sandbox.lookups.read_preloaded``)
-    that leads outside every root, other than the compiler's own. Whatever the source
-    looked up outside the roots — found or not, read or only probed, by a name a macro
-    made — is one: a file there is refused to the compiler (Landlock) or probed (a
-    ``stat`` is not confined), one not there is not, so a build that went on would say
-    which files exist outside the roots. So is one whose walk (``anchors.Walk``, as the
-    kernel walks it: links followed by their text, each ``..`` where it is by then) looks
-    a name up outside, wherever it lands. The compiler's own: ``_OWN_LOOKUPS``, the
-    include dirs its ``-v`` names as it spells them (``spelled``: ``..`` in them is its
-    own) and the dirs on their way, and, for a name looked for next to the main source,
-    the work dir's parent (``<workdir>/src/../../x``: a private dir only this library
-    names entries in)."""
-    # (the linker's roots are none of a preprocessor's: /usr/lib holds links out, to /etc)
-    walk = Walk(
-        [r for name, r in anchors.roots.items() if not name.startswith(LINK_ANCHOR)],
-        spelled=spelled,
-        system=[r for name, r in anchors.roots.items() if name.startswith("t")],
-    )
-    scratch = os.path.dirname(workdir)
-    next_to_source = os.path.join(workdir, "src", "")
-    # (a dir it names, or one on its way, as it spells them: looked up at every compile)
-    own = set(_OWN_LOOKUPS).union(*(_spelled_prefixes(d) for d in spelled))
-    for path, _ in looked:
-        if path in own or path.rstrip("/") in own:
-            continue
-        if walk.leads_out(path, ours=scratch if path.startswith(next_to_source) else None):
-            return path
-    return None
+    that leads outside every root, other than the compiler's own (:class:`OutsideCheck`)."""
+    return OutsideCheck(anchors, spelled=spelled, workdir=workdir).first(looked)
+
+
+class OutsideCheck:
+    """Which recorded lookups lead outside every root. Whatever the source looked up
+    outside the roots — found or not, read or only probed, by a name a macro made — is
+    one: a file there is refused to the compiler (Landlock) or probed (a ``stat`` is not
+    confined), one not there is not, so a build that went on would say which files exist
+    outside the roots. So is one whose walk (``anchors.Walk``, as the kernel walks it:
+    links followed by their text, each ``..`` where it is by then) looks a name up
+    outside, wherever it lands. The compiler's own: ``_OWN_LOOKUPS``, the include dirs
+    its ``-v`` names as it spells them (``spelled``: ``..`` in them is its own) and the
+    dirs on their way, and, for a name looked for next to the main source, the work
+    dir's parent (``<workdir>/src/../../x``: a private dir only this library names
+    entries in). One check walks each name once, however often it is asked (a compile's
+    records as they grow)."""
+
+    __slots__ = ("_inside", "_next_to_source", "_own", "_scratch", "_walk")
+
+    def __init__(self, anchors: Anchors, *, spelled: Sequence[str], workdir: str) -> None:
+        # (the linker's roots are none of a preprocessor's: /usr/lib holds links out, to /etc)
+        self._walk = Walk(
+            [r for name, r in anchors.roots.items() if not name.startswith(LINK_ANCHOR)],
+            spelled=spelled,
+            system=[r for name, r in anchors.roots.items() if name.startswith("t")],
+        )
+        self._scratch = os.path.dirname(workdir)
+        self._next_to_source = os.path.join(workdir, "src", "")
+        # (a dir it names, or one on its way, as it spells them: looked up at every compile)
+        self._own = set(_OWN_LOOKUPS).union(*(_spelled_prefixes(d) for d in spelled))
+        self._inside: set[str] = set()  # (paths found not to lead out)
+
+    def first(self, looked: Sequence[tuple[str, bool | None]]) -> str | None:
+        """The first of ``looked`` (``sandbox.lookups.read_preloaded``) that leads outside."""
+        own, walk, inside = self._own, self._walk, self._inside
+        for path, _ in looked:
+            if path in inside or path in own or path.rstrip("/") in own:
+                continue
+            if walk.leads_out(path, ours=self._scratch if path.startswith(self._next_to_source) else None):
+                return path
+            inside.add(path)
+        return None
 
 
 def _spelled_prefixes(spelled: str) -> list[str]:

@@ -38,6 +38,7 @@ __all__ = [
     "Lookup",
     "LookupsLost",
     "Recorder",
+    "Records",
     "build",
     "keep_records",
     "parse",
@@ -125,7 +126,9 @@ def preload_env(library: str) -> dict[str, str] | None:
     return {"LD_PRELOAD": library, "SAFEJIT_LOOKUPS": PRELOAD_FILE}
 
 
-def read_preloaded(cwd: str, *, killed: bool = False) -> tuple[tuple[str, bool | None], ...] | None:
+def read_preloaded(
+    cwd: str, *, killed: bool = False, early: Records | None = None
+) -> tuple[tuple[str, bool | None], ...] | None:
     """``(path, found)`` for each path the preprocessors of a run in ``cwd`` looked up
     (opens to read, stats, access and readlink checks; ``cwd`` itself and what lies
     in it aside), in order, once each; found is None when lookups of it disagreed (it
@@ -139,7 +142,8 @@ def read_preloaded(cwd: str, *, killed: bool = False) -> tuple[tuple[str, bool |
     file (the compiler wrote it: read never through a link, never blocking).
     ``killed``: the run was killed (at its time limit): what its preprocessors recorded
     before, each lookup written down before the program saw its result; a torn last
-    record is one whose result it never saw."""
+    record is one whose result it never saw. ``early``: the records as read while the
+    run went on (:class:`Records`), of which only what was added since is read again."""
     try:
         fd = os.open(os.path.join(cwd, PRELOAD_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -153,50 +157,90 @@ def read_preloaded(cwd: str, *, killed: bool = False) -> tuple[tuple[str, bool |
         data = _read_capped(fd, st.st_size)
     finally:
         os.close(fd)
-    if len(data) > _PRELOAD_MAX:
-        raise LookupsLost("more lookups than the recorder's file may hold")
-    # (each name once, as bytes first: most are looked up more than once — an open, then a
-    # stat; the same header in each include dir — and decoding is the dearer part)
-    said_of: dict[bytes, bool | None] = {}
-    at, end, begun, ended = 0, len(data), 0, 0
-    unpack = _HEAD.unpack_from
-    while at < end:
-        size, kind, result, flags = unpack(data, at) if end - at >= _HEAD.size else (0, 0, 0, 0)
-        torn = end - at < _HEAD.size or at + size > end
-        if torn and killed:  # (the last record, torn by the kill)
-            break
-        if torn or size < _HEAD.size or (kind != 0 and kind not in KINDS):
-            raise ValueError("the recorded lookups are cut short or malformed")
-        if kind == 0:  # (a process's begin record, result 1, and its end record, result 0)
-            begun += result == 1
-            ended += result == 0
-        elif kind < 6 and (kind != 1 or (flags & (os.O_ACCMODE | os.O_CREAT)) == os.O_RDONLY):
-            # (not statfs, chdir, nor an open to write; kind 1 is "open", 5 "readlink")
-            error = -result if result < 0 else 0
-            there = (error in _THERE if kind == 5 else error == 0) or error in _REFUSED
-            # (any other error — a name too long, a loop of links, a FIFO — says something
-            # of what is there too: None, as a path whose lookups disagreed)
-            said = there if there or error in _NOT_THERE else None
-            name = data[at + _HEAD.size : at + size]
-            was = said_of.setdefault(name, said)
-            if was is not None and was != said:
-                said_of[name] = None
-        at += size
-    found: dict[str, bool | None] = {}
-    inside = cwd.rstrip("/") + "/"
-    for name, said in said_of.items():
+    records = early if early is not None and early.cwd == cwd else Records(cwd)
+    records.feed(data)
+    return records.found(killed=killed)
+
+
+class Records:
+    """The records of a run in ``cwd``, read as its file grows (:meth:`feed` each time
+    with all of it): each record is read once."""
+
+    __slots__ = ("_begun", "_data", "_ended", "_paths", "_said_of", "_torn", "cwd")
+
+    def __init__(self, cwd: str) -> None:
+        self.cwd = cwd
+        self._paths: dict[bytes, str | None] = {}  # (each name as a path; None: the run's own)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._data = b""  # (the whole records read, up to the last)
+        # (each name once, as bytes: most are looked up more than once — an open, then a
+        # stat; the same header in each include dir — and decoding is the dearer part)
+        self._said_of: dict[bytes, bool | None] = {}
+        self._begun = self._ended = 0
+        self._torn = False  # (the data ends in a part of a record)
+
+    def feed(self, data: bytes) -> None:
+        """The file's content now. Raises ``LookupsLost`` past the cap, ``ValueError``
+        for a record no recorder writes."""
+        if len(data) > _PRELOAD_MAX:
+            raise LookupsLost("more lookups than the recorder's file may hold")
+        if not data.startswith(self._data):  # (not what it held before: read afresh)
+            self._reset()
+        at, end = len(self._data), len(data)
+        said_of, unpack = self._said_of, _HEAD.unpack_from
+        self._torn = False
+        while at < end:
+            size, kind, result, flags = unpack(data, at) if end - at >= _HEAD.size else (0, 0, 0, 0)
+            if end - at < _HEAD.size or at + size > end:  # (the last, being written, or torn by a kill)
+                self._torn = True
+                break
+            if size < _HEAD.size or (kind != 0 and kind not in KINDS):
+                raise ValueError("the recorded lookups are malformed")
+            if kind == 0:  # (a process's begin record, result 1, and its end record, result 0)
+                self._begun += result == 1
+                self._ended += result == 0
+            elif kind < 6 and (kind != 1 or (flags & (os.O_ACCMODE | os.O_CREAT)) == os.O_RDONLY):
+                # (not statfs, chdir, nor an open to write; kind 1 is "open", 5 "readlink")
+                error = -result if result < 0 else 0
+                there = (error in _THERE if kind == 5 else error == 0) or error in _REFUSED
+                # (any other error — a name too long, a loop of links, a FIFO — says something
+                # of what is there too: None, as a path whose lookups disagreed)
+                said = there if there or error in _NOT_THERE else None
+                name = data[at + _HEAD.size : at + size]
+                was = said_of.setdefault(name, said)
+                if was is not None and was != said:
+                    said_of[name] = None
+            at += size
+        self._data = data[:at]
+
+    def found(self, *, killed: bool = False) -> tuple[tuple[str, bool | None], ...]:
+        """``(path, found)`` as :func:`read_preloaded` gives them. Raises ``ValueError``
+        unless ``killed`` when the records cannot vouch for the run (cut short, or a
+        process with no end record)."""
+        if not killed and (self._torn or not self._ended or self._begun != self._ended):
+            raise ValueError("the recorded lookups are cut short or incomplete: a preprocessor did not finish")
+        found: dict[str, bool | None] = {}
+        paths = self._paths
+        for name, said in self._said_of.items():
+            path = paths[name] if name in paths else self._path(name)
+            if path is not None:
+                was = found.setdefault(path, said)
+                if was is not None and was != said:
+                    found[path] = None
+        return tuple(found.items())
+
+    def _path(self, name: bytes) -> str | None:
+        """The path ``name`` names (from the run's dir when relative); None for one in the
+        run's dir (its own files)."""
         path = name.decode(_FS_ENCODING, _FS_ERRORS)  # (os.fsdecode's)
         if path[:1] != "/":
-            path = os.path.join(cwd, path)
+            path = os.path.join(self.cwd, path)
         # (the work dir is ours: no link in it; most names need no normalizing)
         own = (os.path.normpath(path) if "/." in path or "//" in path else path) + "/"
-        if not own.startswith(inside):
-            was = found.setdefault(path, said)
-            if was is not None and was != said:
-                found[path] = None
-    if not killed and (not ended or begun != ended):
-        raise ValueError("the recorded lookups are incomplete: a preprocessor did not finish")
-    return tuple(found.items())
+        self._paths[name] = got = None if own.startswith(self.cwd.rstrip("/") + "/") else path
+        return got
 
 
 def _read_capped(fd: int, size: int) -> bytes:

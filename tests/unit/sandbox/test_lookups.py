@@ -493,3 +493,26 @@ def test_a_preprocessor_whose_records_cannot_be_written_dies_before_it_sees_a_re
     assert lookups.read_preloaded(str(work), killed=True) is not None  # (what was written, to refuse by)
     proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr  # (without the limit: the same run goes through)
+
+
+def test_records_read_as_they_grow_are_read_once_and_as_a_whole(tmp_path):
+    """A compile's records are read while it runs (each time a recording program closes
+    them) and again after it: fed in any pieces — a record cut in two included — they
+    read as the whole file does; a file that is no longer what was read is read afresh."""
+    cwd = str(tmp_path)
+    whole = _records([(1, 3, 0, b"/r/a.h"), (2, -2, 0, b"/r/b.h")]) + _records([(1, -13, 0, b"/x/c.h")])
+    (tmp_path / lookups.PRELOAD_FILE).write_bytes(whole)
+    expected = lookups.read_preloaded(cwd)
+    assert expected == (("/r/a.h", True), ("/r/b.h", False), ("/x/c.h", True))
+    for cut in range(1, len(whole)):
+        records = lookups.Records(cwd)
+        records.feed(whole[:cut])
+        records.found(killed=True)  # (what there is so far)
+        assert lookups.read_preloaded(cwd, early=records) == expected, cut
+    records = lookups.Records(cwd)
+    records.feed(_records([(1, 3, 0, b"/r/other.h")]))  # (not the file's start: not kept)
+    assert lookups.read_preloaded(cwd, early=records) == expected
+    records = lookups.Records(cwd)
+    records.feed(whole[:30])
+    with pytest.raises(ValueError, match="lookups"):  # (a run cut short is never vouched for)
+        records.found()
