@@ -20,6 +20,11 @@
  *   the path (absolute when it was relative to a directory fd; not NUL-terminated).
  * A full buffer makes lookups_end() return -1.
  *
+ * Preloaded, an open for reading that the sandbox refused (EACCES: Landlock, a file there
+ * outside every root) is handed to the program as ENOENT, and recorded as it was: the
+ * compile goes on as it would had nothing been there (gcc stopped at the refusal: how
+ * long a compile took said whether the file was there).
+ *
  * Preloaded (LD_PRELOAD) into a compiler driver's whole process tree, with
  * SAFEJIT_LOOKUPS naming a file, it records in the preprocessing programs only (GCC's
  * cc1 and cc1plus; clang's `clang -cc1`, a program of its own when the driver is given
@@ -199,6 +204,15 @@ static long open_for_reading(long nr, long *a, int flag_arg) {
     return fd;
 }
 
+/* Whether the syscall nr with arguments a opens a file to read. */
+static int reading(long nr, const long *a) {
+#ifdef SYS_open
+    if (nr == SYS_open) return (a[1] & O_ACCMODE) == O_RDONLY;
+#endif
+    if (nr == SYS_openat) return (a[2] & O_ACCMODE) == O_RDONLY;
+    return 0;
+}
+
 static void on_sigsys(int sig, siginfo_t *info, void *context) {
     (void)sig;
     ucontext_t *uc = context;
@@ -240,6 +254,11 @@ static void on_sigsys(int sig, siginfo_t *info, void *context) {
     case SYS_chdir: record(K_CHDIR, AT_FDCWD, p0, r, 0); break;
     default: break;
     }
+    /* Preloaded: a file the sandbox refused to open for reading (Landlock: there, outside
+     * every root) reads to the program as one not there (recorded as refused, which
+     * refuses the build). gcc stopped at once at the refusal, while a file not there let
+     * the compile go on: how long it took said which. */
+    if (light && r == -EACCES && reading(nr, a)) r = -ENOENT;
     REG_RESULT(uc) = r;
     errno = saved;
 }
