@@ -61,6 +61,9 @@ class Built:
 
     leaf: VerifiedLeaf
     vouched: bool
+    #: Whether the toolchain was found unchanged since the build began, checked when the
+    #: compiler closed these very bytes (its tools had all run); None: not checked yet.
+    toolchain_same: bool | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -122,6 +125,10 @@ class BuildJob:
         #: check of what they name (its walk kept for the check after the compile).
         self._records: lookups.Records | None = None
         self._check: completeness.OutsideCheck | None = None
+        #: The artifact's bytes at its last close, and whether the toolchain was unchanged
+        #: then; when the build began (``_clock``).
+        self._toolchain_at_close: tuple[bytes, bool] | None = None
+        self._since = 0.0
 
     # -- events from the compile (CompileEvents) ----------------------------------
     def started(self) -> None:
@@ -150,6 +157,11 @@ class BuildJob:
         early closure still holds now, it holds for them, however long the driver takes
         to exit (reads after this close cannot change them)."""
         self._held = None
+        # (the tools that made these bytes have all run: a toolchain replaced from now on
+        # did not make them. Checked in the driver's exit, off the caller's time)
+        with contextlib.suppress(OSError, ValueError, SafejitError):
+            self._toolchain_at_close = None
+            self._toolchain_at_close = (data, self.parts.backend.toolchain_unchanged(self.spec, self._since))
         early = self._early
         checked = _clock.now()  # (an edit from here on may have been missed by the check)
         if early is None or tool_reads is None or not scan.unchanged(early[1], early[2]):
@@ -178,7 +190,8 @@ class BuildJob:
     # -- the job ---------------------------------------------------------------
     def run(self, workdir: str) -> Built:
         """Compile in ``workdir`` and record the closure."""
-        self._started_ns, self._started = time.time_ns(), time.perf_counter()
+        self._started_ns, self._started, self._since = time.time_ns(), time.perf_counter(), _clock.now()
+        self._toolchain_at_close = None
         out = self._compile(workdir, events=True)
         self._refuse_outside()
         closure, manifest, checked, dirs = self._closure_of(out)
@@ -206,7 +219,8 @@ class BuildJob:
         negatives = Negatives(paths=closure.negative_paths, dirs=dirs)
         leaf = VerifiedLeaf("", "", manifest, out.artifact, tuple(closure.states), negatives, checked=checked)
         if out.complete and not closure.too_new and not closure.unsure:
-            return Built(leaf, True)
+            at_close = self._toolchain_at_close
+            return Built(leaf, True, at_close[1] if at_close is not None and at_close[0] is out.artifact else None)
         # What the compiler read is not what was hashed (or is unknown): the build may be
         # returned once, but nothing may vouch for it later — not the disk tier, and not the
         # memory tier (its entry fails its first revalidation).

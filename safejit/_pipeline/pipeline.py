@@ -277,7 +277,10 @@ class Pipeline:
             if early is not None:
                 early.cancel()  # (before the work dir is deleted: no write may land in it after)
             raise
-        changed = built.vouched and not self.parts.backend.toolchain_unchanged(resolved.spec, started)
+        same = built.toolchain_same  # (checked at the artifact's close; else now)
+        changed = built.vouched and not (
+            same if same is not None else self.parts.backend.toolchain_unchanged(resolved.spec, started)
+        )
         if changed:  # (its compiler was replaced since it was probed: built by which one?)
             logger.warning(
                 "not caching %s: its toolchain changed since it was probed; it is probed again", resolved.spec.name
