@@ -65,6 +65,9 @@ class Runtime:
     def __init__(self, backend: str | None = None, *, config: Config | None = None) -> None:
         if config is not None and not isinstance(config, Config):
             raise ConfigError(f"Runtime(config=...) takes a safejit.Config, got {type(config).__name__}")
+        if backend is not None and not isinstance(backend, str):
+            hint = "; pass a Config as Runtime(config=...)" if isinstance(backend, Config) else ""
+            raise ConfigError(f"Runtime's first argument is the backend's name, got {type(backend).__name__}{hint}")
         cfg = config if config is not None else Config.from_env()
         if backend is not None and backend != cfg.backend:
             cfg = cfg.replace(backend=backend)

@@ -281,13 +281,21 @@ def test_the_public_surface_is_typed_for_a_user_of_it(tmp_path):
         lambda: safejit.Source("int f(void) { return 1; }", "f", filename=5),
         lambda: safejit.Source("int f(void) { return 1; }", "f", origin=5),
         lambda: safejit.Runtime(config=safejit.Config(backend="fake")).source(5),
+        lambda: safejit.Runtime(5),
     ],
-    ids=["signing_key", "verify_keys", "runtime_config", "filename", "origin", "source_path"],
+    ids=["signing_key", "verify_keys", "runtime_config", "filename", "origin", "source_path", "backend"],
 )
 def test_a_public_argument_of_the_wrong_type_is_a_typed_error(call):
     """Each raised a raw TypeError or AttributeError from deep inside (or was taken)."""
     with pytest.raises(safejit.ConfigError):
         call()
+
+
+def test_a_config_passed_first_to_runtime_says_to_pass_it_as_config(tmp_path):
+    """``Runtime(Config(...))``, as a newcomer writes it, took the Config for the backend's
+    name: "Config.backend must be one of (...), got Config(backend='host', ...)"."""
+    with pytest.raises(safejit.ConfigError, match=r"pass a Config as Runtime\(config=\.\.\.\)"):
+        safejit.Runtime(safejit.Config(cache_dirs=(str(tmp_path),)))
 
 
 def test_kernel_argtypes_that_are_no_sequence_is_an_argument_type_error(make_runtime):
