@@ -273,13 +273,21 @@ class BuildJob:
             return scan.merged(closure, Closure([], [], [], [], [], (self._looked,)))
         if not self._looked:
             return closure
-        return completeness.with_recorded_lookups(
+        recorded = completeness.with_recorded_lookups(
             closure,
             self._looked,
             self.anchors,
             started_ns=self._started_ns,
             trust_stat=self.config.trust_stat,
         )
+        refused = self._records.refused() if self._records is not None else []
+        if refused:  # (inside the roots: outside, the build was refused before)
+            # The compiler was handed a file it may not read (its mode) as not there, and
+            # searched on: whether it may read it is no part of any key, so no leaf can
+            # hold what it found.
+            why = f"the compiler may not read {refused[0]}, which it took for not there"
+            return scan.merged(recorded, Closure([], [], [], [], [], (why,)))
+        return recorded
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self._started
@@ -488,7 +496,7 @@ def _as_scanned(spec: BuildSpec) -> bytes:
 
 
 def _lost() -> UndeclaredDependencyError:
-    return UndeclaredDependencyError(
-        "the compiler looked up more paths than can be recorded, so whether it looked outside every "
-        "declared root is unknown: refused"
-    )
+    # (the words of a lookup outside: a source that floods the records in one branch only
+    # would otherwise read which branch it took from the message)
+    logger.debug("refused: the compiler looked up more paths than can be recorded")
+    return UndeclaredDependencyError(LOOKED_OUTSIDE)

@@ -21,9 +21,11 @@
  * A full buffer makes lookups_end() return -1.
  *
  * Preloaded, an open for reading that the sandbox refused (EACCES: Landlock, a file there
- * outside every root) is handed to the program as ENOENT, and recorded as it was: the
- * compile goes on as it would had nothing been there (gcc stopped at the refusal: how
- * long a compile took said whether the file was there).
+ * outside every root), or that failed another way that says something of the path (a
+ * name too long in a dir that is there), is handed to the program as ENOENT, and
+ * recorded as it was: the compile goes on as it would had nothing been there (gcc
+ * stopped at such a failure: how long a compile took said whether the file was there).
+ * The records file itself is never the program's to open.
  *
  * Preloaded (LD_PRELOAD) into a compiler driver's whole process tree, with
  * SAFEJIT_LOOKUPS naming a file, it records in the preprocessing programs only (GCC's
@@ -204,6 +206,31 @@ static long open_for_reading(long nr, long *a, int flag_arg) {
     return fd;
 }
 
+/* Whether an open's error errno says something of the path (what is there), rather
+ * than of the process (out of descriptors, of memory). */
+static int about_the_path(long e) {
+    return e == EACCES || e == EPERM || e == ENAMETOOLONG || e == ELOOP || e == ENOTDIR || e == EINVAL ||
+           e == ENXIO || e == ENODEV || e == EISDIR || e == EXDEV;
+}
+
+/* Whether the syscall nr opens a file (its result a descriptor). */
+static int opens(long nr) {
+#ifdef SYS_open
+    if (nr == SYS_open || nr == SYS_creat) return 1;
+#endif
+    return nr == SYS_openat || nr == SYS_openat2;
+}
+
+/* Preloaded: the records file, by its device and inode. */
+static dev_t records_dev;
+static ino_t records_ino;
+
+static int is_records(int fd) {
+    struct stat st;
+    return preload_out >= 0 && lookup_syscall(SYS_fstat, fd, (long)&st, 0, 0, 0, 0) == 0 &&
+           st.st_dev == records_dev && st.st_ino == records_ino;
+}
+
 /* Whether the syscall nr with arguments a opens a file to read. */
 static int reading(long nr, const long *a) {
 #ifdef SYS_open
@@ -256,9 +283,17 @@ static void on_sigsys(int sig, siginfo_t *info, void *context) {
     }
     /* Preloaded: a file the sandbox refused to open for reading (Landlock: there, outside
      * every root) reads to the program as one not there (recorded as refused, which
-     * refuses the build). gcc stopped at once at the refusal, while a file not there let
-     * the compile go on: how long it took said which. */
-    if (light && r == -EACCES && reading(nr, a)) r = -ENOENT;
+     * refuses the build); so does any other failure that says something of what is
+     * there (a name too long in a dir that is there, a loop of links). gcc stopped at
+     * once at such a failure, while a file not there let the compile go on: how long it
+     * took said which. */
+    if (light && r < 0 && r != -ENOENT && reading(nr, a) && about_the_path(-r)) r = -ENOENT;
+    /* Preloaded: the records file itself is never the program's to read (it holds what
+     * each lookup truly found: a source that includes it would read past the line above). */
+    if (light && r >= 0 && opens(nr) && is_records((int)r)) {
+        close((int)r);
+        r = -ENOENT;
+    }
     REG_RESULT(uc) = r;
     errno = saved;
 }
@@ -464,6 +499,10 @@ __attribute__((constructor)) static void preload_begin(int argc, char **argv) {
     /* (made by the handler, before recording begins) */
     int fd = (int)lookup_syscall(SYS_openat, AT_FDCWD, (long)out, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600, 0, 0);
     if (fd < 0) return;
+    struct stat st;
+    if (lookup_syscall(SYS_fstat, fd, (long)&st, 0, 0, 0, 0) != 0) return;  /* (no file: unvouched) */
+    records_dev = st.st_dev;
+    records_ino = st.st_ino;
     preload_out = fd;
     append(0, 1, 0, "", 0, "", 0);  /* (begun: a process with no end record did not finish) */
     lookups_begin();

@@ -18,6 +18,7 @@ system C compiler (:func:`build`).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -166,7 +167,7 @@ class Records:
     """The records of a run in ``cwd``, read as its file grows (:meth:`feed` each time
     with all of it): each record is read once."""
 
-    __slots__ = ("_begun", "_data", "_ended", "_paths", "_said_of", "_torn", "cwd")
+    __slots__ = ("_begun", "_data", "_ended", "_paths", "_refused", "_said_of", "_torn", "cwd")
 
     def __init__(self, cwd: str) -> None:
         self.cwd = cwd
@@ -178,6 +179,7 @@ class Records:
         # (each name once, as bytes: most are looked up more than once — an open, then a
         # stat; the same header in each include dir — and decoding is the dearer part)
         self._said_of: dict[bytes, bool | None] = {}
+        self._refused: dict[bytes, None] = {}  # (names the sandbox refused, in order)
         self._begun = self._ended = 0
         self._torn = False  # (the data ends in a part of a record)
 
@@ -209,6 +211,8 @@ class Records:
                 # of what is there too: None, as a path whose lookups disagreed)
                 said = there if there or error in _NOT_THERE else None
                 name = data[at + _HEAD.size : at + size]
+                if error in _REFUSED:
+                    self._refused[name] = None
                 was = said_of.setdefault(name, said)
                 if was is not None and was != said:
                     said_of[name] = None
@@ -230,6 +234,13 @@ class Records:
                 if was is not None and was != said:
                     found[path] = None
         return tuple(found.items())
+
+    def refused(self) -> list[str]:
+        """The paths whose lookup the sandbox refused (EACCES, EPERM): a file there that
+        the compiler was handed as not there (``lookups.c``)."""
+        paths = self._paths
+        found = [paths[name] if name in paths else self._path(name) for name in self._refused]
+        return [p for p in found if p is not None]
 
     def _path(self, name: bytes) -> str | None:
         """The path ``name`` names (from the run's dir when relative); None for one in the
@@ -258,25 +269,30 @@ def _read_capped(fd: int, size: int) -> bytes:
 
 def keep_records(scratch: str, cwd: str) -> None:
     """Copy the records a killed run left in its ``scratch`` into ``cwd`` (which its
-    scratch was mounted on), where :func:`read_preloaded` reads them; what cannot be
-    copied is left (then they are not there to vouch for, nor to refuse, the run)."""
+    scratch was mounted on), where :func:`read_preloaded` reads them. Records that
+    cannot be copied whole are left as one unreadable record (never as fewer lookups:
+    the run's output is then withheld)."""
     try:
         src = os.open(os.path.join(scratch, PRELOAD_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    except FileNotFoundError:
         return
+    except OSError:
+        src = -1
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    kept = os.path.join(cwd, PRELOAD_FILE)
     try:
         st = os.fstat(src)
         if not stat.S_ISREG(st.st_mode):
-            return
+            raise OSError(errno.EINVAL, "not a regular file")
         data = _read_capped(src, st.st_size)  # (past the cap, the reader says they were lost)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-        dst = os.open(os.path.join(cwd, PRELOAD_FILE), flags, 0o600)
-        with open(dst, "wb") as out:
+        with open(os.open(kept, flags, 0o600), "wb") as out:
             out.write(data)
     except OSError:
-        return
+        with contextlib.suppress(OSError), open(os.open(kept, flags, 0o600), "wb") as out:
+            out.write(bytes(_HEAD.size))
     finally:
-        os.close(src)
+        if src >= 0:
+            os.close(src)
 
 
 class Recorder:

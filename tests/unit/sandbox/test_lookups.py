@@ -516,3 +516,23 @@ def test_records_read_as_they_grow_are_read_once_and_as_a_whole(tmp_path):
     records.feed(whole[:30])
     with pytest.raises(ValueError, match="lookups"):  # (a run cut short is never vouched for)
         records.found()
+
+
+def test_a_killed_runs_records_are_kept_whole_or_as_unreadable(tmp_path):
+    """A killed run's records are copied out of its scratch whole; ones that cannot be
+    (no regular file there, a copy that fails) are left as one unreadable record, never
+    as fewer lookups (the run's output is then withheld)."""
+    scratch, cwd = tmp_path / "scratch", tmp_path / "cwd"
+    scratch.mkdir()
+    cwd.mkdir()
+    lookups.keep_records(str(scratch), str(cwd))
+    assert not (cwd / lookups.PRELOAD_FILE).exists()  # (none made: none kept)
+    data = _records([(1, -13, 0, b"/x/c.h")], ended=False)
+    (scratch / lookups.PRELOAD_FILE).write_bytes(data)
+    lookups.keep_records(str(scratch), str(cwd))
+    assert lookups.read_preloaded(str(cwd), killed=True) == (("/x/c.h", True),)
+    (scratch / lookups.PRELOAD_FILE).unlink()
+    os.mkfifo(scratch / lookups.PRELOAD_FILE)
+    lookups.keep_records(str(scratch), str(cwd))
+    with pytest.raises(ValueError, match="lookups"):
+        lookups.read_preloaded(str(cwd), killed=True)
