@@ -7,6 +7,11 @@ very bytes, and the leaf can be staged before the driver even exits. Late, after
 compiler exits, for whatever the early scan could not vouch for. A dependency that
 changed within a clock tick of the compile means what the compiler read is unknown:
 the job compiles once more, and vouches only for a clean run.
+
+Past the style's ~450 lines: the job's events while the compiler runs (the depfile,
+the records, the artifact's close) and the checks after it share the job's state —
+what each event found is what the check after the compile reuses — so they stay in
+one class.
 """
 
 from __future__ import annotations
