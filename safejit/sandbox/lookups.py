@@ -146,18 +146,11 @@ def read_preloaded(
     record is one whose result it never saw. ``early``: the records as read while the
     run went on (:class:`Records`), of which only what was added since is read again."""
     try:
-        fd = os.open(os.path.join(cwd, PRELOAD_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
+        data = _read_records(cwd)
     except OSError as exc:
         raise ValueError(f"the recorded lookups cannot be read: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError("the recorded lookups are no regular file")
-        data = _read_capped(fd, st.st_size)
-    finally:
-        os.close(fd)
+    if data is None:
+        return None
     records = early if early is not None and early.cwd == cwd else Records(cwd)
     records.feed(data)
     return records.found(killed=killed)
@@ -254,9 +247,27 @@ class Records:
         return got
 
 
+def _read_records(directory: str) -> bytes | None:
+    """The records file in ``directory`` (None: there is none), up to :data:`_PRELOAD_MAX`
+    and a byte more (past it, the records are lost). Raises ``OSError`` when it cannot be
+    read, or is no regular file (the compiler wrote it: never read through a link, never
+    blocking on a FIFO)."""
+    try:
+        fd = os.open(os.path.join(directory, PRELOAD_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "no regular file")
+        return _read_capped(fd, st.st_size)
+    finally:
+        os.close(fd)
+
+
 def _read_capped(fd: int, size: int) -> bytes:
-    """What ``fd`` holds, up to :data:`_PRELOAD_MAX` and a byte more (past it, the
-    records are lost); in reads of its size (a buffer of the cap cost ~25 us a compile)."""
+    """What ``fd`` holds, up to :data:`_PRELOAD_MAX` and a byte more; in reads of its
+    size (a buffer of the cap cost ~25 us a compile)."""
     chunks, got = [], 0
     while got <= _PRELOAD_MAX:
         chunk = os.read(fd, min(max(size - got, 0) + 1, _PRELOAD_MAX + 1 - got))
@@ -272,27 +283,17 @@ def keep_records(scratch: str, cwd: str) -> None:
     scratch was mounted on), where :func:`read_preloaded` reads them. Records that
     cannot be copied whole are left as one unreadable record (never as fewer lookups:
     the run's output is then withheld)."""
-    try:
-        src = os.open(os.path.join(scratch, PRELOAD_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return
-    except OSError:
-        src = -1
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     kept = os.path.join(cwd, PRELOAD_FILE)
     try:
-        st = os.fstat(src)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        data = _read_capped(src, st.st_size)  # (past the cap, the reader says they were lost)
+        data = _read_records(scratch)  # (past the cap, the reader says they were lost)
+        if data is None:
+            return
         with open(os.open(kept, flags, 0o600), "wb") as out:
             out.write(data)
     except OSError:
         with contextlib.suppress(OSError), open(os.open(kept, flags, 0o600), "wb") as out:
             out.write(bytes(_HEAD.size))
-    finally:
-        if src >= 0:
-            os.close(src)
 
 
 class Recorder:
