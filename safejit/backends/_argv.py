@@ -272,7 +272,8 @@ def _run_steps(
                 logger.debug("%s: refused: the compiler could not open %r, outside every root", spec.name, outside)
                 raise UndeclaredDependencyError(LOOKED_OUTSIDE)
             raise CompileError(
-                f"{spec.name}: {os.path.basename(step[0])} exited with {result.returncode}\n{said}",
+                f"{spec.name}: {os.path.basename(step[0])} exited with {result.returncode}\n{said}"
+                + searched_note(said, ctx.search_dirs),
                 log=said,
                 argv=step,
                 returncode=result.returncode,
@@ -393,6 +394,17 @@ def _unread_names(log: str, search_dirs: Sequence[str], system: Sequence[str] = 
         dirs += [d for d in search_dirs if not (climbs and d in toolchain)]
         names += [os.path.join(d, name) for d in dirs]
     return names
+
+
+def searched_note(log: str, search_dirs: Sequence[str]) -> str:
+    """What to add to a failed compile's message whose ``log`` says a file was not found:
+    the include dirs searched, in order (the user's own and the toolchain's: nothing of
+    what is there)."""
+    if _UNREAD_NAME.search(log) is None:
+        return ""
+    listed = "\n".join(f"  {d}" for d in search_dirs) or "  (none)"
+    gap = "" if log.endswith("\n") else "\n"
+    return f"{gap}include dirs searched, in order (a quoted name first beside its includer):\n{listed}"
 
 
 def _unread_alike(log: str) -> str:

@@ -71,3 +71,25 @@ def test_what_else_names_the_work_dir_loses_it():
     log = "/w/p1/src/k.c:1: error\nld: /w/p1/k.so: ./src/k.c:3: undefined\ncd /w/p1\n"
     assert user_paths(log, shown) == "/home/me/k.c:1: error\nld: k.so: /home/me/k.c:3: undefined\ncd .\n"
     assert user_paths("nothing to map", shown) == "nothing to map"
+
+
+def test_a_header_not_found_is_named_with_the_dirs_searched(make_runtime, tmp_path):
+    """A header that is not there: the message names it and every include dir searched,
+    in order (the caller's first, then the toolchain's); an error of another kind
+    lists none."""
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    rt = make_runtime(source_roots=(str(inc),))
+    for directive in ("<nothere.h>", '"nothere.h"'):
+        with pytest.raises(safejit.CompileError) as info:
+            rt.compile(
+                safejit.Source(f"#include {directive}\nint f(void) {{ return 1; }}\n", "f"), include_dirs=(str(inc),)
+            )
+        error = info.value
+        message = str(error)
+        assert "nothere.h: not found" in message
+        searched = message.split("include dirs searched, in order")[1].splitlines()[1:]
+        dirs = [line.strip() for line in searched]
+        assert dirs[0] == str(inc) and "/usr/include" in dirs, message
+        assert "include dirs searched" not in error.log  # (the compiler's own words, as it said them)
+    assert "include dirs searched" not in str(_error(rt, safejit.Source(BAD, "g")))
