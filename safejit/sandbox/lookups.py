@@ -23,12 +23,12 @@ import ctypes
 import errno
 import os
 import platform
-import stat
 import struct
 import sys
 from dataclasses import dataclass
 from typing import Final
 
+from ..closure.hashing import open_regular
 from ._shim_build import ensure_lookups
 from .statedir import StateDir
 
@@ -253,13 +253,10 @@ def _read_records(directory: str) -> bytes | None:
     read, or is no regular file (the compiler wrote it: never read through a link, never
     blocking on a FIFO)."""
     try:
-        fd = os.open(os.path.join(directory, PRELOAD_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd, st = open_regular(os.path.join(directory, PRELOAD_FILE), nofollow=True)
     except FileNotFoundError:
         return None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "no regular file")
         return _read_capped(fd, st.st_size)
     finally:
         os.close(fd)
