@@ -40,6 +40,7 @@ from .inventory import Request as InventoryRequest
 from .kernel import Artifact, Module
 from .outcomes import Miss, Tier
 from .policy import roots as root_policy
+from .policy.flag_tables import FAMILIES
 from .spec import Source
 from .telemetry import ATTR, SPAN, instruments, span
 
@@ -51,6 +52,11 @@ __all__ = ["Explanation", "Runtime"]
 logger = logging.getLogger(__name__)
 #: The memory hit's clock (the staleness guarantee's: ``_clock``), one global load.
 _monotonic = _clock.now
+#: The define and extra values whose equality is their text's: a memory key tells any
+#: other apart by its text too (``0.0 == -0.0``, in NumPy's floats too).
+_EXACT = frozenset({str, int, bool, type(None)})
+#: Every compiler family's options whose value is a path (``-I``, ``-include``...).
+_PATH_FLAGS = tuple({p for family in FAMILIES.values() for p in family.path_flags})
 
 
 class Runtime:
@@ -138,11 +144,15 @@ class Runtime:
             key = (
                 source._key,
                 tuple(include_dirs) if include_dirs else (),
-                tuple((k, v.__class__ if v.__class__ is not float else v.hex(), v) for k, v in defines.items())
+                tuple(
+                    (k, v.__class__ if v.__class__ in _EXACT else (v.__class__, str(v)), v) for k, v in defines.items()
+                )
                 if defines
                 else (),
                 tuple(flags) if flags else (),
-                tuple((k, v.__class__ if v.__class__ is not float else v.hex(), v) for k, v in extras.items())
+                tuple(
+                    (k, v.__class__ if v.__class__ in _EXACT else (v.__class__, str(v)), v) for k, v in extras.items()
+                )
                 if extras
                 else (),
                 arch,
@@ -335,6 +345,9 @@ class Runtime:
         """``compile`` past a memory hit: ``key`` is its memory key (``source._key`` first)."""
         if self._closed:
             raise LoadError("the runtime is closed")
+        request = key
+        if _placed(key):  # (what it names depends on where this process is: so does its entry)
+            key = (*key, _where())
         with span(SPAN.COMPILE, {**self._attrs, ATTR.KERNEL: name_of(source)}) as root_span:
             found = self._memory.find(key, now)
             if isinstance(found, Module):
@@ -348,7 +361,7 @@ class Runtime:
             def make() -> tuple[Entry[Module], Module]:
                 nonlocal made_here
                 made_here = True
-                entry, module = self._produce((source, *key[1:]))
+                entry, module = self._produce((source, *request[1:]))
                 # A module its caller closed is no hit for the next call: it loads afresh.
                 module._when_closed(_forget(self._memory, key))
                 return entry, module
@@ -412,6 +425,39 @@ class Runtime:
         return wired
 
 
+def _placed(key: Request) -> bool:
+    """Whether a request names a path from this process's working dir or home (``inc``,
+    ``~/lib``, a source read as ``k.c``): then what it names depends on where the process
+    is, which its memory key does not say (conservative: any flag that is no option is
+    taken for such a path)."""
+    origin = key[0][3]
+    if origin is not None and not origin.startswith("/"):
+        return True
+    if any(not os.fspath(d).startswith("/") for d in key[1]):
+        return True
+    for flag in key[3]:
+        if not isinstance(flag, str):
+            continue  # (refused by the flag policy)
+        if not flag.startswith("-"):
+            if not flag.startswith("/"):
+                return True
+        elif flag.startswith(_PATH_FLAGS):
+            value = flag[next(len(p) for p in _PATH_FLAGS if flag.startswith(p)) :].lstrip("=")
+            if value and not value.startswith("/"):
+                return True
+    return False
+
+
+def _where() -> tuple[int, int, str] | object:
+    """This process's working dir (the directory itself: a path given again to another
+    dir is another place) and home, as a memory key's part."""
+    try:
+        st = os.stat(".")
+    except OSError:  # (gone: a relative path resolves to nothing; never a hit)
+        return object()
+    return (st.st_dev, st.st_ino, os.path.expanduser("~"))
+
+
 def _forget(memory: MemoryTier[Module], key: Hashable) -> Callable[[], None]:
     """What drops ``key``'s entry from ``memory`` once its module is closed (keeping
     neither the tier nor the module alive)."""
@@ -446,8 +492,10 @@ def _request(
     checked_for: str | None = None,
 ) -> Request:
     """The hashable request (the same tuple ``compile`` builds inline on its hot path).
-    Value types are part of it: ``1``, ``1.0`` and ``True`` compare equal but compile differently;
-    so is a float's exact value (``0.0`` and ``-0.0`` compare equal too).
+    Value types are part of it: ``1``, ``1.0`` and ``True`` compare equal but compile differently.
+    A value of any type but those compared exactly (:data:`_EXACT`) is told apart by its
+    text too, as the compiler is given it: ``0.0`` and ``-0.0`` compare equal (NumPy's
+    too).
     ``checked_for``: the public call (``build``, ``explain``) whose arguments are checked
     first, a wrong one a ConfigError naming it."""
     if checked_for is not None:
@@ -458,11 +506,11 @@ def _request(
     return (
         source,
         tuple(include_dirs),
-        tuple((k, v.__class__ if v.__class__ is not float else v.hex(), v) for k, v in defines.items())
+        tuple((k, v.__class__ if v.__class__ in _EXACT else (v.__class__, str(v)), v) for k, v in defines.items())
         if defines
         else (),
         tuple(flags),
-        tuple((k, v.__class__ if v.__class__ is not float else v.hex(), v) for k, v in extras.items())
+        tuple((k, v.__class__ if v.__class__ in _EXACT else (v.__class__, str(v)), v) for k, v in extras.items())
         if extras
         else (),
         arch,

@@ -455,3 +455,52 @@ def test_a_compile_abandoned_by_a_second_interrupt_is_done_again(monkeypatch):
     other.start()
     other.join(10)
     assert got == ["v"] and not cache._inflight  # (another thread)
+
+
+def test_float_subclass_zero_and_negative_zero_defines_are_different_requests(make_runtime):
+    """A float subclass (NumPy's float64 is one) compares ``0.0 == -0.0`` as float does,
+    and its class alone did not tell them apart: the -0.0 request was served the 0.0
+    kernel from memory for as long as the entry stood (revalidation checks files, not
+    the request)."""
+    import ctypes
+
+    class Real(float):
+        pass
+
+    rt = make_runtime(declared_extras=("e",), max_staleness_s=3600)
+    src = safejit.Source("double v(void) { return 1.0 / (X); }", "v")
+    got = [
+        rt.compile(src, defines={"X": x}, extras={"e": e}).kernel("v", restype=ctypes.c_double)()
+        for x, e in ((Real(0.0), 0), (Real(-0.0), 0), (Real(0.0), Real(-0.0)))
+    ]
+    assert got == [math.inf, -math.inf, math.inf]
+    assert rt.stats()["compiles"] == 3
+    assert rt.compile(src, defines={"X": Real(-0.0)}, extras={"e": 0}).kernel("v", restype=ctypes.c_double)() < 0
+    assert rt.stats()["compiles"] == 3 and rt.stats()["memory_hits"] == 1  # (equal text: the one entry)
+
+
+@pytest.mark.parametrize("form", ["include_dirs", "-Iinc", "-I inc", "source file"])
+def test_a_relative_path_names_what_it_does_in_the_working_dir_of_each_call(make_runtime, tmp_path, monkeypatch, form):
+    """A path relative to the working dir (an include dir, a path flag, a source read as
+    ``k.c``) in a long-running process that changes dir between two calls: the second
+    is served what that path names now, within the staleness window too (the memory key
+    held the path as spelt: the first dir's kernel was served until the window passed)."""
+    for v in (1, 2):
+        (tmp_path / f"p{v}" / "inc").mkdir(parents=True)
+        (tmp_path / f"p{v}" / "inc" / "ver.h").write_text(f"#define VER {v}\n")
+        (tmp_path / f"p{v}" / "ver.h").write_text(f"#define VER {v}\n")
+        (tmp_path / f"p{v}" / "k.c").write_text('#include "ver.h"\nint ver(void) { return VER; }\n')
+    rt = make_runtime(source_roots=(str(tmp_path),), max_staleness_s=3600)
+    code = '#include "ver.h"\nint ver(void) { return VER; }\n'
+    requests = {
+        "include_dirs": lambda: rt.compile(safejit.Source(code, "ver"), include_dirs=("inc",)),
+        "-Iinc": lambda: rt.compile(safejit.Source(code, "ver"), flags=("-Iinc",)),
+        "-I inc": lambda: rt.compile(safejit.Source(code, "ver"), flags=("-I", "inc")),
+        "source file": lambda: rt.compile(rt.source("k.c", name="ver")),
+    }
+    seen = []
+    for v in (1, 2, 1):
+        monkeypatch.chdir(tmp_path / f"p{v}")
+        seen.append(requests[form]().kernel("ver")())
+    assert seen == [1, 2, 1]
+    assert rt.stats()["memory_hits"] == 1  # (the first dir's entry serves it again)
