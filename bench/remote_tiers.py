@@ -343,12 +343,14 @@ def tier_hit(results: dict[str, Any], url: str, quick: bool) -> None:
     """A verified remote hit of a 1 MB leaf against a raw GET of the same stored bytes."""
     import msgspec
 
-    from safejit.cache.leaf import ArtifactInfo, Manifest, encode_manifest
+    from safejit.cache.leaf import ArtifactInfo, Manifest, encode_manifest, leaf_files
+    from safejit.cache.remote.layout import entry_name
     from safejit.cache.remote.tier import RemoteTier
     from safejit.cache.statmemo import StatMemo
     from safejit.closure.anchors import Anchors
     from safejit.closure.hashing import digest_bytes, hash_file
     from safejit.keys import deps_key
+    from safejit.policy.trust import Ed25519Signer, signature_policy
 
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "src"
@@ -375,14 +377,19 @@ def tier_hit(results: dict[str, Any], url: str, quick: bool) -> None:
             timings={},
             created=time.time(),
         )
+        # Signed by a build service's Ed25519 key and checked with its public key, as a
+        # fleet's nodes do (a remote leaf is used only when signed).
+        signer = Ed25519Signer.generate()
+        man, _ = leaf_files(man, artifact, signer)
         store = open_store(RemoteSettings.from_url(url), tenant="bench", backend="cuda")
         store.put_blob(man.artifact_digest, artifact)
         store.put_head(K, man.artifact_digest, artifact)  # (as an upload does for a build key's first leaf)
-        store.publish_manifest(K, man.deps_key, encode_manifest(man))
+        store.publish_manifest(K, entry_name(man.deps_key, signer.key_id), encode_manifest(man))
         memo_dir = Path(tmp) / "memo"
         memo_dir.mkdir(mode=0o700)
+        verifier = signature_policy({signer.key_id: signer.public_key}.items(), None, require=True)
         tier = RemoteTier(
-            store, writable=False, verifier=None, memo=StatMemo(str(memo_dir)), max_artifact_bytes=1 << 30, attrs={}
+            store, writable=False, verifier=verifier, memo=StatMemo(str(memo_dir)), max_artifact_bytes=1 << 30, attrs={}
         )
         anchors = Anchors({"s0": str(src.resolve())})
         client = store.client(len(artifact) + 1)  # type: ignore[attr-defined]
@@ -441,7 +448,9 @@ FLEET_CHILD = r"""
 import json, sys
 import safejit
 cache, root = sys.argv[1], sys.argv[2]
-rt = safejit.Runtime(config=safejit.Config.from_env(cache_dirs=(cache,), source_roots=(root,), backend="fake"))
+key = b"bench-fleet-hmac-key-0123456789"  # (a remote leaf is used only when signed)
+cfg = safejit.Config.from_env(cache_dirs=(cache,), source_roots=(root,), backend="fake", signing_key=key)
+rt = safejit.Runtime(config=cfg)
 rt.compile(safejit.Source('#include "inner.h"\n', "k"), include_dirs=(root,))
 rt._init()[0].remote.uploads.flush()
 print(json.dumps(rt.stats()["compiles"]))
@@ -481,8 +490,9 @@ def upload_overhead(results: dict[str, Any], url: str, quick: bool) -> None:
     import safejit
 
     with tempfile.TemporaryDirectory() as tmp:
-        on = safejit.Runtime(config=safejit.Config(cache_dirs=(f"{tmp}/on",), remote=url))
-        off = safejit.Runtime(config=safejit.Config(cache_dirs=(f"{tmp}/off",)))
+        key = b"bench-fleet-hmac-key-0123456789"  # (both sign: only the remote differs)
+        on = safejit.Runtime(config=safejit.Config(cache_dirs=(f"{tmp}/on",), remote=url, signing_key=key))
+        off = safejit.Runtime(config=safejit.Config(cache_dirs=(f"{tmp}/off",), signing_key=key))
         ratios = []
         for i in range(8 if quick else 40):
             pair = []

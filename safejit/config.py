@@ -250,6 +250,25 @@ class Config:
         if self.remote is not None:
             self.remote_settings(env=True)  # (the URL, numbers and credentials parse; no I/O)
 
+    def check_remote_keys(self) -> None:
+        """Raise ``ConfigError`` when a remote tier this configuration would look up in has
+        no key to check its leaves with, or one it would upload to none to sign with (the
+        operator commands, which load nothing, need none)."""
+        if self.remote is not None and self.remote_mode != "off":
+            # A remote leaf is used only when signed by a key this node trusts: anyone who
+            # can write the keyspace could otherwise hand every node the bytes they chose.
+            if not self.signing_key and not self.verify_keys:
+                raise ConfigError(
+                    "Config.remote needs the keys its leaves are signed with: Config.signing_key "
+                    "(a node that uploads signs with it) or Config.verify_keys (one that only reads); "
+                    "a remote leaf is used only when signed by a key this node trusts"
+                )
+            if self.remote_mode == "read-write" and not self.signing_key:
+                raise ConfigError(
+                    "Config.remote_mode 'read-write' needs Config.signing_key: what a node uploads is "
+                    "signed (a node holding only verify_keys reads: remote_mode='read-only')"
+                )
+
     def remote_settings(self, *, env: bool = False) -> Any:
         """The remote's settings (``safejit.cache.remote.RemoteSettings``), or None when
         no remote is configured or it is off. ``env``: with the credentials the URL lacks

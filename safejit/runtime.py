@@ -77,6 +77,7 @@ class Runtime:
         cfg = config if config is not None else Config.from_env()
         if backend is not None and backend != cfg.backend:
             cfg = cfg.replace(backend=backend)
+        cfg.check_remote_keys()
         self.config = cfg
         self._env = _env.passthrough_values(cfg.env_passthrough)
         self._wired: tuple[Parts, Resolver, Pipeline] | None = None

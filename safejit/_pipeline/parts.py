@@ -18,7 +18,7 @@ from ..cache.statmemo import StatMemo
 from ..closure.anchors import Anchors
 from ..config import Config
 from ..policy import roots as root_policy
-from ..policy.trust import config_policy, signer_of
+from ..policy.trust import Signer, config_policy, signature_policy, signer_of
 from ..sandbox import SYSTEM_PATH
 from ..sandbox.runner import Sandbox
 from ..sandbox.statedir import state_dir
@@ -73,10 +73,10 @@ class Parts:
             memo=StatMemo(private) if config.trust_stat else None,
             staging=Staging(f"artifact.{self.backend.artifact_ext}", scratch=scratch, memory=in_memory, marks=private),
         )
-        self.remote = self._open_remote(config)
+        self.remote = self._open_remote(config, signer)
         self._anchors: dict[tuple[Toolchain, tuple[str, ...]], Anchors] = {}
 
-    def _open_remote(self, config: Config) -> RemoteTier | None:
+    def _open_remote(self, config: Config, signer: Signer | None) -> RemoteTier | None:
         """The remote tier, when one is configured (its engine's client library is
         imported now, not before; no connection is made until the first lookup)."""
         settings = config.remote_settings(env=True)
@@ -96,7 +96,9 @@ class Parts:
         return RemoteTier(
             store,
             writable=config.remote_mode == "read-write",
-            verifier=self.disk.verifier,
+            # Signed, whatever require_signed says of this node's own disk: the keyspace is
+            # written by others (Config refuses a remote without a key).
+            verifier=signature_policy(config.verify_keys, signer, require=True),
             memo=self.disk.memo,
             max_artifact_bytes=config.max_artifact_bytes,
             attrs=attrs,

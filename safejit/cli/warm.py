@@ -31,6 +31,7 @@ UPLOAD_SHOWN: Final = {
     "uploaded": "uploaded",
     "present": "already there",
     "index_full": "skipped: index full",
+    "unsigned": "skipped: not signed",
     "failed": "failed",
     "dropped": "dropped: queue full",
     "unfinished": "not finished",
@@ -94,7 +95,7 @@ def _warm_request(
 def _upload_of(rt: Runtime) -> dict[str, Any]:
     """``{upload, upload_reason, upload_detail}`` of the request's leaf, once the upload
     queue has drained (``upload`` None: nothing was offered, as for a remote hit)."""
-    from ..cache.remote.uploads import PRESENT
+    from ..cache.remote.uploads import INDEX_FULL, PRESENT
 
     uploads = rt.flush_uploads(UPLOAD_WAIT_S)
     if not uploads.results:
@@ -104,7 +105,7 @@ def _upload_of(rt: Runtime) -> dict[str, Any]:
     last = uploads.results[-1]  # (one request, one leaf)
     upload = {
         Outcome.UPLOADED: "present" if last.detail == PRESENT else "uploaded",
-        Outcome.UPLOAD_SKIPPED: "present" if last.detail == PRESENT else "index_full",
+        Outcome.UPLOAD_SKIPPED: {PRESENT: "present", INDEX_FULL: "index_full"}.get(last.detail, "unsigned"),
         Outcome.UPLOAD_FAILED: "failed",
         Outcome.UPLOAD_DROPPED: "dropped",
     }[last.outcome]
@@ -149,8 +150,10 @@ def cmd_warm(args: argparse.Namespace, out: Out) -> int:
     from ..inventory import read_inventory
 
     warn_password_in_argv(args.remote, out)
-    remote = _remote_of(args)
     signing_key = _signing_key(args.signing_key)
+    if args.remote is not None and signing_key is None:  # (before the remote is asked anything)
+        raise CliError("--remote needs --signing-key FILE: a node uses a remote leaf only when it is signed")
+    remote = _remote_of(args)
     skipped: list[int] = []
     try:
         requests = list(read_inventory(args.inventory, skipped))
@@ -180,8 +183,6 @@ def cmd_warm(args: argparse.Namespace, out: Out) -> int:
         _summary(out, results)
     else:
         _remote_report(out, results)
-        if signing_key is None and any(r["upload"] == "uploaded" for r in results):
-            out.line(("uploads are unsigned: nodes with verify_keys will not use them (--signing-key)", "warn"))
     return EXIT_FINDINGS if bad else EXIT_OK
 
 

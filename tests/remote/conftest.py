@@ -28,6 +28,10 @@ def hexkey(n: int | str) -> str:
     return hashlib.sha256(str(n).encode()).hexdigest()
 
 
+#: The HMAC key the nodes of a test share, unless it gives them keys of its own.
+FLEET_KEY = b"safejit-fleet-test-key-0123456789"
+
+
 @pytest.fixture(scope="session")
 def valkey(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Valkey]:
     server = start_valkey(tmp_path_factory.mktemp("valkey"))
@@ -119,6 +123,10 @@ def node(tmp_path: Path, project: Path, redis_server: Valkey) -> Iterator[Callab
 
     def factory(name: str, **cfg: Any) -> safejit.Runtime:
         cfg.setdefault("remote", redis_server.url)
+        if not cfg.get("signing_key") and not cfg.get("verify_keys"):
+            cfg["signing_key"] = FLEET_KEY  # (a remote leaf is used only when signed by a key held here)
+        elif not cfg.get("signing_key"):
+            cfg.setdefault("remote_mode", "read-only")  # (public keys only: a node that reads)
         cfg.setdefault("backend", "fake")
         cfg.setdefault("source_roots", (str(project),))
         rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(tmp_path / f"disk-{name}"),), **cfg))

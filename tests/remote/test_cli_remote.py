@@ -25,7 +25,7 @@ from safejit.policy.trust import Ed25519Signer
 
 from ._servers import free_port
 from .test_acl import create_users
-from .test_tier import TAMPERS
+from .test_tier import TAMPERS, _rewrite
 
 SRC = safejit.Source('#include "inner.h"\n#define VALUE 7\n', "k")
 SIGNER = Ed25519Signer.generate()
@@ -88,6 +88,13 @@ def inventory(tmp_path, project) -> Path:
     return path
 
 
+def _signed(tmp_path: Path) -> tuple[str, str]:
+    """``--signing-key FILE``, the builder's key written to a file."""
+    key = tmp_path / "builder.pem"
+    key.write_bytes(SIGNER.private_pem())
+    return ("--signing-key", str(key))
+
+
 def _warm(tmp_path: Path, inventory: Path, disk: str, *more: str) -> Ran:
     (tmp_path / disk).mkdir(exist_ok=True)
     return cli("warm", str(inventory), "-j", "2", "--cache-dir", str(tmp_path / disk), *more)
@@ -109,31 +116,41 @@ def test_warm_remote_fills_the_remote_and_another_node_hits_it(env, tmp_path, in
     assert len(redis_server.admin().keys("sj:v1:default:fake:idx:*")) == 2
     # A second node (its own disk), through SAFEJIT_REMOTE: both are remote hits, nothing to upload.
     env.setenv("SAFEJIT_REMOTE", redis_server.url)
-    second = _warm(tmp_path, inventory, "node-2", "--remote", "--json")
+    second = _warm(tmp_path, inventory, "node-2", "--remote", "--json", "--signing-key", str(key))
     assert second.rc == 0, second
     results = {r["name"]: r for r in second.json()["results"]}
     assert {(r["result"], r["upload"]) for r in results.values()} == {("remote", None)}
     assert set(results["alpha"]) == {"name", "tenant", "result", "detail", "upload", "upload_reason", "upload_detail"}
     # An application on a third node gets it from the remote too:
-    mod = node("3").compile(safejit.Source(SRC.code, "alpha"), include_dirs=_inc(project))
+    reader = node("3", remote_mode="read-only", verify_keys={SIGNER.key_id: SIGNER.public_key})
+    mod = reader.compile(safejit.Source(SRC.code, "alpha"), include_dirs=_inc(project))
     assert mod.artifact.tier == "remote"
 
 
 def test_warm_remote_uploads_disk_hits_the_remote_lacks(env, tmp_path, inventory, redis_server):
-    env.delenv("SAFEJIT_VERIFY_KEYS")  # (the recorder did not sign: its leaves are used only so)
-    assert _warm(tmp_path, inventory, "recorder").out.splitlines()[-1] == "2 requests: hit 2"  # (no remote)
-    ran = _warm(tmp_path, inventory, "recorder", "--remote", redis_server.url)
+    key = tmp_path / "builder.pem"
+    key.write_bytes(SIGNER.private_pem())
+    signed = ("--signing-key", str(key))
+    assert _warm(tmp_path, inventory, "builder", *signed).out.splitlines()[-1] == "2 requests: built 2"  # (no remote)
+    ran = _warm(tmp_path, inventory, "builder", "--remote", redis_server.url, *signed)
     assert ran.rc == 0 and "2 requests: disk hit 2; uploads: uploaded 2" in ran.out, ran
-    assert "uploads are unsigned: nodes with verify_keys will not use them (--signing-key)" in ran.out
-    again = _warm(tmp_path, inventory, "recorder", "--remote", redis_server.url)
+    again = _warm(tmp_path, inventory, "builder", "--remote", redis_server.url, *signed)
     assert "2 requests: disk hit 2; uploads: already there 2" in again.out, again
-    assert "uploads are unsigned" not in again.out  # (nothing was uploaded, signed or not)
+
+
+def test_warm_remote_needs_a_signing_key_and_uploads_nothing_without(env, tmp_path, inventory, redis_server):
+    """A remote leaf is used only when signed: ``warm --remote`` without ``--signing-key``
+    stops before the remote is asked anything, and writes nothing there."""
+    env.delenv("SAFEJIT_VERIFY_KEYS")  # (the recorder did not sign: its leaves are used only so)
+    ran = _warm(tmp_path, inventory, "recorder", "--remote", redis_server.url)
+    assert ran.rc == 2 and "--remote needs --signing-key" in ran.err, ran
+    assert redis_server.admin().keys("sj:v1:*") == []
 
 
 def test_warm_remote_reports_each_refused_upload_and_fails(env, tmp_path, inventory, redis_server):
     create_users(redis_server.admin(), "default")
     reader = f"redis://sj-default-reader:default-reader-pw@127.0.0.1:{redis_server.port}/0"
-    ran = _warm(tmp_path, inventory, "builder", "--remote", reader)
+    ran = _warm(tmp_path, inventory, "builder", "--remote", reader, *_signed(tmp_path))
     assert ran.rc == 1, ran
     assert ran.out.splitlines()[1].split() == ["alpha", "compiled", "failed:", "denied"]
     assert "upload of alpha (tenant default): failed: denied: remote redis put_blob: denied (" in ran.out
@@ -141,15 +158,21 @@ def test_warm_remote_reports_each_refused_upload_and_fails(env, tmp_path, invent
         "default-reader-pw" not in ran.out + ran.err
         and "***"
         in _warm(
-            tmp_path, inventory, "builder", "--remote", reader.replace(f":{redis_server.port}", f":{free_port()}")
+            tmp_path,
+            inventory,
+            "builder",
+            "--remote",
+            reader.replace(f":{redis_server.port}", f":{free_port()}"),
+            *_signed(tmp_path),
         ).err
     )
 
 
 def test_warm_remote_needs_a_remote_that_answers(env, tmp_path, inventory):
-    assert _warm(tmp_path, inventory, "b", "--remote").err.startswith("error: --remote needs a URL")
+    signed = _signed(tmp_path)
+    assert _warm(tmp_path, inventory, "b", "--remote", *signed).err.startswith("error: --remote needs a URL")
     started = time.monotonic()
-    down = _warm(tmp_path, inventory, "b", "--remote", f"redis://127.0.0.1:{free_port()}/0")
+    down = _warm(tmp_path, inventory, "b", "--remote", f"redis://127.0.0.1:{free_port()}/0", *signed)
     assert down.rc == 2 and down.out == "" and "refused" in down.err and len(down.err.splitlines()) == 1
     assert time.monotonic() - started < 5  # (nothing compiled: no worker started)
 
@@ -250,7 +273,8 @@ def test_a_tampered_remote_leaf_is_a_finding(env, node, project, redis_server, t
 
 
 def test_an_unsigned_leaf_is_a_finding_under_verify_keys(env, node, project, redis_server):
-    _publish(node("a"), project, "k")  # (no signing key)
+    _publish(node("a", signing_key=SIGNER.private_pem()), project, "k")
+    _rewrite(redis_server, lambda d: d.pop("signature"))  # (a writer without the key: no uploader makes one)
     ran = cli("remote", "verify", "--remote", redis_server.url)
     assert ran.rc == 1 and "unsigned: the leaf is not signed" in ran.out and "0/1 remote leaves verify" in ran.out
 

@@ -19,11 +19,14 @@ import safejit
 from safejit.cache.remote.store import RemoteError
 from safejit.outcomes import Outcome
 
+from .conftest import FLEET_KEY
+
 CHILD = r"""
 import json, sys
 import safejit
-cache, root = sys.argv[1], sys.argv[2]
-rt = safejit.Runtime(config=safejit.Config.from_env(cache_dirs=(cache,), source_roots=(root,), backend="fake"))
+cache, root, key = sys.argv[1], sys.argv[2], sys.argv[3].encode()
+cfg = safejit.Config.from_env(cache_dirs=(cache,), source_roots=(root,), backend="fake", signing_key=key)
+rt = safejit.Runtime(config=cfg)
 mod = rt.compile(safejit.Source('#include "inner.h"\n', "k"), include_dirs=(root + "/include",))
 value = mod.kernel("INNER")()
 rt._init()[0].remote.uploads.flush()
@@ -41,7 +44,7 @@ def _start(tmp_path: Path, project: Path, url: str, n: int, delay: float, ttl: f
     )
     return [
         subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(tmp_path / f"node-{i}"), str(project)],
+            [sys.executable, "-c", CHILD, str(tmp_path / f"node-{i}"), str(project), FLEET_KEY.decode()],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -191,8 +191,9 @@ TAMPERS = {
     "manifest under another deps key": (move_to_other_deps_key, {"mismatch"}),
     "manifest of another tenant": (move_to_other_tenant, {"mismatch"}),
     "closure digest that differs from the local file": (closure_digest_differs, {"mismatch", "dep_changed"}),
-    "oversize artifact": (oversize, {"oversize"}),
-    "compression bomb": (compression_bomb, {"oversize", "artifact"}),
+    # (the manifest rewritten: its signature, checked first, fails)
+    "oversize artifact": (oversize, {"oversize", "signature"}),
+    "compression bomb": (compression_bomb, {"oversize", "artifact", "signature"}),
     "manifest that is not JSON": (not_json, {"manifest"}),
 }
 
@@ -352,6 +353,30 @@ def test_an_unsigned_or_foreign_signed_leaf_is_a_miss_under_verify_keys(node, pr
     _published(node("c", signing_key=builder.private_pem()), project)
     fresh = node("d", verify_keys=((builder.key_id, builder.public_key),))
     assert fresh.compile(SRC, include_dirs=_inc(project)).artifact.tier == "remote"
+
+
+def test_an_unsigned_remote_leaf_is_a_miss_whatever_require_signed_says(node, project, redis_server):
+    """A writer of the keyspace without the fleet's key (a leaked ACL password) plants an
+    unsigned manifest naming bytes it chose: no node loads them, not even one whose own
+    disk takes unsigned leaves (``require_signed=False``); the remote tier checked
+    signatures only when the disk's policy did, and with no key configured, never."""
+    _published(node("a"), project)
+    index, _, raw = _entry(redis_server)
+    evil = b'safejit-fake-1\n{"INNER": "666"}'
+    redis_server.admin().set(f"sj:v1:default:cas:{digest_bytes(evil)}", encode_blob(evil, min_bytes=1 << 30))
+    man = decode_manifest(raw)
+    forged = msgspec.structs.replace(
+        man,
+        signature=None,
+        artifact=msgspec.structs.replace(man.artifact, digest=digest_bytes(evil), size=len(evil)),
+        created=man.created + 1,
+    )
+    redis_server.admin().delete(index.replace(":idx:", ":head:"))
+    _set_manifest(redis_server, index, man.deps_key, encode_manifest(forged))
+    reader = node("b", require_signed=False)
+    mod = reader.compile(SRC, include_dirs=_inc(project))
+    assert mod.kernel("INNER")() == 41 and mod.artifact.tier == "compiled"
+    assert reader.stats()["remote_hits"] == 0
 
 
 def test_a_rotated_signing_key_publishes_beside_the_old_keys_entry(node, project, redis_server):

@@ -17,6 +17,7 @@ from safejit.cache.remote.s3 import classify as s3_classify
 from safejit.outcomes import Outcome
 
 from ._servers import start_valkey
+from .conftest import FLEET_KEY
 
 SRC = safejit.Source('#include "inner.h"\n#define VALUE 7\n', "k")
 
@@ -31,7 +32,11 @@ def primary(tmp_path):
 def _runtime(tmp_path: Path, project: Path, name: str, url: str) -> safejit.Runtime:
     return safejit.Runtime(
         config=safejit.Config(
-            backend="fake", remote=url, source_roots=(str(project),), cache_dirs=(str(tmp_path / f"disk-{name}"),)
+            backend="fake",
+            remote=url,
+            signing_key=FLEET_KEY,
+            source_roots=(str(project),),
+            cache_dirs=(str(tmp_path / f"disk-{name}"),),
         )
     )
 

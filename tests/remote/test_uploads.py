@@ -10,6 +10,7 @@ import safejit
 from safejit.inventory import read_inventory
 from safejit.outcomes import Outcome
 
+from .conftest import FLEET_KEY
 from .test_acl import create_users
 
 SRC = safejit.Source('#include "inner.h"\n#define VALUE 7\n', "k")
@@ -95,6 +96,7 @@ def test_a_runtime_dropped_without_close_keeps_no_upload_thread_nor_connections(
                 config=safejit.Config(
                     backend="fake",
                     remote=server.url,
+                    signing_key=FLEET_KEY,
                     cache_dirs=(str(tmp_path / f"disk-{i}"),),
                     source_roots=(str(project),),
                 )

@@ -187,12 +187,36 @@ def test_a_runtime_with_url_and_env_credentials_compiles(monkeypatch, tmp_path):
             remote="s3://AKIAURLURLURLURLURL2:url-secret@bucket-1/p?endpoint=http://127.0.0.1:9&region=x",
             cache_dirs=(str(tmp_path / "c"),),
             remote_connect_timeout_s=0.05,
+            signing_key=b"a-fleet-hmac-key-0123456789",
         )
     )
     try:
         assert rt.compile(safejit.Source("#define V 1\n", "v")) is not None  # (the remote is down: a miss)
     finally:
         rt.close()
+
+
+def test_a_runtime_with_a_remote_needs_keys_to_check_its_leaves(tmp_path):
+    """A remote leaf is used only when signed by a key the node trusts: a Runtime given a
+    remote and no key, or one that uploads (read-write) without a signing key, is refused
+    before anything is asked of the remote (without a key any writer of the keyspace chose
+    the bytes every node loaded). A remote that is off needs none; the Config alone (the
+    operator commands, which load nothing) is accepted."""
+    url = "redis://127.0.0.1:9/0"
+    cache = (str(tmp_path / "c"),)
+    reader_keys = (("k1", bytes(32)),)
+    with pytest.raises(ConfigError, match=r"Config\.remote needs the keys its leaves are signed with"):
+        safejit.Runtime(config=Config(backend="fake", remote=url, cache_dirs=cache))
+    with pytest.raises(ConfigError, match=r"'read-write' needs Config\.signing_key"):
+        safejit.Runtime(config=Config(backend="fake", remote=url, cache_dirs=cache, verify_keys=reader_keys))
+    assert Config(remote=url).remote == url
+    for cfg in (
+        Config(backend="fake", remote=url, cache_dirs=cache, verify_keys=reader_keys, remote_mode="read-only"),
+        Config(backend="fake", remote=url, cache_dirs=cache, signing_key=b"a-fleet-hmac-key-0123456789"),
+        Config(backend="fake", remote=url, cache_dirs=cache, remote_mode="off"),
+    ):
+        safejit.Runtime(config=cfg).close()
+    assert not (tmp_path / "c").exists()  # (refused before anything was made)
 
 
 def test_an_s3_key_in_the_url_takes_its_secret_from_the_environment(monkeypatch):

@@ -31,6 +31,7 @@ from .store import Put, RemoteError, RemoteStore
 __all__ = [
     "INDEX_FULL",
     "PRESENT",
+    "UNSIGNED",
     "UPLOAD_QUEUE",
     "UPLOAD_QUEUE_BYTES",
     "Upload",
@@ -76,13 +77,15 @@ class Upload:
 PRESENT: Final = "already on the remote"
 #: ... when the build key's index holds ``index_cap`` leaves.
 INDEX_FULL: Final = "the build key's index is full"
+#: ... when the leaf is not signed (made before this node had a key): no node would use it.
+UNSIGNED: Final = "the leaf is not signed"
 
 
 @dataclass(frozen=True, slots=True)
 class UploadResult:
     """What became of one offered upload: ``outcome`` is ``uploaded`` (``detail``
     :data:`PRESENT` when another writer's copy was there first), ``upload_skipped``
-    (``detail``: :data:`PRESENT` or :data:`INDEX_FULL`), ``upload_failed`` (``reason``: the
+    (``detail``: :data:`PRESENT`, :data:`INDEX_FULL` or :data:`UNSIGNED`), ``upload_failed`` (``reason``: the
     remote's, from ``REASONS``; ``detail``: its error, redacted) or ``upload_dropped``
     (the queue was full)."""
 
@@ -211,7 +214,9 @@ class UploadQueue:
         with span(SPAN.REMOTE_PUBLISH, attrs) as s:
             try:
                 signer = man.signature.key_id if man.signature is not None else ""
-                if item.unless_present and self._present(item.build_key, man.deps_key, signer):
+                if man.signature is None:  # (a remote leaf is used only when signed)
+                    outcome, detail = Outcome.UPLOAD_SKIPPED, UNSIGNED
+                elif item.unless_present and self._present(item.build_key, man.deps_key, signer):
                     outcome, detail = Outcome.UPLOAD_SKIPPED, PRESENT
                 else:
                     # The artifact first: an index entry is never there before what it names.
