@@ -44,6 +44,7 @@ from .fsio import (
     makedirs_durable,
     mkdir_shared,
     read_bytes,
+    readable_by_group,
     rename,
     shared_dir_mode,
     write_file,
@@ -614,6 +615,13 @@ def _fill_stage(
     for n in files:
         if n not in done:
             fsync_file(os.path.join(stage, n))
+    if group and not prepared:  # (a prepared stage's blanks were made so)
+        for n in files:
+            fd = os.open(os.path.join(stage, n), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                readable_by_group(fd)
+            finally:
+                os.close(fd)
     if entries_changed:
         fsync_dir(stage)
     if not prepared:

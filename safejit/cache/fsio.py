@@ -24,6 +24,7 @@ __all__ = [
     "makedirs_durable",
     "mkdir_shared",
     "read_bytes",
+    "readable_by_group",
     "remove_tree",
     "rename",
     "write_file",
@@ -164,15 +165,22 @@ _umask: int | None = None
 def group_writable(root: str) -> bool:
     """Whether the cache root ``root`` is one a group shares, set up as docs/security.md
     says (setgid and group-writable; not sticky, not writable by all: a group's scratch
-    directory, or ``/tmp``, is no shared cache) — and this process's umask leaves the
-    group its access (077 keeps what it makes private)."""
+    directory, or ``/tmp``, is no shared cache). Whatever this process's umask: one
+    member's 077 made the shared tree's dirs (``v1``, a shard, a build key's) 0700, which
+    closed every key under them to the rest of the group for good."""
     try:
         mode = os.stat(root).st_mode
     except OSError:
         return False
-    shared = mode & stat.S_ISGID and mode & stat.S_IWGRP and not mode & (stat.S_ISVTX | stat.S_IWOTH)
-    keeps_group = shared_dir_mode() & 0o050 == 0o050
-    return bool(shared) and keeps_group
+    return bool(mode & stat.S_ISGID and mode & stat.S_IWGRP and not mode & (stat.S_ISVTX | stat.S_IWOTH))
+
+
+def readable_by_group(fd: int) -> None:
+    """In a root a group shares: the file ``fd`` is open on (one this process made) 0644,
+    whatever the umask took of that (077 made a leaf's files 0600: the group's hits could
+    not read them)."""
+    if shared_dir_mode() & 0o044 != 0o044:
+        os.fchmod(fd, 0o644)
 
 
 def mkdir_shared(path: str, *, dir_fd: int | None = None, group: bool = False) -> None:
@@ -183,7 +191,7 @@ def mkdir_shared(path: str, *, dir_fd: int | None = None, group: bool = False) -
     publishes failed under it, their hits could not renew its leaves' age, their prunes
     could not remove them."""
     os.mkdir(path, 0o775, dir_fd=dir_fd)
-    if not group or shared_dir_mode() & stat.S_IWGRP:
+    if not group or shared_dir_mode() & 0o070 == 0o070:
         return  # (not shared; or the umask keeps it already)
     # (by descriptor: a name another member of the group swapped for a symlink is not followed)
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -342,9 +350,15 @@ def _open_lock(path: str) -> int:
     with _forksafe.descriptors:
         fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o666)
         _lock_fds.add(fd)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         _close_lock(fd)
         raise OSError(errno.ENXIO, "not a regular file", path)
+    if st.st_uid == os.geteuid() and st.st_mode & 0o044 != 0o044:
+        # (made under a umask of 077: others of a group could not open it, took it for no
+        # lock file and set it aside, and compiled the key beside its holder; it is empty)
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o644)
     return fd
 
 

@@ -42,7 +42,7 @@ from typing import Final
 from .. import _forksafe
 from .._background import background, settle
 from .._proc import done, owner, sweep, use
-from .fsio import group_writable, mkdir_shared, remove_tree
+from .fsio import group_writable, mkdir_shared, readable_by_group, remove_tree
 from .layout import MANIFEST, MARKER, CacheLayout
 
 __all__ = [
@@ -159,10 +159,13 @@ def make(
             os.mkdir(wd.tmp, 0o700)
             os.mkdir(wd.src, 0o700)
             blanks.append((os.path.join(wd.src, SOURCE_BLANK), 0o600))
-        mkdir_shared(wd.stage, group=group_writable(os.path.dirname(os.path.dirname(base))))  # (base: <root>/v1/tmp)
+        group = group_writable(os.path.dirname(os.path.dirname(base)))  # (base: <root>/v1/tmp)
+        mkdir_shared(wd.stage, group=group)
         for blank, mode in blanks:
             fd = os.open(blank, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
             try:
+                if group and mode != 0o600:  # (the leaf's files, and the lock's blank: the group's)
+                    readable_by_group(fd)
                 if synced and os.path.dirname(blank) == wd.stage:
                     os.fsync(fd)
             finally:

@@ -16,6 +16,7 @@ writer adds are ignored, so mixed versions can share a root.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import uuid
@@ -26,7 +27,7 @@ from typing import Annotated, Final
 import msgspec
 
 from ._walk import kind_of, read_at, real_layout, remove_at
-from .fsio import group_writable, mkdir_shared
+from .fsio import group_writable, mkdir_shared, readable_by_group
 from .layout import O_DIR, VERSION, entries
 
 __all__ = [
@@ -98,6 +99,8 @@ def write_usage(
     fd = _made_dirs(root, (VERSION, "usage", tenant))
     try:
         out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+        if group_writable(root):
+            readable_by_group(out)  # (the group's `safejit stats` reads it)
         with open(out, "wb") as fh:
             fh.write(_ENCODER.encode(record))
         os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
@@ -136,6 +139,9 @@ class UsageEntry:
     path: str
     record: UsageRecord | None
     problem: str = ""
+    #: Another user's, which this one may not read (in a root a group shares, made under a
+    #: umask of 077): reported, never removed as damaged.
+    foreign: bool = False
 
 
 def read_usage(root: str) -> Iterator[UsageEntry]:
@@ -174,7 +180,8 @@ def _records_at(fd: int, tenant: str, where: str) -> Iterator[UsageEntry]:
         try:
             record = decode_usage(read_at(fd, entry.name, RECORD_LIMIT))
         except OSError as exc:
-            yield UsageEntry(tenant, path, None, f"cannot be read: {exc.strerror or exc}")
+            foreign = exc.errno in (errno.EACCES, errno.EPERM)
+            yield UsageEntry(tenant, path, None, f"cannot be read: {exc.strerror or exc}", foreign=foreign)
             continue
         except UsageError as exc:
             yield UsageEntry(tenant, path, None, f"not a usage record: {exc}")

@@ -80,7 +80,7 @@ def _usage_findings(root: str, *, fix: bool) -> list[Finding]:
         if entry.record is not None:
             continue
         removed = ""
-        if fix and maintenance.remove_usage(root, entry):
+        if fix and not entry.foreign and maintenance.remove_usage(root, entry):  # (another's: left be)
             removed = "removed"
         found.append(Finding("usage", entry.path, "usage", entry.problem, fixed=removed))
     return found

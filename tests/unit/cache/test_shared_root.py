@@ -144,3 +144,44 @@ def test_a_root_safejit_makes_is_never_forced_open_to_a_group(tmp_path, parent_m
     closed = 0o070 if umask == "077" else 0o020
     opened = [str(d) for d in [cache, *cache.rglob("*")] if d.is_dir() and os.stat(d).st_mode & closed]
     assert opened == []
+
+
+def test_a_member_with_umask_077_leaves_the_root_shared(shared, tmp_path):
+    """One member with umask 077 made the shared tree's dirs (``v1``, a shard, a build
+    key's) 0700 and its leaves' files 0600: every compile of the others failed for good
+    under them ('no writable cache root', Permission denied publishing), and its lock
+    files, which they could not open, were set aside (two holders of one key). In a root
+    set up to be shared, what a member makes is the group's whatever its umask."""
+    a, b = USERS
+    first = _as(a, tmp_path / "ha", "-c", CHILD, str(shared), "1", umask="077")
+    assert first.returncode == 0, first.stderr[-2000:]
+    ((_, _, leaf),) = json.loads(first.stdout)
+    work = shared / "v1" / "tmp"  # (each process's work dirs stay its own: 0700)
+    closed = [
+        str(d)
+        for d in [shared, *shared.rglob("*")]
+        if d.is_dir() and work not in d.parents and os.stat(d).st_mode & 0o070 != 0o070
+    ]
+    assert closed == []
+    unreadable = [str(f) for f in Path(leaf).iterdir() if os.stat(f).st_mode & 0o044 != 0o044]
+    locks = [str(f) for f in (shared / "v1" / "locks").rglob("*.lock") if os.stat(f).st_mode & 0o044 != 0o044]
+    assert unreadable == [] and locks == []
+    second = _as(b, tmp_path / "hb", "-c", CHILD, str(shared), "2")
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert [(v, t) for v, t, _ in json.loads(second.stdout)] == [(0, "disk"), (1, "compiled")]
+    assert not list((shared / "v1").rglob("quarantine/*")), "a lock file was set aside"
+
+
+def test_verify_fix_keeps_another_users_usage_record_it_cannot_read(shared, tmp_path):
+    """``safejit verify --fix`` removed a record it could not read as damaged: another
+    member's, made 0600 (under umask 077, before records in a shared root were made the
+    group's), is reported and kept."""
+    a, b = USERS
+    first = _as(a, tmp_path / "ha", "-c", CHILD, str(shared), "1", umask="077")
+    assert first.returncode == 0, first.stderr[-2000:]
+    (record,) = (shared / "v1" / "usage").rglob("*.json")
+    os.chmod(record, 0o600)
+    fix = "import sys; from safejit.cli import main; sys.exit(main(sys.argv[1:]))"
+    ran = _as(b, tmp_path / "hb", "-c", fix, "verify", "--fix", "--cache-dir", str(shared))
+    assert "cannot be read" in ran.stdout + ran.stderr, ran
+    assert record.exists()
