@@ -82,6 +82,10 @@ BEFORE_COMMIT: Final = "publish.before_commit"
 MAX_LEAVES: Final = 64
 
 
+#: How many times a publish makes its build dir again, removed under it (prune, gc).
+_REMAKES: Final = 5
+
+
 class DiskTier:
     """Lookup and publish over an ordered list of roots (the first writable one takes
     new leaves; the rest are read-only)."""
@@ -426,11 +430,8 @@ class DiskTier:
             for attempt in (1, 2):
                 faults.point("publish.before_rename")
                 try:
-                    rename(stage, leaf)
+                    self._rename_remaking(stage, leaf, root, bdir)
                 except OSError as exc:
-                    if exc.errno == errno.ENOENT and attempt == 1 and os.path.isdir(stage):
-                        self._make_build_dir(root, bdir)  # a concurrent prune removed the empty build dir
-                        continue
                     if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
                         raise
                     outcome = self._lost_race(root, build_key, leaf, published, attempt, exc)
@@ -450,6 +451,20 @@ class DiskTier:
                 self._staging.discard(stage, root)
             if made:
                 self._staging.let_go(made)
+
+    def _rename_remaking(self, stage: str, leaf: str, root: str, bdir: str) -> None:
+        """``rename(stage, leaf)``, the build dir made again each time a concurrent prune or
+        gc removed it while empty (as often as one runs meanwhile: a gc at age 0 in a loop
+        did it twice, and the publish failed), at most :data:`_REMAKES` times."""
+        for _ in range(_REMAKES):
+            try:
+                rename(stage, leaf)
+                return
+            except OSError as exc:
+                if exc.errno != errno.ENOENT or not os.path.isdir(stage):
+                    raise
+            self._make_build_dir(root, bdir)
+        rename(stage, leaf)
 
     def _lost_race(
         self, root: str, build_key: str, leaf: str, ours: VerifiedLeaf, attempt: int, exc: OSError

@@ -19,7 +19,6 @@ The descriptor helpers are ``_walk``'s; usage records are read back by ``usage``
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import re
@@ -29,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Final
 
 from .._proc import claimed, ended, unmade
 from ..outcomes import Miss
@@ -418,10 +418,7 @@ def _gc_cache(layout: CacheLayout, counts: dict[str, int], max_age_s: float, clo
     """:func:`gc`'s work in the cache (its ``v1`` a real directory)."""
 
     def old(fd: int, entry: os.DirEntry[str]) -> bool:
-        try:
-            return clock - os.stat(entry.name, dir_fd=fd, follow_symlinks=False).st_mtime > max_age_s
-        except OSError:
-            return False
+        return _older(fd, entry, clock, max_age_s)
 
     for path, _ in damaged(layout.root):
         counts["damaged"] += layout.set_aside(path)
@@ -442,6 +439,10 @@ def _gc_cache(layout: CacheLayout, counts: dict[str, int], max_age_s: float, clo
     for fd, tenant in each_in(layout, "usage"):
         with contextlib.suppress(OSError), closing(os.open(tenant.name, O_DIR, dir_fd=fd)) as records:
             for entry in entries(records):
+                # (a writer's temporary, between its write and its rename, is no garbage at
+                # any age asked for: removed, it made that Runtime's close fail)
+                if entry.name.startswith(".") and not _older(records, entry, clock, max(max_age_s, TEMP_GRACE_S)):
+                    continue
                 if old(records, entry) and entry.is_file(follow_symlinks=False):
                     with contextlib.suppress(OSError):
                         os.unlink(entry.name, dir_fd=records)
@@ -451,6 +452,18 @@ def _gc_cache(layout: CacheLayout, counts: dict[str, int], max_age_s: float, clo
             counts["locks"] += 1
     counts["obsolete"] = _remove_obsolete(layout)
     counts["empty"] = _remove_empty_builds(layout, old)
+
+
+#: The least age at which gc takes a writer's temporary (a usage record's) for one left by
+#: a writer that died: a live one exists for the moment between a write and a rename.
+TEMP_GRACE_S: Final = 60.0
+
+
+def _older(fd: int, entry: os.DirEntry[str], clock: float, age_s: float) -> bool:
+    try:
+        return clock - os.stat(entry.name, dir_fd=fd, follow_symlinks=False).st_mtime > age_s
+    except OSError:
+        return False
 
 
 def _remove_ended_marks(place: str) -> None:
@@ -516,9 +529,7 @@ def _remove_idle_lock(locks: int, name: str) -> bool:
             return False
         os.unlink(name, dir_fd=locks)
         return True
-    except OSError as exc:
-        if exc.errno not in (errno.EWOULDBLOCK, errno.ENOENT):
-            raise
+    except OSError:  # (held; gone; or not this user's to remove, another's in a shared root: next time)
         return False
     finally:
         os.close(fd)

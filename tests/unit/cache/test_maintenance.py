@@ -124,6 +124,65 @@ def test_gc_removes_old_residue_only(cache_dir):
     assert len(leaves(cache_dir)) == 1
 
 
+def test_gc_at_age_0_leaves_a_usage_writers_temporary_and_takes_a_dead_ones(cache_dir):
+    """A usage record is written to ``.<name>.tmp`` and renamed: gc at ``--older-than 0``
+    unlinked a live writer's temporary between the two, and that Runtime's close failed
+    ('writing the usage record failed'). One a dead writer left is taken past a grace."""
+    _fill(cache_dir, 1)
+    (records,) = (cache_dir / "v1" / "usage").iterdir()
+    live, dead = records / ".live-1.json.tmp", records / ".dead-1.json.tmp"
+    live.write_bytes(b"{}")
+    dead.write_bytes(b"{}")
+    _age(str(dead), maintenance.TEMP_GRACE_S + 5)
+    counts = maintenance.gc(str(cache_dir), max_age_s=0)
+    assert live.exists() and not dead.exists() and counts["usage"] >= 1
+
+
+def test_gc_goes_on_past_a_lock_file_it_may_not_remove(cache_dir, monkeypatch):
+    """A lock file gc could open but not unlink (another user's, in a shared root) ended
+    the whole gc ('error: Permission denied'): nothing after the locks was done, at every
+    run. It is left for next time, and the rest is done."""
+    _fill(cache_dir, 1)
+    (lock,) = (cache_dir / "v1" / "locks").rglob("*.lock")
+    obsolete = cache_dir / "v1" / "tools"  # (removed after the locks)
+    obsolete.mkdir()
+    real_unlink = os.unlink
+
+    def unlink(path, *args, **kwargs):
+        if str(path).endswith(".lock"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    counts = maintenance.gc(str(cache_dir), max_age_s=0)
+    assert lock.exists() and counts["locks"] == 0
+    assert not obsolete.exists() and counts["obsolete"] == 1
+
+
+def test_a_publish_makes_its_build_dir_again_however_often_gc_removes_it(project, cache_dir, monkeypatch):
+    """A gc at age 0 in a loop removed the empty build dir of a publish under way twice;
+    the publish made it again once, then failed (a CacheError out of compile)."""
+    from safejit.cache import disk
+
+    real_rename = disk.rename
+    removed = []
+
+    def rename(src, dst):
+        if len(removed) < 3:  # (gc, between the build dir's making and the rename)
+            build = os.path.dirname(dst)
+            with contextlib.suppress(OSError):
+                os.rmdir(build)
+                removed.append(build)
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(disk, "rename", rename)
+    rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(cache_dir),), source_roots=(str(project),)))
+    mod = rt.compile(safejit.Source("int k(void) { return 7; }\n", "k"))
+    assert mod.kernel("k")() == 7 and len(removed) == 3
+    assert rt.stats()["published"] == 1
+    rt.close()
+
+
 def test_inventory_records_and_warm_rebuilds_elsewhere(project, tmp_path):
     (project / "kernel.c").write_text('#include "value.h"\nint value(void) { return VALUE + V; }\n')
     inventory = tmp_path / "inventory.jsonl"
