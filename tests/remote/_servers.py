@@ -343,8 +343,10 @@ class Scripted:
     (raw RESP; an unknown command gets an error): a server, or a proxy, that replies
     with what no Redis would. ``close()`` stops it."""
 
-    def __init__(self, answers: dict[bytes, bytes]) -> None:
+    def __init__(self, answers: dict[bytes, bytes], *, trickle: frozenset[bytes] = frozenset()) -> None:
         self.answers = answers
+        #: Commands answered with an error line that never ends, a byte every 20 ms.
+        self.trickle = trickle
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(16)
@@ -373,6 +375,13 @@ class Scripted:
                 buf += data
                 while (command := _command(buf)) is not None:
                     name, buf = command
+                    if name.upper() in self.trickle:
+                        with contextlib.suppress(OSError):
+                            conn.sendall(b"-")
+                            while True:
+                                time.sleep(0.02)
+                                conn.sendall(b"E")
+                        return
                     conn.sendall(self.answers.get(name.upper(), b"-ERR unknown command\r\n"))
 
     def close(self) -> None:

@@ -11,10 +11,12 @@ import time
 
 import pytest
 
+import safejit
 from safejit.cache.remote import RemoteError
 from safejit.closure.hashing import digest_bytes
 
-from .conftest import hexkey
+from ._servers import Scripted
+from .conftest import FLEET_KEY, hexkey
 
 K = hexkey("build")
 D = hexkey("deps")
@@ -235,3 +237,41 @@ def test_a_lease_holder_reply_sent_a_byte_at_a_time_ends_at_its_deadline(make_st
     finally:
         stop.set()
         listener.close()
+
+
+@pytest.mark.parametrize("held", [b"AUTH", b"SET"])
+def test_a_handshake_or_lease_reply_sent_a_byte_at_a_time_ends_at_its_deadline(make_store, held):
+    """What redis-py reads itself was bounded only wait by wait: a server (or a proxy)
+    answering AUTH as a connection opens, or a lease's SET, with a byte every 20 ms held
+    the compile that asked for good. Each ends within a few waits, as a failure the
+    breaker counts."""
+    server = Scripted({b"HELLO": b"-ERR unknown command\r\n"}, trickle=frozenset({held}))
+    url = server.url.replace("redis://", "redis://u:pw@") if held == b"AUTH" else server.url
+    store = make_store(url)
+    started = time.monotonic()
+    try:
+        with pytest.raises(RemoteError):
+            store.acquire_lease(K)
+        assert time.monotonic() - started < 5  # (for good, before)
+    finally:
+        server.close()
+
+
+def test_a_compile_beside_a_server_that_trickles_its_handshake_compiles(tmp_path, project):
+    """No exception, and no wait past the deadlines: the remote is a miss."""
+    server = Scripted({}, trickle=frozenset({b"AUTH"}))
+    cfg = safejit.Config(
+        backend="fake",
+        cache_dirs=(str(tmp_path / "disk"),),
+        source_roots=(str(project),),
+        remote=server.url.replace("redis://", "redis://u:pw@"),
+        signing_key=FLEET_KEY,
+    )
+    started = time.monotonic()
+    try:
+        with safejit.Runtime(config=cfg) as rt:
+            mod = rt.compile(safejit.Source('#include "inner.h"\n', "k"), include_dirs=(str(project / "include"),))
+            assert mod.kernel("INNER")() == 41 and mod.artifact.tier == "compiled"
+        assert time.monotonic() - started < 10
+    finally:
+        server.close()

@@ -7,8 +7,9 @@ artifact (1-byte codec header, zstd above 64 KiB, capped decompression), the cir
 breaker, and the two engines (``redis.py``, whose hot replies ``_resp.py`` reads off
 the socket of connections ``_lane.py`` keeps, a blob read under way being ``_pending.py``'s,
 its connections made by ``_resolve.py``'s class (the name resolved within the connect
-deadline) and the code it runs on the server ``_functions.py``'s, and ``s3.py``; their
-base ``_engine.py``).
+deadline; what redis-py reads itself, the handshake included, within whole-reply
+deadlines ``_watchdog.py`` enforces) and the code it runs on the server
+``_functions.py``'s, and ``s3.py``; their base ``_engine.py``).
 Every failure is a :class:`RemoteError` with a reason from :data:`REASONS`. What it
 does not do: decide whether a leaf may be used (the remote tier verifies manifests and
 artifacts against local files), or read the environment (credentials are passed in).

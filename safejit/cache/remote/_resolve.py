@@ -22,6 +22,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Final
 
 from ... import faults
+from ._watchdog import bounded
 from .settings import RemoteSettings
 
 __all__ = ["KEEP_S", "TRIED", "connection_class", "resolve"]
@@ -33,6 +34,9 @@ KEEP_S: Final = 30.0
 _lock = threading.Lock()
 #: The addresses of a name tried, at most (each connect bounded by the connect deadline).
 TRIED: Final = 4
+#: A reply redis-py reads itself, or a connection's handshake, is given this many of its
+#: waits (the socket's timeout) in all.
+_WAITS: Final = 4
 
 #: (host, port) -> (addresses, when they expire; ``time.monotonic()``)
 _known: dict[tuple[str, int], tuple[tuple[str, ...], float]] = {}
@@ -105,7 +109,22 @@ def connection_class(redis: Any, settings: RemoteSettings) -> type:
     }[scheme]
 
     class _Connection(base):  # type: ignore[misc, valid-type]
+        def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            # (a whole reply within a few of its waits: each wait is bounded by the socket's
+            # timeout, the whole by nothing else; a byte now and then held it for good)
+            with bounded(self, _WAITS * (self.socket_timeout or settings.op_timeout_s)):
+                return super().read_response(*args, **kwargs)
+
         def connect(self, *args: Any, **kwargs: Any) -> None:
+            if self._sock is None:
+                # (the handshake too: AUTH's reply, SELECT's, read by redis-py as it connects)
+                wait = _WAITS * (self.socket_timeout or settings.op_timeout_s)
+                with bounded(self, settings.connect_timeout_s * TRIED + wait):
+                    self._connect_resolved(*args, **kwargs)
+            else:
+                super().connect(*args, **kwargs)
+
+        def _connect_resolved(self, *args: Any, **kwargs: Any) -> None:
             if self._sock is None:
                 faults.point("remote.connect")
                 if scheme != "unix":
