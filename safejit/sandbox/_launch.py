@@ -113,8 +113,16 @@ def launch(argv: Sequence[str], *, pass_fds: Sequence[int] = (), owner: tuple[in
     when they are not this process's (the caller is root): its output pipe is theirs,
     so that it may open it again by name (``/dev/stdout``, as a probe of the linker
     does). Raises :class:`ShimStartError`."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+    try:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError as exc:  # (out of descriptors: as a failed start)
+        raise ShimStartError(exc.errno, f"could not start the sandbox shim: {exc.strerror}") from exc
+    try:
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+    except OSError as exc:
+        ours.close()
+        theirs.close()
+        raise ShimStartError(exc.errno, f"could not start the sandbox shim: {exc.strerror}") from exc
     try:
         if owner is not None:
             os.fchown(write_fd, *owner)

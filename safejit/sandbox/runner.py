@@ -23,6 +23,7 @@ style's ~450 lines.)
 from __future__ import annotations
 
 import contextlib
+import errno
 import grp
 import logging
 import os
@@ -54,6 +55,8 @@ from .statedir import StateDir, state_dir
 __all__ = ["SYSTEM_PATH", "SYSTEM_READ_ROOTS", "Limits", "RunResult", "Sandbox", "landlock_abi"]
 
 logger = logging.getLogger(__name__)
+#: Why a shim may not start that says nothing of the walls (a moment's shortage).
+_RESOURCES: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
 
 #: Read-only for every sandboxed compiler: binaries, shared libraries, loader config.
 SYSTEM_READ_ROOTS: Final = (
@@ -284,7 +287,9 @@ class Sandbox:
         try:
             shim = launch([*prefix, *self._ahead_options()], pass_fds=fds, owner=self.ids)
         except ShimStartError as exc:
-            if self.mode != "auto" or self._degraded:
+            # (out of descriptors, processes or memory for a moment: no wall is missing, and
+            # "auto" ran every later compile of the process with fewer of them for good)
+            if self.mode != "auto" or self._degraded or exc.errno in _RESOURCES:
                 raise SandboxUnavailableError(str(exc), missing=list(REQUIRED)) from exc
             logger.warning("%s; running compilers with fewer walls", exc)
             self._degraded = True

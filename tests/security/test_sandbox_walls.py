@@ -507,3 +507,46 @@ def test_a_root_callers_compile_works_without_a_user_namespace(make_runtime, tmp
         assert rt.compile(src, include_dirs=(str(root / "include"),)).kernel("v")() == 9
     finally:
         shutil.rmtree(top)
+
+
+def test_a_shim_start_failing_for_want_of_descriptors_keeps_every_wall(tmp_path):
+    """``auto`` runs with fewer walls where one is missing; a shim that could not start for
+    a moment's shortage (out of descriptors) made every later run of the process go on
+    with fewer walls for good. Such a failure is that run's error, and the next run has
+    all the walls it had."""
+    import resource
+
+    sb = Sandbox("auto", cc=shutil.which("cc", path=SYSTEM_PATH))
+    work = tmp_path / "w"
+    work.mkdir()
+
+    def run() -> RunResult:
+        return sb.run(["/bin/true"], cwd=str(work), env={"PATH": SYSTEM_PATH}, timeout=30, write_roots=[str(work)])
+
+    try:
+        assert run().returncode == 0
+        walls = sb.describe()
+        from safejit._background import settle
+
+        settle()  # (the spare made ahead, taken away: the next run starts a shim of its own)
+        with sb._spare_lock:
+            spares, sb._spares[:] = list(sb._spares), []
+        for shim in spares:
+            shim.retire()
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        held = []
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+        try:
+            with contextlib.suppress(OSError):
+                while True:
+                    held.append(os.open("/dev/null", os.O_RDONLY))
+            with pytest.raises(safejit.SandboxUnavailableError):
+                run()
+        finally:
+            for fd in held:
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert run().returncode == 0
+        assert sb.describe() == walls and not sb._degraded
+    finally:
+        sb.close()
