@@ -428,25 +428,36 @@ class Runtime:
 
 def _placed(key: Request) -> bool:
     """Whether a request names a path from this process's working dir or home (``inc``,
-    ``~/lib``, a source read as ``k.c``): then what it names depends on where the process
-    is, which its memory key does not say (conservative: any flag that is no option is
-    taken for such a path)."""
+    ``~/lib``, ``-I=/inc``, a source read as ``k.c``): then what it names depends on where
+    the process is, which its memory key does not say. A path is judged as confinement
+    judges it (absolute or not, as given); one of another type is taken for such a path
+    (the resolver refuses it)."""
     origin = key[0][3]
-    if origin is not None and not origin.startswith("/"):
+    if origin is not None and not _absolute(origin):
         return True
-    if any(not os.fspath(d).startswith("/") for d in key[1]):
+    if not all(_absolute(d) for d in key[1]):
         return True
+    after_path_flag = False
     for flag in key[3]:
-        if not isinstance(flag, str):
-            continue  # (refused by the flag policy)
-        if not flag.startswith("-"):
-            if not flag.startswith("/"):
+        if after_path_flag:  # (``-I inc``: the path is the next argument)
+            after_path_flag = False
+            if not _absolute(flag):
                 return True
-        elif flag.startswith(_PATH_FLAGS):
-            value = flag[next(len(p) for p in _PATH_FLAGS if flag.startswith(p)) :].lstrip("=")
-            if value and not value.startswith("/"):
+        elif isinstance(flag, str) and flag.startswith(_PATH_FLAGS):
+            prefix = max((p for p in _PATH_FLAGS if flag.startswith(p)), key=len)
+            if flag == prefix:
+                after_path_flag = True
+            elif not _absolute(flag[len(prefix) :]):
                 return True
     return False
+
+
+def _absolute(path: object) -> bool:
+    try:
+        given = os.fspath(path)  # type: ignore[call-overload]
+    except TypeError:
+        return False
+    return isinstance(given, str) and os.path.isabs(given)
 
 
 def _where() -> tuple[int, int, str] | object:

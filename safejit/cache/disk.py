@@ -573,12 +573,13 @@ class DiskTier:
         ``workdir``'s empty one, linked into place."""
         path = CacheLayout(root).lock(build_key)
         blank = os.path.join(workdir.path, LOCK_BLANK) if workdir is not None and workdir.prepared else None
+        group = group_writable(root)
         faults.point("lock.acquire")
         try:
-            return lock_file(path, timeout, blank=blank)
+            return lock_file(path, timeout, blank=blank, group=group)
         except FileNotFoundError:  # the layout vanished meanwhile: made again, then locked
             makedirs_durable(CacheLayout(root).locks, root=root)
-            return lock_file(path, timeout, blank=blank)
+            return lock_file(path, timeout, blank=blank, group=group)
         except OSError as exc:
             if exc.errno not in _NO_LOCK_FILE:
                 raise
@@ -587,7 +588,7 @@ class DiskTier:
             if not self.layout(root).set_aside(path):
                 raise
             logger.warning("%s was no lock file (%s): set aside", path, exc.strerror)
-            return lock_file(path, timeout, blank=blank)
+            return lock_file(path, timeout, blank=blank, group=group)
 
     def close(self) -> None:
         self._staging.close()

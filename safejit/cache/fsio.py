@@ -179,8 +179,7 @@ def readable_by_group(fd: int) -> None:
     """In a root a group shares: the file ``fd`` is open on (one this process made) 0644,
     whatever the umask took of that (077 made a leaf's files 0600: the group's hits could
     not read them)."""
-    if shared_dir_mode() & 0o044 != 0o044:
-        os.fchmod(fd, 0o644)
+    os.fchmod(fd, 0o644)  # (the umask read once may have changed since: not trusted)
 
 
 def mkdir_shared(path: str, *, dir_fd: int | None = None, group: bool = False) -> None:
@@ -191,8 +190,8 @@ def mkdir_shared(path: str, *, dir_fd: int | None = None, group: bool = False) -
     publishes failed under it, their hits could not renew its leaves' age, their prunes
     could not remove them."""
     os.mkdir(path, 0o775, dir_fd=dir_fd)
-    if not group or shared_dir_mode() & 0o070 == 0o070:
-        return  # (not shared; or the umask keeps it already)
+    if not group:
+        return  # (not shared: the umask alone)
     # (by descriptor: a name another member of the group swapped for a symlink is not followed)
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
@@ -343,7 +342,7 @@ class Flock:
 _lock_fds: set[int] = set()
 
 
-def _open_lock(path: str) -> int:
+def _open_lock(path: str, group: bool = False) -> int:
     """A lock file, opened to be flocked: read-only (flock needs no more, and another
     user's lock file in a shared root is 0644), non-blocking (a FIFO planted there does
     not hang the open), no link followed, made if missing."""
@@ -354,9 +353,11 @@ def _open_lock(path: str) -> int:
     if not stat.S_ISREG(st.st_mode):
         _close_lock(fd)
         raise OSError(errno.ENXIO, "not a regular file", path)
-    if st.st_uid == os.geteuid() and st.st_mode & 0o044 != 0o044:
-        # (made under a umask of 077: others of a group could not open it, took it for no
-        # lock file and set it aside, and compiled the key beside its holder; it is empty)
+    if group and st.st_uid == os.geteuid() and st.st_size == 0 and st.st_nlink <= 2 and st.st_mode & 0o044 != 0o044:
+        # (in a root a group shares, made under a umask of 077: the others could not open it,
+        # took it for no lock file, set it aside and compiled the key beside its holder. An
+        # empty file of this user's own, linked at most once more: its blank, not a file of
+        # this user's that a member of the group linked there)
         with contextlib.suppress(OSError):
             os.fchmod(fd, 0o644)
     return fd
@@ -379,7 +380,7 @@ def _close_locks_in_child() -> None:
 os.register_at_fork(after_in_child=_close_locks_in_child)
 
 
-def lock_file(path: str, timeout: float, *, blank: str | None = None) -> Flock | None:
+def lock_file(path: str, timeout: float, *, blank: str | None = None, group: bool = False) -> Flock | None:
     """Lock ``path`` exclusively, waiting up to ``timeout`` seconds; None on timeout.
 
     A missing lock file is created — by hard-linking ``blank`` (an empty file made
@@ -390,7 +391,7 @@ def lock_file(path: str, timeout: float, *, blank: str | None = None) -> Flock |
     if blank is not None:
         with contextlib.suppress(OSError):  # EEXIST: it is there already; else create it below
             os.link(blank, path, follow_symlinks=False)
-    fd = _open_lock(path)
+    fd = _open_lock(path, group)
     deadline = time.monotonic() + timeout
     pause = 0.001
     while True:
@@ -401,7 +402,7 @@ def lock_file(path: str, timeout: float, *, blank: str | None = None) -> Flock |
                 return Flock(fd)
             _close_lock(fd)  # removed by gc since it was opened: take the one there now
             fd = -1  # (its number may be another thread's by now: never closed again)
-            fd = _open_lock(path)
+            fd = _open_lock(path, group)
         except BlockingIOError:
             left = deadline - time.monotonic()
             if left <= 0:

@@ -49,11 +49,16 @@ def bounded(conn: Any, seconds: float) -> Iterator[None]:
     entry = [time.monotonic() + seconds, next(_order), conn]
     with _lock:
         if not _started:
-            _started = True
-            threading.Thread(target=_run, args=(_wake, _heap), name="safejit-remote-deadlines", daemon=True).start()
-        heapq.heappush(_heap, entry)
-        if _heap[0] is entry:
-            _wake.notify()
+            try:
+                threading.Thread(target=_run, args=(_wake, _heap), name="safejit-remote-deadlines", daemon=True).start()
+            except RuntimeError:  # (no thread to be had now: each wait stays bounded; the next call tries again)
+                entry[2] = None
+            else:
+                _started = True
+        if _started:
+            heapq.heappush(_heap, entry)
+            if _heap[0] is entry:
+                _wake.notify()
     try:
         yield
     finally:

@@ -479,7 +479,7 @@ def test_float_subclass_zero_and_negative_zero_defines_are_different_requests(ma
     assert rt.stats()["compiles"] == 3 and rt.stats()["memory_hits"] == 1  # (equal text: the one entry)
 
 
-@pytest.mark.parametrize("form", ["include_dirs", "-Iinc", "-I inc", "source file"])
+@pytest.mark.parametrize("form", ["include_dirs", "-Iinc", "-I inc", "-I=/inc", "source file"])
 def test_a_relative_path_names_what_it_does_in_the_working_dir_of_each_call(make_runtime, tmp_path, monkeypatch, form):
     """A path relative to the working dir (an include dir, a path flag, a source read as
     ``k.c``) in a long-running process that changes dir between two calls: the second
@@ -490,12 +490,15 @@ def test_a_relative_path_names_what_it_does_in_the_working_dir_of_each_call(make
         (tmp_path / f"p{v}" / "inc" / "ver.h").write_text(f"#define VER {v}\n")
         (tmp_path / f"p{v}" / "ver.h").write_text(f"#define VER {v}\n")
         (tmp_path / f"p{v}" / "k.c").write_text('#include "ver.h"\nint ver(void) { return VER; }\n')
+        (tmp_path / f"p{v}" / "=" / "inc").mkdir(parents=True)  # ("=/inc" is a path relative to the dir, as confined)
+        (tmp_path / f"p{v}" / "=" / "inc" / "ver.h").write_text(f"#define VER {v}\n")
     rt = make_runtime(source_roots=(str(tmp_path),), max_staleness_s=3600)
     code = '#include "ver.h"\nint ver(void) { return VER; }\n'
     requests = {
         "include_dirs": lambda: rt.compile(safejit.Source(code, "ver"), include_dirs=("inc",)),
         "-Iinc": lambda: rt.compile(safejit.Source(code, "ver"), flags=("-Iinc",)),
         "-I inc": lambda: rt.compile(safejit.Source(code, "ver"), flags=("-I", "inc")),
+        "-I=/inc": lambda: rt.compile(safejit.Source(code, "ver"), flags=("-I=/inc",)),
         "source file": lambda: rt.compile(rt.source("k.c", name="ver")),
     }
     seen = []
