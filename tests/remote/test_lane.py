@@ -275,3 +275,41 @@ def test_a_compile_beside_a_server_that_trickles_its_handshake_compiles(tmp_path
         assert time.monotonic() - started < 10
     finally:
         server.close()
+
+
+def test_a_tls_handshake_sent_a_byte_at_a_time_ends_at_its_deadline(make_store):
+    """Over TLS the handshake is made before redis-py holds the socket (out of the
+    watchdog's reach): a server that begins a TLS record and sends the rest of it a byte
+    every 20 ms is bounded all the same, by the connect timeout, which the ssl module
+    takes as the whole handshake's deadline. (A regression guard: no wait here for it.)"""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    stop = threading.Event()
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while not stop.is_set():
+                conn, _ = listener.accept()
+                threading.Thread(target=drip, args=(conn,), daemon=True).start()
+
+    def drip(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.recv(65536)  # (the ClientHello)
+            conn.sendall(b"\x16\x03\x03\x40\x00")  # (a handshake record of 16 KiB, begun)
+            while not stop.wait(0.02):
+                conn.sendall(b"\x00")
+
+    threading.Thread(target=serve, daemon=True).start()
+    store = make_store(f"rediss://127.0.0.1:{listener.getsockname()[1]}/0")
+    started = time.monotonic()
+    try:
+        with pytest.raises(RemoteError):
+            store.acquire_lease(K)
+        assert time.monotonic() - started < 5  # (5.5 minutes for the record, were it not)
+    finally:
+        stop.set()
+        listener.close()
