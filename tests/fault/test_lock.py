@@ -294,12 +294,12 @@ def test_a_failed_reopen_never_closes_another_threads_lock(tmp_path, monkeypatch
     real_open, real_ident = fsio._open_lock, fsio._ident
     opens, idents, other = [0], [0], []
 
-    def open_lock(path: str) -> int:
+    def open_lock(path: str, group: bool = False) -> int:
         opens[0] += 1
         if opens[0] == 2:  # (the re-open: another thread takes its lock first, on the freed number)
             other.append(fsio.lock_file(b, 1))
             raise OSError(errno.ELOOP, "a link planted where the lock file was", path)
-        return real_open(path)
+        return real_open(path, group)
 
     def ident(path: str) -> tuple[int, int] | None:
         idents[0] += 1
