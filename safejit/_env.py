@@ -164,7 +164,9 @@ HELP: Mapping[str, str] = {
     "SAFEJIT_HOST_CC": "the host C compiler (absolute path)",
     "SAFEJIT_HOST_CXX": "the host C++ compiler (absolute path)",
     "SAFEJIT_CACHE_MAX_BYTES": "an opt-in disk cache cap (`10G`): what `safejit prune` keeps under when given no limit",
-    "SAFEJIT_REMOTE": "a remote cache: `redis://…`, `rediss://…`, `unix://…` or `s3://bucket/prefix?endpoint=…`",
+    "SAFEJIT_REMOTE": "a remote cache: `redis://…`, `rediss://…`, `unix://…` or `s3://bucket/prefix?endpoint=…`; "
+    "a Runtime with one needs `verify_keys` (reading) or `signing_key` (uploading): "
+    "a remote leaf is used only when signed",
     "SAFEJIT_REMOTE_MODE": "`read-write` (default), `read-only` or `off`",
     "SAFEJIT_REMOTE_CONNECT_TIMEOUT_S": "seconds to connect to the remote (0.1)",
     "SAFEJIT_REMOTE_TIMEOUT_S": "the floor of a remote operation's deadline (0.05 Redis, 0.5 S3)",
