@@ -55,6 +55,9 @@ from .statedir import StateDir, state_dir
 __all__ = ["SYSTEM_PATH", "SYSTEM_READ_ROOTS", "Limits", "RunResult", "Sandbox", "landlock_abi"]
 
 logger = logging.getLogger(__name__)
+#: How long ``auto`` runs compilers with fewer walls after a shim failed to start with all
+#: of them, before it tries all of them again.
+_FEWER_WALLS_S: Final = 600.0
 #: Why a shim may not start that says nothing of the walls (a moment's shortage).
 _RESOURCES: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
 
@@ -145,7 +148,11 @@ class Sandbox:
         self._walls: Walls | None = None
         self._abi = -1
         self._described: tuple[Walls, str] | None = None
-        self._degraded = False
+        #: Until when (``time.monotonic()``) shims start with fewer walls: one failed to
+        #: start with all of them (``auto``). Not for good: a failure of a moment (out of
+        #: processes in the shim, a report late under load) is no missing wall.
+        self._degraded_until = 0.0
+        self._warned = False
         # The shim started ahead: [Shim] or []. A list, so that the finalizer below can
         # end it when this Sandbox goes without close().
         self._spares: list[Shim] = []
@@ -263,6 +270,10 @@ class Sandbox:
         :meth:`recorder`); empty where there is none."""
         return lookups.preload_env(f"/proc/self/fd/{lookups.PRELOAD_FD}") or {} if self.recorder() else {}
 
+    @property
+    def _degraded(self) -> bool:
+        return time.monotonic() < self._degraded_until
+
     def _ahead_options(self) -> list[str]:
         """What a shim prepares before its run is known (the same for every run)."""
         opts = ["-R"]
@@ -291,13 +302,19 @@ class Sandbox:
             # "auto" ran every later compile of the process with fewer of them for good)
             if self.mode != "auto" or self._degraded or exc.errno in _RESOURCES:
                 raise SandboxUnavailableError(str(exc), missing=list(REQUIRED)) from exc
-            logger.warning("%s; running compilers with fewer walls", exc)
-            self._degraded = True
+            logger.log(
+                logging.DEBUG if self._warned else logging.WARNING,
+                "%s; running compilers with fewer walls for %g s",
+                exc,
+                _FEWER_WALLS_S,
+            )
+            self._warned = True
+            self._degraded_until = time.monotonic() + _FEWER_WALLS_S
             try:
                 shim = launch([*prefix, *self._ahead_options()], pass_fds=fds, owner=self.ids)
             except ShimStartError as again:
                 raise SandboxUnavailableError(str(again), missing=list(REQUIRED)) from again
-        if self._walls is None or self._degraded:
+        if self._walls is None or shim.walls != self._walls:  # (fewer, or all of them again)
             self._walls, self._abi = shim.walls, -1
         return shim
 

@@ -550,3 +550,51 @@ def test_a_shim_start_failing_for_want_of_descriptors_keeps_every_wall(tmp_path)
         assert sb.describe() == walls and not sb._degraded
     finally:
         sb.close()
+
+
+def test_auto_runs_with_fewer_walls_for_a_while_not_for_good(tmp_path, monkeypatch):
+    """A shim that failed to start with all the walls, for any reason (one inside the shim
+    says no errno: out of processes there, its report late under load), made ``auto`` run
+    every later compile of the process with fewer of them. It does so for a while; then a
+    shim with all of them is tried again, and runs get them back."""
+    sb = Sandbox("auto", cc=shutil.which("cc", path=SYSTEM_PATH))
+    work = tmp_path / "w"
+    work.mkdir()
+
+    def run() -> RunResult:
+        return sb.run(["/bin/true"], cwd=str(work), env={"PATH": SYSTEM_PATH}, timeout=30, write_roots=[str(work)])
+
+    from safejit._background import settle
+
+    def no_spare() -> None:
+        settle()
+        with sb._spare_lock:
+            spares, sb._spares[:] = list(sb._spares), []
+        for shim in spares:
+            shim.retire()
+
+    try:
+        assert run().returncode == 0
+        walls = sb.describe()
+        if "userns" not in walls:
+            pytest.skip("no walls here to run with fewer of")
+        real, failed = sandbox_mod.launch, []
+
+        def launch(argv, **kwargs):
+            if "-U" in argv and not failed:
+                failed.append(argv)
+                raise sandbox_mod.ShimStartError("the sandbox shim did not start: its report came late")
+            return real(argv, **kwargs)
+
+        monkeypatch.setattr(sandbox_mod, "launch", launch)
+        no_spare()
+        assert run().returncode == 0 and failed
+        fewer = sb.describe()
+        assert "userns" not in fewer and sb._degraded
+        no_spare()
+        assert run().returncode == 0 and sb.describe() == fewer  # (for a while)
+        sb._degraded_until = 0.0  # (the while has passed)
+        no_spare()
+        assert run().returncode == 0 and sb.describe() == walls and not sb._degraded
+    finally:
+        sb.close()
