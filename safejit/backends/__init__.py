@@ -7,6 +7,8 @@
 - ``fake``: no compiler at all — for tests of the pipeline and of users' own code.
 - ``_argv``: running a compiler argv in a work dir (the work dir's file names);
   ``_toolreads``: what the assembler and the linker read, from the lists they write;
+  ``_compilerlog``: a compiler's log in the user's terms (a file it could not open said
+  alike, there or refused; where it was looked for);
   ``_toolchain``: probing toolchains, remembered per user.
 """
 

@@ -7,18 +7,27 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ..closure.anchors import LOOKED_OUTSIDE, Anchors, climbs_out, first_outside
+from ..closure.anchors import LOOKED_OUTSIDE, climbs_out, first_outside
 from ..closure.depfiles import check_compiler_depfile, parse_depfile
 from ..closure.hashing import read_output
 from ..errors import CompileError, FlagPolicyError, UndeclaredDependencyError
 from ..sandbox import lookups
 from ..spec import BuildSpec
+from ._compilerlog import (
+    AS_UNREAD,
+    display_paths,
+    in_user_terms,
+    searched_note,
+    source_path,
+    unread_alike,
+    unread_names,
+    user_paths,
+)
 from ._toolreads import read_lists, tool_reads
 from .base import CompileContext
 
@@ -28,11 +37,8 @@ __all__ = [
     "DEFINES_SLOT",
     "PCH_GUARD",
     "ArgvBuild",
-    "display_paths",
     "preprocessor_apart",
     "run_argv",
-    "source_as_known",
-    "user_paths",
 ]
 
 logger = logging.getLogger(__name__)
@@ -97,10 +103,6 @@ def _write_file(path: str, data: bytes) -> None:
         os.close(fd)
 
 
-def _source_path(workdir: str, spec: BuildSpec) -> str:
-    return os.path.join(workdir, "src", spec.filename)
-
-
 #: The argv slot of :data:`PCH_GUARD_TEXT`'s file, which gcc-family argv force-include first.
 PCH_GUARD: Final = "{GUARD}"
 #: A C token before anything else in the translation unit: gcc uses a precompiled
@@ -148,7 +150,7 @@ def depfile_deps(dep: str, spec: BuildSpec, data: bytes | None = None) -> tuple[
     read now), absolute, the staged source excluded; and whether it names that source
     (else the closure is unknown). Raises ``OSError`` when it cannot be read."""
     workdir = os.path.dirname(dep)
-    src = _source_path(workdir, spec)
+    src = source_path(workdir, spec)
     guard = _guard_path(workdir)
     if data is None:
         data = read_output(dep)
@@ -192,7 +194,7 @@ def _slots(workdir: str, spec: BuildSpec, ext: str) -> dict[str, str]:
     """What each slot of ``spec.argv`` stands for in ``workdir``."""
     dep = depfile_path(workdir, spec)
     return {
-        "{SRC}": _source_path(workdir, spec),
+        "{SRC}": source_path(workdir, spec),
         "{OUT}": artifact_path(workdir, spec, ext),
         "{DEP}": dep,
         "{OBJ}": artifact_path(workdir, spec, "rel.o"),
@@ -257,15 +259,15 @@ def _run_steps(
         try:
             result = ctx.run(step, cwd=workdir, timeout=ctx.timeout, watch=watch, on_closed=watcher)
         except CompileError as exc:  # (a timeout: what the compiler said by then, in the user's names)
-            raise _in_user_terms(exc, shown) from exc
+            raise in_user_terms(exc, shown) from exc
         files = result.files  # (only the last step's: a later step may rewrite a file)
         logs.append(result.log)
         seconds += result.seconds
         if result.returncode != 0:
-            said = _unread_alike(user_paths(result.log, shown))
-            outside = first_outside(_unread_names(said, ctx.search_dirs, spec.toolchain.search_dirs), ctx.read_roots)
+            said = unread_alike(user_paths(result.log, shown))
+            outside = first_outside(unread_names(said, ctx.search_dirs, spec.toolchain.search_dirs), ctx.read_roots)
             if outside is None:  # (an assembler's .incbin or .include that climbed out of a dir outside)
-                names = [os.path.join(workdir, m.group(1) or m.group(2)) for m in _AS_UNREAD.finditer(result.log)]
+                names = [os.path.join(workdir, m.group(1) or m.group(2)) for m in AS_UNREAD.finditer(result.log)]
                 ours = os.path.dirname(workdir)
                 outside = next((n for n in names if "/.." in n and climbs_out(n, ctx.read_roots, ours=ours)), None)
             if outside is not None:  # (as the same lookup gives when nothing is there: see record_closure)
@@ -318,106 +320,6 @@ def _collected(
     except ValueError as exc:
         raise CompileError(f"{spec.name}: {exc}; refusing the build", log=log, argv=argv) from None
     return ArgvBuild(artifact, deps, complete, reads, log, tuple(argv), seconds)
-
-
-def display_paths(ctx: CompileContext) -> tuple[tuple[str, str], ...]:
-    """How a compiler's messages name the scratch copy of the source and the work dir,
-    and what to say instead: the source as the user knows it (its origin, for a file
-    read through ``Runtime.source``/``Source.from_file``; else its file name), and
-    nothing of the work dir (``<work dir>/x.so`` says ``x.so``)."""
-    spec, workdir = ctx.spec, ctx.workdir.rstrip("/")
-    shown = source_as_known(ctx)
-    return (
-        (_source_path(workdir, spec), shown),
-        (f"./src/{spec.filename}", shown),  # (as -fdebug-prefix-map has debug info name it)
-        (workdir + "/", ""),
-        (workdir, "."),
-    )
-
-
-def source_as_known(ctx: CompileContext) -> str:
-    """The source as the user knows it: its origin, for a file read through
-    ``Runtime.source``/``Source.from_file``; else its file name."""
-    spec = ctx.spec
-    if spec.quote_dir is not None:
-        origin_dir = ctx.expand(Anchors.token(*spec.quote_dir))
-        if origin_dir and "\0" not in origin_dir:
-            return os.path.join(origin_dir, spec.filename)
-    return spec.filename
-
-
-def user_paths(text: str, shown: Sequence[tuple[str, str]]) -> str:
-    """``text`` (a compiler's log) with the scratch paths of :func:`display_paths` replaced."""
-    if not shown or (shown[-1][0] not in text and shown[1][0] not in text):
-        return text
-    for scratch, user in shown:
-        text = text.replace(scratch, user)
-    return text
-
-
-#: A compiler's (or the assembler's, for .include) word for a file it could not open: under
-#: Landlock "Permission denied" is what a file outside the roots gives, "No such file or
-#: directory" one that is not there.
-_UNREAD: Final = re.compile(
-    r"^(.*\b(?:fatal error: .+?|Error: can't open .+? for reading)): (?:Permission denied|No such file or directory)$",
-    re.M,
-)
-
-
-#: GNU as's words for a file an ``.incbin`` or ``.include`` names that it could not open.
-_AS_UNREAD: Final = re.compile(r"\bError: (?:file not found: (.+)|can't open (.+?) for reading: .*)$", re.M)
-
-#: What :func:`_unread_alike` made of a file the compiler could not open: ``<includer>:<line>:<col>:`` or
-#: ``<program>:``, then the name as the directive spelt it.
-_UNREAD_NAME: Final = re.compile(
-    r"^(?:(/[^:\n]*):\d+:\d+: )?.*?\bfatal error: (.+?): not found \(or outside the declared roots\)$", re.M
-)
-
-
-def _unread_names(log: str, search_dirs: Sequence[str], system: Sequence[str] = ()) -> list[str]:
-    """Where the files a compiler's ``log`` says it could not open were looked for: an
-    absolute name as written (a file found is named so); a relative one next to its
-    includer and in each search directory, in order (where one climbs out with ``..``,
-    or through a link to a missing target or a directory outside, is what a file there
-    would have been refused as) — but for a ``..`` name, not from the toolchain's own
-    dirs (``system``: where a missing ``../config.h`` looked is no lookup of the tenant's,
-    as record_closure does not record it)."""
-    names = []
-    toolchain = set(system)
-    for m in _UNREAD_NAME.finditer(log):
-        includer, name = m.group(1), m.group(2)
-        if name.startswith("/"):
-            names.append(name)
-            continue
-        climbs = ".." in name.split("/")
-        dirs = [os.path.dirname(includer)] if includer else []
-        dirs += [d for d in search_dirs if not (climbs and d in toolchain)]
-        names += [os.path.join(d, name) for d in dirs]
-    return names
-
-
-def searched_note(log: str, search_dirs: Sequence[str]) -> str:
-    """What to add to a failed compile's message whose ``log`` says a file was not found:
-    the include dirs searched, in order (the user's own and the toolchain's: nothing of
-    what is there)."""
-    if _UNREAD_NAME.search(log) is None:
-        return ""
-    listed = "\n".join(f"  {d}" for d in search_dirs) or "  (none)"
-    gap = "" if log.endswith("\n") else "\n"
-    return f"{gap}include dirs searched, in order (a quoted name first beside its includer):\n{listed}"
-
-
-def _unread_alike(log: str) -> str:
-    """``log`` saying the same of a file it could not open whether it is there or not: told
-    apart, a compile error would say whether any file outside the roots exists."""
-    return _UNREAD.sub(r"\1: not found (or outside the declared roots)", log)
-
-
-def _in_user_terms(exc: CompileError, shown: Sequence[tuple[str, str]]) -> CompileError:
-    attrs = dict(exc._attrs)
-    if isinstance(attrs.get("log"), str):
-        attrs["log"] = user_paths(attrs["log"], shown)
-    return type(exc)(user_paths(exc.message, shown), **attrs)
 
 
 class _Closes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -202,9 +203,10 @@ def test_a_lease_key_of_any_size_is_read_no_further_than_a_token(redis_server, s
     assert store.lease_holder(K) is None
 
 
-def test_a_lease_holder_reply_sent_a_byte_at_a_time_ends_at_its_deadline(make_store):
-    """Through redis-py only each wait was bounded: a reply a byte every 20 ms held a lease
-    wait's poll as long as the reply was long (20 s for these 1,000 bytes)."""
+@contextlib.contextmanager
+def _dripping(first: bytes, then: bytes) -> Iterator[int]:
+    """A listener on a free loopback port (yielded) whose every connection, once it has
+    received something, is sent ``first`` and then ``then`` every 20 ms, for good."""
     import socket
     import threading
 
@@ -217,26 +219,33 @@ def test_a_lease_holder_reply_sent_a_byte_at_a_time_ends_at_its_deadline(make_st
         with contextlib.suppress(OSError):
             while not stop.is_set():
                 conn, _ = listener.accept()
-                threading.Thread(target=trickle, args=(conn,), daemon=True).start()
+                threading.Thread(target=drip, args=(conn,), daemon=True).start()
 
-    def trickle(conn: socket.socket) -> None:
+    def drip(conn: socket.socket) -> None:
         with conn, contextlib.suppress(OSError):
             conn.recv(65536)
-            conn.sendall(b"$1000\r\n")
+            conn.sendall(first)
             while not stop.wait(0.02):
-                conn.sendall(b"x")
+                conn.sendall(then)
 
     threading.Thread(target=serve, daemon=True).start()
-    store = make_store(f"redis://127.0.0.1:{listener.getsockname()[1]}/0")
-    started = time.monotonic()
     try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        listener.close()
+
+
+def test_a_lease_holder_reply_sent_a_byte_at_a_time_ends_at_its_deadline(make_store):
+    """Through redis-py only each wait was bounded: a reply a byte every 20 ms held a lease
+    wait's poll as long as the reply was long (20 s for these 1,000 bytes)."""
+    with _dripping(b"$1000\r\n", b"x") as port:
+        store = make_store(f"redis://127.0.0.1:{port}/0")
+        started = time.monotonic()
         with pytest.raises(RemoteError) as info:
             store.lease_holder(K)
         assert info.value.reason == "timeout"
         assert time.monotonic() - started < 5  # (1000 bytes at 50 a second: 20 s without a whole-reply deadline)
-    finally:
-        stop.set()
-        listener.close()
 
 
 @pytest.mark.parametrize("held", [b"AUTH", b"SET"])
@@ -282,34 +291,9 @@ def test_a_tls_handshake_sent_a_byte_at_a_time_ends_at_its_deadline(make_store):
     watchdog's reach): a server that begins a TLS record and sends the rest of it a byte
     every 20 ms is bounded all the same, by the connect timeout, which the ssl module
     takes as the whole handshake's deadline. (A regression guard: no wait here for it.)"""
-    import socket
-    import threading
-
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(4)
-    stop = threading.Event()
-
-    def serve() -> None:
-        with contextlib.suppress(OSError):
-            while not stop.is_set():
-                conn, _ = listener.accept()
-                threading.Thread(target=drip, args=(conn,), daemon=True).start()
-
-    def drip(conn: socket.socket) -> None:
-        with conn, contextlib.suppress(OSError):
-            conn.recv(65536)  # (the ClientHello)
-            conn.sendall(b"\x16\x03\x03\x40\x00")  # (a handshake record of 16 KiB, begun)
-            while not stop.wait(0.02):
-                conn.sendall(b"\x00")
-
-    threading.Thread(target=serve, daemon=True).start()
-    store = make_store(f"rediss://127.0.0.1:{listener.getsockname()[1]}/0")
-    started = time.monotonic()
-    try:
+    with _dripping(b"\x16\x03\x03\x40\x00", b"\x00") as port:  # (a 16 KiB handshake record, begun)
+        store = make_store(f"rediss://127.0.0.1:{port}/0")
+        started = time.monotonic()
         with pytest.raises(RemoteError):
             store.acquire_lease(K)
         assert time.monotonic() - started < 5  # (5.5 minutes for the record, were it not)
-    finally:
-        stop.set()
-        listener.close()

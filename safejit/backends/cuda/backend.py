@@ -24,7 +24,8 @@ from ...sandbox import SYSTEM_PATH
 from ...sandbox import lookups as lookup_recorder
 from ...sandbox.statedir import StateDir
 from ...spec import BuildSpec, Source, Toolchain
-from .._argv import run_argv, source_as_known
+from .._argv import run_argv
+from .._compilerlog import source_as_known
 from .._signatures import no_caret_flags
 from .._toolchain import (
     ProbeCache,

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 import safejit
-from safejit.backends._argv import user_paths
+from safejit.backends._compilerlog import user_paths
 
 BAD = "int f(void) {\n  return 1\n}\n"
 
