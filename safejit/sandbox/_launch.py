@@ -29,7 +29,11 @@ _REPORT_HEAD: Final = b"safejit-shim 2 "
 
 
 class ShimStartError(OSError):
-    """A shim could not be started, or died before its report (its output says why)."""
+    """A shim could not be started, or died before its report (its output says why).
+    ``verdict``: the shim itself exited saying a wall could not be put up (its codes 125
+    and 126), not killed, late or never started: what ``auto`` may run with fewer walls for."""
+
+    verdict = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,11 +155,20 @@ def launch(argv: Sequence[str], *, pass_fds: Sequence[int] = (), owner: tuple[in
     try:
         walls, scratch = _read_report(ours)
     except (OSError, ValueError) as exc:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=1)  # (one that exited: how; one still there is killed below)
+        said = proc.returncode in _VERDICTS
         _abandon(proc, ours, pidfd)
         output = _drain(read_fd)
         os.close(read_fd)
-        raise ShimStartError(f"the sandbox shim did not start: {exc}; {output.strip()[-2000:]}") from None
+        error = ShimStartError(f"the sandbox shim did not start: {exc}; {output.strip()[-2000:]}")
+        error.verdict = said
+        raise error from None
     return Shim(proc, pidfd, read_fd, ours, walls, scratch)
+
+
+#: The shim's exit codes for a wall it could not put up, or its setup failing (shim.c).
+_VERDICTS: Final = frozenset({125, 126})
 
 
 def _read_report(sock: socket.socket) -> tuple[Walls, Scratch | None]:

@@ -152,7 +152,8 @@ class Sandbox:
         #: start with all of them (``auto``). Not for good: a failure of a moment (out of
         #: processes in the shim, a report late under load) is no missing wall.
         self._degraded_until = 0.0
-        self._warned = False
+        #: The shims started with fewer walls (a spare among them is not used once that ends).
+        self._fewer: weakref.WeakSet[Shim] = weakref.WeakSet()
         # The shim started ahead: [Shim] or []. A list, so that the finalizer below can
         # end it when this Sandbox goes without close().
         self._spares: list[Shim] = []
@@ -193,9 +194,13 @@ class Sandbox:
         """The walls every run gets, joined by ``+``: ``landlock-v<ABI>``, ``seccomp``,
         ``userns``, ``tmpfs`` (the bounded scratch), ``uid-<n>`` (a root caller's compiler
         runs as uid n), ``nproc`` (a process limit), ``rlimits`` (always)."""
+        return self._describe(None)
+
+    def _describe(self, walls: Walls | None) -> str:
+        """:meth:`describe` of ``walls`` (a shim's own; None: the last one started's)."""
         if self.mode == "off":
             return "rlimits"
-        w = self.walls
+        w = walls if walls is not None else self.walls
         if self._described is not None and self._described[0] is w:
             return self._described[1]
         parts = [f"landlock-v{self._landlock_abi()}"] if self.landlock else []
@@ -274,13 +279,15 @@ class Sandbox:
     def _degraded(self) -> bool:
         return time.monotonic() < self._degraded_until
 
-    def _ahead_options(self) -> list[str]:
-        """What a shim prepares before its run is known (the same for every run)."""
+    def _ahead_options(self, fewer: bool = False) -> list[str]:
+        """What a shim prepares before its run is known (the same for every run); ``fewer``:
+        no namespaces, scratch, seccomp or other uid (``auto``, a while after a shim could
+        not put all of them up)."""
         opts = ["-R"]
         recorder = self.recorder()
         if recorder is not None:
             opts += ["-L", recorder]
-        if self.mode == "off" or self._degraded:
+        if self.mode == "off" or fewer:
             return opts
         lim = self.limits
         opts += ["-U", "-T", str(lim.scratch_bytes), "-i", str(lim.scratch_inodes)]
@@ -295,25 +302,24 @@ class Sandbox:
         """A new shim. Raises :class:`SandboxUnavailableError` when none starts (in
         ``"auto"``, after trying once more without namespaces, the scratch and seccomp)."""
         prefix, fds = self._executable()
+        fewer = self._degraded
         try:
-            shim = launch([*prefix, *self._ahead_options()], pass_fds=fds, owner=self.ids)
+            shim = launch([*prefix, *self._ahead_options(fewer)], pass_fds=fds, owner=self.ids)
         except ShimStartError as exc:
-            # (out of descriptors, processes or memory for a moment: no wall is missing, and
-            # "auto" ran every later compile of the process with fewer of them for good)
-            if self.mode != "auto" or self._degraded or exc.errno in _RESOURCES:
+            # Fewer walls only on the shim's own word that one cannot be put up: not for a
+            # shim killed (a compiler of the same uid could), late under load, or short of
+            # descriptors, processes or memory for a moment.
+            if self.mode != "auto" or fewer or not exc.verdict:
                 raise SandboxUnavailableError(str(exc), missing=list(REQUIRED)) from exc
-            logger.log(
-                logging.DEBUG if self._warned else logging.WARNING,
-                "%s; running compilers with fewer walls for %g s",
-                exc,
-                _FEWER_WALLS_S,
-            )
-            self._warned = True
+            logger.warning("%s; running compilers with fewer walls for %g s", exc, _FEWER_WALLS_S)
             self._degraded_until = time.monotonic() + _FEWER_WALLS_S
             try:
-                shim = launch([*prefix, *self._ahead_options()], pass_fds=fds, owner=self.ids)
+                shim = launch([*prefix, *self._ahead_options(True)], pass_fds=fds, owner=self.ids)
             except ShimStartError as again:
                 raise SandboxUnavailableError(str(again), missing=list(REQUIRED)) from again
+            fewer = True
+        if fewer:
+            self._fewer.add(shim)
         if self._walls is None or shim.walls != self._walls:  # (fewer, or all of them again)
             self._walls, self._abi = shim.walls, -1
         return shim
@@ -343,6 +349,9 @@ class Sandbox:
         """The shim started ahead, if one is ready; else one started now."""
         with self._spare_lock:
             shim = self._spares.pop() if self._spares else None
+        if shim is not None and shim in self._fewer and not self._degraded:
+            shim.retire()  # (made with fewer walls while that lasted: all of them are tried again)
+            shim = None
         if shim is not None and shim.owner == os.getpid():
             return shim
         return self._launch()  # (a spare made before a fork belongs to the parent: leave it be)
@@ -452,7 +461,8 @@ class Sandbox:
             if rc == 125:
                 raise SandboxUnavailableError(f"sandbox: {text.strip()}")
             raise ConfigError(f"sandbox {_SHIM_ERRORS[rc]}: {text.strip()}")
-        return RunResult(rc, text, time.perf_counter() - start, landlocked, files, self.describe())
+        # (the walls of the shim that ran it: another started since may have more, or fewer)
+        return RunResult(rc, text, time.perf_counter() - start, landlocked, files, self._describe(shim.walls))
 
     def _wait(
         self, shim: Shim, argv: Sequence[str], timeout: float, log: OutputLog, closes: CloseWatch | None,

@@ -416,8 +416,8 @@ def test_required_without_a_wall_refuses_before_any_compiler_runs(
     refuses at once, naming it, and no compiler (nor its probe) runs."""
     ahead = sandbox_mod.Sandbox._ahead_options
 
-    def without(self: Sandbox) -> list[str]:
-        opts = ahead(self)
+    def without(self: Sandbox, fewer: bool = False) -> list[str]:
+        opts = ahead(self, fewer)
         for flag in drop:
             if flag in opts:
                 at = opts.index(flag)
@@ -492,7 +492,9 @@ def test_a_root_callers_compile_works_without_a_user_namespace(make_runtime, tmp
     root caller's compiler still never runs as root: it runs as the unprivileged uid in
     a work dir handed over to it, and reads what others may read."""
     ahead = sandbox_mod.Sandbox._ahead_options
-    monkeypatch.setattr(sandbox_mod.Sandbox, "_ahead_options", lambda self: [o for o in ahead(self) if o != "-U"])
+    monkeypatch.setattr(
+        sandbox_mod.Sandbox, "_ahead_options", lambda self, fewer=False: [o for o in ahead(self, fewer) if o != "-U"]
+    )
     top = Path(tempfile.mkdtemp(prefix="safejit-open-"))  # (pytest's own dirs are root's, 0700)
     try:
         root = top / "proj"
@@ -553,10 +555,12 @@ def test_a_shim_start_failing_for_want_of_descriptors_keeps_every_wall(tmp_path)
 
 
 def test_auto_runs_with_fewer_walls_for_a_while_not_for_good(tmp_path, monkeypatch):
-    """A shim that failed to start with all the walls, for any reason (one inside the shim
-    says no errno: out of processes there, its report late under load), made ``auto`` run
-    every later compile of the process with fewer of them. It does so for a while; then a
-    shim with all of them is tried again, and runs get them back."""
+    """A shim that said it could not put a wall up (exit 126: a uid map refused, or out of
+    processes or memory as it forked) made ``auto`` run every later compile of the process
+    with fewer walls. It does so for a while, and each run says the walls it had; then all
+    of them are tried again, a spare made meanwhile is not used, and runs get them back.
+    A shim that failed to start without saying so (killed: a compiler of the same uid
+    could; its report late) is that run's error, never fewer walls."""
     sb = Sandbox("auto", cc=shutil.which("cc", path=SYSTEM_PATH))
     work = tmp_path / "w"
     work.mkdir()
@@ -581,20 +585,24 @@ def test_auto_runs_with_fewer_walls_for_a_while_not_for_good(tmp_path, monkeypat
         real, failed = sandbox_mod.launch, []
 
         def launch(argv, **kwargs):
-            if "-U" in argv and not failed:
+            if "-U" in argv and len(failed) < 2:
+                error = sandbox_mod.ShimStartError(f"the sandbox shim did not start: {len(failed)}")
+                error.verdict = bool(failed)  # (first killed, without a word; then its own exit 126)
                 failed.append(argv)
-                raise sandbox_mod.ShimStartError("the sandbox shim did not start: its report came late")
+                raise error
             return real(argv, **kwargs)
 
         monkeypatch.setattr(sandbox_mod, "launch", launch)
         no_spare()
-        assert run().returncode == 0 and failed
-        fewer = sb.describe()
-        assert "userns" not in fewer and sb._degraded
-        no_spare()
-        assert run().returncode == 0 and sb.describe() == fewer  # (for a while)
-        sb._degraded_until = 0.0  # (the while has passed)
-        no_spare()
-        assert run().returncode == 0 and sb.describe() == walls and not sb._degraded
+        with pytest.raises(safejit.SandboxUnavailableError):
+            run()
+        assert not sb._degraded
+        got = run()
+        assert got.returncode == 0 and len(failed) == 2
+        fewer = got.walls
+        assert "userns" not in fewer and sb._degraded and sb.describe() == fewer
+        assert run().walls == fewer  # (for a while; the spare made meanwhile has fewer too)
+        sb._degraded_until = 0.0  # (the while has passed: the spare waiting has fewer walls)
+        assert run().walls == walls and not sb._degraded
     finally:
         sb.close()
