@@ -29,6 +29,7 @@ from ._pipeline.parts import Parts
 from ._pipeline.pipeline import Pipeline
 from ._pipeline.records import Counters, Explanation, artifact_of, name_of
 from ._pipeline.resolve import Request, Resolved, Resolver
+from ._place import placed, where
 from .cache.leaf import VerifiedLeaf
 from .cache.memory import Entry, MemoryTier
 from .cache.usage import usage_name, write_usage
@@ -40,7 +41,6 @@ from .inventory import Request as InventoryRequest
 from .kernel import Artifact, Module
 from .outcomes import Miss, Tier
 from .policy import roots as root_policy
-from .policy.flag_tables import FAMILIES
 from .spec import Source
 from .telemetry import ATTR, SPAN, instruments, span
 
@@ -55,8 +55,6 @@ _monotonic = _clock.now
 #: The define and extra values whose equality is their text's: a memory key tells any
 #: other apart by its text too (``0.0 == -0.0``, in NumPy's floats too).
 _EXACT = frozenset({str, int, bool, type(None)})
-#: Every compiler family's options whose value is a path (``-I``, ``-include``...).
-_PATH_FLAGS = tuple({p for family in FAMILIES.values() for p in family.path_flags})
 
 
 class Runtime:
@@ -347,8 +345,8 @@ class Runtime:
         if self._closed:
             raise LoadError("the runtime is closed")
         request = key
-        if _placed(key):  # (what it names depends on where this process is: so does its entry)
-            key = (*key, _where())
+        if placed(key):  # (what it names depends on where this process is: so does its entry)
+            key = (*key, where())
         with span(SPAN.COMPILE, {**self._attrs, ATTR.KERNEL: name_of(source)}) as root_span:
             found = self._memory.find(key, now)
             if isinstance(found, Module):
@@ -424,50 +422,6 @@ class Runtime:
                         raise LoadError("the runtime is closed")
                 wired = self._wired
         return wired
-
-
-def _placed(key: Request) -> bool:
-    """Whether a request names a path from this process's working dir or home (``inc``,
-    ``~/lib``, ``-I=/inc``, a source read as ``k.c``): then what it names depends on where
-    the process is, which its memory key does not say. A path is judged as confinement
-    judges it (absolute or not, as given); one of another type is taken for such a path
-    (the resolver refuses it)."""
-    origin = key[0][3]
-    if origin is not None and not _absolute(origin):
-        return True
-    if not all(_absolute(d) for d in key[1]):
-        return True
-    after_path_flag = False
-    for flag in key[3]:
-        if after_path_flag:  # (``-I inc``: the path is the next argument)
-            after_path_flag = False
-            if not _absolute(flag):
-                return True
-        elif isinstance(flag, str) and flag.startswith(_PATH_FLAGS):
-            prefix = max((p for p in _PATH_FLAGS if flag.startswith(p)), key=len)
-            if flag == prefix:
-                after_path_flag = True
-            elif not _absolute(flag[len(prefix) :]):
-                return True
-    return False
-
-
-def _absolute(path: object) -> bool:
-    try:
-        given = os.fspath(path)  # type: ignore[call-overload]
-    except TypeError:
-        return False
-    return isinstance(given, str) and os.path.isabs(given)
-
-
-def _where() -> tuple[int, int, str] | object:
-    """This process's working dir (the directory itself: a path given again to another
-    dir is another place) and home, as a memory key's part."""
-    try:
-        st = os.stat(".")
-    except OSError:  # (gone: a relative path resolves to nothing; never a hit)
-        return object()
-    return (st.st_dev, st.st_ino, os.path.expanduser("~"))
 
 
 def _forget(memory: MemoryTier[Module], key: Hashable) -> Callable[[], None]:

@@ -95,7 +95,7 @@ def _warm_request(
 def _upload_of(rt: Runtime) -> dict[str, Any]:
     """``{upload, upload_reason, upload_detail}`` of the request's leaf, once the upload
     queue has drained (``upload`` None: nothing was offered, as for a remote hit)."""
-    from ..cache.remote.uploads import INDEX_FULL, PRESENT
+    from ..cache.remote.uploads import INDEX_FULL, PRESENT, UNSIGNED
 
     uploads = rt.flush_uploads(UPLOAD_WAIT_S)
     if not uploads.results:
@@ -105,7 +105,7 @@ def _upload_of(rt: Runtime) -> dict[str, Any]:
     last = uploads.results[-1]  # (one request, one leaf)
     upload = {
         Outcome.UPLOADED: "present" if last.detail == PRESENT else "uploaded",
-        Outcome.UPLOAD_SKIPPED: {PRESENT: "present", INDEX_FULL: "index_full"}.get(last.detail, "unsigned"),
+        Outcome.UPLOAD_SKIPPED: {PRESENT: "present", INDEX_FULL: "index_full", UNSIGNED: "unsigned"}.get(last.detail),
         Outcome.UPLOAD_FAILED: "failed",
         Outcome.UPLOAD_DROPPED: "dropped",
     }[last.outcome]

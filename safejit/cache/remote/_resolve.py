@@ -125,23 +125,23 @@ def connection_class(redis: Any, settings: RemoteSettings) -> type:
                 super().connect(*args, **kwargs)
 
         def _connect_resolved(self, *args: Any, **kwargs: Any) -> None:
-            if self._sock is None:
-                faults.point("remote.connect")
-                if scheme != "unix":
-                    # The name resolved within the connect deadline (getaddrinfo has none), and
-                    # each address it has tried in turn, as the client does. Over TLS the client
-                    # resolves it again itself: the certificate is checked against the name,
-                    # which it connects by.
-                    name: str = self.__dict__.setdefault("_safejit_name", str(getattr(self, "host", "")))
-                    addresses = resolve(name, self.port, settings.connect_timeout_s)
-                    if scheme == "redis":
-                        for address in addresses[:-1]:
-                            self.host = address
-                            with contextlib.suppress(redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-                                super().connect(*args, **kwargs)
-                                break
-                        else:
-                            self.host = addresses[-1]
+            # (called with no socket yet: see connect)
+            faults.point("remote.connect")
+            if scheme != "unix":
+                # The name resolved within the connect deadline (getaddrinfo has none), and
+                # each address it has tried in turn, as the client does. Over TLS the client
+                # resolves it again itself: the certificate is checked against the name,
+                # which it connects by.
+                name: str = self.__dict__.setdefault("_safejit_name", str(getattr(self, "host", "")))
+                addresses = resolve(name, self.port, settings.connect_timeout_s)
+                if scheme == "redis":
+                    for address in addresses[:-1]:
+                        self.host = address
+                        with contextlib.suppress(redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                            super().connect(*args, **kwargs)
+                            break
+                    else:
+                        self.host = addresses[-1]
             super().connect(*args, **kwargs)
 
     _Connection.__name__ = _Connection.__qualname__ = f"Safejit{base.__name__}"
