@@ -21,7 +21,7 @@ from typing import Final
 
 from ._scratch import Scratch
 
-__all__ = ["REPORT_TIMEOUT_S", "Shim", "ShimStartError", "Walls", "launch"]
+__all__ = ["REPORT_TIMEOUT_S", "Shim", "ShimStartError", "Walls", "drain", "launch"]
 
 #: How long a shim may take to report what it prepared (a Python shim starts in ~20 ms).
 REPORT_TIMEOUT_S: Final = 30.0
@@ -31,7 +31,8 @@ _REPORT_HEAD: Final = b"safejit-shim 2 "
 class ShimStartError(OSError):
     """A shim could not be started, or died before its report (its output says why).
     ``verdict``: the shim itself exited saying a wall could not be put up (its codes 125
-    and 126), not killed, late or never started: what ``auto`` may run with fewer walls for."""
+    and 126), not killed, late, never started or short of processes, memory or descriptors
+    for a moment (its code 123): what ``auto`` may run with fewer walls for."""
 
     verdict = False
 
@@ -159,7 +160,7 @@ def launch(argv: Sequence[str], *, pass_fds: Sequence[int] = (), owner: tuple[in
             proc.wait(timeout=1)  # (one that exited: how; one still there is killed below)
         said = proc.returncode in _VERDICTS
         _abandon(proc, ours, pidfd)
-        output = _drain(read_fd)
+        output = drain(read_fd)
         os.close(read_fd)
         error = ShimStartError(f"the sandbox shim did not start: {exc}; {output.strip()[-2000:]}")
         error.verdict = said
@@ -201,7 +202,8 @@ def _abandon(proc: subprocess.Popen[bytes], sock: socket.socket, pidfd: int) -> 
         os.close(pidfd)
 
 
-def _drain(fd: int) -> str:
+def drain(fd: int) -> str:
+    """What a shim's output pipe holds now (up to 64 KiB), without waiting for more."""
     os.set_blocking(fd, False)
     out = bytearray()
     with contextlib.suppress(BlockingIOError, InterruptedError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import platform
 import resource
@@ -38,11 +39,23 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
 
-def _die(code: int, what: str) -> None:
-    err = ctypes.get_errno()
+#: Out of processes, memory or descriptors: for a moment, not for want of a wall (shim.c).
+_SHORTAGE = frozenset({errno.EAGAIN, errno.ENOMEM, errno.ENFILE, errno.EMFILE})
+
+
+def _die(code: int, what: str, err: int | None = None) -> None:
+    err = ctypes.get_errno() if err is None else err
     sys.stderr.write(f"safejit-shim: {what}: {os.strerror(err) if err else 'failed'}\n")
     sys.stderr.flush()
-    os._exit(code)
+    os._exit(123 if code == 126 and err in _SHORTAGE else code)
+
+
+def _fork() -> int:
+    try:
+        return os.fork()
+    except OSError as exc:
+        _die(126, "fork", exc.errno)
+        raise  # (not reached)
 
 
 def _sys(number: int, *args: object) -> int:
@@ -106,7 +119,7 @@ class Ahead:
         if uid == 0 and self.uid > 0:
             read_end, write_end = os.pipe()
             target = os.getpid()
-            helper = os.fork()
+            helper = _fork()
             if helper == 0:  # outside the new namespace, with CAP_SETUID there: write the maps
                 os.close(write_end)
                 if os.read(read_end, 1) != b"x":
@@ -114,19 +127,24 @@ class Ahead:
                 try:
                     _write(f"/proc/{target}/uid_map", f"0 {self.uid} 1\n1 0 1\n")
                     _write(f"/proc/{target}/gid_map", f"0 {self.gid} 1\n1 0 1\n")
-                except OSError:
-                    os._exit(1)
+                except OSError as exc:
+                    os._exit(2 if exc.errno in _SHORTAGE else 1)
                 os._exit(0)
             os.close(read_end)
             unshared = _libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS) == 0
+            failed = ctypes.get_errno()
             if unshared:
                 os.write(write_end, b"x")
             os.close(write_end)
             _, status = os.waitpid(helper, 0)
+            if not unshared and failed in _SHORTAGE:
+                _die(126, "unshare", failed)
             if unshared and status != 0:
-                _die(126, "uid_map")
+                _die(126, "uid_map", errno.EAGAIN if os.waitstatus_to_exitcode(status) == 2 else errno.EPERM)
             return bool(unshared)
         if _libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS) != 0:
+            if ctypes.get_errno() in _SHORTAGE:
+                _die(126, "unshare")  # (no namespace for a moment: not none to be had)
             return False
         try:
             _write("/proc/self/uid_map", f"{uid} {uid} 1\n")
@@ -368,7 +386,7 @@ def _stop(*_: object) -> None:
 def _supervise(ahead: Ahead, req: Request) -> int:
     _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     signal.signal(signal.SIGTERM, _stop)
-    child = os.fork()
+    child = _fork()
     if child == 0:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         try:

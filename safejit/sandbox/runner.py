@@ -45,7 +45,7 @@ from .._background import background
 from ..errors import CompileError, CompileTimeout, ConfigError, SandboxUnavailableError
 from . import SYSTEM_PATH, lookups
 from ._closewatch import ClosedFiles, CloseWatch
-from ._launch import Shim, ShimStartError, Walls, launch
+from ._launch import Shim, ShimStartError, Walls, drain, launch
 from ._shim_build import ensure_shim as _ensure_shim
 from ._wait import OutputLog, wait_for_exit
 from .landlock import abi as landlock_abi
@@ -77,7 +77,13 @@ SYSTEM_READ_ROOTS: Final = (
 )
 _TERM_GRACE_S: Final = 2.0
 _PYSHIM: Final = Path(__file__).with_name("_pyshim.py")
-_SHIM_ERRORS: Final = {124: "bad usage", 125: "a wall unavailable", 126: "sandbox setup failed"}
+#: The shim's own exit codes (shim.c), what each says.
+_SHIM_ERRORS: Final = {
+    123: "out of processes, memory or descriptors for a moment",
+    124: "bad usage",
+    125: "a wall unavailable",
+    126: "setup failed",
+}
 #: The walls ``sandbox="required"`` cannot do without.
 REQUIRED: Final = ("landlock", "seccomp", "tmpfs", "nproc", "unprivileged")
 
@@ -401,7 +407,10 @@ class Sandbox:
             try:
                 shim.submit(command)
             except OSError as exc:
+                own = _own_error(*_ended(shim)) if attempt else None
                 shim.retire()
+                if own is not None:  # (it died saying why: the same error as had it said so after the command)
+                    raise own from exc
                 if attempt:
                     raise CompileError(f"could not start {argv[0]}: {exc}", log=str(exc), argv=list(argv)) from exc
                 continue
@@ -457,10 +466,9 @@ class Sandbox:
                 closes.close()
             shim.close()
         text = log.text()
-        if rc in _SHIM_ERRORS and "safejit-shim:" in text:
-            if rc == 125:
-                raise SandboxUnavailableError(f"sandbox: {text.strip()}")
-            raise ConfigError(f"sandbox {_SHIM_ERRORS[rc]}: {text.strip()}")
+        own = _own_error(rc, text)
+        if own is not None:
+            raise own
         # (the walls of the shim that ran it: another started since may have more, or fewer)
         return RunResult(rc, text, time.perf_counter() - start, landlocked, files, self._describe(shim.walls))
 
@@ -505,6 +513,25 @@ class Sandbox:
             except OSError:
                 files.clear()
         return rc
+
+
+def _own_error(rc: int | None, text: str) -> Exception | None:
+    """The error a shim's own exit (``rc``, with its ``safejit-shim:`` message in ``text``)
+    stands for, None for any other: a wall unavailable, or a shortage of processes, memory
+    or descriptors (for a moment: never a wall that cannot be had), is the sandbox's; bad
+    usage or a setup that failed another way, a ``ConfigError``."""
+    if rc not in _SHIM_ERRORS or "safejit-shim:" not in text:
+        return None
+    said = f"sandbox: {_SHIM_ERRORS[rc]}: {text.strip()[-2000:]}"
+    return SandboxUnavailableError(said) if rc in (123, 125) else ConfigError(said)
+
+
+def _ended(shim: Shim) -> tuple[int | None, str]:
+    """How a shim that refused its command ended: its exit code (None if it has not, within
+    a second), and what it wrote."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        shim.proc.wait(timeout=1)
+    return shim.proc.returncode, drain(shim.output) if shim.output >= 0 else ""
 
 
 def _env_options(env: Mapping[str, str]) -> list[str]:

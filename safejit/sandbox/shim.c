@@ -37,10 +37,12 @@
  * Once the program and everything it started are dead and reaped, "exit CODE\n"
  * goes to the socket, then the shim exits with CODE.
  *
- * Exit codes 124-127 are the shim's own (124 bad usage, 125 a wall unavailable,
- * 126 setup failed, 127 exec failed); the message goes to stderr. Any wall it was
- * asked for that fails in the program's process is fatal (126): a run never goes
- * ahead with less than the report said.
+ * Exit codes 123-127 are the shim's own (123 out of processes, memory or descriptors
+ * for a moment, 124 bad usage, 125 a wall unavailable, 126 setup failed, 127 exec
+ * failed); the message goes to stderr. Any wall it was asked for that fails in the
+ * program's process is fatal (126, or 123 for want of a resource): a run never goes
+ * ahead with less than the report said. A shortage says nothing of the walls (123 is
+ * never read as a wall that cannot be put up).
  *
  * The program runs as the shim's child, started ahead too: it takes its ids, no new
  * privileges and the seccomp filter before the run is known, then waits for the
@@ -127,9 +129,13 @@ struct cap_data { uint32_t effective, permitted, inheritable; };
 
 #define MAX_PATHS 256
 
+/* Out of processes, memory or descriptors: for a moment, not for want of a wall. */
+static int shortage(int e) { return e == EAGAIN || e == ENOMEM || e == ENFILE || e == EMFILE; }
+
 static void die(int code, const char *what) {
-    fprintf(stderr, "safejit-shim: %s: %s\n", what, strerror(errno));
-    _exit(code);
+    int e = errno;
+    fprintf(stderr, "safejit-shim: %s: %s\n", what, strerror(e));
+    _exit(code == 126 && shortage(e) ? 123 : code);
 }
 
 static unsigned long long number(const char *val) {
@@ -177,10 +183,10 @@ static int maps_from_outside(pid_t target, const struct ahead *a, int go) {
         if (read(go, &c, 1) != 1) _exit(1);  /* (EOF: the unshare failed) */
         snprintf(map, sizeof map, "0 %lld 1\n1 0 1\n", a->uid);
         snprintf(path, sizeof path, "/proc/%ld/uid_map", (long)target);
-        if (write_file(path, map) != 0) _exit(1);
+        if (write_file(path, map) != 0) _exit(shortage(errno) ? 2 : 1);
         snprintf(map, sizeof map, "0 %lld 1\n1 0 1\n", a->gid);
         snprintf(path, sizeof path, "/proc/%ld/gid_map", (long)target);
-        _exit(write_file(path, map) == 0 ? 0 : 1);
+        _exit(write_file(path, map) == 0 ? 0 : shortage(errno) ? 2 : 1);
     }
     return helper;
 }
@@ -201,11 +207,17 @@ static int enter_namespaces(const struct ahead *a) {
         close(go[1]);
         int st = 0;
         while (waitpid(helper, &st, 0) < 0 && errno == EINTR) {}
-        if (!unshared) { errno = saved; return -1; }
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) { errno = EPERM; die(126, "uid_map"); }
+        if (!unshared) { errno = saved; if (shortage(saved)) die(126, "unshare"); return -1; }
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            errno = WIFEXITED(st) && WEXITSTATUS(st) == 2 ? EAGAIN : EPERM;  /* (2: the helper's shortage) */
+            die(126, "uid_map");
+        }
         return 0;
     }
-    if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) return -1;
+    if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) {
+        if (shortage(errno)) die(126, "unshare");  /* (no namespace for a moment: not none to be had) */
+        return -1;
+    }
     snprintf(map, sizeof map, "%u %u 1\n", (unsigned)uid, (unsigned)uid);
     if (write_file("/proc/self/uid_map", map) != 0) die(126, "uid_map");
     if (write_file("/proc/self/setgroups", "deny") != 0 && errno != ENOENT) die(126, "setgroups");
@@ -296,6 +308,7 @@ static void prepare(struct ahead *a) {
     warm();
     a->mount_fd = -1;
     if (a->scratch && a->mntns) a->mount_fd = make_tmpfs(a);
+    if (a->scratch && a->mntns && a->mount_fd < 0 && shortage(errno)) die(126, "scratch tmpfs");
     a->scratch = a->mount_fd >= 0;
     uint32_t action = SECCOMP_RET_KILL_PROCESS_;
     a->seccomp = a->filter.len && syscall(SYS_seccomp, SECCOMP_GET_ACTION_AVAIL_, 0, &action) == 0;

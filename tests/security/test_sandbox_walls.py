@@ -606,3 +606,88 @@ def test_auto_runs_with_fewer_walls_for_a_while_not_for_good(tmp_path, monkeypat
         assert run().walls == walls and not sb._degraded
     finally:
         sb.close()
+
+
+def _short_of(sb: Sandbox, wrapper: list[str], tmp_path: Path) -> None:
+    """Runs through a shim started by ``wrapper`` (a shortage of its own: descriptors,
+    processes) fail as the sandbox's error for a moment: nothing runs, ``auto`` keeps
+    every wall, and a shim started as before runs with all of them again."""
+    work = tmp_path / "w"
+    work.mkdir(exist_ok=True)
+    work.chmod(0o777)  # (the program may run as another uid)
+    argv = ["/bin/sh", "-c", "echo ran > out"]
+
+    def run() -> RunResult:
+        return sb.run(argv, cwd=str(work), env={"PATH": SYSTEM_PATH}, timeout=30, write_roots=[str(work)])
+
+    assert run().returncode == 0 and (work / "out").exists()
+    walls = sb.describe()
+    (work / "out").unlink()
+    own = sb._executable()
+    sb._exe = ([*wrapper, *own[0]], own[1])
+    from safejit._background import settle
+
+    settle()
+    with sb._spare_lock:
+        spares, sb._spares[:] = list(sb._spares), []
+    for shim in spares:
+        shim.retire()
+    for _ in range(3):  # (a spare made meanwhile: short of the same)
+        with pytest.raises(safejit.SandboxUnavailableError, match=r"Too many open files|temporarily unavailable"):
+            run()
+        assert not sb._degraded and not (work / "out").exists()
+    sb._exe = own
+    settle()
+    with sb._spare_lock:
+        spares, sb._spares[:] = list(sb._spares), []
+    for shim in spares:
+        shim.retire()
+    assert run().returncode == 0 and sb.describe() == walls and (work / "out").exists()
+
+
+@pytest.mark.parametrize("nofile", [3, 4, 6])
+def test_a_shim_short_of_descriptors_says_so_and_keeps_every_wall(tmp_path, nofile):
+    """A shim out of descriptors said it could not put a wall up (exit 126): before its
+    report, ``auto`` ran every compile for ten minutes with fewer walls (as though the
+    walls could not be had here); after it, the run was a ``ConfigError`` ("sandbox
+    sandbox setup failed"). Either is now the sandbox's error for a moment (exit 123)."""
+    prlimit = shutil.which("prlimit", path=SYSTEM_PATH)
+    if prlimit is None:
+        pytest.skip("no prlimit here")
+    sb = Sandbox("auto", cc=shutil.which("cc", path=SYSTEM_PATH))
+    try:
+        if sb.walls.userns is False:
+            pytest.skip("no walls here to run with fewer of")
+        _short_of(sb, [prlimit, f"--nofile={nofile}:{nofile}", "--"], tmp_path)
+    finally:
+        sb.close()
+
+
+@pytest.mark.skipif(not ROOT, reason="started as nobody by root: a limit on processes binds no root")
+def test_a_shim_short_of_processes_says_so(tmp_path):
+    """A shim that could not fork its program (out of processes: RLIMIT_NPROC) failed the
+    run as a ``ConfigError``, or, where it died before taking the command, as a
+    ``CompileError`` ("could not start /bin/sh: Broken pipe"): the user's compile blamed.
+    It is the sandbox's error for a moment."""
+    setpriv, prlimit = (shutil.which(p, path=SYSTEM_PATH) for p in ("setpriv", "prlimit"))
+    if setpriv is None or prlimit is None:
+        pytest.skip("no setpriv or prlimit here")
+    sb = Sandbox("auto", cc=shutil.which("cc", path=SYSTEM_PATH))
+    top = Path(tempfile.mkdtemp(prefix="safejit-test-"))  # (one nobody may walk to)
+    try:
+        top.chmod(0o755)
+        if not sb.walls.userns:
+            pytest.skip("no user namespace here")
+        shim = top / "shim"
+        shim.write_bytes(Path(sb._executable()[0][0]).read_bytes())
+        shim.chmod(0o755)
+        sb._recorder = (None,)  # (the recorder lies in root's private dir)
+        sb._ids_known = (None,)  # (nobody already: no other uid to run as)
+        nobody = ["--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+        sb._exe = ([setpriv, *nobody, str(shim)], ())  # (as nobody, with processes to spare: runs)
+        assert sb.run(["/bin/true"], cwd="/", env={"PATH": SYSTEM_PATH}, timeout=30).returncode == 0
+        sb._exe = ([str(shim)], ())
+        _short_of(sb, [setpriv, *nobody, prlimit, "--nproc=1:1", "--"], top)  # (a work dir nobody may open)
+    finally:
+        sb.close()
+        shutil.rmtree(top)
