@@ -50,7 +50,9 @@ from .store import (
 )
 
 if TYPE_CHECKING:
-    from obstore.store import ClientConfig, RetryConfig, S3Config
+    from obstore.store import ClientConfig, RetryConfig, S3Config, S3Credential
+
+    from .url import Secret
 
 __all__ = ["S3Store"]
 
@@ -150,11 +152,15 @@ class S3Store(Engine[Any]):
             config["endpoint"] = url.endpoint
         if url.region:
             config["region"] = url.region
+        provider = None
         if url.username is not None and url.password is not None:
-            config["access_key_id"] = url.username
-            config["secret_access_key"] = url.password.reveal()
-            if url.session_token is not None:
-                config["session_token"] = url.session_token.reveal()
+            # The key safejit chose, with its own session token or none: obstore would add
+            # what the environment holds to a key of the config (AWS_SESSION_TOKEN, sent to
+            # whatever endpoint the URL names; AWS_SKIP_SIGNATURE, every request unsigned).
+            # A provider's credential is the whole of it, and the config says sign, in full.
+            provider = _StaticCredential(url.username, url.password, url.session_token)
+            config["skip_signature"] = False
+            config["unsigned_payload"] = False
         client: ClientConfig = {
             "timeout": timedelta(seconds=timeout),
             "connect_timeout": timedelta(seconds=self.settings.connect_timeout_s),
@@ -162,7 +168,14 @@ class S3Store(Engine[Any]):
         }
         retry: RetryConfig = {"max_retries": 0, "retry_timeout": timedelta(seconds=timeout)}
         try:
-            return _ObStore(url.host, prefix=url.path or None, config=config, client_options=client, retry_config=retry)
+            return _ObStore(
+                url.host,
+                prefix=url.path or None,
+                config=config,
+                client_options=client,
+                retry_config=retry,
+                credential_provider=provider,
+            )
         except Exception as exc:
             raise ConfigError(f"the remote {url} cannot be configured: {self.settings.redact(str(exc))}") from None
 
@@ -509,6 +522,24 @@ class S3Store(Engine[Any]):
                 return False
             raise
         return True
+
+
+class _StaticCredential:
+    """obstore's credential provider for the key safejit chose: that key, its secret and
+    its own session token (or none), never expiring; ``repr`` shows no secret."""
+
+    __slots__ = ("_key", "_secret", "_token")
+
+    def __init__(self, key: str, secret: Secret, token: Secret | None) -> None:
+        self._key, self._secret, self._token = key, secret, token
+
+    def __call__(self) -> S3Credential:
+        token = self._token.reveal() if self._token is not None else None
+        secret = self._secret.reveal()
+        return {"access_key_id": self._key, "secret_access_key": secret, "token": token, "expires_at": None}
+
+    def __repr__(self) -> str:
+        return "_StaticCredential(***)"
 
 
 def _scanned(kind: str, rest: str, size: int) -> tuple[str, int]:

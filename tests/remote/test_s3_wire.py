@@ -1,0 +1,80 @@
+"""What an S3 store puts on the wire, read by a listener that records each request's
+headers: the credentials safejit chose, all of them and nothing else."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from safejit.config import Config
+
+pytest.importorskip("obstore")
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[int, list[str]]]:
+    """A port that answers every request 404 and keeps each request's head, lowercased."""
+    heads: list[str] = []
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    got = conn.recv(65536)
+                    if not got:
+                        break
+                    data += got
+                heads.append(data.decode("latin-1").lower())
+                with contextlib.suppress(OSError):
+                    conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield srv.getsockname()[1], heads
+    srv.close()
+
+
+def _ping(url: str) -> None:
+    from safejit.cache.remote import open_store
+
+    settings = Config(remote=url, signing_key=b"0123456789abcdef0123").remote_settings(env=True)
+    assert settings is not None
+    store = open_store(settings, tenant="t1", backend="fake")
+    try:
+        store.ping()
+    finally:
+        store.close()
+
+
+def test_a_key_in_the_url_goes_with_its_own_token_only(listener, monkeypatch):
+    """With a key in the URL, obstore added the environment's AWS_SESSION_TOKEN to it (the
+    machine's role token, sent to whatever endpoint the URL names) and took
+    AWS_SKIP_SIGNATURE from it (every request unsigned). Requests are signed by the URL's
+    key, with the session token configured for it or none."""
+    port, heads = listener
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "token-of-the-machines-role")
+    monkeypatch.setenv("AWS_SKIP_SIGNATURE", "true")
+    monkeypatch.setenv("AWS_UNSIGNED_PAYLOAD", "true")
+    url = f"s3://AKIAURLKEY0000000000:urlsecret@bucket/p?endpoint=http://127.0.0.1:{port}&region=us-east-1"
+    _ping(url)
+    assert heads, "nothing was sent"
+    for head in heads:
+        assert "token-of-the-machines-role" not in head and "x-amz-security-token" not in head
+        assert "credential=akiaurlkey0000000000/" in head  # (signed, by the URL's key)
+        assert "x-amz-content-sha256: unsigned-payload" not in head
+    heads.clear()
+    monkeypatch.setenv("SAFEJIT_REMOTE_SESSION_TOKEN", "the-url-keys-own-token")
+    _ping(url)
+    assert heads and all("x-amz-security-token: the-url-keys-own-token" in h for h in heads)
+    assert not any("token-of-the-machines-role" in h for h in heads)
