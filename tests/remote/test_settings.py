@@ -11,6 +11,7 @@ import pytest
 
 from safejit.cache.remote import RemoteError, RemoteSettings, Secret, parse_url
 from safejit.cache.remote.layout import Layout
+from safejit.config import Config
 from safejit.errors import ConfigError
 
 PASSWORD = "Pa55-w0rd+/xyz"
@@ -172,6 +173,38 @@ def test_a_credential_in_a_url_of_no_known_shape_never_shows_in_the_error(url):
         parse_url(url)
     text = str(info.value) + repr(info.value) + "".join(traceback.format_exception(info.value))
     assert "Zx9Kq2Lm" not in text and "Pw7Rt" not in text, text
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://writer:Zx9Kq2LmPw7Rt\uff20cache.internal:6379/0",  # (a full-width '@', as input methods type it)
+        "redis://writer:Zx9Kq2LmPw7Rt\ufe6bcache.internal:6379/0",  # (a small '@')
+        "rediss://writer:Zx9Kq2LmPw7Rt:6380/0",  # (the '@host' lost)
+        "s3://AKID:Zx9Kq2LmPw7Rt",  # (cut off at its '@')
+        "s3://AKID:Zx9Kq2LmPw7Rt/p",
+    ],
+)
+def test_a_credential_before_no_ascii_at_never_shows_in_the_error(url):
+    """With no ASCII '@' there was no userinfo to mask: urlsplit's error made the message
+    quote the URL, the password in clear."""
+    with pytest.raises(ConfigError) as info:
+        Config(remote=url, signing_key=b"0123456789abcdef0123")
+    text = str(info.value) + repr(info.value) + "".join(traceback.format_exception(info.value))
+    assert "Zx9Kq2Lm" not in text and "Pw7Rt" not in text, text
+
+
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ("endpoint=http://[::1", "endpoint"),  # (a bare ValueError from urlsplit)
+        ("endpoint=http://127.0.0.1:1&region=us%0Aeast-1", "region"),  # (the engine's client panicked at each request)
+        ("endpoint=http://127.0.0.1:1&region=us east", "region"),
+    ],
+)
+def test_a_bad_endpoint_or_region_is_a_config_error(query, says):
+    with pytest.raises(ConfigError, match=says):
+        Config(remote=f"s3://bucket-1/p?{query}", signing_key=b"0123456789abcdef0123")
 
 
 def test_plain_values_of_known_parameters_still_show():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hmac
 import re
+import unicodedata
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
@@ -143,6 +144,7 @@ _USERINFO = re.compile(r"(//[^/@:\s]*:)[^@\s]*@")
 #: Credentials put in a query string (refused).
 _QUERY_SECRETS: Final = ("password", "pass", "secret", "secret_access_key", "token")
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+_REGION = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}\Z")
 #: The query parameters whose values a message may show, when plain (:data:`_PLAIN`).
 _SHOWN: Final = frozenset().union(*_QUERY.values())
 _PLAIN = re.compile(r"[A-Za-z0-9._:/-]*\Z")
@@ -239,6 +241,11 @@ def _scrub(url: str) -> str:
             user = user.split("/")[0].split("?")[0].split("#")[0] + ":" if colon else ""
             url = f"{url[:start]}{user}{_MASK}@{url[end + 1 :]}"
         end = url.rfind("@")
+    else:
+        netloc = re.split(r"[/?#]", url[start:], maxsplit=1)[0]
+        cut = _past_host(netloc)
+        if cut >= 0:
+            url = f"{url[: start + cut + 1]}{_MASK}{url[start + len(netloc) :]}"
     head, hash_, _ = url[end + 1 :].partition("#")
     rest, question, query = head.partition("?")
     if question:
@@ -256,12 +263,26 @@ def _scrub(url: str) -> str:
 
 def _userinfo(url: str) -> tuple[int, int, bool]:
     """Where the userinfo of ``url`` may lie — after ``scheme://`` (at the start when there
-    is none), up to the last '@' (``start > end``: there is none) — and whether the
-    scheme is one of ours."""
+    is none), up to the last '@' or character that normalizes to one (``＠``, ``﹫``: typed
+    by an input method; ``start > end``: there is none) — and whether the scheme is one
+    of ours."""
     found = _SCHEME.match(url)
     start = found.end() if found else 0
     known = found is not None and found.group(1).lower() in SCHEMES
-    return start, url.rfind("@"), known
+    end = url.rfind("@")
+    if not url.isascii():
+        end = max(end, *(i for i, c in enumerate(url) if "@" in unicodedata.normalize("NFKC", c)))
+    return start, end, known
+
+
+def _past_host(netloc: str) -> int:
+    """In a netloc with no userinfo, where what follows the host is no port (a password
+    whose '@' and host went missing: ``user:pw``, ``user:pw:6380``): the index of the
+    ':' before it, else -1."""
+    host_end = netloc.find("]") + 1 if netloc.startswith("[") else 0
+    colon = netloc.find(":", host_end)
+    rest = netloc[colon + 1 :]
+    return -1 if colon < 0 or (rest.isascii() and rest.isdigit()) else colon
 
 
 def _withheld(url: str, message: str) -> str:
@@ -335,14 +356,21 @@ def _s3(url: str, base: RemoteURL, bucket: str, path: str, port: int | None, que
         raise ConfigError(f"remote URL {_scrub(url)!r}: the key prefix {prefix!r} is not a plain S3 key prefix")
     endpoint = query.get("endpoint")
     if endpoint is not None:
-        ep = urlsplit(endpoint)
         try:
+            ep = urlsplit(endpoint)
             ep.port  # noqa: B018 (a port over 65535 raises here, not in the engine's client)
         except ValueError:
-            raise ConfigError(f"remote URL {_scrub(url)!r}: the endpoint's port must be a number up to 65535") from None
+            raise ConfigError(
+                f"remote URL {_scrub(url)!r}: the endpoint must be http(s)://host[:port], a port a number up to 65535"
+            ) from None
         if ep.scheme not in ("http", "https") or not ep.hostname or ep.username or ep.password or ep.query:
             raise ConfigError(f"remote URL {_scrub(url)!r}: endpoint must be http(s)://host[:port] without credentials")
         endpoint = endpoint.rstrip("/")
     if (base.username is None) != (base.password is None):
         raise ConfigError(f"remote URL {_scrub(url)!r}: give both the access key id and the secret, or neither")
-    return replace(base, host=bucket, path=prefix, endpoint=endpoint, region=query.get("region") or None)
+    region = query.get("region") or None
+    if region is not None and not _REGION.match(region):
+        # (it goes into each request's signature and host name: a newline or space in it
+        # made the engine's client panic at every request)
+        raise ConfigError(f"remote URL {_scrub(url)!r}: region must be letters, digits and '-' (us-east-1)")
+    return replace(base, host=bucket, path=prefix, endpoint=endpoint, region=region)
