@@ -128,6 +128,14 @@ def _open_private(path: str, *, create: bool) -> int | None:
             os.close(fd)
 
 
+def _remove(path: str, owner: int) -> None:
+    """Remove the temporary state dir ``path`` at exit, in the process that made it only: a
+    child forked from it runs its exit hooks too, and removed it from under its parent (whose
+    later compiles went uncached, with no recorder or C shim to be had)."""
+    if os.getpid() == owner:
+        shutil.rmtree(path, True)
+
+
 def _inside(path: str, roots: Sequence[str]) -> bool:
     real = real_path(path)
     return any(is_under(real, real_path(root)) for root in roots)
@@ -164,7 +172,7 @@ def state_dir(avoid: Sequence[str] = ()) -> StateDir:
 
 def _temporary() -> StateDir:
     made = tempfile.mkdtemp(prefix="safejit-state-")
-    atexit.register(shutil.rmtree, made, True)
+    atexit.register(_remove, made, os.getpid())
     logger.warning("no private state directory to keep; using %s for this process", made)
     fd = _open_private(made, create=False)
     if fd is None:  # pragma: no cover - mkdtemp makes a private directory
