@@ -135,7 +135,9 @@ class Module:
             device: KernelHandle = self._library.function(name, argtypes=argtypes)
             return device
         kernels = self.artifact.kernels
-        if kernels and name not in kernels:
+        # (only a function this library defines and exports: dlsym on its handle would also
+        # find one of its dependencies' — libc's ``system`` of a module exporting none)
+        if name not in kernels:
             raise KernelNotFoundError(
                 f"no kernel {name!r}; this module has {list(kernels)}{_hint(name, kernels)}",
                 name=name,

@@ -367,3 +367,16 @@ def test_a_kernel_not_found_says_what_it_most_likely_is(tmp_path, cxx):
     with pytest.raises(safejit.KernelNotFoundError) as plain:
         rt.compile(safejit.Source("int f(void) { return 1; }\n", "m")).kernel("g")
     assert str(plain.value) == "no kernel 'g'; this module has ['f']"
+
+
+def test_a_module_exporting_no_function_finds_none_of_its_dependencies(tmp_path):
+    """A module that exports no function looked any name up in what it links: libc's
+    ``getpid`` (or ``system``) came back as one of its kernels."""
+    rt = safejit.Runtime(config=safejit.Config(cache_dirs=(str(tmp_path / "c"),)))
+    code = "static int f(void) { return 1; }\nint (*exported)(void) = f;\n"
+    module = rt.compile(safejit.Source(code, "m"))
+    assert module.kernels == ()
+    for name in ("getpid", "system", "exported"):
+        with pytest.raises(safejit.KernelNotFoundError, match="the build exports no function"):
+            module.kernel(name)
+    rt.close()
