@@ -309,7 +309,9 @@ class BuildJob:
         # under the source roots complete the closure; one outside every root refuses it.)
         recording = bool(workdir) and bool(self.parts.sandbox.preload_env())
         self._looked, self._workdir, self._check = None, workdir, None
-        self._records = lookups.Records(workdir) if recording else None
+        self._records = (
+            lookups.Records(workdir, completeness.lookups_limit(self.config.max_deps)) if recording else None
+        )
         preloaded: set[str] = set()  # (the dirs of the runs the recorder was preloaded into)
         if recording:
             with contextlib.suppress(FileNotFoundError):
@@ -373,6 +375,9 @@ class BuildJob:
                     if looked is None and workdir in preloaded
                     else looked
                 )
+            except lookups.TooManyLookups as exc:
+                instruments.policy_violations.add(1, {**self._attrs, ATTR.KIND: LimitExceededError.__name__})
+                raise _too_many_looked(exc) from None
             except lookups.LookupsLost:
                 # (so many that the rest went unrecorded: one outside the roots may be among
                 # them, which a build returned would tell by its value, or by being returned)
@@ -397,6 +402,8 @@ class BuildJob:
         lookup written down before the program saw its result."""
         try:
             looked = lookups.read_preloaded(workdir, killed=True, early=self._records)
+        except lookups.TooManyLookups as exc:
+            raise _too_many_looked(exc) from None
         except lookups.LookupsLost:
             raise _lost() from None
         except ValueError as exc:  # (malformed: what they looked up is unknown)
@@ -498,6 +505,16 @@ def _as_scanned(spec: BuildSpec) -> bytes:
             lines.append(f"#define {name} {value if eq else '1'}".encode())
     lines += [f"#define {name} {'' if value is None else value}".encode() for name, value in spec.defines]
     return b"\n".join([*lines, spec.code]) if lines else spec.code
+
+
+def _too_many_looked(exc: lookups.TooManyLookups) -> LimitExceededError:
+    # (refused whatever the paths were: one outside the roots among those not walked is
+    # refused as well)
+    return LimitExceededError(
+        f"the compiler looked up {exc}; the limit is {exc.limit} "
+        f"({completeness.NEGATIVES_PER_DEP} per dependency of max_deps)",
+        limit=exc.limit,
+    )
 
 
 def _lost() -> UndeclaredDependencyError:

@@ -59,6 +59,25 @@ PREDEFINED: Final = frozenset(
     | {"CUDA_DOUBLE_MATH_FUNCTIONS", "CUDA_API_PER_THREAD_DEFAULT_STREAM"}
 )
 _IDENT: Final = re.compile(r"[A-Za-z_$][\w$]*")
+#: The paths looked up and not found that a closure may hold (its negative lookups), per
+#: dependency it may hold (``max_deps``): each is anchored, kept in the manifest and checked
+#: at each hit. Thousands of ``__has_include`` probes, each in every include dir, made
+#: hundreds of MB of manifest and minutes of this process's time past the compile's limit.
+#: (A CuTe GEMM: ~400 files, ~900 negatives.)
+NEGATIVES_PER_DEP: Final = 4
+
+
+def lookups_limit(max_deps: int) -> int:
+    """The most negative lookups, and distinct paths a compile's preprocessors look up,
+    that a closure of at most ``max_deps`` files may come with."""
+    return NEGATIVES_PER_DEP * max_deps
+
+
+def _too_many(count: int, what: str, max_deps: int) -> LimitExceededError:
+    limit = lookups_limit(max_deps)
+    return LimitExceededError(
+        f"{count} {what} exceed the limit of {limit} ({NEGATIVES_PER_DEP} per dependency of max_deps)", limit=limit
+    )
 
 
 def _reserved(name: str) -> bool:
@@ -124,6 +143,8 @@ def record_closure(
             unsure.append(f"{path} is reached by a '..' after a symbolic link")
         reads.add(path, real, _anchored(path, real, anchors, linker=linker, after_link=crossed), includes=includes)
     if absent is not None:
+        if len(absent) > lookups_limit(max_deps):
+            raise _too_many(len(absent), "negative lookups", max_deps)
         # Recorded: each was looked up and not found (shadowing, __has_include, .gch and
         # all). One that is there now appeared since: the build shows what was not there.
         present: list[str] = []
@@ -140,6 +161,9 @@ def record_closure(
             (reads.too_new if os.path.lexists(cand) else missing).append(cand)
     else:
         reads.probes_through_macros()
+        # (each probe is looked for in each dir: counted before a path is made of one)
+        if len(reads.probes) * max(1, len(search_dirs)) > lookups_limit(max_deps):
+            raise _too_many(len(reads.probes) * max(1, len(search_dirs)), "probes in include dirs", max_deps)
         present, missing = reads.derived_lookups(search_dirs)
         reads.add_precompiled(present)
         reads.add_probe_hits(search_dirs)
@@ -147,6 +171,8 @@ def record_closure(
     # have appeared during the compile: then what the compiler saw is unknown. So may a
     # directory on the way to a file read have been swapped (a symlink put in and taken
     # out again): its entries changed during the compile.
+    if len(missing) > lookups_limit(max_deps):
+        raise _too_many(len(missing), "negative lookups", max_deps)
     reads.add_if_changed([*present, *_directories(reads.lexicals, anchors)])
     negatives, negative_paths = _anchored_negatives(missing, anchors)
     return Closure(reads.deps, reads.states, reads.too_new, negatives, negative_paths, tuple(unsure))

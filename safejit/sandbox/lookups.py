@@ -40,6 +40,7 @@ __all__ = [
     "LookupsLost",
     "Recorder",
     "Records",
+    "TooManyLookups",
     "build",
     "keep_records",
     "parse",
@@ -67,6 +68,16 @@ class Lookup:
 class LookupsLost(ValueError):
     """More lookups than the recorder's buffer holds: what was looked up past them is
     unknown (a source can make that many on purpose, to hide one)."""
+
+
+class TooManyLookups(LookupsLost):
+    """More distinct paths looked up than a compile may make (:class:`Records`' ``limit``):
+    walking each costs this process time and memory the compiler's limits do not bound
+    (thousands of ``__has_include`` probes, each in every include dir)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"more than {limit} distinct paths")
+        self.limit = limit
 
 
 def supported() -> bool:
@@ -160,10 +171,13 @@ class Records:
     """The records of a run in ``cwd``, read as its file grows (:meth:`feed` each time
     with all of it): each record is read once."""
 
-    __slots__ = ("_begun", "_data", "_ended", "_paths", "_refused", "_said_of", "_torn", "cwd")
+    __slots__ = ("_begun", "_data", "_ended", "_paths", "_refused", "_said_of", "_torn", "cwd", "limit")
 
-    def __init__(self, cwd: str) -> None:
+    def __init__(self, cwd: str, limit: int | None = None) -> None:
         self.cwd = cwd
+        #: The most distinct paths the run may look up (None: no limit); past it
+        #: :meth:`feed` raises ``TooManyLookups``, and nothing more is read.
+        self.limit = limit
         self._paths: dict[bytes, str | None] = {}  # (each name as a path; None: the run's own)
         self._reset()
 
@@ -177,8 +191,8 @@ class Records:
         self._torn = False  # (the data ends in a part of a record)
 
     def feed(self, data: bytes) -> None:
-        """The file's content now. Raises ``LookupsLost`` past the cap, ``ValueError``
-        for a record no recorder writes."""
+        """The file's content now. Raises ``LookupsLost`` past the cap (``TooManyLookups``
+        past ``limit``), ``ValueError`` for a record no recorder writes."""
         if len(data) > _PRELOAD_MAX:
             raise LookupsLost("more lookups than the recorder's file may hold")
         if not data.startswith(self._data):  # (not what it held before: read afresh)
@@ -209,6 +223,8 @@ class Records:
                 was = said_of.setdefault(name, said)
                 if was is not None and was != said:
                     said_of[name] = None
+                if self.limit is not None and len(said_of) > self.limit:
+                    raise TooManyLookups(self.limit)
             at += size
         self._data = data[:at]
 

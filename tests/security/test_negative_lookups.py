@@ -106,3 +106,30 @@ def test_a_precompiled_header_appearing_beside_a_header_is_never_used_nor_served
     settle()
     again = make_runtime(source_roots=(str(root),)).compile(src, include_dirs=(str(inc),))
     assert again.artifact.tier == "disk" and again.kernel("cfg")() == 1
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_probes_past_the_lookups_limit_are_refused_before_they_cost(make_runtime, tmp_path, cache_dir, recorded):
+    """Thousands of ``__has_include`` probes, each looked for in every include dir, were
+    walked, anchored and kept one by one in this process, past the compile's time limit
+    (5,000 probes in 71 dirs: 10 s of CPU, a 21 MB manifest in the shared cache). Past
+    4 paths per dependency of ``max_deps`` they are a ``LimitExceededError``: nothing
+    published. ``recorded``: the preprocessor's lookups recorded (the recorder's own count
+    refuses them), else derived from the sources (the probes times the dirs)."""
+    root = tmp_path / "root"
+    dirs = [root / f"inc{i}" for i in range(4)]
+    for d in dirs:
+        d.mkdir(parents=True)
+    code = "".join(f"#if __has_include(<zz{i:04d}.h>)\n#endif\n" for i in range(60)) + "int f(void) { return 1; }\n"
+    rt = make_runtime(source_roots=(str(root),), max_deps=40)  # (the limit: 160 paths)
+    sb = rt._init()[0].sandbox
+    if recorded and sb.preload_env() is None:
+        pytest.skip("no lookup recorder here")
+    if not recorded:
+        sb.preload_env = lambda: None  # type: ignore[method-assign]
+    with pytest.raises(safejit.LimitExceededError, match=r"limit of 160|the limit is 160") as info:
+        rt.build(safejit.Source(code, "f"), include_dirs=tuple(map(str, dirs)))
+    assert info.value.limit == 160
+    assert_nothing_published(cache_dir)
+    few = "".join(f"#if __has_include(<zz{i:04d}.h>)\n#endif\n" for i in range(3)) + "int f(void) { return 1; }\n"
+    assert rt.compile(safejit.Source(few, "f"), include_dirs=tuple(map(str, dirs))).kernel("f")() == 1
