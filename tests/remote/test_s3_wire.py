@@ -78,3 +78,53 @@ def test_a_key_in_the_url_goes_with_its_own_token_only(listener, monkeypatch):
     _ping(url)
     assert heads and all("x-amz-security-token: the-url-keys-own-token" in h for h in heads)
     assert not any("token-of-the-machines-role" in h for h in heads)
+
+
+def test_a_body_past_the_range_asked_for_is_never_read_whole():
+    """A GET asks for a range of at most the cap and a byte; a server that answered with
+    that range and a body that runs on (a 206 of 16 GiB) was read until the deadline: the
+    process grew by what the link carried (hundreds of MiB in half a second). The reply
+    is ``oversize``, and the client stops reading within a few MiB."""
+    from safejit.cache.remote import RemoteError, RemoteSettings, open_store
+
+    sent = [0]
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    chunk = bytes(1 << 20)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    got = conn.recv(65536)
+                    if not got:
+                        break
+                    data += got
+                head = (
+                    b'HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-45/46\r\nETag: "x"\r\n'
+                    b"Last-Modified: Tue, 01 Dec 2026 00:00:00 GMT\r\nContent-Length: 17179869184\r\n\r\n"
+                )
+                with contextlib.suppress(OSError):
+                    conn.sendall(head)
+                    while sent[0] < 1 << 34:
+                        conn.sendall(chunk)
+                        sent[0] += len(chunk)
+
+    threading.Thread(target=serve, daemon=True).start()
+    port = srv.getsockname()[1]
+    settings = RemoteSettings.from_url(f"s3://k:s@bucket/p?endpoint=http://127.0.0.1:{port}&region=us-east-1")
+    store = open_store(settings, tenant="t1", backend="fake")
+    try:
+        with pytest.raises(RemoteError) as info:
+            store.get_blob("ab" * 32, size=45)
+        assert info.value.reason == "oversize"
+    finally:
+        store.close()
+        srv.close()
+    assert sent[0] < 64 << 20, f"{sent[0] >> 20} MiB sent for a 46-byte range"
