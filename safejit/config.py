@@ -112,8 +112,9 @@ class Config:
     #: open a lock file can hold it, so a long wait would let them stall compiles.
     lock_timeout_s: float = 60.0
     memory_max_entries: int = 1024
-    #: The memory tier's bound on its artifacts' bytes (the newest entry is kept even when
-    #: it alone is larger). An evicted module's library is unloaded once nothing holds it:
+    #: The memory tier's bound on what its entries hold, in bytes: each artifact and the
+    #: closure kept to revalidate it, estimated (``Entry.charge``; the newest entry is kept
+    #: even when it alone is larger; the request's source text is not counted). An evicted module's library is unloaded once nothing holds it:
     #: its kernels refer to it through cycles, so that is at the next collection that
     #: reaches them (``gc.collect()`` makes it now).
     memory_max_bytes: int = 1 << 30

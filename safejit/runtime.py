@@ -381,7 +381,7 @@ class Runtime:
         module = Module(obtained.library, artifact_of(leaf, obtained.tier), self.config.backend)
         entry = Entry(
             module.found_in(Tier.MEMORY),
-            len(leaf.artifact),
+            Entry.charge(len(leaf.artifact), leaf.dep_states, len(leaf.negatives)),
             Entry.dep_list(leaf.dep_states),
             # A build no one vouches for (a header changed while it compiled: an empty
             # digest) was never found current: the next call revalidates it, and rebuilds.

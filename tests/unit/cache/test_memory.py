@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -507,3 +508,22 @@ def test_a_relative_path_names_what_it_does_in_the_working_dir_of_each_call(make
         seen.append(requests[form]().kernel("ver")())
     assert seen == [1, 2, 1]
     assert rt.stats()["memory_hits"] == 1  # (the first dir's entry serves it again)
+
+
+def test_byte_bound_counts_the_closure_an_entry_keeps(make_runtime, tmp_path):
+    """An entry keeps its closure to revalidate (a row per dependency, a path per negative
+    lookup): only its artifact was counted, and 200,000 probes' negatives (100 MiB) went
+    into ``memory_max_bytes`` as 16 KB."""
+    from safejit.cache.leaf import decode_manifest
+
+    root = tmp_path / "root"
+    dirs = [root / f"inc{i}" for i in range(4)]
+    for d in dirs:
+        d.mkdir(parents=True)
+    code = "".join(f"#if __has_include(<zz{i:04d}.h>)\n#endif\n" for i in range(40)) + "int k(void) { return 1; }\n"
+    rt = make_runtime(source_roots=(str(root),))
+    art = rt.build(safejit.Source(code, "k"), include_dirs=tuple(map(str, dirs)))
+    manifest = decode_manifest((Path(art.path) / "manifest.json").read_bytes())
+    assert len(manifest.negatives) >= 40 * 4
+    rt.compile(safejit.Source(code, "k"), include_dirs=tuple(map(str, dirs)))
+    assert rt.stats()["memory_bytes"] >= manifest.artifact.size + 300 * len(manifest.negatives)
