@@ -114,9 +114,10 @@ class Config:
     memory_max_entries: int = 1024
     #: The memory tier's bound on what its entries hold, in bytes: each artifact and the
     #: closure kept to revalidate it, estimated (``Entry.charge``; the newest entry is kept
-    #: even when it alone is larger; the request's source text is not counted). An evicted module's library is unloaded once nothing holds it:
-    #: its kernels refer to it through cycles, so that is at the next collection that
-    #: reaches them (``gc.collect()`` makes it now).
+    #: even when it alone is larger; the request's source text is not counted). An evicted
+    #: module's library is unloaded once nothing holds it: its kernels refer to it through
+    #: cycles, so that is at the next collection that reaches them (``gc.collect()`` makes
+    #: it now).
     memory_max_bytes: int = 1 << 30
     sandbox: Literal["auto", "required", "off"] = "auto"
     on_cache_error: Literal["raise", "bypass"] = "raise"

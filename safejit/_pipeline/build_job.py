@@ -332,6 +332,7 @@ class BuildJob:
                 search_dirs=self._search_dirs,
                 confine=lambda path: root_policy.confine(path, anchors, what="header"),
                 max_deps=self.config.max_deps,
+                max_artifact_bytes=self.config.max_artifact_bytes,
                 events=self if events else None,
                 read_roots=[r for name, r in anchors.roots.items() if not name.startswith(LINK_ANCHOR)],
             )
@@ -351,7 +352,7 @@ class BuildJob:
                     instruments.policy_violations.add(1, {**self._attrs, ATTR.KIND: "UndeclaredDependencyError"})
                     raise UndeclaredDependencyError(LOOKED_OUTSIDE) from None
                 raise
-            except PolicyError as exc:  # (what the compiler made is refused: LoadTimeCodeError)
+            except (PolicyError, LimitExceededError) as exc:  # (what it made is refused: LoadTimeCodeError, too large)
                 kind = type(exc).__name__
                 s.set_attribute(ATTR.KIND, kind)
                 instruments.policy_violations.add(1, {**self._attrs, ATTR.KIND: kind})

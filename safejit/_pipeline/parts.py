@@ -171,6 +171,7 @@ class Parts:
                 on_start=pending.pop() if pending else None,
                 watch=watch,
                 on_closed=on_closed,
+                watch_limit=config.max_artifact_bytes,  # (a file larger is read after, if at all)
             )
 
         return run

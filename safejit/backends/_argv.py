@@ -15,7 +15,7 @@ from typing import Final
 from ..closure.anchors import LOOKED_OUTSIDE, climbs_out, first_outside
 from ..closure.depfiles import check_compiler_depfile, parse_depfile
 from ..closure.hashing import read_output
-from ..errors import CompileError, FlagPolicyError, UndeclaredDependencyError
+from ..errors import CompileError, FlagPolicyError, LimitExceededError, UndeclaredDependencyError
 from ..sandbox import lookups
 from ..spec import BuildSpec
 from ._compilerlog import (
@@ -292,10 +292,13 @@ def _collected(
     bytes at their close, when it did); the intermediate object removed."""
     spec, workdir = ctx.spec, ctx.workdir
     out, obj = slots["{OUT}"], slots["{OBJ}"]
+    limit = ctx.max_artifact_bytes
     try:
         artifact = files.get(out)
         if artifact is None:
-            artifact = read_output(out)
+            artifact = read_output(out, limit)
+        elif limit is not None and len(artifact) > limit:
+            raise LimitExceededError(f"artifact is {len(artifact)} bytes; the limit is {limit}", limit=limit)
         data = files.get(slots["{DEP}"])
         parsed = watcher.parsed
         if parsed is not None and data is not None and parsed[0] == data:

@@ -99,6 +99,9 @@ class CompileContext:
     confine: Callable[[str], str]
     max_deps: int
     events: CompileEvents | None = None
+    #: The largest artifact the build may make (``Config.max_artifact_bytes``): one larger
+    #: is refused before it is read.
+    max_artifact_bytes: int | None = None
     #: The resolved roots the compiler may read (declared and the toolchain's), for a
     #: compiler that does not run through ``run`` (NVRTC's worker).
     read_roots: Sequence[str] = ()

@@ -197,12 +197,18 @@ def _read_all(fd: int, st: os.stat_result) -> bytes:
     return b"".join(_chunks(fd, st))
 
 
-def read_output(path: str) -> bytes:
+def read_output(path: str, limit: int | None = None) -> bytes:
     """A file a sandboxed process wrote (artifact, depfile), read without trusting it:
     never through a symlink, never blocking on a FIFO. Anything but a regular file
-    raises ``OSError``."""
+    raises ``OSError``; one of more than ``limit`` bytes ``LimitExceededError``, before
+    a byte of it is read."""
     fd, st = open_regular(path, nofollow=True)
     try:
+        if limit is not None and st.st_size > limit:
+            from ..errors import LimitExceededError
+
+            name = os.path.basename(path)
+            raise LimitExceededError(f"{name} is {st.st_size} bytes; the limit is {limit}", limit=limit)
         return _read_all(fd, st)
     finally:
         os.close(fd)

@@ -24,6 +24,7 @@ from typing import Final
 
 from .. import _forksafe
 from ..closure.hashing import read_output
+from ..errors import LimitExceededError
 
 __all__ = ["CloseWatch", "ClosedFiles"]
 
@@ -74,7 +75,7 @@ os.register_at_fork(after_in_child=_forget_idle)
 class CloseWatch:
     """Watch files of one directory for their close after writing; ``fd`` is for ``poll``."""
 
-    __slots__ = ("fd", "head", "names", "view", "wd")
+    __slots__ = ("fd", "head", "limit", "names", "view", "wd")
 
     def __init__(self, fd: int, wd: int, head: str, names: frozenset[bytes], view: str) -> None:
         self.fd = fd
@@ -82,12 +83,16 @@ class CloseWatch:
         self.head = head
         self.names = names
         self.view = view
+        #: The largest file read at its close (None: any); one larger is read after the
+        #: run, within the limit the caller sets for it, if at all.
+        self.limit: int | None = None
 
     @classmethod
-    def open(cls, paths: Sequence[str], *, view: str | None = None) -> CloseWatch | None:
+    def open(cls, paths: Sequence[str], *, view: str | None = None, limit: int | None = None) -> CloseWatch | None:
         """A watch for the close after writing of ``paths`` (all in one directory), or
         ``None`` where inotify is not to be had. ``view``: where this process reaches
-        that directory as the writer sees it (its scratch tmpfs), if not by its path."""
+        that directory as the writer sees it (its scratch tmpfs), if not by its path.
+        ``limit``: the largest file read at its close."""
         heads = {os.path.dirname(p) for p in paths}
         if _LIBC is None or len(heads) != 1:
             return None
@@ -103,7 +108,9 @@ class CloseWatch:
         if wd < 0:
             _put_idle(fd)
             return None
-        return cls(fd, wd, head, frozenset(os.fsencode(os.path.basename(p)) for p in paths), seen)
+        watch = cls(fd, wd, head, frozenset(os.fsencode(os.path.basename(p)) for p in paths), seen)
+        watch.limit = limit
+        return watch
 
     def reach(self, path: str) -> str:
         """Where this process reads the watched file ``path``."""
@@ -168,8 +175,8 @@ class ClosedFiles:
                 self.stop()
                 return
             try:
-                data = read_output(self.closes.reach(path))
-            except OSError:
+                data = read_output(self.closes.reach(path), self.closes.limit)
+            except (OSError, LimitExceededError):  # (a file that large: read after, if at all)
                 self.files.pop(path, None)
                 continue
             self.files[path] = data

@@ -429,6 +429,7 @@ class Sandbox:
         on_start: Callable[[], None] | None = None,
         watch: Sequence[str] = (),
         on_closed: Callable[[str, bytes], None] | None = None,
+        watch_limit: int | None = None,
     ) -> RunResult:
         """Run ``argv`` in ``cwd``; raise :class:`CompileTimeout` past ``timeout``.
         ``on_start`` runs once the process is started (work to overlap with it).
@@ -436,7 +437,8 @@ class Sandbox:
         ``watch``: files (of one directory) the process writes. Each time it closes one
         after writing, while it still runs, the file is read and ``on_closed(path, data)``
         called; ``RunResult.files`` holds what was read at the last close, for the files
-        known not to have changed since (none where inotify is not to be had).
+        known not to have changed since (none where inotify is not to be had). A file
+        larger than ``watch_limit`` bytes is not read then.
 
         Where the shim offers a scratch tmpfs and ``cwd`` is a write root, the process
         works in the tmpfs mounted on ``cwd`` (what ``cwd`` held is copied in first);
@@ -455,7 +457,8 @@ class Sandbox:
         scratch = shim.scratch if shim.scratch is not None and cwd in write_roots else None
         closes = None
         try:
-            closes = CloseWatch.open(watch, view=scratch.view if scratch else None) if watch else None
+            view = scratch.view if scratch else None
+            closes = CloseWatch.open(watch, view=view, limit=watch_limit) if watch else None
             rc = self._wait(shim, argv, timeout, log, closes, files, on_start, on_closed)
         except CompileTimeout:
             if scratch is not None:  # (killed: nothing came back from its scratch but this)

@@ -358,3 +358,26 @@ def test_a_compiler_working_in_the_cache_root_cannot_fill_the_stage_its_leaf_is_
     again = make_runtime(scratch="cache").compile(src)
     assert again.artifact.tier == "disk" and again.kernel("k")() == 1
     assert_cache_sound(cache_dir)
+
+
+def test_an_artifact_past_the_limit_is_refused_before_it_is_read(make_runtime, cache_dir, monkeypatch):
+    """One directive (``.skip``) makes an artifact of any size: it was read whole into this
+    process, at its close and again after the run, and its ELF parsed, before the limit
+    refused it (a 1 GiB one: 2 GiB of memory, 9 s). Now it is refused by its size, unread."""
+    from safejit.closure import hashing
+
+    real, read = hashing._read_all, []
+
+    def spy(fd: int, st: os.stat_result) -> bytes:
+        read.append(st.st_size)
+        return real(fd, st)
+
+    monkeypatch.setattr(hashing, "_read_all", spy)
+    rt = make_runtime(max_artifact_bytes=1 << 20)
+    code = 'asm(".section .data\\nbig: .skip 8388608, 0x41\\n.previous");\nint f(void) { return 1; }\n'
+    with pytest.raises(safejit.LimitExceededError, match="the limit is 1048576"):
+        rt.compile(safejit.Source(code, "f"))
+    assert read and max(read) < 1 << 20, read  # (the depfile and the like, never the artifact)
+    settle()
+    assert_nothing_published(cache_dir)
+    assert rt.compile(safejit.Source("int f(void) { return 1; }\n", "f")).kernel("f")() == 1
