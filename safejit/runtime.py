@@ -80,6 +80,10 @@ class Runtime:
         self._env = _env.passthrough_values(cfg.env_passthrough)
         self._wired: tuple[Parts, Resolver, Pipeline] | None = None
         self._init_lock = _forksafe.Lock()
+        #: The thread wiring the parts, while it does (what they log may reach a handler
+        #: that calls back into this Runtime from that thread: told so, never waiting on
+        #: itself for good).
+        self._wiring: int | None = None
         self._attrs = {ATTR.BACKEND: cfg.backend, ATTR.TENANT: cfg.tenant}
         self._memory: MemoryTier[Module] = MemoryTier(
             max_entries=cfg.memory_max_entries,
@@ -409,19 +413,31 @@ class Runtime:
     def _init(self) -> tuple[Parts, Resolver, Pipeline]:
         wired = self._wired
         if wired is None or self._closed:
+            if self._wiring == threading.get_ident():
+                raise LoadError(_CALLED_BACK)
             with self._init_lock:
                 if self._closed:  # (parts wired after close would be closed by no one)
                     raise LoadError("the runtime is closed")
                 if self._wired is None:
-                    parts = Parts(self.config, self._env)
-                    resolver = Resolver(self.config, parts, self._env, self._attrs)
-                    self._wired = (parts, resolver, Pipeline(self.config, parts, self._counters, self._attrs))
+                    self._wiring = threading.get_ident()
+                    try:
+                        parts = Parts(self.config, self._env)
+                        resolver = Resolver(self.config, parts, self._env, self._attrs)
+                        self._wired = (parts, resolver, Pipeline(self.config, parts, self._counters, self._attrs))
+                    finally:
+                        self._wiring = None
                     if self._closed:  # (closed while they were wired: their close is ours)
                         self._wired = None
                         parts.close()
                         raise LoadError("the runtime is closed")
                 wired = self._wired
         return wired
+
+
+_CALLED_BACK = (
+    "the runtime was called into while it was being set up, by the thread setting it up (a logging "
+    "handler of its warnings?): call it from elsewhere, or after"
+)
 
 
 def _forget(memory: MemoryTier[Module], key: Hashable) -> Callable[[], None]:

@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -150,6 +150,7 @@ class Sandbox:
         self._ids_known: tuple[tuple[int, int] | None] | None = None  # (looked up at the first run)
         self._exe: tuple[list[str], tuple[int, ...]] | None = None
         self._exe_lock = _forksafe.Lock()
+        self._builder: int | None = None  # (the thread building the shim or recorder, while it does)
         self._recorder: tuple[str | None] | None = None  # (looked for with the shim)
         self._walls: Walls | None = None
         self._abi = -1
@@ -248,7 +249,8 @@ class Sandbox:
         """The shim's argv prefix and the descriptors it needs: the C shim (built on first
         use, executed through its descriptor), else the Python one."""
         if self._exe is None:
-            with self._exe_lock:
+            fallback = False
+            with self._building():
                 if self._exe is None:
                     state = self._state if self._state is not None else state_dir()
                     # The shim is built by the system compiler (by default: ``cc`` on the
@@ -256,12 +258,27 @@ class Sandbox:
                     cc = shutil.which("cc", path=SYSTEM_PATH) if self._cc == "" else self._cc
                     fd = _ensure_shim(state, cc)
                     if fd is None:
-                        logger.warning("using the Python sandbox shim (slower start) in place of the C one")
+                        fallback = True
                         self._exe = ([sys.executable, "-I", "-S", str(_PYSHIM)], ())
                     else:
                         weakref.finalize(self, _close_quietly, fd, os.getpid())
                         self._exe = ([f"/proc/self/fd/{fd}"], (fd,))
+            if fallback:  # (said once the lock is let go: a handler may start a sandbox)
+                logger.warning("using the Python sandbox shim (slower start) in place of the C one")
         return self._exe
+
+    @contextlib.contextmanager
+    def _building(self) -> Iterator[None]:
+        """``_exe_lock``, held while the shim or recorder is built (what that logs may reach
+        a handler that starts a run from the same thread: told so, never waiting on itself)."""
+        if self._builder == threading.get_ident():
+            raise SandboxUnavailableError("the sandbox was called into while it was being set up, by the same thread")
+        with self._exe_lock:
+            self._builder = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._builder = None
 
     def recorder(self) -> str | None:
         """The lookup recorder each run's processes may preload (``lookups.c``: GCC's
@@ -269,7 +286,7 @@ class Sandbox:
         compiler; None where it cannot run here. Each shim holds it open for its program
         (``-L``), which may be another user who could not walk to it."""
         if self._recorder is None:
-            with self._exe_lock:
+            with self._building():
                 if self._recorder is None:
                     state = self._state if self._state is not None else state_dir()
                     cc = shutil.which("cc", path=SYSTEM_PATH) if self._cc == "" else self._cc

@@ -88,7 +88,12 @@ def _secure_ancestor(st: os.stat_result) -> bool:
     return not st.st_mode & 0o022 or bool(st.st_mode & stat.S_ISVTX)
 
 
-def _open_private(path: str, *, create: bool) -> int | None:
+#: What a call said while it held ``_lock``: (level, message, args), logged once it let go
+#: (a handler that reacts by starting a Runtime would otherwise wait on the lock for good).
+_Notes = list[tuple[int, str, tuple[object, ...]]]
+
+
+def _open_private(path: str, *, create: bool, notes: _Notes) -> int | None:
     """Walk to ``path`` from ``/``, one component at a time without following a symlink,
     every directory on the way checked; create what is missing (0700) with ``create``.
     The descriptor (``O_PATH``) of the final directory, or None."""
@@ -116,12 +121,12 @@ def _open_private(path: str, *, create: bool) -> int | None:
             if i == len(parts) - 1:
                 st = os.fstat(fd)
                 if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-                    logger.warning("%s is %s: not using it for private state", path, _NOT_OURS)
+                    notes.append((logging.WARNING, "%s is %s: not using it for private state", (path, _NOT_OURS)))
                     return None
         found, fd = fd, -1
         return found
     except OSError as exc:
-        logger.debug("no private state in %s: %s", path, exc)
+        notes.append((logging.DEBUG, "no private state in %s: %s", (path, exc)))
         return None
     finally:
         if fd >= 0:
@@ -151,30 +156,39 @@ def state_dir(avoid: Sequence[str] = ()) -> StateDir:
     """This user's private state directory, outside every path in ``avoid`` (the cache
     roots): the first candidate that passes, else a private temporary one (one per
     process)."""
+    notes: _Notes = []
+    try:
+        with _lock:
+            return _find(avoid, notes)
+    finally:
+        for level, message, args in notes:
+            logger.log(level, message, *args)
+
+
+def _find(avoid: Sequence[str], notes: _Notes) -> StateDir:
     pid = os.getpid()
-    with _lock:
-        for candidate in _env.state_dir_candidates():
-            if _inside(candidate, avoid):
-                logger.warning("%s lies in a cache root: not using it for private state", candidate)
-                continue
-            found = _opened.get((pid, candidate))
-            if found is None:
-                fd = _open_private(candidate, create=True)
-                if fd is None:
-                    continue
-                found = _opened[(pid, candidate)] = StateDir(fd, candidate)
-            return found
-        found = _opened.get((pid, ""))
+    for candidate in _env.state_dir_candidates():
+        if _inside(candidate, avoid):
+            notes.append((logging.WARNING, "%s lies in a cache root: not using it for private state", (candidate,)))
+            continue
+        found = _opened.get((pid, candidate))
         if found is None:
-            found = _opened[(pid, "")] = _temporary()
+            fd = _open_private(candidate, create=True, notes=notes)
+            if fd is None:
+                continue
+            found = _opened[(pid, candidate)] = StateDir(fd, candidate)
         return found
+    found = _opened.get((pid, ""))
+    if found is None:
+        found = _opened[(pid, "")] = _temporary(notes)
+    return found
 
 
-def _temporary() -> StateDir:
+def _temporary(notes: _Notes) -> StateDir:
     made = tempfile.mkdtemp(prefix="safejit-state-")
     atexit.register(_remove, made, os.getpid())
-    logger.warning("no private state directory to keep; using %s for this process", made)
-    fd = _open_private(made, create=False)
+    notes.append((logging.WARNING, "no private state directory to keep; using %s for this process", (made,)))
+    fd = _open_private(made, create=False, notes=notes)
     if fd is None:  # pragma: no cover - mkdtemp makes a private directory
         raise PermissionError(f"{made}: {_NOT_OURS}")
     return StateDir(fd, made, temporary=True)

@@ -265,3 +265,42 @@ def test_two_threads_closing_at_once_write_one_usage_record(make_runtime, cache_
     assert errors == []
     records = list((cache_dir / "v1" / "usage").rglob("*.json"))
     assert len(records) == 1
+
+
+_CALLS_BACK = r"""
+import faulthandler, logging, sys
+import safejit
+base = sys.argv[1]
+rt = safejit.Runtime(config=safejit.Config(cache_dirs=(base + "/cache", base + "/not-mounted-yet")))
+src = safejit.Source("int f(int a) { return a + 1; }", "f")
+heard = []
+
+class Diagnose(logging.Handler):
+    def emit(self, record):
+        if heard:
+            return
+        heard.append(record.getMessage())
+        try:
+            rt.explain(src)
+        except safejit.LoadError as exc:
+            heard.append(str(exc))
+
+logging.getLogger("safejit").addHandler(Diagnose(level=logging.WARNING))
+faulthandler.dump_traceback_later(60, exit=True)
+print(rt.compile(src).kernel("f")(1), len(heard) == 2 and "set up" in heard[1])
+"""
+
+
+def test_a_log_handler_that_calls_back_in_is_told_not_left_waiting(tmp_path):
+    """A warning logged while a Runtime wires its parts (a cache root not there yet, as
+    the README's example has) reached a handler that called back into that Runtime
+    (``explain``): it waited for the lock its own thread held, for good. It is told (a
+    ``LoadError``), and the compile goes on."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _CALLS_BACK, str(tmp_path)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["2", "True"], out.stdout

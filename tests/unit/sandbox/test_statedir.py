@@ -50,3 +50,50 @@ def test_a_forked_child_leaves_its_parents_temporary_state_dir(tmp_path):
     got = json.loads(out.stdout)
     assert got == {"temporary": True, "there": True, "published": 2}, out.stderr
     assert not any(p.name.startswith("safejit-state-") for p in Path(tmp).iterdir())  # (the parent's exit: gone)
+
+
+_HANDLER_STARTS_A_RUNTIME = r"""
+import faulthandler, logging, os, sys
+import safejit
+tmp = sys.argv[1]
+heard = []
+
+class Starts(logging.Handler):
+    def emit(self, record):
+        if heard:
+            return
+        heard.append(record.getMessage())
+        other = safejit.Runtime(config=safejit.Config(cache_dirs=(os.path.join(tmp, "other"),)))
+        heard.append(other.compile(safejit.Source("int g(void) { return 7; }", "g")).kernel("g")())
+
+logging.getLogger("safejit").addHandler(Starts(level=logging.WARNING))
+faulthandler.dump_traceback_later(60, exit=True)
+rt = safejit.Runtime(config=safejit.Config(cache_dirs=(os.path.join(tmp, "cache"),)))
+print(rt.compile(safejit.Source("int a(int x) { return x; }", "a")).kernel("a")(5), heard[1:])
+"""
+
+
+def test_what_finding_the_state_dir_says_is_said_once_it_lets_go(tmp_path):
+    """The warning that no state dir can be kept was logged while the module's lock was
+    held: a handler that started a Runtime (a plugin's own) waited on it for good."""
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("SAFEJIT_", "XDG_"))},
+        "HOME": str(blocked / "home"),
+        "XDG_STATE_HOME": str(blocked / "state"),
+        "XDG_RUNTIME_DIR": str(blocked / "run"),
+        "TMPDIR": str(tmp),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", _HANDLER_STARTS_A_RUNTIME, str(tmp)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["5", "[7]"], out.stdout
