@@ -160,7 +160,10 @@ class Module:
 
     def close(self) -> None:
         """Close the module: its kernels raise LoadError from now on, and its library is
-        unloaded once nothing holds it (a call under way ends first)."""
+        unloaded once nothing holds it (a call under way ends first). A module is shared:
+        every ``compile()`` of the same request by the same Runtime returns it while it is in
+        memory (a hit costs no new object), so this closes it for each of them; the next
+        ``compile()`` after this returns loads it afresh."""
         state = self._state
         with state.lock:
             state.closed = True

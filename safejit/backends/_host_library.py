@@ -64,9 +64,10 @@ class HostLibrary:
         self.seconds = time.perf_counter() - started
 
     def function(self, name: str, **options: Any) -> Any:
-        if self._lib is None:
+        lib = self._lib  # (read once: a close between a check and the use made it None[name])
+        if lib is None:
             raise LoadError("library is closed")
-        return self._lib[name]
+        return lib[name]
 
     def signature(self, name: str) -> Any:
         """The prototype the build recorded for ``name`` (None: none was recorded)."""
