@@ -104,6 +104,21 @@ def test_malformed_keys_are_left_out(engine_url, make_store, request):
     assert set(_scan(store, "blob")) == {hexkey("b")}
 
 
+def test_an_s3_scan_passes_over_a_bounded_number_of_foreign_objects(s3_url, make_store, s3_client, small_pages):
+    """Only the cache's objects counted toward ``limit``: a prefix filled with anything
+    else (a writer's junk) kept ``remote stats --limit 10`` listing page after page, for
+    good. Past 16 others an entry asked for, and 64, the scan is ``oversize``."""
+    store = make_store(s3_url)
+    store.put_blob(hexkey("b"), b"x")
+    prefix = s3_url.split("/")[3].split("?")[0]
+    for i in range(90):
+        s3_client.put_object(Bucket="sj-remote-tests", Key=f"{prefix}/v1/t1/cas/0/junk{i:03d}", Body=b"junk")
+    assert set(_scan(store, "blob", limit=2)) == {hexkey("b")}  # (listed after the junk; 96 may be passed over)
+    with pytest.raises(RemoteError) as info:
+        _scan(store, "blob", limit=1)
+    assert info.value.reason == "oversize"
+
+
 def test_ping_is_one_round_trip_and_a_down_server_is_refused(engine_url, make_store):
     ops: list[str] = []
     make_store(engine_url, observer=lambda op, *_: ops.append(op)).ping()

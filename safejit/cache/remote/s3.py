@@ -60,6 +60,10 @@ T = TypeVar("T")
 _LEASE_BODY_LIMIT: Final = 4096
 #: Objects asked for per LIST page (S3's largest page).
 SCAN_PAGE: Final = 1000
+#: What a scan may pass over that is not the cache's, for each entry it is asked for, and
+#: at least (``S3Store._ours``).
+_JUNK_PER_ITEM: Final = 16
+_JUNK_MIN: Final = 64
 #: The pages of an index's listing read at most (objects other than leaves fill pages too).
 _INDEX_PAGES: Final = 4
 #: A concurrent conditional write to the same key (409 ConditionalRequestConflict) is retried once.
@@ -443,11 +447,29 @@ class S3Store(Engine[Any]):
         prefix = self.layout.s3_prefix(kind)
         store = self._store()
         found = (_scanned(kind, rest, size) for rest, size in self._listed(store, prefix))
-        named = (entry for entry in found if entry[0])
+        named = self._ours(found, _JUNK_PER_ITEM * limit + _JUNK_MIN, prefix)
         if kind == "index":
             named = ((name, sum(1 for _ in group)) for name, group in itertools.groupby(named, key=lambda e: e[0]))
         for name, size in itertools.islice(named, limit):
             yield Scanned(name, self._held(store, name) if kind == "lease" else size)
+
+    def _ours(self, found: Iterator[tuple[str, int]], budget: int, prefix: str) -> Iterator[tuple[str, int]]:
+        """The objects of ``found`` that are the cache's; past ``budget`` others (a writer's
+        junk under the prefix), ``oversize``: a scan is bounded by what it asks for, not by
+        what the bucket holds (a prefix of junk kept ``stats --limit 10`` listing for good)."""
+        junk = 0
+        for entry in found:
+            if entry[0]:
+                yield entry
+                continue
+            junk += 1
+            if junk > budget:
+                raise RemoteError(
+                    "oversize",
+                    "scan",
+                    f"more than {budget} objects under {prefix} are no cache entries",
+                    engine=self.engine,
+                )
 
     def _listed(self, store: Any, prefix: str) -> Iterator[tuple[str, int]]:
         """``(key after prefix, size)`` of every object under ``prefix``, a page per round trip."""
