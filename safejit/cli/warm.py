@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Final
 
-from ..errors import SafejitError
+from ..errors import ConfigError, SafejitError
 from ..outcomes import Outcome
 from ..runtime import Runtime
 from ._common import EXIT_FINDINGS, EXIT_OK, CliError, config_for
@@ -135,11 +135,17 @@ def _signing_key(path: str | None) -> bytes | None:
         return None
     from ..policy.trust import signer_of
 
-    with open(path, "rb") as f:
-        key = f.read(KEY_FILE_LIMIT + 1)
+    try:
+        with open(path, "rb") as f:
+            key = f.read(KEY_FILE_LIMIT + 1)
+    except OSError as exc:
+        raise CliError(f"--signing-key {path}: {exc.strerror or exc}") from None
     if len(key) > KEY_FILE_LIMIT:
         raise CliError(f"--signing-key {path}: larger than {KEY_FILE_LIMIT} bytes: not a key")
-    signer_of(key)  # (the file's bytes are the key: PEM, or an HMAC key of 16 bytes or more)
+    try:
+        signer_of(key)  # (the file's bytes are the key: PEM, or an HMAC key of 16 bytes or more)
+    except ConfigError as exc:
+        raise CliError(f"--signing-key {path}: {exc}") from None
     return key
 
 

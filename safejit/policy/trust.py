@@ -179,8 +179,12 @@ class Ed25519Signer:
             pem = private_key.encode() if isinstance(private_key, str) else private_key
             try:
                 loaded = serialization.load_pem_private_key(pem, password=None)
-            except (ValueError, TypeError) as exc:
-                raise ConfigError(f"the Ed25519 private key does not parse: {type(exc).__name__}") from None
+            except TypeError:  # (its words say no more than this: never a byte of the key)
+                raise ConfigError("the Ed25519 private key is encrypted: give it unencrypted (PKCS#8 PEM)") from None
+            except ValueError:
+                raise ConfigError(
+                    "the Ed25519 private key does not parse: a PKCS#8 PEM private key is wanted (not a public key)"
+                ) from None
             if not isinstance(loaded, Ed25519PrivateKey):
                 raise ConfigError("the private key is not an Ed25519 key")
             key = loaded

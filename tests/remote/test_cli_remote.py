@@ -147,6 +147,37 @@ def test_warm_remote_needs_a_signing_key_and_uploads_nothing_without(env, tmp_pa
     assert redis_server.admin().keys("sj:v1:*") == []
 
 
+def test_a_bad_signing_key_file_is_named_with_the_flag_and_what_is_wrong(env, tmp_path, inventory, redis_server):
+    """A missing key file said only "No such file or directory: missing.key"; an encrypted
+    PEM "does not parse: TypeError", a public key "...: ValueError"."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    private = Ed25519PrivateKey.generate()
+    encrypted = tmp_path / "encrypted.pem"
+    encrypted.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"a passphrase"),
+        )
+    )
+    public = tmp_path / "public.pem"
+    public.write_bytes(
+        private.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    for path, says in (
+        (tmp_path / "missing.key", "No such file or directory"),
+        (tmp_path, "Is a directory"),
+        (encrypted, "is encrypted"),
+        (public, "not a public key"),
+    ):
+        ran = _warm(tmp_path, inventory, "builder", "--remote", redis_server.url, "--signing-key", str(path))
+        assert ran.rc == 2 and f"--signing-key {path}: " in ran.err and says in ran.err, ran
+        assert "Error" not in ran.err, ran
+    assert redis_server.admin().keys("sj:v1:*") == []
+
+
 def test_warm_remote_reports_each_refused_upload_and_fails(env, tmp_path, inventory, redis_server):
     create_users(redis_server.admin(), "default")
     reader = f"redis://sj-default-reader:default-reader-pw@127.0.0.1:{redis_server.port}/0"
