@@ -4,6 +4,7 @@ and the sandboxed runner every compiler and probe goes through."""
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from ..cache.remote.tier import RemoteTier
 
 __all__ = ["Parts"]
+
+logger = logging.getLogger(__name__)
 
 
 class Parts:
@@ -75,6 +78,13 @@ class Parts:
         )
         self.remote = self._open_remote(config, signer)
         self._anchors: dict[tuple[Toolchain, tuple[str, ...]], Anchors] = {}
+        kept = [*(("cache root", d) for d in dirs), ("private state dir", self.state.shown)]
+        for overlap in root_policy.overlaps(config.source_roots, kept):
+            logger.warning(
+                "%s: the compilers of its sources can read what lies there (other tenants' builds, "
+                "this user's private state); declare roots that keep them apart",
+                overlap,
+            )
 
     def _open_remote(self, config: Config, signer: Signer | None) -> RemoteTier | None:
         """The remote tier, when one is configured (its engine's client library is

@@ -35,6 +35,25 @@ def resolve_root(root: str) -> str:
     return real
 
 
+def overlaps(source_roots: Iterable[str], private: Iterable[tuple[str, str]]) -> list[str]:
+    """What is wrong, in words, where a source root holds or lies in one of the ``private``
+    places (``(what, path)``: the cache roots, the private state dir): a compiler reads
+    all under its roots, so its tenants' sources could read every tenant's cached builds
+    (or learn which exist: a build key can be computed) and this user's private state."""
+    places = []
+    for what, path in private:
+        expanded = os.path.abspath(os.path.expanduser(path))
+        places += [(what, path, expanded), (what, path, real_path(expanded))]
+    found: dict[str, None] = {}
+    for root in source_roots:
+        real = real_path(os.path.abspath(os.path.expanduser(root)))
+        for what, path, place in places:
+            if is_under(place, real) or is_under(real, place):
+                verb = "holds" if is_under(place, real) else "lies in"
+                found[f"source root {root!r} {verb} the {what} {path!r}"] = None
+    return list(found)
+
+
 def anchors_of(
     source_roots: Iterable[str],
     toolchain_roots: Iterable[str],

@@ -367,3 +367,24 @@ def test_forged_lto_sections_are_never_compiled_at_link_time(make_runtime, proje
     for file in Path(module.artifact.path).iterdir():
         assert SECRET_TOKEN.encode() not in file.read_bytes()
     assert_cache_sound(cache_dir)
+
+
+def test_a_source_root_holding_the_cache_is_warned_of(tmp_path, caplog):
+    """A source root that holds a cache root (``~``, with the cache in ``~/.cache``) lets
+    every compiler read every tenant's cached builds: said when the Runtime is set up."""
+    import logging
+
+    root = tmp_path / "home"
+    (root / ".cache").mkdir(parents=True)
+    apart = tmp_path / "apart"
+    apart.mkdir()
+    with caplog.at_level(logging.WARNING, logger="safejit"):
+        safejit.Runtime(
+            config=safejit.Config(cache_dirs=(str(root / ".cache" / "sj"),), source_roots=(str(apart),))
+        )._init()
+        assert not [r for r in caplog.records if "holds the cache root" in r.getMessage()]
+        safejit.Runtime(
+            config=safejit.Config(cache_dirs=(str(root / ".cache" / "sj"),), source_roots=(str(root),))
+        )._init()
+    said = [r.getMessage() for r in caplog.records if "holds the cache root" in r.getMessage()]
+    assert said and str(root) in said[0] and "other tenants' builds" in said[0]
