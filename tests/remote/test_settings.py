@@ -207,6 +207,24 @@ def test_a_bad_endpoint_or_region_is_a_config_error(query, says):
         Config(remote=f"s3://bucket-1/p?{query}", signing_key=b"0123456789abcdef0123")
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://cache.ex\u00e4mple.com:6379/0?bogus=1",
+        "s3://bucket/pr\u00e4fix",
+        "redis://h\u00f3st:99999/0",
+        "s3://bucket/p?region=eu-w\u00e9st-1",
+        "rediss://writer:p\u00e4ssw\u00f6rd:6380/0",
+    ],
+)
+def test_a_url_with_other_than_ascii_that_does_not_parse_is_a_config_error(url):
+    """One with no character that normalizes to '@' raised a bare TypeError from the
+    scrubbing of its message (a max of one argument)."""
+    with pytest.raises(ConfigError) as info:
+        Config(remote=url, signing_key=b"0123456789abcdef0123")
+    assert "p\u00e4ssw" not in str(info.value)
+
+
 def test_plain_values_of_known_parameters_still_show():
     with pytest.raises(ConfigError) as info:
         parse_url("s3://bucket-1/p?endpoint=http://minio:9000&region=eu-west-1&typo=1")

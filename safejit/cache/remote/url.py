@@ -271,7 +271,7 @@ def _userinfo(url: str) -> tuple[int, int, bool]:
     known = found is not None and found.group(1).lower() in SCHEMES
     end = url.rfind("@")
     if not url.isascii():
-        end = max(end, *(i for i, c in enumerate(url) if "@" in unicodedata.normalize("NFKC", c)))
+        end = max([end, *(i for i, c in enumerate(url) if "@" in unicodedata.normalize("NFKC", c))])
     return start, end, known
 
 
