@@ -145,9 +145,9 @@ class Config:
     ascend_home: str | None = None
     max_source_bytes: int = 4 * _MiB
     max_artifact_bytes: int = 512 * _MiB
-    #: The most files a build's closure may hold; it may also hold at most 4 negative
-    #: lookups a file, and its compiler look up at most as many distinct paths
-    #: (``LimitExceededError`` past either).
+    #: The most files a build's closure may hold. It may also hold at most 4 times as many
+    #: negative lookups (paths looked for and not there), and at least 100,000, and its
+    #: compiler look up at most as many distinct paths (``LimitExceededError`` past either).
     max_deps: int = 20_000
     #: An opt-in cap on the disk cache's size, in bytes: what ``safejit prune`` keeps
     #: the first cache root under when it is given no limit (least recently used

@@ -404,6 +404,7 @@ class BuildJob:
         try:
             looked = lookups.read_preloaded(workdir, killed=True, early=self._records)
         except lookups.TooManyLookups as exc:
+            instruments.policy_violations.add(1, {**self._attrs, ATTR.KIND: LimitExceededError.__name__})
             raise _too_many_looked(exc) from None
         except lookups.LookupsLost:
             raise _lost() from None
@@ -512,8 +513,7 @@ def _too_many_looked(exc: lookups.TooManyLookups) -> LimitExceededError:
     # (refused whatever the paths were: one outside the roots among those not walked is
     # refused as well)
     return LimitExceededError(
-        f"the compiler looked up {exc}; the limit is {exc.limit} "
-        f"({completeness.NEGATIVES_PER_DEP} per dependency of max_deps)",
+        f"the compiler looked up {exc}; the limit is {exc.limit} ({completeness.LIMIT_SAID})",
         limit=exc.limit,
     )
 

@@ -54,7 +54,7 @@ COUNTER_MEANINGS: Final = {
     "errors": "compiles that failed",
     "evictions": "memory entries dropped for room",
     "memory_entries": "kernels held in memory now",
-    "memory_bytes": "bytes of those kernels",
+    "memory_bytes": "bytes they hold (kernels, and what each keeps to revalidate)",
     "remote_hits": "found in the remote tier, verified here",
 }
 

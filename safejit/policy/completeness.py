@@ -59,25 +59,29 @@ PREDEFINED: Final = frozenset(
     | {"CUDA_DOUBLE_MATH_FUNCTIONS", "CUDA_API_PER_THREAD_DEFAULT_STREAM"}
 )
 _IDENT: Final = re.compile(r"[A-Za-z_$][\w$]*")
-#: The paths looked up and not found that a closure may hold (its negative lookups), per
-#: dependency it may hold (``max_deps``): each is anchored, kept in the manifest and checked
-#: at each hit. Thousands of ``__has_include`` probes, each in every include dir, made
-#: hundreds of MB of manifest and minutes of this process's time past the compile's limit.
-#: (A CuTe GEMM: ~400 files, ~900 negatives.)
+#: The paths looked up and not found that a closure may hold (its negative lookups), and
+#: the distinct paths its compiler may look up, per dependency it may hold (``max_deps``),
+#: and at least :data:`LOOKUPS_FLOOR`: each is walked, anchored, kept in the manifest and
+#: checked at each hit. Thousands of ``__has_include`` probes, each in every include dir,
+#: made hundreds of MB of manifest and minutes of this process's time past the compile's
+#: limit. (A header is looked for in each include dir before its own: a CuTe GEMM, ~400
+#: files in ~8 dirs, looks up ~3,000 paths, ~900 of them not there; the floor keeps a
+#: ``max_deps`` tuned down to a project's size from refusing its many dirs.)
 NEGATIVES_PER_DEP: Final = 4
+LOOKUPS_FLOOR: Final = 100_000
+#: How the limit is made, in a message.
+LIMIT_SAID: Final = f"{NEGATIVES_PER_DEP} per dependency of max_deps, at least {LOOKUPS_FLOOR}"
 
 
 def lookups_limit(max_deps: int) -> int:
     """The most negative lookups, and distinct paths a compile's preprocessors look up,
     that a closure of at most ``max_deps`` files may come with."""
-    return NEGATIVES_PER_DEP * max_deps
+    return max(NEGATIVES_PER_DEP * max_deps, LOOKUPS_FLOOR)
 
 
 def _too_many(count: int, what: str, max_deps: int) -> LimitExceededError:
     limit = lookups_limit(max_deps)
-    return LimitExceededError(
-        f"{count} {what} exceed the limit of {limit} ({NEGATIVES_PER_DEP} per dependency of max_deps)", limit=limit
-    )
+    return LimitExceededError(f"{count} {what} exceed the limit of {limit} ({LIMIT_SAID})", limit=limit)
 
 
 def _reserved(name: str) -> bool:

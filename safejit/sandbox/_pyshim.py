@@ -47,7 +47,7 @@ def _die(code: int, what: str, err: int | None = None) -> None:
     err = ctypes.get_errno() if err is None else err
     sys.stderr.write(f"safejit-shim: {what}: {os.strerror(err) if err else 'failed'}\n")
     sys.stderr.flush()
-    os._exit(123 if code == 126 and err in _SHORTAGE else code)
+    os._exit(123 if code in (126, 127) and err in _SHORTAGE else code)
 
 
 def _fork() -> int:
@@ -395,8 +395,7 @@ def _supervise(ahead: Ahead, req: Request) -> int:
                 os.execve(req.prog[0], req.prog, req.env)  # noqa: S606 - exec of the argv list is the shim's job
             os.execv(req.prog[0], req.prog)  # noqa: S606
         except OSError as exc:
-            sys.stderr.write(f"safejit-shim: {req.prog[0]}: {exc.strerror}\n")
-            sys.stderr.flush()
+            _die(127, req.prog[0], exc.errno or 0)
         os._exit(127)
     code = 127
     try:

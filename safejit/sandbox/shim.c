@@ -135,7 +135,7 @@ static int shortage(int e) { return e == EAGAIN || e == ENOMEM || e == ENFILE ||
 static void die(int code, const char *what) {
     int e = errno;
     fprintf(stderr, "safejit-shim: %s: %s\n", what, strerror(e));
-    _exit(code == 126 && shortage(e) ? 123 : code);
+    _exit((code == 126 || code == 127) && shortage(e) ? 123 : code);  /* (127: an exec refused for want of one) */
 }
 
 static unsigned long long number(const char *val) {

@@ -109,7 +109,9 @@ def test_a_precompiled_header_appearing_beside_a_header_is_never_used_nor_served
 
 
 @pytest.mark.parametrize("recorded", [True, False])
-def test_probes_past_the_lookups_limit_are_refused_before_they_cost(make_runtime, tmp_path, cache_dir, recorded):
+def test_probes_past_the_lookups_limit_are_refused_before_they_cost(
+    make_runtime, tmp_path, cache_dir, recorded, monkeypatch
+):
     """Thousands of ``__has_include`` probes, each looked for in every include dir, were
     walked, anchored and kept one by one in this process, past the compile's time limit
     (5,000 probes in 71 dirs: 10 s of CPU, a 21 MB manifest in the shared cache). Past
@@ -121,6 +123,9 @@ def test_probes_past_the_lookups_limit_are_refused_before_they_cost(make_runtime
     for d in dirs:
         d.mkdir(parents=True)
     code = "".join(f"#if __has_include(<zz{i:04d}.h>)\n#endif\n" for i in range(60)) + "int f(void) { return 1; }\n"
+    from safejit.policy import completeness
+
+    monkeypatch.setattr(completeness, "LOOKUPS_FLOOR", 0)  # (the floor, 100,000, would take a big source)
     rt = make_runtime(source_roots=(str(root),), max_deps=40)  # (the limit: 160 paths)
     sb = rt._init()[0].sandbox
     if recorded and sb.preload_env() is None:
@@ -133,3 +138,19 @@ def test_probes_past_the_lookups_limit_are_refused_before_they_cost(make_runtime
     assert_nothing_published(cache_dir)
     few = "".join(f"#if __has_include(<zz{i:04d}.h>)\n#endif\n" for i in range(3)) + "int f(void) { return 1; }\n"
     assert rt.compile(safejit.Source(few, "f"), include_dirs=tuple(map(str, dirs))).kernel("f")() == 1
+
+
+def test_many_include_dirs_fit_the_lookups_limit_of_a_small_max_deps(make_runtime, tmp_path):
+    """Each header is looked for in every include dir before its own: 80 headers in the
+    last of 12 dirs are 880 paths not there, 11 a file. The limit was 4 a file of
+    ``max_deps`` (800 for 200), refusing such a build; it is never under 100,000."""
+    root = tmp_path / "root"
+    dirs = [root / f"inc{i:02d}" for i in range(12)]
+    for d in dirs:
+        d.mkdir(parents=True)
+    for i in range(80):
+        (dirs[-1] / f"h{i:02d}.h").write_text(f"#define H{i} {i}\n")
+    settle()
+    code = "".join(f'#include "h{i:02d}.h"\n' for i in range(80)) + "int f(void) { return H79; }\n"
+    rt = make_runtime(source_roots=(str(root),), max_deps=200)
+    assert rt.compile(safejit.Source(code, "f"), include_dirs=tuple(map(str, dirs))).kernel("f")() == 79
