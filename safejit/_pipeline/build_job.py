@@ -286,6 +286,7 @@ class BuildJob:
             trust_stat=self.config.trust_stat,
         )
         refused = self._records.refused() if self._records is not None else []
+        refused = [p for p in refused if p not in completeness.OWN_LOOKUPS]  # (cicc's, whatever it builds)
         if refused:  # (inside the roots: outside, the build was refused before)
             # The compiler was handed a file it may not read (its mode) as not there, and
             # searched on: whether it may read it is no part of any key, so no leaf can

@@ -44,7 +44,7 @@ from ..closure.scan import (
 )
 from ..errors import LimitExceededError, UndeclaredDependencyError
 
-__all__ = ["OutsideCheck", "first_lookup_outside", "record_closure", "with_recorded_lookups"]
+__all__ = ["OWN_LOOKUPS", "OutsideCheck", "first_lookup_outside", "record_closure", "with_recorded_lookups"]
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +184,18 @@ def record_closure(
 
 #: What a compiler looks up outside every root whatever it compiles (clang: the root dir,
 #: its own open files): nothing a source steers, nothing a tenant learns.
-_OWN_LOOKUPS: Final = frozenset({"/", "/proc/self/fd", "/dev/null"})
+OWN_LOOKUPS: Final = frozenset(
+    {
+        "/",
+        "/proc/self/fd",
+        "/dev/null",
+        # (nvcc's cicc, at every compile: refused by the sandbox or of no bearing on the cubin)
+        "/proc/self/exe",
+        "/proc/sys/vm/overcommit_memory",
+        "/dev/urandom",
+        "/etc/localtime",
+    }
+)
 
 
 def first_lookup_outside(
@@ -202,7 +213,7 @@ class OutsideCheck:
     confined), one not there is not, so a build that went on would say which files exist
     outside the roots. So is one whose walk (``anchors.Walk``, as the kernel walks it:
     links followed by their text, each ``..`` where it is by then) looks a name up
-    outside, wherever it lands. The compiler's own: ``_OWN_LOOKUPS``, the include dirs
+    outside, wherever it lands. The compiler's own: ``OWN_LOOKUPS``, the include dirs
     its ``-v`` names as it spells them (``spelled``: ``..`` in them is its own) and the
     dirs on their way, and, for a name looked for next to the main source, the work
     dir's parent (``<workdir>/src/../../x``: a private dir only this library names
@@ -221,7 +232,7 @@ class OutsideCheck:
         self._scratch = os.path.dirname(workdir)
         self._next_to_source = os.path.join(workdir, "src", "")
         # (a dir it names, or one on its way, as it spells them: looked up at every compile)
-        self._own = set(_OWN_LOOKUPS).union(*(_spelled_prefixes(d) for d in spelled))
+        self._own = set(OWN_LOOKUPS).union(*(_spelled_prefixes(d) for d in spelled))
         self._inside: set[str] = set()  # (paths found not to lead out)
 
     def first(self, looked: Sequence[tuple[str, bool | None]]) -> str | None:

@@ -486,9 +486,12 @@ static int is_preprocessor(int argc, char **argv) {
     const char *base = strrchr(exe, '/');
     base = base ? base + 1 : exe;
     size_t len = strlen(base);
-    /* GNU as too (as, x86_64-linux-gnu-as): what inline asm's .incbin and .include name */
+    /* GNU as too (as, x86_64-linux-gnu-as): what inline asm's .incbin and .include name;
+     * and nvcc's cicc, which takes a line of the host preprocessor's output that a macro
+     * made (# include "/x", no directive to cc1plus) for a directive, and opens its file */
     int gas = strcmp(base, "as") == 0 || (len > 3 && strcmp(base + len - 3, "-as") == 0);
-    return gas || strcmp(base, "cc1") == 0 || strcmp(base, "cc1plus") == 0 || is_clang_cc1(argc, argv);
+    return gas || strcmp(base, "cc1") == 0 || strcmp(base, "cc1plus") == 0 || strcmp(base, "cicc") == 0 ||
+           is_clang_cc1(argc, argv);
 }
 
 __attribute__((constructor)) static void preload_begin(int argc, char **argv) {
