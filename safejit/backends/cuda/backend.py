@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from ...errors import CompileError, ConfigError, FlagPolicyError
+from ...errors import CompileError, ConfigError, FlagPolicyError, LimitExceededError
 from ...sandbox import SYSTEM_PATH
 from ...sandbox import lookups as lookup_recorder
 from ...sandbox.statedir import StateDir
@@ -46,7 +46,7 @@ from . import fastpath
 from .cubin import KernelParams, cubin_frame_sizes, cubin_kernels
 from .launch import CudaLibrary, device_arch
 from .nvcc_shell import check_argv, defines_header, header_args, split_macros
-from .nvrtc import NvrtcWorker, compile_with_headers, library_path, nvrtc_compile_once, nvrtc_failed
+from .nvrtc import NvrtcResult, NvrtcWorker, compile_with_headers, library_path, nvrtc_compile_once, nvrtc_failed
 from .recorded import compile_recorded, recorded_options
 
 try:  # imported with the backend (only when backend="cuda" is asked for), not on the compile path
@@ -387,9 +387,11 @@ class CudaBackend:
             max_deps=ctx.max_deps,
             confine=ctx.confine,
             roots=ctx.read_roots,
+            max_cubin=ctx.max_artifact_bytes,
         )
         if not result.ok:
             raise nvrtc_failed(spec.name, result.log, options, ctx.search_dirs, source_as_known(ctx))
+        _refuse_too_large(result, ctx)
         kernels = cubin_kernels(result.cubin)
         if reads.unknown:
             logger.warning("%s: NVRTC did what a closure cannot hold: %s", spec.name, reads.unknown[0])
@@ -435,9 +437,11 @@ class CudaBackend:
             timeout=ctx.timeout,
             max_headers=ctx.max_deps,
             roots=ctx.read_roots,
+            max_cubin=ctx.max_artifact_bytes,
         )
         if not result.ok:
             raise nvrtc_failed(spec.name, result.log, options, search_dirs, source_as_known(ctx))
+        _refuse_too_large(result, ctx)
         kernels = cubin_kernels(result.cubin)
         return CompileOutput(
             result.cubin,
@@ -536,3 +540,11 @@ def _dir_ident(path: str) -> tuple[int, int] | None:
     except OSError:
         return None
     return (st.st_dev, st.st_ino)
+
+
+def _refuse_too_large(result: NvrtcResult, ctx: CompileContext) -> None:
+    """A cubin over ``max_artifact_bytes`` is refused by its size, as NVRTC gave it: never
+    copied out of NVRTC, encoded or sent by the worker."""
+    if result.too_large:
+        limit = ctx.max_artifact_bytes
+        raise LimitExceededError(f"artifact is {result.too_large} bytes; the limit is {limit}", limit=limit or 0)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import json
 import os
 import re
@@ -43,7 +44,7 @@ from ...closure.scan import HAS_INCLUDE as _HAS_INCLUDE
 from ...closure.scan import readings
 from ...errors import CompileError, CompileTimeout, LimitExceededError, PathConfinementError, SandboxUnavailableError
 from ...sandbox import SYSTEM_PATH
-from ...sandbox._wait import readable
+from ...sandbox._wait import LOG_HEAD, LOG_TAIL, readable
 from ...sandbox.landlock import abi as landlock_abi
 
 __all__ = [
@@ -79,6 +80,9 @@ class NvrtcRequest:
     headers: dict[str, bytes] = field(default_factory=dict)
     #: Record every path NVRTC looks up (the worker's recorder).
     record: bool = False
+    #: The largest cubin to hand back (``Config.max_artifact_bytes``): one larger is only
+    #: said to be (``NvrtcResult.too_large``), never copied, encoded or sent.
+    max_cubin: int | None = None
 
 
 #: One recorded lookup: (kind, errno or 0, flags, absolute path); see ``sandbox.lookups``.
@@ -94,6 +98,8 @@ class NvrtcResult:
     missing: list[tuple[str, str]] = field(default_factory=list)  # (includer, header name)
     #: What NVRTC looked up, when the request asked for it (None: not recorded).
     lookups: list[LookupRow] | None = None
+    #: The size of a cubin over the request's ``max_cubin`` (0: none was).
+    too_large: int = 0
 
 
 def nvrtc_compile_once(req: NvrtcRequest, timeout: float | None = None) -> NvrtcResult:
@@ -128,9 +134,14 @@ def nvrtc_compile_once(req: NvrtcRequest, timeout: float | None = None) -> Nvrtc
         buf = bytearray(size)
         check(nvrtc.nvrtcGetProgramLog(prog, buf))
         log = bytes(buf).rstrip(b"\0").decode("utf-8", "replace")
+        del buf
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            return NvrtcResult(False, log, missing=[(m.group(1), m.group(2)) for m in _MISSING.finditer(log)])
+            missing = [(m.group(1), m.group(2)) for m in _MISSING.finditer(log)]
+            return NvrtcResult(False, _capped(log), missing=missing)
+        log = _capped(log)
         size = check(nvrtc.nvrtcGetCUBINSize(prog))
+        if req.max_cubin is not None and size > req.max_cubin:
+            return NvrtcResult(True, log, too_large=size)
         out = bytearray(size)
         check(nvrtc.nvrtcGetCUBIN(prog, out))
         cubin = bytes(out)
@@ -138,6 +149,14 @@ def nvrtc_compile_once(req: NvrtcRequest, timeout: float | None = None) -> Nvrtc
         return NvrtcResult(True, log, cubin=cubin, lowered=lowered)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _capped(log: str) -> str:
+    """The head and tail of a compiler log, as a compiler process's (``OutputLog``): a
+    template's warnings, one per instantiation, made hundreds of MB from a few lines."""
+    if len(log) <= LOG_HEAD + LOG_TAIL:
+        return log
+    return f"{log[:LOG_HEAD]}\n[... {len(log) - LOG_HEAD - LOG_TAIL} characters cut ...]\n{log[-LOG_TAIL:]}"
 
 
 def include_names(data: bytes) -> tuple[list[tuple[str, str]], bool]:
@@ -174,6 +193,7 @@ def compile_with_headers(
     timeout: float,
     max_headers: int,
     roots: Sequence[str] = (),
+    max_cubin: int | None = None,
 ) -> tuple[NvrtcResult, dict[str, str]]:
     """Compile, handing over headers until NVRTC stops asking.
 
@@ -187,7 +207,8 @@ def compile_with_headers(
         left = deadline - time.monotonic()
         if left <= 0:
             raise CompileTimeout(f"NVRTC compile of {name} ran past {timeout:g}s", log="", timeout=timeout)
-        result = compile_once(NvrtcRequest(code, name, options, name_expressions, dict(given.headers)), left)
+        request = NvrtcRequest(code, name, options, name_expressions, dict(given.headers), max_cubin=max_cubin)
+        result = compile_once(request, left)
         if result.ok or not result.missing:
             return result, given.paths
         progressed = False
@@ -378,7 +399,7 @@ class NvrtcWorker:
             process_group=0,
         )
         self._proc = proc
-        hello = self._read(proc, timeout)
+        hello = self._read(proc, timeout, 1 << 16)  # (its hello: a few fields)
         if hello is None:
             self._kill()
             raise CompileError("the NVRTC worker died while starting", log="")
@@ -412,6 +433,7 @@ class NvrtcWorker:
                 "name_expressions": req.name_expressions,
                 "headers": {k: base64.b64encode(v).decode() for k, v in req.headers.items()},
                 "record": req.record,
+                "max_cubin": req.max_cubin,
             }
         ).encode()
         with self._lock:
@@ -425,9 +447,11 @@ class NvrtcWorker:
                 assert proc.stdin is not None and proc.stdout is not None
                 proc.stdin.write(struct.pack(">I", len(msg)) + msg)
                 proc.stdin.flush()
-                reply = self._read(proc, deadline - time.monotonic())
-            except (OSError, CompileTimeout):
+                reply = self._read(proc, deadline - time.monotonic(), _reply_limit(req))
+            except (OSError, CompileTimeout) as exc:
                 self._kill()
+                if isinstance(exc, OSError) and exc.errno == errno.EMSGSIZE:
+                    raise CompileError(str(exc.strerror), log="") from None
                 raise
             if reply is None:
                 self._kill()
@@ -442,10 +466,11 @@ class NvrtcWorker:
             lowered=dict(reply["lowered"]),
             missing=[(str(m[0]), str(m[1])) for m in reply["missing"]],
             lookups=None if lookups is None else [(str(k), int(e), int(f), str(p)) for k, e, f, p in lookups],
+            too_large=int(reply.get("too_large", 0)),
         )
 
     @staticmethod
-    def _read(proc: subprocess.Popen[bytes], timeout: float) -> dict[str, Any] | None:
+    def _read(proc: subprocess.Popen[bytes], timeout: float, limit: int) -> dict[str, Any] | None:
         assert proc.stdout is not None
         deadline = time.monotonic() + timeout
         fd = proc.stdout.fileno()
@@ -463,6 +488,8 @@ class NvrtcWorker:
             got += len(chunk)
             if length is None and got >= 4:
                 (length,) = struct.unpack(">I", b"".join(parts)[:4])
+                if length > limit:  # (the worker bounds what it sends: one that does not is not ours)
+                    raise OSError(errno.EMSGSIZE, f"the NVRTC worker's reply of {length} bytes is past {limit}")
                 need = 4 + length
         data: dict[str, Any] = json.loads(b"".join(parts)[4:need])
         return data
@@ -481,6 +508,13 @@ class NvrtcWorker:
     def close(self) -> None:
         with self._lock:
             self._kill()
+
+
+def _reply_limit(req: NvrtcRequest) -> int:
+    """The longest reply the worker may send for ``req``: the cubin it may return, encoded,
+    the log's head and tail, and the lookups' records (the recorder's buffer, as JSON)."""
+    cubin = req.max_cubin if req.max_cubin is not None else 1 << 30
+    return 4 * cubin // 3 + (LOG_HEAD + LOG_TAIL) * 8 + (512 << 20)
 
 
 def library_path() -> str:

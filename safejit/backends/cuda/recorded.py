@@ -101,6 +101,7 @@ def compile_recorded(
     max_deps: int,
     confine: Callable[[str], str],
     roots: Sequence[str],
+    max_cubin: int | None = None,
 ) -> tuple[NvrtcResult, Reads]:
     """One NVRTC compile, its lookups recorded (``options`` hold the search path).
     Raises :class:`~safejit.errors.UndeclaredDependencyError` when NVRTC was refused a file
@@ -109,7 +110,9 @@ def compile_recorded(
     :class:`~safejit.errors.LimitExceededError` for a closure over ``max_deps``. (What
     lies under a root by name yet outside it through a symlink is the closure's to
     refuse.)"""
-    result = compile_once(NvrtcRequest(code, name, options, name_expressions, record=True), timeout)
+    result = compile_once(
+        NvrtcRequest(code, name, options, name_expressions, record=True, max_cubin=max_cubin), timeout
+    )
     if result.lookups is None:
         raise CompileError(f"{name}: the NVRTC worker recorded no lookups\n{result.log}", log=result.log)
     reads = sort_lookups(result.lookups)

@@ -56,6 +56,7 @@ def _request(msg: dict[str, Any]) -> NvrtcRequest:
         name_expressions=list(msg["name_expressions"]),
         headers={k: base64.b64decode(v) for k, v in msg["headers"].items()},
         record=bool(msg.get("record", False)),
+        max_cubin=None if msg.get("max_cubin") is None else int(msg["max_cubin"]),
     )
 
 
@@ -67,6 +68,7 @@ def _reply(result: NvrtcResult) -> dict[str, Any]:
         "lowered": result.lowered,
         "missing": result.missing,
         "lookups": result.lookups,
+        "too_large": result.too_large,
     }
 
 
