@@ -423,8 +423,10 @@ class NvrtcWorker:
 
     def compile_once(self, req: NvrtcRequest, timeout: float = 300.0) -> NvrtcResult:
         """One compile in the worker, started if need be; ``CompileTimeout`` (and the
-        worker killed) when the reply takes longer than ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
+        worker killed) when the reply takes longer than ``timeout`` seconds from when the
+        worker took it. Waiting for the worker (another compile of this Runtime's in it) is
+        bounded by ``timeout`` too, and kills nothing: a compile queued behind slow ones had
+        its time spent for it, and killed the worker under the one it waited for."""
         msg = json.dumps(
             {
                 "code": base64.b64encode(req.code).decode(),
@@ -436,7 +438,12 @@ class NvrtcWorker:
                 "max_cubin": req.max_cubin,
             }
         ).encode()
-        with self._lock:
+        if not self._lock.acquire(timeout=max(timeout, 0.0)):
+            raise CompileTimeout(
+                f"{req.name}: the NVRTC worker was busy with other compiles for {timeout:g}s", log="", timeout=timeout
+            )
+        try:
+            deadline = time.monotonic() + timeout
             try:
                 proc = self._proc
                 if proc is None or proc.poll() is not None:
@@ -456,6 +463,8 @@ class NvrtcWorker:
             if reply is None:
                 self._kill()
                 raise CompileError("the NVRTC worker died", log="")
+        finally:
+            self._lock.release()
         if reply.get("error") == "E2BIG":
             raise LimitExceededError(f"{req.name}: NVRTC looked up more paths than can be recorded", limit=0)
         lookups = reply.get("lookups")

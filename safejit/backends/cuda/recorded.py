@@ -21,6 +21,7 @@ from typing import Final
 
 from ...closure.anchors import LOOKED_OUTSIDE, Walk, first_outside
 from ...errors import CompileError, LimitExceededError, UndeclaredDependencyError
+from ...policy.completeness import LIMIT_SAID, lookups_limit
 from .nvrtc import PROGRAM_DIR, LookupRow, NvrtcRequest, NvrtcResult
 
 __all__ = ["Reads", "compile_recorded", "recorded_options", "sort_lookups"]
@@ -115,6 +116,12 @@ def compile_recorded(
     )
     if result.lookups is None:
         raise CompileError(f"{name}: the NVRTC worker recorded no lookups\n{result.log}", log=result.log)
+    looked = len({row[3] for row in result.lookups})
+    if looked > lookups_limit(max_deps):  # (each is walked and sorted below: counted first, as a preprocessor's)
+        limit = lookups_limit(max_deps)
+        raise LimitExceededError(
+            f"{name}: NVRTC looked up {looked} distinct paths; the limit is {limit} ({LIMIT_SAID})", limit=limit
+        )
     reads = sort_lookups(result.lookups)
     under = tuple(r.rstrip("/") + "/" for r in roots)
     walk = Walk(roots)

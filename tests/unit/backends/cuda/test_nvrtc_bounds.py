@@ -71,3 +71,52 @@ def test_a_cubin_past_the_limit_is_never_sent(make_runtime, cache_dir, monkeypat
     assert any(int(r.get("too_large", 0)) > 8 << 20 for r in replies)
     assert_nothing_published(cache_dir)
     assert rt.build(safejit.Source('extern "C" __global__ void k(char* o) { *o = 1; }\n', "k"), arch="sm_90")
+
+
+def test_a_compile_waiting_for_the_worker_kills_nothing(make_runtime):
+    """A compile queued behind another of the same Runtime (one worker each) had its time
+    counted from before it waited: it timed out on the worker's first read and killed the
+    worker, under the compile it had waited for. Waiting is bounded apart, and ends in a
+    ``CompileTimeout`` that says so, the worker left running."""
+    import threading
+
+    rt = make_runtime(backend="cuda", cuda_compiler="nvrtc", compile_timeout_s=0.5)
+    assert rt.build(safejit.Source('extern "C" __global__ void k(int* o) { *o = 1; }\n', "k"), arch="sm_90")
+    worker = rt._init()[0].backend._worker  # type: ignore[attr-defined]
+    proc = worker._proc
+    assert proc is not None and proc.poll() is None
+    held, done = threading.Event(), threading.Event()
+
+    def busy() -> None:  # (another compile in the worker, as long as it takes)
+        with worker._lock:
+            held.set()
+            done.wait(30)
+
+    threading.Thread(target=busy, daemon=True).start()
+    held.wait(30)
+    try:
+        with pytest.raises(safejit.CompileTimeout, match="busy with other compiles"):
+            rt.build(safejit.Source('extern "C" __global__ void k(int* o) { *o = 2; }\n', "k"), arch="sm_90")
+    finally:
+        done.set()
+    assert worker._proc is proc and proc.poll() is None
+
+
+def test_nvrtc_looking_up_past_the_limit_is_refused_before_the_lookups_are_walked(make_runtime, tmp_path, monkeypatch):
+    """The worker's records were sorted and walked whatever their number (400,000 from a
+    760 KB source: seconds of this process's time) before the negatives' limit refused the
+    build: the distinct paths are counted first, as a preprocessor's are."""
+    from safejit.policy import completeness
+
+    monkeypatch.setattr(completeness, "LOOKUPS_FLOOR", 0)  # (the limit: 4 * max_deps = 160)
+    root = tmp_path / "root"
+    dirs = [root / f"inc{i}" for i in range(4)]
+    for d in dirs:
+        d.mkdir(parents=True)
+    rt = make_runtime(backend="cuda", cuda_compiler="nvrtc", source_roots=(str(root),), max_deps=40)
+    if not rt._init()[0].backend.records_lookups():  # type: ignore[attr-defined]
+        pytest.skip("NVRTC's lookups are not recorded here")
+    probes = "".join(f"#if __has_include(<zz{i:04d}.h>)\n#endif\n" for i in range(80))
+    code = probes + 'extern "C" __global__ void k(int* o) { *o = 1; }\n'
+    with pytest.raises(safejit.LimitExceededError, match="NVRTC looked up"):
+        rt.build(safejit.Source(code, "k"), include_dirs=tuple(map(str, dirs)), arch="sm_90")
