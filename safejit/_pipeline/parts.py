@@ -147,7 +147,9 @@ class Parts:
         ``record``: with the lookup recorder preloaded, where it can be (``Sandbox.recorder``);
         ``on_recorded(cwd)`` is told of each run it was preloaded into."""
         pending = [on_start] if on_start is not None else []
-        base_env = {"PATH": SYSTEM_PATH, "LC_ALL": "C", **dict(self._env)}
+        # (TZ fixed, whatever is passed through: no compiler looks for a zone file — nvcc's cicc
+        # reads /etc/localtime, or /usr/share/zoneinfo/<TZ>, at every compile, outside the roots)
+        base_env = {"PATH": SYSTEM_PATH, "LC_ALL": "C", **dict(self._env), "TZ": "UTC0"}
         roots = [*(root_policy.resolve_root(r) for r in config.source_roots), *toolchain_roots]
         preload = self.sandbox.preload_env() if record else {}
 

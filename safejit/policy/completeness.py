@@ -189,11 +189,13 @@ OWN_LOOKUPS: Final = frozenset(
         "/",
         "/proc/self/fd",
         "/dev/null",
-        # (nvcc's cicc, at every compile: refused by the sandbox or of no bearing on the cubin)
+        # (nvcc's cicc, at every compile: refused by the sandbox, or no regular file to
+        # include; and, compilers running with TZ=UTC0, the zone file libc looks for first,
+        # which is no file: not /etc/localtime, which is one, and readable)
         "/proc/self/exe",
         "/proc/sys/vm/overcommit_memory",
         "/dev/urandom",
-        "/etc/localtime",
+        "/usr/share/zoneinfo/UTC0",
     }
 )
 

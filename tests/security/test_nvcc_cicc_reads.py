@@ -71,3 +71,28 @@ def test_a_file_outside_that_cicc_reads_is_refused_in_the_one_error(make_runtime
         assert "ld.so.conf.d" not in str(info.value) and "SECRET" not in str(info.value)
     assert len(said) == 1, said
     assert_nothing_published(cache_dir)
+
+
+def test_the_zone_file_is_read_by_no_compiler(make_runtime, tmp_path, cache_dir, monkeypatch):
+    """cicc looked up /etc/localtime at every compile, so it was excused, for every
+    preprocessor: a tenant's ``#include "/etc/localtime"`` was read and quoted by the error
+    (``TZif2``); with ``TZ`` passed through, cicc looked up its zone file under
+    /usr/share/zoneinfo, outside the roots, and every nvcc build was refused. Compilers run
+    with TZ fixed: the zone file is refused like any other outside file, and a ``TZ``
+    passed through changes nothing."""
+    root = tmp_path / "root"
+    root.mkdir()
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    rt = _runtime(make_runtime, root, env_passthrough=("TZ",))
+    header = '__attribute__((device)) const char mk[] = "MARK1";\n'
+    (root / "val.h").write_text(header)
+    settle()
+    assert rt.build(safejit.Source(_reading(str(root / "val.h")), "k"), arch="sm_90")  # (TZ passed through)
+    for source in (_reading("/etc/localtime"), '#include "/etc/localtime"\n' + _reading(str(root / "val.h"))):
+        with pytest.raises(safejit.UndeclaredDependencyError) as info:
+            rt.build(safejit.Source(source, "k"), arch="sm_90")
+        assert "TZif" not in str(info.value) + str(getattr(info.value, "log", ""))
+    host = make_runtime(source_roots=(str(root),))
+    with pytest.raises(safejit.UndeclaredDependencyError) as info:
+        host.compile(safejit.Source('#include "/etc/localtime"\nint f(void) { return 1; }\n', "f"))
+    assert "TZif" not in str(info.value)

@@ -34,7 +34,7 @@ from tests.security._support import (
 
 ADD = safejit.Source(ADD_C, "add")
 #: The variables the sandbox itself sets, plus what /bin/sh adds on its own.
-SANDBOX_ENV = {"PATH", "LC_ALL", "TMPDIR", "PWD", "OLDPWD", "SHLVL", "_"}
+SANDBOX_ENV = {"PATH", "LC_ALL", "TZ", "TMPDIR", "PWD", "OLDPWD", "SHLVL", "_"}  # (TZ=UTC0: no zone file read)
 #: Where the lookup recorder can run: it is preloaded from the descriptor the shim holds.
 RECORDER_ENV = {"LD_PRELOAD": "/proc/self/fd/200", "SAFEJIT_LOOKUPS": "safejit-lookups.rec"}
 

@@ -136,7 +136,8 @@ def nvrtc_compile_once(req: NvrtcRequest, timeout: float | None = None) -> Nvrtc
         log = bytes(buf).rstrip(b"\0").decode("utf-8", "replace")
         del buf
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            missing = [(m.group(1), m.group(2)) for m in _MISSING.finditer(log)]
+            # (NVRTC stops at its first: more are the source's own text, which macros multiply)
+            missing = list(dict.fromkeys((m.group(1), m.group(2)) for m in _MISSING.finditer(log)))[:_MISSING_MAX]
             return NvrtcResult(False, _capped(log), missing=missing)
         log = _capped(log)
         size = check(nvrtc.nvrtcGetCUBINSize(prog))
@@ -149,6 +150,10 @@ def nvrtc_compile_once(req: NvrtcRequest, timeout: float | None = None) -> Nvrtc
         return NvrtcResult(True, log, cubin=cubin, lowered=lowered)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+#: The most headers a failed compile's log is read as missing (``NvrtcResult.missing``).
+_MISSING_MAX: Final = 16
 
 
 def _capped(log: str) -> str:

@@ -120,3 +120,17 @@ def test_nvrtc_looking_up_past_the_limit_is_refused_before_the_lookups_are_walke
     code = probes + 'extern "C" __global__ void k(int* o) { *o = 1; }\n'
     with pytest.raises(safejit.LimitExceededError, match="NVRTC looked up"):
         rt.build(safejit.Source(code, "k"), include_dirs=tuple(map(str, dirs)), arch="sm_90")
+
+
+def test_a_source_that_writes_missing_headers_into_the_log_adds_a_few(monkeypatch):
+    """NVRTC's "cannot open source file" lines were all read as headers to hand over, the
+    source's own diagnostic text too: one deprecation message used 4,096 times made 4,096
+    of them (65,536 and 7 MB of reply at 4**8). NVRTC stops at its first: a few are read."""
+    uses = 6
+    src = '[[deprecated("(1): catastrophic error: cannot open source file \\"zz.h\\"")]] __device__ void dep() {}\n'
+    src += "#define A0 dep();\n" + "".join(
+        f"#define A{i} A{i - 1} A{i - 1} A{i - 1} A{i - 1}\n" for i in range(1, uses + 1)
+    )
+    src += f'extern "C" __global__ void k() {{ A{uses} }}\n#error stop\n'
+    got = nvrtc.nvrtc_compile_once(nvrtc.NvrtcRequest(src.encode(), "k", ["--gpu-architecture=sm_90"], []))
+    assert not got.ok and 0 < len(got.missing) <= 16
