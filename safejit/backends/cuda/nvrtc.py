@@ -460,7 +460,13 @@ class NvrtcWorker:
                 proc.stdin.write(struct.pack(">I", len(msg)) + msg)
                 proc.stdin.flush()
                 reply = self._read(proc, deadline - time.monotonic(), _reply_limit(req))
-            except (OSError, CompileTimeout) as exc:
+            except CompileError as exc:  # (other than a timeout: said before a request was sent)
+                if isinstance(exc, CompileTimeout):
+                    self._kill()
+                raise
+            except BaseException as exc:
+                # Anything else (an OSError, an interrupt in the middle of a read) may leave a
+                # reply unread, which the next request would take for its own: another's cubin.
                 self._kill()
                 if isinstance(exc, OSError) and exc.errno == errno.EMSGSIZE:
                     raise CompileError(str(exc.strerror), log="") from None

@@ -134,3 +134,29 @@ def test_a_source_that_writes_missing_headers_into_the_log_adds_a_few(monkeypatc
     src += f'extern "C" __global__ void k() {{ A{uses} }}\n#error stop\n'
     got = nvrtc.nvrtc_compile_once(nvrtc.NvrtcRequest(src.encode(), "k", ["--gpu-architecture=sm_90"], []))
     assert not got.ok and 0 < len(got.missing) <= 16
+
+
+def test_an_interrupt_while_a_reply_is_read_leaves_no_reply_for_the_next(make_runtime, monkeypatch):
+    """A ``KeyboardInterrupt`` while the host read a reply released the worker with the
+    reply still in its pipe: the next request read it as its own, and was handed the
+    interrupted compile's cubin. The worker goes with what it was saying."""
+    rt = make_runtime(backend="cuda", cuda_compiler="nvrtc")
+    real, calls = nvrtc.NvrtcWorker._read, []
+
+    def interrupted(proc: Any, timeout: float, *limit: int) -> dict[str, Any] | None:
+        calls.append(1)
+        if len(calls) == 2:  # (the hello, then the first compile's reply)
+            raise KeyboardInterrupt
+        return real(proc, timeout, *limit)
+
+    monkeypatch.setattr(nvrtc.NvrtcWorker, "_read", staticmethod(interrupted))
+    kernel = 'extern "C" __global__ void k(char* o) { o[0] = m[threadIdx.x]; }\n'
+    first = '__device__ const char m[] = "FIRST11";\n' + kernel
+    second = '__device__ const char m[] = "SECOND2";\n' + kernel
+    with pytest.raises(KeyboardInterrupt):
+        rt.build(safejit.Source(first, "k"), arch="sm_90")
+    art = rt.build(safejit.Source(second, "k"), arch="sm_90")
+    from pathlib import Path
+
+    cubin = (Path(art.path) / "artifact.cubin").read_bytes()
+    assert b"SECOND2" in cubin and b"FIRST11" not in cubin
