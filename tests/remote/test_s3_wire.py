@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -15,13 +15,9 @@ from safejit.config import Config
 pytest.importorskip("obstore")
 
 
-@pytest.fixture
-def listener() -> Iterator[tuple[int, list[str]]]:
-    """A port that answers every request 404 and keeps each request's head, lowercased."""
-    heads: list[str] = []
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
+def _serve(srv: socket.socket, answer: Callable[[socket.socket, bytes], None]) -> None:
+    """On a thread: accept each connection on ``srv``, read a request's head, and have
+    ``answer(conn, head)`` reply (a peer gone meanwhile ends that one quietly)."""
 
     def serve() -> None:
         while True:
@@ -36,11 +32,25 @@ def listener() -> Iterator[tuple[int, list[str]]]:
                     if not got:
                         break
                     data += got
-                heads.append(data.decode("latin-1").lower())
                 with contextlib.suppress(OSError):
-                    conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    answer(conn, data)
 
     threading.Thread(target=serve, daemon=True).start()
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[int, list[str]]]:
+    """A port that answers every request 404 and keeps each request's head, lowercased."""
+    heads: list[str] = []
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+
+    def answer(conn: socket.socket, head: bytes) -> None:
+        heads.append(head.decode("latin-1").lower())
+        conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    _serve(srv, answer)
     yield srv.getsockname()[1], heads
     srv.close()
 
@@ -93,30 +103,16 @@ def test_a_body_past_the_range_asked_for_is_never_read_whole():
     srv.listen(4)
     chunk = bytes(1 << 20)
 
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    got = conn.recv(65536)
-                    if not got:
-                        break
-                    data += got
-                head = (
-                    b'HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-45/46\r\nETag: "x"\r\n'
-                    b"Last-Modified: Tue, 01 Dec 2026 00:00:00 GMT\r\nContent-Length: 17179869184\r\n\r\n"
-                )
-                with contextlib.suppress(OSError):
-                    conn.sendall(head)
-                    while sent[0] < 1 << 34:
-                        conn.sendall(chunk)
-                        sent[0] += len(chunk)
+    def answer(conn: socket.socket, _: bytes) -> None:
+        conn.sendall(
+            b'HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-45/46\r\nETag: "x"\r\n'
+            b"Last-Modified: Tue, 01 Dec 2026 00:00:00 GMT\r\nContent-Length: 17179869184\r\n\r\n"
+        )
+        while sent[0] < 1 << 34:
+            conn.sendall(chunk)
+            sent[0] += len(chunk)
 
-    threading.Thread(target=serve, daemon=True).start()
+    _serve(srv, answer)
     port = srv.getsockname()[1]
     settings = RemoteSettings.from_url(f"s3://k:s@bucket/p?endpoint=http://127.0.0.1:{port}&region=us-east-1")
     store = open_store(settings, tenant="t1", backend="fake")

@@ -28,10 +28,9 @@ print(json.dumps({"temporary": state.startswith(tmp), "there": there, "published
 """
 
 
-def test_a_forked_child_leaves_its_parents_temporary_state_dir(tmp_path):
-    """With no state dir to keep (a container: HOME unwritable, no XDG dirs), the process
-    uses a temporary one, removed at exit. A forked child's normal exit removed its
-    parent's: the parent's later compiles were not cached (no lookup recorder)."""
+def _no_state_dir(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A temporary dir, and an environment in which no state dir can be kept (a container:
+    HOME unwritable, no XDG dirs): a process then uses a temporary one, made there."""
     blocked = tmp_path / "file"
     blocked.write_text("")
     tmp = tmp_path / "tmp"
@@ -43,6 +42,14 @@ def test_a_forked_child_leaves_its_parents_temporary_state_dir(tmp_path):
         "XDG_RUNTIME_DIR": str(blocked / "run"),
         "TMPDIR": str(tmp),
     }
+    return tmp, env
+
+
+def test_a_forked_child_leaves_its_parents_temporary_state_dir(tmp_path):
+    """With no state dir to keep (a container: HOME unwritable, no XDG dirs), the process
+    uses a temporary one, removed at exit. A forked child's normal exit removed its
+    parent's: the parent's later compiles were not cached (no lookup recorder)."""
+    tmp, env = _no_state_dir(tmp_path)
     out = subprocess.run(
         [sys.executable, "-c", _FORKED, str(tmp)], env=env, capture_output=True, text=True, timeout=300, check=False
     )
@@ -76,17 +83,7 @@ print(rt.compile(safejit.Source("int a(int x) { return x; }", "a")).kernel("a")(
 def test_what_finding_the_state_dir_says_is_said_once_it_lets_go(tmp_path):
     """The warning that no state dir can be kept was logged while the module's lock was
     held: a handler that started a Runtime (a plugin's own) waited on it for good."""
-    blocked = tmp_path / "file"
-    blocked.write_text("")
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("SAFEJIT_", "XDG_"))},
-        "HOME": str(blocked / "home"),
-        "XDG_STATE_HOME": str(blocked / "state"),
-        "XDG_RUNTIME_DIR": str(blocked / "run"),
-        "TMPDIR": str(tmp),
-    }
+    tmp, env = _no_state_dir(tmp_path)
     out = subprocess.run(
         [sys.executable, "-c", _HANDLER_STARTS_A_RUNTIME, str(tmp)],
         env=env,
