@@ -40,6 +40,9 @@ def overlaps(source_roots: Iterable[str], private: Iterable[tuple[str, str]]) ->
     places (``(what, path)``: the cache roots, the private state dir): a compiler reads
     all under its roots, so its tenants' sources could read every tenant's cached builds
     (or learn which exist: a build key can be computed) and this user's private state."""
+    source_roots = list(source_roots)
+    if not source_roots:  # (none: nothing to resolve, at each Runtime's set-up)
+        return []
     places = []
     for what, path in private:
         expanded = os.path.abspath(os.path.expanduser(path))
